@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh Debian 12 machine (run as root):
+#   Debian packages (BCC, kernel headers), the kernel build link BCC needs,
+#   MinIO built at a pinned version, and a virtualenv with FasterFS installed.
+# Every step checks whether its result is already there and skips itself if so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # pinned; see README
+DEPS="$ROOT/.deps"
+VENV="$ROOT/.venv"
+APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv)
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# 1. Debian packages -----------------------------------------------------------
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+  say "Debian packages present"
+fi
+
+# 2. Kernel build directory for BCC -------------------------------------------
+# The running kernel may have no header package; Debian's headers work for the
+# networking programs FasterFS compiles (GUIDE §1).
+KBUILD="/lib/modules/$(uname -r)/build"
+if [ ! -e "$KBUILD/include" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1)
+  if [ -n "$hdr" ] && [ -n "$common" ]; then
+    say "linking $KBUILD -> $hdr"
+    mkdir -p "/lib/modules/$(uname -r)"
+    ln -sfn "$hdr" "$KBUILD"
+    ln -sfn "$common" "/lib/modules/$(uname -r)/source"
+  else
+    say "WARNING: no kernel headers under /usr/src; eBPF will run in simulated mode"
+  fi
+else
+  say "kernel build directory present"
+fi
+
+# 3. MinIO at a pinned version --------------------------------------------------
+if [ -x "$DEPS/bin/minio" ] && [ "$(cat "$DEPS/minio.version" 2>/dev/null)" = "$MINIO_VERSION" ]; then
+  say "MinIO $MINIO_VERSION present"
+else
+  GO=$(command -v go || true)
+  [ -z "$GO" ] && [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go
+  if [ -z "$GO" ]; then
+    echo "setup: Go (>= 1.24) is needed to build MinIO; install it from go.dev or your distribution" >&2
+    exit 1
+  fi
+  say "building MinIO $MINIO_VERSION with $($GO version | cut -d' ' -f3) (about 3 minutes)"
+  mkdir -p "$DEPS/bin"
+  GOBIN="$DEPS/bin.tmp" GOFLAGS=-mod=mod "$GO" install "github.com/minio/minio@$MINIO_VERSION"
+  mv "$DEPS/bin.tmp/minio" "$DEPS/bin/minio" && rmdir "$DEPS/bin.tmp"
+  echo "$MINIO_VERSION" > "$DEPS/minio.version"
+fi
+
+# 4. Virtualenv with FasterFS and the Debian bcc module ------------------------
+PY=/usr/bin/python3
+stamp="$VENV/.fasterfs-installed"
+if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+  say "virtualenv up to date"
+else
+  say "creating virtualenv $VENV"
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e ".[dev]"
+  touch "$stamp"
+fi
+# Only the bcc package is made visible: the rest of Debian's dist-packages would
+# shadow the pinned dependencies. (The PyPI package named "bcc" is unrelated.)
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
+  ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+fi
+say "done: activate with 'source .venv/bin/activate' or use .venv/bin/fasterfs"
