@@ -1,0 +1,11 @@
+"""FasterFS: market data on per-node MinIO servers, read where it lives, cached where it is hot."""
+from .errors import FasterFSError
+
+__all__ = ["connect", "FasterFSError"]
+
+
+def connect(root=None, overrides=()):
+    """A client for the running cluster (see fasterfs.client.Client)."""
+    from .client import connect as _connect
+
+    return _connect(root, overrides)

@@ -1,0 +1,89 @@
+"""The `fasterfs` command. Every subcommand takes Hydra overrides, e.g.
+`fasterfs up nodes=4`, `fasterfs ingest data.rows_per_chunk=500 replicas=2`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from . import cluster, config
+from .errors import FasterFSError
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def cmd_up(cfg) -> None:
+    with console.status(f"starting {cfg.nodes} Ray nodes with their MinIO servers"):
+        state = cluster.up(cfg)
+    console.print(f"[green]FasterFS cluster up[/]: {len(state.nodes)} nodes, Ray at {state.ray_address}, "
+                  f"dashboard {state.dashboard_url}")
+    cmd_status(cfg)
+
+
+def cmd_status(cfg) -> None:
+    state, rows = cluster.status(cfg)
+    table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
+    for col in ("node", "address", "Ray node id", "MinIO endpoint", "health", "objects", "bytes", "restarts"):
+        table.add_column(col)
+    for r in rows:
+        health = "[green]healthy[/]" if r.get("healthy") else ("[yellow]held[/]" if r.get("held") else "[red]down[/]")
+        if r.get("error"):
+            health = f"[red]{r['error']}[/]"
+        table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
+                      str(r.get("objects", "-")), _fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
+    console.print(table)
+    console.print(f"Ray dashboard: {state.dashboard_url}")
+
+
+def cmd_down(cfg) -> None:
+    with console.status("stopping the cluster"):
+        report = cluster.down(cfg)
+    console.print(f"[green]FasterFS cluster down[/]: {report['actors_stopped']} StorageNodes and "
+                  f"{report['ray_nodes_stopped']} Ray nodes stopped, {report['processes_killed']} stray processes killed")
+    for err in report["actor_errors"]:
+        console.print(f"[yellow]warning[/]: {err}")
+
+
+COMMANDS = {
+    "up": (cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO"),
+    "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
+    "down": (cmd_down, "stop everything the cluster started"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fasterfs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config.load(args.overrides)
+        COMMANDS[args.command][0](cfg)
+    except FasterFSError as e:
+        if args.verbose:
+            raise
+        console.print(f"[red]fasterfs {args.command}: error:[/] {e}", highlight=False)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""The cluster's lifecycle: `up` starts one Ray node per loopback address and a
+StorageNode actor pinned to each; `down` stops all of it; `status` reports it.
+
+Each Ray node is a real raylet with its own object store, started by
+`ray start --block` inside the cluster's cgroup. The state file written by `up`
+(the cluster root's cluster.json) is what every other command and the client read
+to find the cluster; it is written atomically once the cluster is ready, and a
+provisional one first so that `down` can clean up a failed `up`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import credentials
+from .cgroup import ProjectCgroup
+from .config import Layout, Paths, as_cfg, minio_binary, to_dict
+from .errors import FasterFSError
+from .fsutil import atomic_write_json, read_json
+from .minio_server import check_port_free
+from .storage_node import StorageNode, actor_name
+
+log = logging.getLogger("fasterfs.cluster")
+
+
+@dataclass
+class NodeState:
+    index: int
+    address: str
+    endpoint: str
+    ray_pid: int
+    ray_node_id: str | None = None
+
+
+@dataclass
+class ClusterState:
+    name: str
+    root: str
+    ray_address: str
+    dashboard_url: str
+    nodes: list[NodeState]
+    cgroup: dict
+    config: dict
+    ready: bool = False
+    started: float = field(default_factory=time.time)
+
+    @property
+    def namespace(self) -> str:
+        return f"fasterfs-{self.name}"
+
+    @property
+    def head_address(self) -> str:
+        return self.nodes[0].address
+
+    def save(self) -> None:
+        atomic_write_json(Paths(Path(self.root)).state_file, asdict(self))
+
+    @classmethod
+    def load(cls, root: Path) -> "ClusterState":
+        path = Paths(Path(root)).state_file
+        if not path.exists():
+            raise FasterFSError(f"no FasterFS cluster is running under {root} (no {path.name}); "
+                                "start one with `fasterfs up`")
+        data = read_json(path, "cluster state file")
+        data["nodes"] = [NodeState(**n) for n in data["nodes"]]
+        return cls(**data)
+
+    def ray_processes_alive(self) -> list[int]:
+        return [n.ray_pid for n in self.nodes if _is_ray_start(n.ray_pid)]
+
+
+def _is_ray_start(pid: int) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"start" in cmd and any(c.endswith(b"/ray") for c in cmd)
+
+
+# -- connecting ---------------------------------------------------------------------
+
+
+def connect_ray(state: ClusterState):
+    """Join the cluster as a driver, on the head's loopback address (never the external one)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=state.ray_address, _node_ip_address=state.head_address, namespace=state.namespace,
+                 logging_level=logging.WARNING, log_to_driver=False)
+    return ray
+
+
+def storage_nodes(state: ClusterState) -> list:
+    ray = connect_ray(state)
+    return [ray.get_actor(actor_name(n.index), namespace=state.namespace) for n in state.nodes]
+
+
+# -- up -------------------------------------------------------------------------------
+
+
+def _ray_bin() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def _ray_start_args(cfg, layout: Layout, index: int) -> list[str]:
+    c = cfg.cluster
+    args = [_ray_bin(), "start", "--block", "--disable-usage-stats",
+            f"--node-ip-address={layout.address(index)}",
+            f"--num-cpus={c.cpus_per_node}",
+            f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}",
+            f"--resources={json.dumps({f'fasterfs_node_{index}': 1000})}",
+            f"--dashboard-agent-listen-port={c.agent_port + index}"]
+    if index == 0:
+        args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true",
+                 f"--dashboard-host={layout.address(0)}", f"--dashboard-port={c.dashboard_port}",
+                 f"--ray-client-server-port={c.client_port}"]
+    else:
+        args += [f"--address={layout.address(0)}:{c.ray_port}"]
+    return args
+
+
+def _check_ports(cfg, layout: Layout) -> None:
+    head = layout.address(0)
+    check_port_free(head, cfg.cluster.ray_port, "Ray GCS (cluster.ray_port)")
+    check_port_free(head, cfg.cluster.dashboard_port, "Ray dashboard (cluster.dashboard_port)")
+    check_port_free(head, cfg.cluster.client_port, "Ray client (cluster.client_port)")
+    for i, addr in enumerate(layout.addresses):
+        check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
+        check_port_free(addr, cfg.minio.port, "MinIO API (minio.port)")
+        check_port_free(addr, cfg.minio.console_port, "MinIO console (minio.console_port)")
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def up(cfg) -> ClusterState:
+    cfg = as_cfg(cfg)
+    layout = Layout.of(cfg)
+    if layout.paths.state_file.exists():
+        old = ClusterState.load(layout.paths.root)
+        if old.ray_processes_alive():
+            raise FasterFSError(f"a FasterFS cluster is already running under {layout.paths.root} "
+                                f"(Ray at {old.ray_address}); run `fasterfs down` first")
+        log.warning("cleaning up after a cluster that did not shut down: %s", layout.paths.state_file)
+        teardown(old)
+    minio_binary(cfg)  # fail now, not inside an actor, if MinIO is missing
+    _check_ports(cfg, layout)
+    credentials.create(layout.paths.credentials_file)
+    cgroup = ProjectCgroup.create(cfg.cluster.name, layout.paths.root)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    state = ClusterState(
+        name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{layout.address(0)}:{cfg.cluster.ray_port}",
+        dashboard_url=f"http://{layout.address(0)}:{cfg.cluster.dashboard_port}", nodes=[],
+        cgroup=cgroup.to_dict(), config=to_dict(cfg))
+    try:
+        for i, addr in enumerate(layout.addresses):
+            proc = cgroup.spawn(_ray_start_args(cfg, layout, i), layout.paths.log_dir / f"ray-node-{i}.log", env)
+            state.nodes.append(NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", proc.pid))
+            state.save()  # provisional: lets `down` clean up if we fail from here on
+            if i == 0:
+                _wait_for_head(cfg, layout, proc)
+        ray = connect_ray(state)
+        node_ids = _wait_for_nodes(cfg, layout, state)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor_cls = ray.remote(StorageNode)
+        actors = []
+        for node in state.nodes:
+            node.ray_node_id = node_ids[node.address]
+            actors.append(actor_cls.options(
+                name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
+                max_restarts=-1, max_task_retries=3, num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False),
+            ).remote(node.index, state.config))
+        try:
+            ready = ray.get([a.ready.remote() for a in actors], timeout=cfg.cluster.start_timeout_s)
+        except ray.exceptions.RayActorError as e:
+            raise FasterFSError(f"a StorageNode failed to start: {e}") from None
+        for info, node in zip(ready, state.nodes):
+            if info["node_id"] != node.ray_node_id:
+                raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
+        state.ready = True
+        state.save()
+        return state
+    except BaseException:
+        teardown(state)
+        layout.paths.state_file.unlink(missing_ok=True)
+        raise
+
+
+def _wait_for_head(cfg, layout: Layout, proc) -> None:
+    import socket
+
+    deadline = time.monotonic() + cfg.cluster.start_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FasterFSError(f"Ray head on {layout.address(0)} exited at start:\n"
+                                f"{_log_tail(layout.paths.log_dir / 'ray-node-0.log')}")
+        try:
+            socket.create_connection((layout.address(0), cfg.cluster.ray_port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise FasterFSError(f"Ray head on {layout.address(0)}:{cfg.cluster.ray_port} did not start within "
+                        f"{cfg.cluster.start_timeout_s} s; see {layout.paths.log_dir / 'ray-node-0.log'}")
+
+
+def _wait_for_nodes(cfg, layout: Layout, state: ClusterState) -> dict[str, str]:
+    """Wait until every node has joined; check none reports an address other than its own."""
+    import ray
+
+    wanted = set(layout.addresses)
+    deadline = time.monotonic() + cfg.cluster.start_timeout_s
+    while True:
+        alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        stray = set(alive) - wanted
+        if stray:
+            raise FasterFSError(f"Ray nodes report addresses {sorted(stray)} outside the cluster's {sorted(wanted)}")
+        if set(alive) == wanted:
+            return alive
+        for node in state.nodes:
+            if not _is_ray_start(node.ray_pid):
+                raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
+                                    f"{_log_tail(layout.paths.log_dir / f'ray-node-{node.index}.log')}")
+        if time.monotonic() > deadline:
+            raise FasterFSError(f"only {sorted(alive)} of {sorted(wanted)} joined within {cfg.cluster.start_timeout_s} s")
+        time.sleep(0.3)
+
+
+# -- down -----------------------------------------------------------------------------
+
+
+def teardown(state: ClusterState) -> dict:
+    """Stop everything the cluster started, whatever state it is in. Returns what was done."""
+    report = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0}
+    if state.ray_processes_alive():
+        try:
+            import ray
+
+            connect_ray(state)
+            for node in state.nodes:
+                try:
+                    actor = ray.get_actor(actor_name(node.index), namespace=state.namespace)
+                    ray.get(actor.stop.remote(), timeout=30)
+                    ray.kill(actor, no_restart=True)
+                    report["actors_stopped"] += 1
+                except Exception as e:  # a dead actor must not stop the rest of the teardown
+                    report["actor_errors"].append(f"node {node.index}: {type(e).__name__}: {e}"[:300])
+        except Exception as e:
+            report["actor_errors"].append(f"ray: {type(e).__name__}: {e}"[:300])
+        finally:
+            import ray
+
+            ray.shutdown()
+    # `ray start --block` drains and stops its node's processes on SIGTERM; workers before the head.
+    cgroup = ProjectCgroup.from_dict(state.cgroup)
+    ours = set(cgroup.pids()) if cgroup.path else None
+    for node in reversed(state.nodes):
+        if _is_ray_start(node.ray_pid) and (ours is None or node.ray_pid in ours):
+            os.kill(node.ray_pid, signal.SIGTERM)
+            _wait_gone(node.ray_pid, 40)
+            report["ray_nodes_stopped"] += 1
+    deadline = time.monotonic() + 15  # the nodes' own processes finish exiting a moment later
+    while cgroup.pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
+    cgroup.remove()
+    return report
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _is_ray_start(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _is_ray_start(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def down(cfg) -> dict:
+    layout = Layout.of(as_cfg(cfg))
+    state = ClusterState.load(layout.paths.root)
+    report = teardown(state)
+    layout.paths.state_file.unlink(missing_ok=True)
+    return report
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+def status(cfg) -> tuple[ClusterState, list[dict]]:
+    """The cluster state and one row per node, as each StorageNode reports it."""
+    import ray
+
+    state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    if not state.ray_processes_alive():
+        raise FasterFSError(f"the cluster under {state.root} is not running (its Ray processes are gone); "
+                            "run `fasterfs down` to clean up, then `fasterfs up`")
+    rows = []
+    for node, actor in zip(state.nodes, storage_nodes(state)):
+        try:
+            rows.append(ray.get(actor.status.remote(), timeout=30))
+        except Exception as e:
+            rows.append({"index": node.index, "address": node.address, "node_id": node.ray_node_id,
+                         "endpoint": node.endpoint, "healthy": False, "error": f"{type(e).__name__}: {e}"[:200]})
+    return state, rows

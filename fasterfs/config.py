@@ -1,0 +1,147 @@
+"""Configuration: the Hydra configs under conf/, composed with command-line overrides.
+
+The CLI, the jobs and the notebooks all call `load(overrides)`, so an override such
+as `nodes=4 data.rows_per_chunk=500` means the same thing everywhere.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import FasterFSError
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+CONF_DIR = PROJECT_DIR / "conf"
+
+
+def _lobster_dir() -> str:
+    env = os.environ.get("FASTERFS_LOBSTER_DIR")
+    return env or str((PROJECT_DIR.parent / "shared" / "data" / "lobster").resolve())
+
+
+if not OmegaConf.has_resolver("lobster_dir"):
+    OmegaConf.register_new_resolver("lobster_dir", _lobster_dir)
+
+
+def load(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose conf/config.yaml with Hydra overrides and check the result."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    except HydraException as e:
+        raise FasterFSError(f"bad configuration override in {list(overrides)}: {e}") from None
+    OmegaConf.resolve(cfg)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: DictConfig) -> None:
+    def bad(option: str, why: str):
+        raise FasterFSError(f"option {option}={OmegaConf.select(cfg, option)!r}: {why}")
+
+    if not isinstance(cfg.nodes, int) or cfg.nodes < 1:
+        bad("nodes", "must be a whole number >= 1")
+    if cfg.nodes > 250:
+        bad("nodes", "at most 250 nodes fit in the loopback addresses FasterFS assigns")
+    if not isinstance(cfg.replicas, int) or not 1 <= cfg.replicas <= cfg.nodes:
+        bad("replicas", f"must be between 1 and nodes={cfg.nodes}")
+    if not isinstance(cfg.data.rows_per_chunk, int) or cfg.data.rows_per_chunk < 1:
+        bad("data.rows_per_chunk", "must be a whole number >= 1")
+    if cfg.data.format not in ("csv", "arrow"):
+        bad("data.format", "must be csv or arrow")
+    if not isinstance(cfg.data.level, int) or cfg.data.level < 1:
+        bad("data.level", "must be a whole number >= 1")
+    try:
+        first = ipaddress.IPv4Address(cfg.cluster.first_address)
+    except ValueError:
+        bad("cluster.first_address", "must be an IPv4 address")
+    if not first.is_loopback or first == ipaddress.IPv4Address("127.0.0.1"):
+        bad("cluster.first_address", "must be in 127.0.0.0/8 and not 127.0.0.1 (Ray would swap 127.0.0.1 "
+            "for the machine's external address)")
+    last = first + (cfg.nodes - 1)
+    if not last.is_loopback:
+        bad("nodes", f"node addresses from {first} would leave 127.0.0.0/8")
+    for opt in ("cluster.ray_port", "cluster.dashboard_port", "minio.port", "minio.console_port"):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, int) or not 1 <= v <= 65535:
+            bad(opt, "must be a TCP port number")
+
+
+def to_dict(cfg: DictConfig) -> dict:
+    """A plain dict, for shipping configuration to Ray actors and tasks."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def as_cfg(cfg: DictConfig | dict) -> DictConfig:
+    return cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a cluster keeps its files, all under its root directory."""
+
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.root / "credentials.json"
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    def node_dir(self, index: int) -> Path:
+        return self.root / f"node-{index}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a cluster's nodes live, derived from config: node i has address first_address + i."""
+
+    paths: Paths
+    first_address: str
+    nodes: int
+
+    @classmethod
+    def of(cls, cfg) -> "Layout":
+        return cls(Paths(Path(cfg.cluster.root)), cfg.cluster.first_address, cfg.nodes)
+
+    def address(self, index: int) -> str:
+        return str(ipaddress.IPv4Address(self.first_address) + index)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.address(i) for i in range(self.nodes)]
+
+
+def minio_binary(cfg) -> Path:
+    """The MinIO executable: configured path, else this checkout's .deps/bin, else $PATH."""
+    if cfg.minio.binary:
+        path = Path(cfg.minio.binary)
+    else:
+        path = PROJECT_DIR / ".deps" / "bin" / "minio"
+        if not path.exists() and shutil.which("minio"):
+            path = Path(shutil.which("minio"))
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FasterFSError(
+            f"MinIO binary not found at {path}: run `make setup` (builds it with `go install` into .deps/bin) "
+            "or set minio.binary=/path/to/minio"
+        )
+    return path

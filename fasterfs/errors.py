@@ -1,0 +1,9 @@
+"""The one exception type FasterFS raises for problems a user can fix.
+
+Messages name the file, key, port or option at fault; the CLI prints them
+without a traceback.
+"""
+
+
+class FasterFSError(Exception):
+    """A problem with input, configuration or cluster state, explained for the user."""

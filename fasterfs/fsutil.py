@@ -1,0 +1,45 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Path:
+    """Write `data` to a temporary file beside `path`, fsync it, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)  # before any byte lands, so secrets are never world-readable
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj, mode: int = 0o644) -> Path:
+    return atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode)
+
+
+def read_json(path: str | os.PathLike, what: str):
+    """Load JSON, turning a missing or corrupt file into an error that names it."""
+    from .errors import FasterFSError
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FasterFSError(f"{what} not found: {path}") from None
+    except (OSError, ValueError) as e:
+        raise FasterFSError(f"{what} at {path} is unreadable: {e}") from None

@@ -1,0 +1,132 @@
+"""One MinIO server process: started bound to its node's address, health-checked,
+and stopped by the PID it was started with (recorded in a pidfile, so a restarted
+StorageNode can stop the server its previous incarnation left behind)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from .credentials import Credentials
+from .errors import FasterFSError
+
+
+def check_port_free(address: str, port: int, what: str) -> None:
+    """Fail with the port's name if something already listens there."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError as e:
+            raise FasterFSError(f"port {address}:{port} ({what}) is already in use: {e.strerror}; "
+                                f"stop what holds it or choose another port in the configuration") from None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+class MinioServer:
+    def __init__(self, binary: Path, address: str, port: int, console_port: int, data_dir: Path,
+                 log_path: Path, creds: Credentials):
+        self.binary, self.address, self.port, self.console_port = binary, address, port, console_port
+        self.data_dir, self.log_path, self.creds = Path(data_dir), Path(log_path), creds
+        self.pidfile = self.data_dir.parent / "minio.pid"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def reap_stale(self) -> int | None:
+        """Stop a server left by an earlier incarnation (same binary, same data dir)."""
+        try:
+            pid = int(self.pidfile.read_text())
+        except (OSError, ValueError):
+            return None
+        cmd = _cmdline(pid)
+        if cmd and cmd[0] == str(self.binary) and str(self.data_dir) in cmd:
+            _terminate(pid)
+            return pid
+        return None
+
+    def start(self, timeout: float) -> None:
+        check_port_free(self.address, self.port, "MinIO API")
+        check_port_free(self.address, self.console_port, "MinIO console")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, MINIO_ROOT_USER=self.creds.access_key, MINIO_ROOT_PASSWORD=self.creds.secret_key,
+                   MINIO_UPDATE="off", MINIO_CALLHOME_ENABLE="off")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "server", str(self.data_dir), "--quiet",
+                 "--address", f"{self.address}:{self.port}",
+                 "--console-address", f"{self.address}:{self.console_port}"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.pidfile.write_text(str(self.proc.pid))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise FasterFSError(f"MinIO on {self.endpoint} exited with code {self.proc.returncode} at start; "
+                                    f"see {self.log_path}")
+            if self.healthy():
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise FasterFSError(f"MinIO on {self.endpoint} was not healthy within {timeout:.0f} s; see {self.log_path}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/minio/health/live", timeout=timeout) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is not None:
+            _terminate(self.proc.pid, timeout, self.proc)
+            self.proc = None
+        self.pidfile.unlink(missing_ok=True)
+
+
+def _terminate(pid: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM, then SIGKILL after `timeout`; reaps our own child."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None:
+            if proc.poll() is not None:
+                return
+        elif not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if proc is not None:
+        proc.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True

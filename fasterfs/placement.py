@@ -1,0 +1,44 @@
+"""Chunk -> node placement by rendezvous (highest-random-weight) hashing with bounded loads.
+
+Every node scores every chunk with a hash of (node, chunk); a chunk goes to the
+`replicas` best-scoring nodes. Adding a node moves only the chunks the new node
+now wins (about 1/N). A cap of (1 + slack) x the fair share per node keeps small
+datasets balanced: a chunk whose favourite node is full goes to its next choice.
+Placement is a pure function of names and counts, so it is never stored centrally
+beyond the manifest that records its result.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Sequence
+
+
+def score(node: str, key: str) -> int:
+    digest = hashlib.blake2b(f"{node}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def node_name(index: int) -> str:
+    return f"node-{index}"
+
+
+def place(keys: Sequence[str], nodes: int, replicas: int = 1, load_slack: float = 0.1) -> list[list[int]]:
+    """For each key (in order), the indices of the nodes that hold it, preferred owner first."""
+    if nodes < 1:
+        raise ValueError("placement needs at least one node")
+    if not 1 <= replicas <= nodes:
+        raise ValueError(f"replicas={replicas} must be between 1 and nodes={nodes}")
+    names = [node_name(i) for i in range(nodes)]
+    cap = max(1, math.ceil(len(keys) * replicas / nodes * (1 + load_slack)))
+    load = [0] * nodes
+    out = []
+    for key in keys:
+        ranked = sorted(range(nodes), key=lambda i: score(names[i], key), reverse=True)
+        chosen = [i for i in ranked if load[i] < cap][:replicas]
+        if len(chosen) < replicas:  # every node at the cap: fall back to pure rendezvous
+            chosen = ranked[:replicas]
+        for i in chosen:
+            load[i] += 1
+        out.append(chosen)
+    return out
