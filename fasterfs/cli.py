@@ -56,9 +56,24 @@ def cmd_down(cfg) -> None:
         console.print(f"[yellow]warning[/]: {err}")
 
 
+def cmd_ingest(cfg) -> None:
+    from rich.progress import Progress
+
+    from .ingest import ingest
+
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"ingesting {cfg.data.name}", total=None)
+        manifest = ingest(cfg, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    per_node = [len(manifest.on_node(i)) for i in range(manifest.node_count)]
+    console.print(f"[green]ingested[/] {manifest.dataset}: {manifest.rows} rows in {len(manifest)} {manifest.format} "
+                  f"chunks ({_fmt_bytes(manifest.total_bytes)}), replicas={manifest.replicas}, "
+                  f"chunks per node {per_node}")
+
+
 COMMANDS = {
     "up": (cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO"),
     "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
+    "ingest": (cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes"),
     "down": (cmd_down, "stop everything the cluster started"),
 }
 

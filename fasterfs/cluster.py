@@ -96,6 +96,13 @@ def connect_ray(state: ClusterState):
     return ray
 
 
+def pinned(node: NodeState) -> dict:
+    """Ray options that run a task or actor on `node` and nowhere else (locality-aware scheduling)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False)}
+
+
 def storage_nodes(state: ClusterState) -> list:
     ray = connect_ray(state)
     return [ray.get_actor(actor_name(n.index), namespace=state.namespace) for n in state.nodes]
@@ -171,16 +178,13 @@ def up(cfg) -> ClusterState:
                 _wait_for_head(cfg, layout, proc)
         ray = connect_ray(state)
         node_ids = _wait_for_nodes(cfg, layout, state)
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         actor_cls = ray.remote(StorageNode)
         actors = []
         for node in state.nodes:
             node.ray_node_id = node_ids[node.address]
             actors.append(actor_cls.options(
                 name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
-                max_restarts=-1, max_task_retries=3, num_cpus=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False),
+                max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
             ).remote(node.index, state.config))
         try:
             ready = ray.get([a.ready.remote() for a in actors], timeout=cfg.cluster.start_timeout_s)

@@ -9,6 +9,7 @@ management calls: status, maintenance holds, stop.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -86,6 +87,7 @@ class StorageNode:
                     chunks += 1
                     size += obj["Size"]
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
+                "actor_pid": os.getpid(),
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
                 "minio_pid": self.minio.pid, "minio_restarts": self.restarts, "objects": chunks, "bytes": size}
 

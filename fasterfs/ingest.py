@@ -1,0 +1,98 @@
+"""Ingest: source -> chunks -> placement -> each holding node's MinIO -> manifest.
+
+Objects of a new ingest go under a fresh generation prefix, so until the new
+manifest replaces the old one (atomically, last) readers keep reading the old,
+complete dataset; the old generation's objects are deleted afterwards. A failed
+ingest deletes what it wrote and leaves the previous dataset untouched.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from . import credentials, lobster, s3
+from .cluster import ClusterState
+from .config import Layout, as_cfg
+from .errors import FasterFSError
+from .manifest import ChunkInfo, Manifest
+from .placement import place
+
+EXTENSIONS = {"csv": "csv", "arrow": "arrow"}
+
+
+def load_source(cfg) -> lobster.Pair:
+    d = cfg.data
+    if d.source == "files":
+        return lobster.read_pair(d.message, d.orderbook, d.level, d.name)
+    if d.source == "synthetic":
+        message, orderbook = lobster.generate(d.rows, d.level, d.seed)
+        return lobster.parse_pair(message, orderbook, d.level, d.name, "generated message data",
+                                  "generated order book data")
+    raise FasterFSError(f"option data.source={d.source!r}: must be files or synthetic")
+
+
+def ingest(cfg, progress: Callable[[int, int], None] | None = None) -> Manifest:
+    """Ingest the configured data source into the running cluster; returns the new manifest."""
+    cfg = as_cfg(cfg)
+    paths = Layout.of(cfg).paths
+    state = ClusterState.load(paths.root)
+    n_nodes = len(state.nodes)
+    if cfg.replicas > n_nodes:
+        raise FasterFSError(f"option replicas={cfg.replicas}: the running cluster has only {n_nodes} nodes")
+    pair = load_source(cfg)
+    fmt, rpc = cfg.data.format, cfg.data.rows_per_chunk
+    starts = list(range(0, pair.rows, rpc))
+    dataset = pair.name
+    placement = place([f"{dataset}/chunk-{i:05d}" for i in range(len(starts))], n_nodes, cfg.replicas,
+                      cfg.placement.load_slack)
+    generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(2)
+    bucket = state.config["minio"]["bucket"]
+    creds = credentials.load(paths.credentials_file)
+    clients = [s3.client(n.endpoint, creds) for n in state.nodes]
+    time_col = pair.frame["Time"].to_numpy()
+
+    def store(i: int) -> ChunkInfo:
+        start, stop = starts[i], min(starts[i] + rpc, pair.rows)
+        body = lobster.encode_chunk(pair, start, stop, fmt)
+        key = f"{dataset}/{generation}/chunk-{i:05d}.{EXTENSIONS[fmt]}"
+        for node in placement[i]:
+            try:
+                clients[node].put_object(Bucket=bucket, Key=key, Body=body)
+            except Exception as e:
+                raise FasterFSError(f"storing {key} on node {node} ({state.nodes[node].endpoint}) failed: {e}") from e
+        return ChunkInfo(i, key, placement[i], len(body), stop - start, start, float(time_col[start]),
+                         float(time_col[stop - 1]), zlib.crc32(body))
+
+    chunks: list[ChunkInfo] = []
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for info in pool.map(store, range(len(starts))):
+                chunks.append(info)
+                if progress:
+                    progress(len(chunks), len(starts))
+    except BaseException:
+        _delete_generation(clients, bucket, f"{dataset}/{generation}/")
+        raise
+    manifest = Manifest(dataset=dataset, format=fmt, level=pair.level, rows_per_chunk=rpc, rows=pair.rows,
+                        replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
+                        chunks=chunks)
+    previous = Manifest.load(paths.manifest_file) if paths.manifest_file.exists() else None
+    manifest.save(paths.manifest_file)
+    if previous is not None:
+        _delete_generation(clients, previous.bucket, f"{previous.dataset}/{previous.generation}/")
+    return manifest
+
+
+def _delete_generation(clients, bucket: str, prefix: str) -> None:
+    """Best effort: remove a generation's objects from every node (a dead node keeps its orphans)."""
+    for c in clients:
+        try:
+            for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    c.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        except Exception:
+            pass

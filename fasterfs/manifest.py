@@ -1,0 +1,70 @@
+"""The manifest: which chunks a dataset has, where each one lives, and how to check it.
+
+It is small (one entry per chunk) and derived entirely from the ingest, so there
+is no namespace service to become a bottleneck. Ingest writes it last, atomically:
+a reader sees the previous complete dataset or the new one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import FasterFSError
+from .fsutil import atomic_write_json, read_json
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    id: int
+    key: str            # object key in every holding node's bucket
+    nodes: list[int]    # holding nodes, preferred owner first
+    bytes: int
+    rows: int
+    first_row: int
+    first_time: float
+    last_time: float
+    crc32: int
+
+
+@dataclass
+class Manifest:
+    dataset: str
+    format: str
+    level: int
+    rows_per_chunk: int
+    rows: int
+    replicas: int
+    node_count: int
+    bucket: str
+    generation: str
+    chunks: list[ChunkInfo]
+    created: float = field(default_factory=time.time)
+
+    def chunk(self, i: int) -> ChunkInfo:
+        if not isinstance(i, int) or not 0 <= i < len(self.chunks):
+            raise FasterFSError(f"chunk {i!r} does not exist in dataset {self.dataset}: "
+                                f"valid ids are 0..{len(self.chunks) - 1}")
+        return self.chunks[i]
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.chunks)
+
+    def on_node(self, index: int) -> list[ChunkInfo]:
+        return [c for c in self.chunks if index in c.nodes]
+
+    def save(self, path: Path) -> None:
+        atomic_write_json(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> "Manifest":
+        if not Path(path).exists():
+            raise FasterFSError(f"no dataset has been ingested into this cluster ({path} is missing): "
+                                "run `fasterfs ingest`")
+        data = read_json(path, "manifest")
+        data["chunks"] = [ChunkInfo(**c) for c in data["chunks"]]
+        return cls(**data)

@@ -1,0 +1,53 @@
+"""Read-back summary: every node reads the chunks it holds, in a Ray task pinned to that
+node, checks each against the manifest's checksum, and reports what it read.
+
+    python jobs/readback.py [overrides]
+    ray job submit --address http://127.0.0.2:8265 --working-dir . -- python jobs/readback.py
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import ray
+from rich.console import Console
+from rich.table import Table
+
+import fasterfs
+from fasterfs import cluster, config, report
+
+
+@ray.remote(num_cpus=1)
+def read_partition(root: str, node_index: int) -> dict:
+    client = fasterfs.connect(root)
+    mine = [c.id for c in client.manifest.on_node(node_index)]
+    start = time.perf_counter()
+    size = sum(len(client.read_chunk(i)) for i in mine)  # read_chunk verifies each checksum
+    seconds = time.perf_counter() - start
+    return {"node": node_index, "ran_on": ray.get_runtime_context().get_node_id(), "local_node": client.local_node,
+            "chunks": len(mine), "bytes": size, "seconds": seconds}
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    client = fasterfs.connect(overrides=argv)
+    state, manifest = client.state, client.manifest
+    cluster.connect_ray(state)
+    results = ray.get([read_partition.options(**cluster.pinned(n)).remote(state.root, n.index) for n in state.nodes])
+    table = Table(title=f"Read-back of {manifest.dataset} ({len(manifest)} {manifest.format} chunks)")
+    for col in ("node", "ran on its node", "chunks", "MB", "MB/s"):
+        table.add_column(col)
+    for r, node in zip(results, state.nodes):
+        r["on_own_node"] = r["ran_on"] == node.ray_node_id
+        table.add_row(str(r["node"]), "yes" if r["on_own_node"] else "NO", str(r["chunks"]), f"{r['bytes'] / 1e6:.1f}",
+                      f"{r['bytes'] / 1e6 / max(r['seconds'], 1e-9):.0f}")
+    Console().print(table)
+    result = {"dataset": manifest.dataset, "chunks": len(manifest), "nodes": results,
+              "all_read": sum(r["chunks"] for r in results) == len(manifest) * manifest.replicas}
+    out = report.write_json(report.run_dir(cfg, "readback"), "readback.json", result)
+    print(f"all {len(manifest)} chunks read back and checked; report: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
