@@ -1,0 +1,94 @@
+"""Shared fixtures: a real 2-node FasterFS cluster (Ray nodes, StorageNode actors, MinIO
+servers) on loopback addresses and ports of its own, so it never meets a cluster a user
+runs with the defaults; and checks that it leaves nothing behind."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from fasterfs import cluster, config
+from fasterfs.config import Layout
+from fasterfs.ingest import ingest
+
+LOBSTER = Path(config._lobster_dir())
+HAVE_SAMPLE = (LOBSTER / "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz").exists()
+
+
+def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: int = 2) -> list[str]:
+    return [f"cluster.root={root}", f"cluster.first_address={first_address}", f"nodes={nodes}",
+            "cluster.name=fasterfs-test" + str(port_offset), "cluster.object_store_mb=256", "cluster.cpus_per_node=2",
+            f"cluster.ray_port={6400 + port_offset}", f"cluster.dashboard_port={8300 + port_offset}",
+            f"cluster.client_port={7100 + port_offset}", f"cluster.agent_port={52400 + 10 * port_offset}",
+            f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}"]
+
+
+def assert_nothing_left(state: cluster.ClusterState) -> None:
+    """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
+    for node in state.nodes:
+        assert not cluster._is_ray_start(node.ray_pid), f"ray start of node {node.index} still running"
+    cg = state.cgroup.get("path")
+    assert not (cg and Path(cg).exists()), f"cgroup {cg} left behind"
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            assert state.root.encode() not in cmd, f"process {proc.name} still uses {state.root}: {cmd[:200]!r}"
+    assert not Layout.of(config.as_cfg(state.config)).paths.state_file.exists()
+
+
+@pytest.fixture(scope="session")
+def cluster_root():
+    root = Path(tempfile.mkdtemp(prefix="ffs-test-"))  # short: Ray's socket paths must stay < 108 bytes
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def overrides(cluster_root) -> list[str]:
+    return cluster_overrides(cluster_root, "127.0.1.2", 0)
+
+
+@pytest.fixture(scope="session")
+def cfg(overrides):
+    return config.load(overrides)
+
+
+@pytest.fixture(scope="session")
+def live_cluster(cfg):
+    state = cluster.up(cfg)
+    try:
+        yield state
+    finally:
+        cluster.down(cfg)
+        assert_nothing_left(state)
+
+
+def data_overrides(fmt: str = "csv", replicas: int = 1) -> list[str]:
+    base = [] if HAVE_SAMPLE else ["data=synthetic", "data.level=30"]
+    return base + [f"data.format={fmt}", f"replicas={replicas}"]
+
+
+@pytest.fixture
+def ingest_as(live_cluster, overrides):
+    """Ingest the LOBSTER sample (or generated data without it) in a format and replication."""
+    def run(fmt: str = "csv", replicas: int = 1):
+        return ingest(config.load(overrides + data_overrides(fmt, replicas)))
+    return run
+
+
+@pytest.fixture
+def client_for(live_cluster, cluster_root):
+    import fasterfs
+
+    def make():
+        return fasterfs.connect(cluster_root)
+    return make
+
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

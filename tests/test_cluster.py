@@ -1,0 +1,187 @@
+"""The real 2-node cluster: nodes, actors and MinIO servers where they belong; data read
+back exactly; failures healed (MinIO, actor) or routed around (replicas)."""
+import os
+import signal
+import time
+import zlib
+
+import numpy as np
+import pytest
+import ray
+
+from fasterfs import cluster, config, lobster
+from fasterfs.errors import FasterFSError
+from fasterfs.ingest import load_source
+
+from conftest import data_overrides
+
+
+def statuses(state):
+    return ray.get([a.status.remote() for a in cluster.storage_nodes(state)], timeout=60)
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(pred, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_nodes_on_their_own_loopback_addresses(live_cluster):
+    cluster.connect_ray(live_cluster)
+    alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert alive == {n.address: n.ray_node_id for n in live_cluster.nodes}
+    assert all(a.startswith("127.") and a != "127.0.0.1" for a in alive)
+
+
+def test_storage_nodes_pinned_with_minio_bound_to_node_address(live_cluster):
+    rows = statuses(live_cluster)
+    for node, row in zip(live_cluster.nodes, rows):
+        assert row["node_id"] == node.ray_node_id
+        assert row["healthy"] and row["endpoint"] == f"http://{node.address}:{live_cluster.config['minio']['port']}"
+        cmd = open(f"/proc/{row['minio_pid']}/cmdline", "rb").read().split(b"\0")
+        assert f"{node.address}:{live_cluster.config['minio']['port']}".encode() in cmd
+
+
+def test_csv_chunks_equal_source_rows_byte_for_byte(ingest_as, client_for, overrides):
+    manifest = ingest_as("csv")
+    pair = load_source(config.load(overrides + data_overrides()))
+    client = client_for()
+    assert len(client) == -(-pair.rows // manifest.rows_per_chunk)
+    for c in manifest.chunks:
+        body = client.read_chunk(c.id)
+        expected = [m + b"," + o for m, o in zip(pair.message_lines[c.first_row:c.first_row + c.rows],
+                                                  pair.orderbook_lines[c.first_row:c.first_row + c.rows])]
+        assert body.split(b"\n")[:-1] == expected, f"chunk {c.id}"
+        assert zlib.crc32(body) == c.crc32
+    assert sum(c.rows for c in manifest.chunks) == pair.rows
+
+
+def test_arrow_chunks_equal_source_values(ingest_as, client_for, overrides):
+    manifest = ingest_as("arrow")
+    pair = load_source(config.load(overrides + data_overrides("arrow")))
+    client = client_for()
+    for c in manifest.chunks:
+        table = client.read_table(c.id)
+        assert table.columns == lobster.columns(manifest.level)
+        assert table.equals(pair.frame.slice(c.first_row, c.rows)), f"chunk {c.id}"
+
+
+def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
+    manifest = ingest_as("csv")
+    rows = statuses(live_cluster)
+    for row in rows:
+        assert row["objects"] == len(manifest.on_node(row["index"]))
+    assert 1 <= min(r["objects"] for r in rows)
+    assert sum(r["objects"] for r in rows) == len(manifest)
+
+
+def test_reingest_replaces_previous_generation(ingest_as, live_cluster, client_for):
+    first = ingest_as("csv")
+    second = ingest_as("csv")
+    assert first.generation != second.generation
+    assert sum(r["objects"] for r in statuses(live_cluster)) == len(second)  # old objects gone
+    client_for().read_chunk(0)
+
+
+def test_unknown_chunk_names_valid_range(ingest_as, client_for):
+    manifest = ingest_as("csv")
+    with pytest.raises(FasterFSError, match=rf"valid ids are 0..{len(manifest) - 1}"):
+        client_for().read_chunk(len(manifest))
+
+
+def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, client_for):
+    manifest = ingest_as("csv")
+    before = statuses(live_cluster)[1]
+    os.kill(before["minio_pid"], signal.SIGKILL)
+    wait_until(lambda: statuses(live_cluster)[1]["healthy"] and statuses(live_cluster)[1]["minio_pid"] != before["minio_pid"],
+               what="MinIO restart")
+    after = statuses(live_cluster)[1]
+    assert after["minio_restarts"] == before["minio_restarts"] + 1
+    client = client_for()
+    for c in manifest.on_node(1):
+        assert zlib.crc32(client.read_chunk(c.id)) == c.crc32
+
+
+def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_for):
+    manifest = ingest_as("csv")
+    before = statuses(live_cluster)[0]
+    os.kill(before["actor_pid"], signal.SIGKILL)
+
+    def back():
+        try:
+            row = statuses(live_cluster)[0]
+        except Exception:
+            return False
+        return row["actor_pid"] != before["actor_pid"] and row["healthy"]
+    wait_until(back, timeout=60, what="StorageNode restart")
+    row = statuses(live_cluster)[0]
+    assert row["node_id"] == live_cluster.nodes[0].ray_node_id  # restarted on the same node
+    # the old incarnation's MinIO is gone (reaped through the pidfile, or by Ray with its worker)
+    assert row["minio_pid"] != before["minio_pid"]
+    wait_until(lambda: not running(before["minio_pid"]), timeout=5, what="old MinIO to exit")
+    client = client_for()
+    for c in manifest.on_node(0):
+        assert zlib.crc32(client.read_chunk(c.id)) == c.crc32
+
+
+def test_replicas_survive_one_minio_down(ingest_as, live_cluster, client_for):
+    manifest = ingest_as("csv", replicas=2)
+    assert all(sorted(c.nodes) == [0, 1] for c in manifest.chunks)
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get(actors[0].hold_minio.remote())
+    try:
+        assert not statuses(live_cluster)[0]["healthy"]
+        client = client_for()
+        owned_by_0 = [c for c in manifest.chunks if c.nodes[0] == 0]
+        assert owned_by_0
+        for c in owned_by_0:
+            assert zlib.crc32(client.read_chunk(c.id)) == c.crc32
+    finally:
+        ray.get(actors[0].release_minio.remote())
+    assert statuses(live_cluster)[0]["healthy"]
+
+
+def test_all_replicas_down_is_a_clear_error(ingest_as, live_cluster, client_for):
+    manifest = ingest_as("csv")
+    chunk = manifest.on_node(1)[0]
+    actor = cluster.storage_nodes(live_cluster)[1]
+    ray.get(actor.hold_minio.remote())
+    try:
+        with pytest.raises(FasterFSError, match=rf"chunk {chunk.id} .* could not be read from any holder: node 1"):
+            client_for().read_chunk(chunk.id)
+    finally:
+        ray.get(actor.release_minio.remote())
+
+
+def test_replicas_beyond_cluster_size_refused(live_cluster, overrides):
+    from fasterfs.ingest import ingest
+    with pytest.raises(FasterFSError, match="replicas=3"):
+        ingest(config.load(overrides + ["nodes=3", "replicas=3"]))
+
+
+def test_cluster_already_running_refused(live_cluster, cfg):
+    with pytest.raises(FasterFSError, match="already running"):
+        cluster.up(cfg)
+
+
+def test_readback_job_runs_tasks_on_their_nodes(ingest_as, cfg, overrides):
+    import importlib.util
+    from pathlib import Path
+    manifest = ingest_as("csv")
+    spec = importlib.util.spec_from_file_location("readback", Path(config.PROJECT_DIR, "jobs", "readback.py"))
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    result = job.main(overrides)
+    assert result["all_read"] and all(n["on_own_node"] for n in result["nodes"])
+    assert sum(n["bytes"] for n in result["nodes"]) == manifest.total_bytes

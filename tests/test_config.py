@@ -1,0 +1,59 @@
+"""Configuration and credentials: overrides, clear errors, secrets kept private."""
+import os
+import stat
+
+import pytest
+
+from fasterfs import config, credentials
+from fasterfs.errors import FasterFSError
+
+
+def test_defaults_and_overrides():
+    cfg = config.load(["nodes=4", "data.rows_per_chunk=500"])
+    assert cfg.nodes == 4 and cfg.data.rows_per_chunk == 500
+    assert config.Layout.of(cfg).addresses == ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+    assert config.load([]).data.rows_per_chunk == 1000
+
+
+def test_synthetic_data_group():
+    cfg = config.load(["data=synthetic", "data.rows=5000", "data.level=5"])
+    assert cfg.data.source == "synthetic" and cfg.data.name == "SYNTH_L5_5000"
+
+
+@pytest.mark.parametrize("override, culprit", [
+    (["nodes=0"], "nodes"),
+    (["replicas=3"], "replicas"),
+    (["data.format=parquet"], "data.format"),
+    (["data.rows_per_chunk=0"], "data.rows_per_chunk"),
+    (["cluster.first_address=127.0.0.1"], "cluster.first_address"),
+    (["cluster.first_address=10.0.0.2"], "cluster.first_address"),
+    (["minio.port=70000"], "minio.port"),
+    (["no_such_option=1"], "no_such_option"),
+])
+def test_bad_option_named(override, culprit):
+    with pytest.raises(FasterFSError, match=culprit):
+        config.load(override)
+
+
+def test_credentials_private_and_stable(tmp_path):
+    path = tmp_path / "credentials.json"
+    creds = credentials.create(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert credentials.create(path) == creds  # never regenerated under existing data
+    assert creds.secret_key not in repr(creds)
+    other = credentials.create(tmp_path / "other.json")
+    assert other != creds  # per cluster, not a default
+
+
+def test_credentials_with_loose_mode_refused(tmp_path):
+    path = tmp_path / "credentials.json"
+    credentials.create(path)
+    os.chmod(path, 0o644)
+    with pytest.raises(FasterFSError, match="mode 644"):
+        credentials.load(path)
+
+
+def test_missing_minio_binary_says_how_to_install(tmp_path):
+    cfg = config.load([f"minio.binary={tmp_path}/minio"])
+    with pytest.raises(FasterFSError, match="make setup"):
+        config.minio_binary(cfg)

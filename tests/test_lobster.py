@@ -1,0 +1,141 @@
+"""LOBSTER reading and checking: real sample, generator, and every kind of bad input."""
+import gzip
+
+import numpy as np
+import polars as pl
+import pytest
+
+from fasterfs import lobster
+from fasterfs.errors import FasterFSError
+
+from conftest import HAVE_SAMPLE, LOBSTER
+
+MSG = "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz"
+OB = "AAPL_2012-06-21_34200000_37800000_orderbook_30.csv.gz"
+
+
+@pytest.fixture
+def small_pair():
+    return lobster.generate(50, 3, seed=1)
+
+
+def write(tmp_path, message: bytes, orderbook: bytes):
+    m, o = tmp_path / "m.csv", tmp_path / "o.csv"
+    m.write_bytes(message)
+    o.write_bytes(orderbook)
+    return m, o
+
+
+@pytest.mark.skipif(not HAVE_SAMPLE, reason="LOBSTER sample not present")
+def test_real_sample_reads_and_checks():
+    pair = lobster.read_pair(LOBSTER / MSG, LOBSTER / OB, 30, "AAPL")
+    assert pair.rows == 86616
+    assert pair.frame.columns == lobster.columns(30)
+    assert pair.frame["AskPrice1"].dtype == pl.Int64 and pair.frame["AskPrice1"][0] == 5859400
+
+
+def test_excerpt_without_final_newline():
+    d = LOBSTER / "excerpt_level10_first998rows"
+    if not d.exists():
+        pytest.skip("excerpt not present")
+    pair = lobster.read_pair(d / "AAPL_2012-06-21_34200000_57600000_message_10.csv",
+                             d / "AAPL_2012-06-21_34200000_57600000_orderbook_10.csv", 10, "x")
+    assert pair.rows == 999
+
+
+def test_generator_passes_checks_and_has_requested_shape(small_pair):
+    pair = lobster.parse_pair(*small_pair, level=3, name="g")
+    assert pair.rows == 50 and pair.frame.width == 6 + 12
+    assert (pair.frame["AskPrice1"] > pair.frame["BidPrice1"]).all()
+    assert lobster.generate(50, 3, seed=1) == small_pair  # deterministic in its seed
+
+
+@pytest.mark.parametrize("fmt", ["csv", "arrow"])
+def test_chunk_roundtrip(small_pair, fmt):
+    pair = lobster.parse_pair(*small_pair, level=3, name="g")
+    frame = lobster.decode_chunk(lobster.encode_chunk(pair, 10, 30, fmt), fmt, 3)
+    assert frame.equals(pair.frame.slice(10, 20))
+
+
+def test_csv_chunk_is_source_lines_side_by_side(small_pair):
+    pair = lobster.parse_pair(*small_pair, level=3, name="g")
+    lines = lobster.encode_chunk(pair, 0, 5, "csv").splitlines()
+    assert lines == [m + b"," + o for m, o in zip(small_pair[0].splitlines()[:5], small_pair[1].splitlines()[:5])]
+
+
+def test_missing_file_named(tmp_path):
+    with pytest.raises(FasterFSError, match="data file not found: .*nope.csv"):
+        lobster.read_pair(tmp_path / "nope.csv", tmp_path / "o.csv", 3, "x")
+
+
+def test_unreadable_file_named(tmp_path, small_pair):
+    m, o = write(tmp_path, *small_pair)
+    o.unlink()
+    o.mkdir()  # a directory where a file should be
+    with pytest.raises(FasterFSError, match="o.csv is unreadable"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_damaged_gzip_named(tmp_path, small_pair):
+    m, o = write(tmp_path, gzip.compress(small_pair[0])[:-20], small_pair[1])
+    with pytest.raises(FasterFSError, match="m.csv is a damaged gzip"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_row_count_mismatch(tmp_path, small_pair):
+    m, o = write(tmp_path, small_pair[0], b"\n".join(small_pair[1].splitlines()[:-1]) + b"\n")
+    with pytest.raises(FasterFSError, match="row count mismatch: .*m.csv has 50 rows, .*o.csv has 49"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_malformed_row_reports_line(tmp_path, small_pair):
+    lines = small_pair[0].splitlines()
+    lines[17] = lines[17].replace(b",", b",x", 1)
+    m, o = write(tmp_path, b"\n".join(lines), small_pair[1])
+    with pytest.raises(FasterFSError, match=r"m.csv line 18: column Type has malformed value"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_short_row_reports_line(tmp_path, small_pair):
+    lines = small_pair[1].splitlines()
+    lines[4] = lines[4].rsplit(b",", 1)[0]
+    m, o = write(tmp_path, small_pair[0], b"\n".join(lines))
+    with pytest.raises(FasterFSError, match=r"o.csv line 5: 11 columns, expected 12"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_wrong_level_explained(tmp_path, small_pair):
+    m, o = write(tmp_path, *small_pair)
+    with pytest.raises(FasterFSError, match=r"line 1: 12 columns, expected 40 \(4 x level 10\); is data.level right"):
+        lobster.read_pair(m, o, 10, "x")
+
+
+def test_time_going_backwards(tmp_path, small_pair):
+    lines = small_pair[0].splitlines()
+    lines[9], lines[10] = lines[10], lines[9]
+    m, o = write(tmp_path, b"\n".join(lines), small_pair[1])
+    with pytest.raises(FasterFSError, match=r"m.csv line 11: time .* is earlier"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_crossed_book(tmp_path, small_pair):
+    lines = small_pair[1].splitlines()
+    fields = lines[3].split(b",")
+    fields[0] = fields[2]  # best ask == best bid
+    lines[3] = b",".join(fields)
+    m, o = write(tmp_path, small_pair[0], b"\n".join(lines))
+    with pytest.raises(FasterFSError, match=r"o.csv line 4: best ask .* is not above best bid"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_empty_file(tmp_path):
+    m, o = write(tmp_path, b"", b"")
+    with pytest.raises(FasterFSError, match="m.csv is empty"):
+        lobster.read_pair(m, o, 3, "x")
+
+
+def test_mid_price_in_dollars(small_pair):
+    pair = lobster.parse_pair(*small_pair, level=3, name="g")
+    mid = lobster.mid_price(pair.frame).to_numpy()
+    expected = (pair.frame["AskPrice1"].to_numpy() + pair.frame["BidPrice1"].to_numpy()) / 2 / 10000
+    assert np.allclose(mid, expected)
