@@ -34,7 +34,7 @@ class NodeState:
     index: int
     address: str
     endpoint: str
-    ray_pid: int
+    ray_pid: int | None  # the `ray start` FasterFS ran for this node; None when attached to a Ray cluster
     ray_node_id: str | None = None
 
 
@@ -48,6 +48,7 @@ class ClusterState:
     cgroup: dict
     config: dict
     ready: bool = False
+    attached: bool = False  # StorageNodes on a Ray cluster FasterFS did not start (cluster.yaml)
     started: float = field(default_factory=time.time)
 
     @property
@@ -56,7 +57,7 @@ class ClusterState:
 
     @property
     def head_address(self) -> str:
-        return self.nodes[0].address
+        return self.ray_address.rsplit(":", 1)[0]
 
     def save(self) -> None:
         atomic_write_json(Paths(Path(self.root)).state_file, asdict(self))
@@ -72,7 +73,19 @@ class ClusterState:
         return cls(**data)
 
     def ray_processes_alive(self) -> list[int]:
-        return [n.ray_pid for n in self.nodes if _is_ray_start(n.ray_pid)]
+        return [n.ray_pid for n in self.nodes if n.ray_pid and _is_ray_start(n.ray_pid)]
+
+    def running(self) -> bool:
+        if not self.attached:
+            return bool(self.ray_processes_alive())
+        import socket
+
+        host, port = self.ray_address.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return True
+        except OSError:
+            return False
 
 
 def _is_ray_start(pid: int) -> bool:
@@ -151,48 +164,32 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def up(cfg) -> ClusterState:
+    """Start the cluster: local Ray nodes (or, with cluster.attach, an existing Ray cluster's
+    nodes) and a StorageNode with its MinIO on each. Undoes everything if any step fails."""
     cfg = as_cfg(cfg)
     layout = Layout.of(cfg)
     if layout.paths.state_file.exists():
         old = ClusterState.load(layout.paths.root)
-        if old.ray_processes_alive():
+        if old.running():
             raise FasterFSError(f"a FasterFS cluster is already running under {layout.paths.root} "
                                 f"(Ray at {old.ray_address}); run `fasterfs down` first")
         log.warning("cleaning up after a cluster that did not shut down: %s", layout.paths.state_file)
         teardown(old)
     minio_binary(cfg)  # fail now, not inside an actor, if MinIO is missing
-    _check_ports(cfg, layout)
     credentials.create(layout.paths.credentials_file)
-    cgroup = ProjectCgroup.create(cfg.cluster.name, layout.paths.root)
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    state = ClusterState(
-        name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{layout.address(0)}:{cfg.cluster.ray_port}",
-        dashboard_url=f"http://{layout.address(0)}:{cfg.cluster.dashboard_port}", nodes=[],
-        cgroup=cgroup.to_dict(), config=to_dict(cfg))
+    if cfg.cluster.attach:
+        state = _attach_ray(cfg, layout)
+    else:
+        _check_ports(cfg, layout)
+        state = ClusterState(
+            name=cfg.cluster.name, root=str(layout.paths.root),
+            ray_address=f"{layout.address(0)}:{cfg.cluster.ray_port}",
+            dashboard_url=f"http://{layout.address(0)}:{cfg.cluster.dashboard_port}", nodes=[],
+            cgroup=ProjectCgroup.create(cfg.cluster.name, layout.paths.root).to_dict(), config=to_dict(cfg))
     try:
-        for i, addr in enumerate(layout.addresses):
-            proc = cgroup.spawn(_ray_start_args(cfg, layout, i), layout.paths.log_dir / f"ray-node-{i}.log", env)
-            state.nodes.append(NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", proc.pid))
-            state.save()  # provisional: lets `down` clean up if we fail from here on
-            if i == 0:
-                _wait_for_head(cfg, layout, proc)
-        ray = connect_ray(state)
-        node_ids = _wait_for_nodes(cfg, layout, state)
-        actor_cls = ray.remote(StorageNode)
-        actors = []
-        for node in state.nodes:
-            node.ray_node_id = node_ids[node.address]
-            actors.append(actor_cls.options(
-                name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
-                max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
-            ).remote(node.index, state.config))
-        try:
-            ready = ray.get([a.ready.remote() for a in actors], timeout=cfg.cluster.start_timeout_s)
-        except ray.exceptions.RayActorError as e:
-            raise FasterFSError(f"a StorageNode failed to start: {e}") from None
-        for info, node in zip(ready, state.nodes):
-            if info["node_id"] != node.ray_node_id:
-                raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
+        if not cfg.cluster.attach:
+            _start_local_ray(cfg, layout, state)
+        _start_storage_nodes(cfg, state)
         state.ready = True
         state.save()
         return state
@@ -200,6 +197,58 @@ def up(cfg) -> ClusterState:
         teardown(state)
         layout.paths.state_file.unlink(missing_ok=True)
         raise
+
+
+def _start_local_ray(cfg, layout: Layout, state: ClusterState) -> None:
+    cgroup = ProjectCgroup.from_dict(state.cgroup)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    for i, addr in enumerate(layout.addresses):
+        proc = cgroup.spawn(_ray_start_args(cfg, layout, i), layout.paths.log_dir / f"ray-node-{i}.log", env)
+        state.nodes.append(NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", proc.pid))
+        state.save()  # provisional: lets `down` clean up if we fail from here on
+        if i == 0:
+            _wait_for_head(cfg, layout, proc)
+    connect_ray(state)
+    node_ids = _wait_for_nodes(cfg, layout, state)
+    for node in state.nodes:
+        node.ray_node_id = node_ids[node.address]
+
+
+def _attach_ray(cfg, layout: Layout) -> ClusterState:
+    """StorageNodes on every node of a running Ray cluster (started by `ray up cluster.yaml`)."""
+    import ray
+
+    if not cfg.cluster.ray_address:
+        raise FasterFSError("option cluster.attach=true needs cluster.ray_address=<head>:<port> of the Ray cluster")
+    head = cfg.cluster.ray_address.rsplit(":", 1)[0]
+    ray.init(address=cfg.cluster.ray_address, _node_ip_address=head, namespace=f"fasterfs-{cfg.cluster.name}",
+             logging_level=logging.WARNING, log_to_driver=False)  # run on the head node, as `ray exec` does
+    alive = sorted((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
+    nodes = [NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", None, node_id)
+             for i, (addr, node_id) in enumerate(alive)]
+    conf = to_dict(cfg)
+    conf["nodes"] = len(nodes)
+    return ClusterState(name=cfg.cluster.name, root=str(layout.paths.root), ray_address=cfg.cluster.ray_address,
+                        dashboard_url=f"http://{head}:{cfg.cluster.dashboard_port}", nodes=nodes,
+                        cgroup=ProjectCgroup(None).to_dict(), config=conf, attached=True)
+
+
+def _start_storage_nodes(cfg, state: ClusterState) -> None:
+    import ray
+
+    actor_cls = ray.remote(StorageNode)
+    actors = [actor_cls.options(
+        name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
+        max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
+    ).remote(node.index, node.address, state.config) for node in state.nodes]
+    state.save()
+    try:
+        ready = ray.get([a.ready.remote() for a in actors], timeout=cfg.cluster.start_timeout_s)
+    except ray.exceptions.RayActorError as e:
+        raise FasterFSError(f"a StorageNode failed to start: {e}") from None
+    for info, node in zip(ready, state.nodes):
+        if info["node_id"] != node.ray_node_id:
+            raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
 
 
 def _wait_for_head(cfg, layout: Layout, proc) -> None:
@@ -247,7 +296,7 @@ def _wait_for_nodes(cfg, layout: Layout, state: ClusterState) -> dict[str, str]:
 def teardown(state: ClusterState) -> dict:
     """Stop everything the cluster started, whatever state it is in. Returns what was done."""
     report = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0}
-    if state.ray_processes_alive():
+    if state.running():
         try:
             import ray
 
@@ -270,7 +319,7 @@ def teardown(state: ClusterState) -> dict:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     ours = set(cgroup.pids()) if cgroup.path else None
     for node in reversed(state.nodes):
-        if _is_ray_start(node.ray_pid) and (ours is None or node.ray_pid in ours):
+        if node.ray_pid and _is_ray_start(node.ray_pid) and (ours is None or node.ray_pid in ours):
             os.kill(node.ray_pid, signal.SIGTERM)
             _wait_gone(node.ray_pid, 40)
             report["ray_nodes_stopped"] += 1
@@ -306,7 +355,7 @@ def status(cfg) -> tuple[ClusterState, list[dict]]:
     import ray
 
     state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
-    if not state.ray_processes_alive():
+    if not state.running():
         raise FasterFSError(f"the cluster under {state.root} is not running (its Ray processes are gone); "
                             "run `fasterfs down` to clean up, then `fasterfs up`")
     rows = []

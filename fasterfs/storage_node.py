@@ -25,11 +25,10 @@ def actor_name(index: int) -> str:
 
 
 class StorageNode:
-    def __init__(self, index: int, cfg: dict):
+    def __init__(self, index: int, address: str, cfg: dict):
         self.cfg = as_cfg(cfg)
-        layout = Layout.of(self.cfg)
-        self.index, self.address = index, layout.address(index)
-        paths = layout.paths
+        self.index, self.address = index, address
+        paths = Layout.of(self.cfg).paths
         self.minio = MinioServer(minio_binary(self.cfg), self.address, self.cfg.minio.port,
                                  self.cfg.minio.console_port, paths.node_dir(index) / "minio",
                                  paths.log_dir / f"minio-{index}.log", credentials.load(paths.credentials_file))

@@ -64,3 +64,43 @@ def test_failed_actor_start_tears_everything_down(own, tmp_path):
     assert not Path(cgroup2_mount(), f"fasterfs-{cfg.cluster.name}").exists()
     assert not any(cluster._is_ray_start(int(p.name)) and str(layout.paths.root).encode() in
                    (p / "cmdline").read_bytes() for p in Path("/proc").iterdir() if p.name.isdigit())
+
+
+def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory):
+    """cluster.yaml's path: Ray is started by someone else; FasterFS adds StorageNodes and
+    on down stops only what it started."""
+    import os
+    import signal
+    import sys
+
+    import fasterfs
+    from fasterfs.cgroup import ProjectCgroup
+    from fasterfs.ingest import ingest
+
+    from conftest import data_overrides
+
+    root = Path(str(tmp_path_factory.mktemp("att"))[:60])
+    own = cluster_overrides(root, "127.0.3.2", 2, nodes=1)
+    cfg = config.load(own)
+    outside = ProjectCgroup.create("attach-test-ray", root)  # stands in for the machines' own Ray
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    head = outside.spawn([ray_bin, "start", "--block", "--head", "--node-ip-address=127.0.3.2", "--port=6500",
+                          "--num-cpus=1", "--object-store-memory=200000000", "--include-dashboard=false",
+                          "--ray-client-server-port=7150", "--dashboard-agent-listen-port=52480",
+                          "--disable-usage-stats"], root / "head.log", dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    try:
+        cluster._wait_for_head(config.load(own + ["cluster.ray_port=6500"]), config.Layout.of(cfg), head)
+        state = cluster.up(config.load(own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500"]))
+        assert state.attached and [n.address for n in state.nodes] == ["127.0.3.2"]
+        manifest = ingest(config.load(own + data_overrides()))
+        assert fasterfs.connect(root).read_table(0).height == manifest.chunks[0].rows
+        report = cluster.down(cfg)
+        assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 0
+        assert head.poll() is None  # the Ray cluster we did not start keeps running
+        minio_left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                      and str(root).encode() in (p / "cmdline").read_bytes() and b"minio" in (p / "cmdline").read_bytes()]
+        assert not minio_left
+    finally:
+        head.send_signal(signal.SIGTERM)
+        head.wait(60)
+        outside.remove()
