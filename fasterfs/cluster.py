@@ -103,9 +103,12 @@ def connect_ray(state: ClusterState):
     """Join the cluster as a driver, on the head's loopback address (never the external one)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=state.ray_address, _node_ip_address=state.head_address, namespace=state.namespace,
-                 logging_level=logging.WARNING, log_to_driver=False)
+    if ray.is_initialized():
+        if ray.get_runtime_context().gcs_address == state.ray_address:
+            return ray
+        ray.shutdown()  # connected to another cluster (a test's, say): switch
+    ray.init(address=state.ray_address, _node_ip_address=state.head_address, namespace=state.namespace,
+             logging_level=logging.WARNING, log_to_driver=False)
     return ray
 
 
@@ -221,6 +224,7 @@ def _attach_ray(cfg, layout: Layout) -> ClusterState:
     if not cfg.cluster.ray_address:
         raise FasterFSError("option cluster.attach=true needs cluster.ray_address=<head>:<port> of the Ray cluster")
     head = cfg.cluster.ray_address.rsplit(":", 1)[0]
+    ray.shutdown()
     ray.init(address=cfg.cluster.ray_address, _node_ip_address=head, namespace=f"fasterfs-{cfg.cluster.name}",
              logging_level=logging.WARNING, log_to_driver=False)  # run on the head node, as `ray exec` does
     alive = sorted((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
