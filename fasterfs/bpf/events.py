@@ -1,0 +1,78 @@
+"""The user-space mirror of fasterfs.h (the one place it is mirrored) and the key hash."""
+from __future__ import annotations
+
+import ctypes as ct
+import re
+from pathlib import Path
+
+HEADER = Path(__file__).with_name("fasterfs.h")
+
+
+def _define(name: str) -> int:
+    m = re.search(rf"#define {name} (\w+)", HEADER.read_text())
+    return int(m.group(1).rstrip("ULL"), 0)
+
+
+MAX_PATH = _define("FFS_MAX_PATH")
+LAT_SLOTS = _define("FFS_LAT_SLOTS")
+FNV_OFFSET = _define("FFS_FNV_OFFSET")
+FNV_PRIME = _define("FFS_FNV_PRIME")
+
+EVENT_HOT, EVENT_STALE = 1, 2
+METHODS = {1: "GET", 2: "PUT", 3: "DELETE"}
+COUNTERS = ["packets", "requests", "not_request", "truncated", "hot_events", "stale_marks", "filler_skipped",
+            "ringbuf_drops", "responses"]
+SOCKOPTS = ["TCP_NODELAY", "TCP_BPF_DELACK_MAX"]
+SOCK_COUNTERS = ["connections_seen", "connections_matched"]
+
+
+def key_hash(path: str | bytes) -> int:
+    """FNV-1a 64 of a request path exactly as the kernel computes it: up to a space or
+    '?', over at most MAX_PATH bytes."""
+    data = path.encode() if isinstance(path, str) else path
+    h = FNV_OFFSET
+    for byte in data[:MAX_PATH]:
+        if byte in (0x20, 0x3F):
+            break
+        h = ((h ^ byte) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+class Config(ct.Structure):
+    _fields_ = [("hot_threshold", ct.c_uint64), ("fill_mark", ct.c_uint32), ("epoch", ct.c_uint32),
+                ("delack_max_us", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class Endpoint(ct.Structure):
+    _fields_ = [("addr", ct.c_uint32 * 4), ("port", ct.c_uint16), ("pad", ct.c_uint16)]
+
+
+class KeyStat(ct.Structure):
+    _fields_ = [("count", ct.c_uint64), ("last_ns", ct.c_uint64), ("epoch", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class PortStats(ct.Structure):
+    _fields_ = [("requests", ct.c_uint64), ("gets", ct.c_uint64), ("puts", ct.c_uint64), ("deletes", ct.c_uint64),
+                ("lat_sum_ns", ct.c_uint64), ("lat_count", ct.c_uint64)]
+
+
+class LatKey(ct.Structure):
+    _fields_ = [("port", ct.c_uint16), ("slot", ct.c_uint16)]
+
+
+class OptStats(ct.Structure):
+    _fields_ = [("ok", ct.c_uint64), ("fail", ct.c_uint64), ("last_error", ct.c_int64)]
+
+
+class Event(ct.Structure):
+    _fields_ = [("ts_ns", ct.c_uint64), ("key", ct.c_uint64), ("count", ct.c_uint64), ("type", ct.c_uint32),
+                ("port", ct.c_uint16), ("path_len", ct.c_uint16), ("method", ct.c_uint32), ("pad", ct.c_uint32),
+                ("path", ct.c_char * MAX_PATH)]
+
+    @property
+    def path_str(self) -> str:
+        return bytes(self.path[: self.path_len]).decode(errors="replace")
+
+    def to_dict(self) -> dict:
+        return {"type": "HOT" if self.type == EVENT_HOT else "STALE", "method": METHODS.get(self.method, "?"),
+                "key": self.key, "path": self.path_str, "count": self.count, "port": self.port, "ts_ns": self.ts_ns}

@@ -1,0 +1,234 @@
+/* TC program: watches S3 requests to MinIO endpoints, counts GETs per object key (FNV-1a
+ * of the request path), emits HOT events on a ring buffer when a key reaches the
+ * threshold, STALE events for PUT/DELETE, and times request -> first response byte.
+ * It never changes a packet and always returns TC_ACT_UNSPEC, so other filters run too. */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/pkt_cls.h>
+#include "fasterfs.h"
+
+#define FFS_IPPROTO_TCP 6
+
+/* Per-CPU scratch: the request line, plus the path's slash counts. The counts live in
+ * map memory so the verifier treats them as unknown values instead of exploring every
+ * combination of them across the loop's iterations. */
+struct ffs_line {
+    char b[FFS_LINE];
+    u32 slashes;
+    u32 after_second;
+    u32 len;
+    u32 end;
+};
+
+BPF_ARRAY(config, struct ffs_config, 1);
+BPF_HASH(endpoints, struct ffs_endpoint, u8, 256);
+BPF_TABLE("lru_hash", u64, struct ffs_key_stat, key_counts, 65536);
+BPF_HASH(port_stats, u16, struct ffs_port_stats, 256);
+BPF_HASH(latency_hist, struct ffs_lat_key, u64, 256 * FFS_LAT_SLOTS);
+BPF_TABLE("lru_hash", struct ffs_conn, u64, inflight, 16384);
+BPF_PERCPU_ARRAY(scratch, struct ffs_line, 1);
+BPF_ARRAY(counters, u64, FFS_C_MAX);
+BPF_RINGBUF_OUTPUT(events, 64);
+
+static __always_inline void bump(u32 idx) {
+    u64 *v = counters.lookup(&idx);
+    if (v) __sync_fetch_and_add(v, 1);
+}
+
+static __always_inline int watched(u32 *addr, u16 port) {
+    struct ffs_endpoint ep = {};
+    __builtin_memcpy(ep.addr, addr, sizeof(ep.addr));
+    ep.port = port;
+    if (endpoints.lookup(&ep)) return 1;
+    __builtin_memset(ep.addr, 0, sizeof(ep.addr));
+    return endpoints.lookup(&ep) != 0;
+}
+
+static __always_inline struct ffs_port_stats *port_entry(u16 port) {
+    struct ffs_port_stats zero = {};
+    return port_stats.lookup_or_try_init(&port, &zero);
+}
+
+static __always_inline void emit(u32 type, u32 method, u64 key, u64 count, u16 port, struct ffs_line *line,
+                                 u32 start, u32 len) {
+    struct ffs_event *e = events.ringbuf_reserve(sizeof(struct ffs_event));
+    if (!e) { bump(FFS_C_RINGBUF_DROPS); return; }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->key = key;
+    e->count = count;
+    e->type = type;
+    e->method = method;
+    e->port = port;
+    e->path_len = len;
+    e->pad = 0;
+    /* start is 4 ("GET ", "PUT ") or 7 ("DELETE "): constant offsets keep the copy simple */
+    if (start == 4) __builtin_memcpy(e->path, &line->b[4], FFS_MAX_PATH);
+    else __builtin_memcpy(e->path, &line->b[7], FFS_MAX_PATH);
+    events.ringbuf_submit(e, 0);
+}
+
+static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *conn, u32 off, u32 paylen, u16 port) {
+    u32 zero = 0;
+    struct ffs_config *cfg = config.lookup(&zero);
+    struct ffs_line *line = scratch.lookup(&zero);
+    if (!cfg || !line) return;
+
+    /* At most FFS_LINE - 1 bytes; the opaque mask makes the verifier see 0 <= n < FFS_LINE
+     * before the lower bound is checked, which a variable-length load needs. */
+    u64 n = paylen < FFS_LINE - 1 ? paylen : FFS_LINE - 1;
+    asm volatile("%[n] &= 0xff" : [n] "+r"(n));
+    if (n < 6) { bump(FFS_C_NOT_REQUEST); return; }
+    /* Zero first, so a short packet reads as NULs past its end, never as an earlier
+     * packet's bytes. Loopback payloads sit in paged fragments: only
+     * bpf_skb_load_bytes reaches them. */
+    __builtin_memset(line->b, 0, FFS_LINE);
+    if (bpf_skb_load_bytes(skb, off, line->b, n) < 0) {
+        bump(FFS_C_TRUNCATED);
+        return;
+    }
+    u32 method, start;
+    if (line->b[0] == 'G' && line->b[1] == 'E' && line->b[2] == 'T' && line->b[3] == ' ') {
+        method = FFS_GET; start = 4;
+    } else if (line->b[0] == 'P' && line->b[1] == 'U' && line->b[2] == 'T' && line->b[3] == ' ') {
+        method = FFS_PUT; start = 4;
+    } else if (line->b[0] == 'D' && line->b[1] == 'E' && line->b[2] == 'L' && line->b[3] == 'E' &&
+               line->b[4] == 'T' && line->b[5] == 'E' && line->b[6] == ' ') {
+        method = FFS_DELETE; start = 7;
+    } else {
+        bump(FFS_C_NOT_REQUEST);
+        return;
+    }
+    if (cfg->fill_mark && skb->mark == cfg->fill_mark) {  /* the cache filler's own GET */
+        bump(FFS_C_FILLER);
+        return;
+    }
+    /* /bucket/key: FNV-1a up to a space or '?', over at most FFS_MAX_PATH bytes. The slash
+     * counts go through volatile map memory: kept in registers, the verifier would track
+     * every combination of their values across the iterations and give up. */
+    volatile u32 *slashes = &line->slashes, *after_second = &line->after_second;
+    volatile u32 *plen = &line->len, *pend = &line->end;  /* so every exit looks alike after the loop */
+    *slashes = 0;
+    *after_second = 0;
+    *plen = FFS_MAX_PATH;
+    *pend = 0;
+    u64 h = FFS_FNV_OFFSET;
+    for (u32 i = 0; i < FFS_MAX_PATH; i++) {
+        char ch = line->b[(start + i) & (FFS_LINE - 1)];
+        if (ch == ' ' || ch == '?' || ch == 0) { *plen = i; *pend = ch; break; }
+        h ^= (u8)ch;
+        h *= FFS_FNV_PRIME;
+        if (ch == '/') *slashes += 1;
+        else if (*slashes >= 2) *after_second += 1;
+    }
+    u32 len = *plen;
+    if (len < FFS_MAX_PATH && *pend == 0) { bump(FFS_C_TRUNCATED); return; }  /* packet ends mid-path */
+    if (line->b[start & (FFS_LINE - 1)] != '/' || *slashes < 2 || *after_second == 0) {
+        bump(FFS_C_NOT_REQUEST);  /* bucket-level or service request, not an object */
+        return;
+    }
+    if (line->b[(start + 1) & (FFS_LINE - 1)] == 'm' && line->b[(start + 2) & (FFS_LINE - 1)] == 'i' &&
+        line->b[(start + 3) & (FFS_LINE - 1)] == 'n' && line->b[(start + 4) & (FFS_LINE - 1)] == 'i' &&
+        line->b[(start + 5) & (FFS_LINE - 1)] == 'o' && line->b[(start + 6) & (FFS_LINE - 1)] == '/') {
+        bump(FFS_C_NOT_REQUEST);  /* /minio/health/... and other admin paths */
+        return;
+    }
+    bump(FFS_C_REQUESTS);
+    u64 now = bpf_ktime_get_ns();
+    inflight.update(conn, &now);
+    struct ffs_port_stats *ps = port_entry(port);
+    if (ps) __sync_fetch_and_add(&ps->requests, 1);
+
+    if (method != FFS_GET) {
+        if (ps) {
+            if (method == FFS_PUT) __sync_fetch_and_add(&ps->puts, 1);
+            else __sync_fetch_and_add(&ps->deletes, 1);
+        }
+        bump(FFS_C_STALE);
+        emit(FFS_EVENT_STALE, method, h, 0, port, line, start, len);
+        return;
+    }
+    if (ps) __sync_fetch_and_add(&ps->gets, 1);
+    struct ffs_key_stat fresh = {};
+    fresh.epoch = cfg->epoch;
+    struct ffs_key_stat *st = key_counts.lookup_or_try_init(&h, &fresh);
+    if (!st) return;
+    if (st->epoch != cfg->epoch) {  /* a new epoch: every key starts cold again */
+        st->epoch = cfg->epoch;
+        st->count = 0;
+    }
+    st->last_ns = now;
+    u64 count = __sync_fetch_and_add(&st->count, 1) + 1;
+    if (count == cfg->hot_threshold) {  /* exactly one GET sees the threshold reached */
+        bump(FFS_C_HOT);
+        emit(FFS_EVENT_HOT, method, h, count, port, line, start, len);
+    }
+}
+
+static __always_inline void on_response(struct ffs_conn *conn, u16 port) {
+    u64 *start = inflight.lookup(conn);
+    if (!start) return;
+    u64 delta = bpf_ktime_get_ns() - *start;
+    inflight.delete(conn);
+    bump(FFS_C_RESPONSES);
+    struct ffs_port_stats *ps = port_entry(port);
+    if (ps) {
+        __sync_fetch_and_add(&ps->lat_sum_ns, delta);
+        __sync_fetch_and_add(&ps->lat_count, 1);
+    }
+    struct ffs_lat_key lk = {.port = port, .slot = bpf_log2l(delta / 1000 + 1)};
+    if (lk.slot >= FFS_LAT_SLOTS) lk.slot = FFS_LAT_SLOTS - 1;
+    u64 one = 1;
+    u64 *v = latency_hist.lookup(&lk);
+    if (v) __sync_fetch_and_add(v, 1);
+    else latency_hist.update(&lk, &one);
+}
+
+int ffs_tc(struct __sk_buff *skb) {
+    u32 src[4] = {}, dst[4] = {};
+    u32 l4;
+    if (skb->protocol == bpf_htons(ETH_P_IP)) {
+        struct iphdr ip;
+        if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0) return TC_ACT_UNSPEC;
+        if (ip.protocol != FFS_IPPROTO_TCP || ip.ihl < 5) return TC_ACT_UNSPEC;
+        src[0] = ip.saddr;
+        dst[0] = ip.daddr;
+        l4 = ETH_HLEN + ip.ihl * 4;
+    } else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr ip6;
+        if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0) return TC_ACT_UNSPEC;
+        if (ip6.nexthdr != FFS_IPPROTO_TCP) return TC_ACT_UNSPEC;  /* extension headers: not MinIO traffic we track */
+        __builtin_memcpy(src, &ip6.saddr, 16);
+        __builtin_memcpy(dst, &ip6.daddr, 16);
+        l4 = ETH_HLEN + sizeof(struct ipv6hdr);
+    } else {
+        return TC_ACT_UNSPEC;
+    }
+    struct tcphdr tcp;
+    if (bpf_skb_load_bytes(skb, l4, &tcp, sizeof(tcp)) < 0) return TC_ACT_UNSPEC;
+    if (tcp.doff < 5) return TC_ACT_UNSPEC;
+    u32 off = l4 + tcp.doff * 4;
+    if (skb->len <= off) return TC_ACT_UNSPEC;  /* no payload: handshake or bare ACK */
+    u32 paylen = skb->len - off;
+    u16 sport = bpf_ntohs(tcp.source), dport = bpf_ntohs(tcp.dest);
+
+    struct ffs_conn conn = {};
+    if (watched(dst, dport)) {
+        bump(FFS_C_PACKETS);
+        __builtin_memcpy(conn.caddr, src, 16);
+        __builtin_memcpy(conn.saddr, dst, 16);
+        conn.cport = sport;
+        conn.sport = dport;
+        on_request(skb, &conn, off, paylen, dport);
+    } else if (watched(src, sport)) {
+        bump(FFS_C_PACKETS);
+        __builtin_memcpy(conn.caddr, dst, 16);
+        __builtin_memcpy(conn.saddr, src, 16);
+        conn.cport = dport;
+        conn.sport = sport;
+        on_response(&conn, sport);
+    }
+    return TC_ACT_UNSPEC;
+}
