@@ -17,6 +17,19 @@ from pathlib import Path
 from .errors import FasterFSError
 
 
+def own_cgroup() -> Path | None:
+    """The cgroup v2 directory this process lives in, or None (no cgroup2, or the root)."""
+    mount = cgroup2_mount()
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if mount is None or rel in (None, "/"):
+        return None
+    return mount / rel.lstrip("/")
+
+
 def cgroup2_mount() -> Path | None:
     """An existing cgroup2 mount point, if the host has one."""
     try:
@@ -60,9 +73,13 @@ class ProjectCgroup:
     def from_dict(cls, d: dict) -> "ProjectCgroup":
         return cls(Path(d["path"]) if d.get("path") else None, Path(d["mounted_at"]) if d.get("mounted_at") else None)
 
-    def spawn(self, args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
-        """Start a process inside the cgroup, in a session of its own."""
-        procs = str(self.path / "cgroup.procs") if self.path else None
+    def spawn(self, args: list[str], log_path: Path, env: dict | None = None, child: str | None = None) -> subprocess.Popen:
+        """Start a process inside the cgroup (or its `child` cgroup), in a session of its own."""
+        procs = None
+        if self.path:
+            target = self.path / child if child else self.path
+            target.mkdir(exist_ok=True)
+            procs = str(target / "cgroup.procs")
 
         def enter():  # runs in the child before exec: the process and all it forks land in the cgroup
             if procs:
@@ -75,9 +92,16 @@ class ProjectCgroup:
                                     env=env, preexec_fn=enter, start_new_session=True)
 
     def pids(self) -> list[int]:
+        """Every process in the cgroup and its children."""
         if not self.path or not self.path.exists():
             return []
-        return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        pids = []
+        for directory, _, _ in os.walk(self.path):
+            try:
+                pids += [int(p) for p in Path(directory, "cgroup.procs").read_text().split()]
+            except OSError:
+                pass  # removed while we walked
+        return pids
 
     def kill_all(self, timeout: float = 10.0) -> int:
         """SIGKILL whatever is left in the cgroup; returns how many processes that was."""
@@ -101,14 +125,16 @@ class ProjectCgroup:
     def remove(self) -> None:
         if self.path and self.path.exists():
             self.kill_all()
-            for attempt in range(50):
-                try:
-                    self.path.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)  # the kernel frees a cgroup a moment after its last process
-            else:
-                raise FasterFSError(f"cgroup {self.path} could not be removed")
+            # children first; the kernel frees a cgroup a moment after its last process
+            for directory in sorted((Path(d) for d, _, _ in os.walk(self.path)), key=lambda p: -len(p.parts)):
+                for attempt in range(50):
+                    try:
+                        directory.rmdir()
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+                else:
+                    raise FasterFSError(f"cgroup {directory} could not be removed")
         if self.mounted_at:
             subprocess.run(["umount", str(self.mounted_at)], capture_output=True)
             try:

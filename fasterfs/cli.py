@@ -70,11 +70,50 @@ def cmd_ingest(cfg) -> None:
                   f"chunks per node {per_node}")
 
 
+def cmd_kernel_status(cfg) -> None:
+    import ray
+
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    snaps = ray.get([a.kernel_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
+    for snap in snaps:
+        mode = snap["mode"]
+        label = "[green]real eBPF[/]" if mode == "real" else f"[yellow]SIMULATED[/] ({snap.get('simulated_because')})"
+        console.print(f"\n[bold]node {snap['index']}[/] ({snap['address']})  mode: {label}  "
+                      f"hot_threshold={snap['hot_threshold']} epoch={snap['epoch']}")
+        if snap["tc"]:
+            console.print("  TC: " + ", ".join(f"{t['filter']} on {t['interface']} egress" for t in snap["tc"]))
+        c = snap["counters"]
+        console.print(f"  requests {c.get('requests', 0)}  HOT events {c.get('hot_events', 0)} "
+                      f"(received {snap['events_received'].get('HOT', 0)})  stale marks {c.get('stale_marks', 0)}  "
+                      f"filler skipped {c.get('filler_skipped', 0)}  not requests {c.get('not_request', 0)}  "
+                      f"truncated {c.get('truncated', 0)}  ring-buffer drops {c.get('ringbuf_drops', 0)}")
+        for port, p in snap["ports"].items():
+            avg = f"{p['latency_avg_us']:.0f}" if p["latency_avg_us"] is not None else "-"
+            console.print(f"  port {port}: {p['gets']} GET, {p['puts']} PUT, {p['deletes']} DELETE; request -> "
+                          f"first response byte: avg {avg} µs, p50 <= {p['latency_p50_us']} µs over "
+                          f"{p['latency_count']} (log2 µs histogram {p['latency_hist_log2_us']})")
+        sock = snap["sockops"]
+        if "options" in sock:
+            opts = ", ".join(f"{name} ok {o['ok']} failed {o['fail']}" + (f" (errno {o['last_error']})" if o["last_error"] else "")
+                             for name, o in sock["options"].items())
+            console.print(f"  SOCK_OPS on {snap['sockops_cgroup']}: {sock.get('connections_matched', 0)} MinIO "
+                          f"connections of {sock.get('connections_seen', 0)}; {opts}")
+        if sock.get("skipped"):
+            console.print(f"  SOCK_OPS skipped: {sock['skipped']}")
+        console.print(f"  {sock['note']}")
+        if snap["top_keys"]:
+            table = Table("count", "key", "chunk", title=f"hottest keys (of {snap['keys_tracked']})")
+            for k in snap["top_keys"]:
+                table.add_row(str(k["count"]), k["key"], k["name"] or "?")
+            console.print(table)
+
+
 COMMANDS = {
     "up": (cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO"),
     "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
     "ingest": (cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes"),
     "down": (cmd_down, "stop everything the cluster started"),
+    "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
 
 
@@ -83,10 +122,19 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
     for name, (_, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        if " " in name:  # `fasterfs kernel status`
+            group, action = name.split(" ", 1)
+            if group not in groups:
+                groups[group] = sub.add_parser(group, help=f"{group} commands").add_subparsers(dest="action", required=True)
+            p = groups[group].add_parser(action, help=help_text)
+        else:
+            p = sub.add_parser(name, help=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
     args = parser.parse_args(argv)
+    if getattr(args, "action", None):
+        args.command = f"{args.command} {args.action}"
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -24,7 +24,7 @@ from .config import Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
 from .fsutil import atomic_write_json, read_json
 from .minio_server import check_port_free
-from .storage_node import StorageNode, actor_name
+from .storage_node import StorageNode, actor_name, filter_prefix
 
 log = logging.getLogger("fasterfs.cluster")
 
@@ -36,6 +36,7 @@ class NodeState:
     endpoint: str
     ray_pid: int | None  # the `ray start` FasterFS ran for this node; None when attached to a Ray cluster
     ray_node_id: str | None = None
+    kernel_mode: str | None = None  # "real" or "simulated", as the node's StorageNode loaded it
 
 
 @dataclass
@@ -206,7 +207,9 @@ def _start_local_ray(cfg, layout: Layout, state: ClusterState) -> None:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     for i, addr in enumerate(layout.addresses):
-        proc = cgroup.spawn(_ray_start_args(cfg, layout, i), layout.paths.log_dir / f"ray-node-{i}.log", env)
+        # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
+        proc = cgroup.spawn(_ray_start_args(cfg, layout, i), layout.paths.log_dir / f"ray-node-{i}.log", env,
+                            child=f"node-{i}")
         state.nodes.append(NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", proc.pid))
         state.save()  # provisional: lets `down` clean up if we fail from here on
         if i == 0:
@@ -253,6 +256,7 @@ def _start_storage_nodes(cfg, state: ClusterState) -> None:
     for info, node in zip(ready, state.nodes):
         if info["node_id"] != node.ray_node_id:
             raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
+        node.kernel_mode = info["kernel_mode"]
 
 
 def _wait_for_head(cfg, layout: Layout, proc) -> None:
@@ -299,7 +303,8 @@ def _wait_for_nodes(cfg, layout: Layout, state: ClusterState) -> dict[str, str]:
 
 def teardown(state: ClusterState) -> dict:
     """Stop everything the cluster started, whatever state it is in. Returns what was done."""
-    report = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0}
+    report = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
+              "tc_filters_removed": 0}
     if state.running():
         try:
             import ray
@@ -331,8 +336,20 @@ def teardown(state: ClusterState) -> dict:
     while cgroup.pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
-    cgroup.remove()
+    cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
+    report["tc_filters_removed"] = _remove_tc_filters(state)
     return report
+
+
+def _remove_tc_filters(state: ClusterState) -> int:
+    """TC filters a StorageNode could not remove itself (it crashed, or was killed)."""
+    from . import bpf
+
+    if bpf.unavailable_reason() is not None:
+        return 0
+    from .bpf import tc
+
+    return tc.remove(state.config["kernel"]["interface"], filter_prefix(state.name))
 
 
 def _wait_gone(pid: int, timeout: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,12 @@ def validate(cfg: DictConfig) -> None:
         bad("data.format", "must be csv or arrow")
     if not isinstance(cfg.data.level, int) or cfg.data.level < 1:
         bad("data.level", "must be a whole number >= 1")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", str(cfg.cluster.name)):
+        bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
+    if not isinstance(cfg.kernel.hot_threshold, int) or cfg.kernel.hot_threshold < 1:
+        bad("kernel.hot_threshold", "must be a whole number >= 1")
+    if cfg.kernel.mode not in ("auto", "real", "simulated"):
+        bad("kernel.mode", "must be auto, real or simulated")
     try:
         first = ipaddress.IPv4Address(cfg.cluster.first_address)
     except ValueError:

@@ -1,10 +1,10 @@
 """StorageNode: the Ray actor pinned to each node that owns the node's storage.
 
 It launches the node's MinIO server bound to the node's own address and keeps it
-alive (a supervisor thread restarts it when it dies). Later components (kernel
-programs, the cache) hang off the same actor. Clients never go through the actor
-to read data: they talk to MinIO (or the cache) directly, and the actor answers
-management calls: status, maintenance holds, stop.
+alive (a supervisor thread restarts it when it dies), and owns the node's kernel
+programs: the TC request tracker watching that MinIO's traffic and the SOCK_OPS
+tuner on the node's cgroup. Clients never go through the actor to read data: they
+talk to MinIO (or the cache) directly, and the actor answers management calls.
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import os
 import threading
 import time
 
-from . import credentials, s3
+from . import bpf, credentials, s3
+from .bpf.events import key_hash
+from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
 from .minio_server import MinioServer
 
@@ -22,6 +24,11 @@ log = logging.getLogger("fasterfs.storage_node")
 
 def actor_name(index: int) -> str:
     return f"storage-node-{index}"
+
+
+def filter_prefix(cluster_name: str) -> str:
+    """Names of a cluster's TC filters start with this (see fasterfs.bpf.tc)."""
+    return f"ffs:{cluster_name}:"
 
 
 class StorageNode:
@@ -39,14 +46,53 @@ class StorageNode:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
+        self.paths = paths
+        self._names: tuple[float, dict[int, str]] = (0.0, {})
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
+        self.kernel = self._load_kernel()  # before MinIO, so its first connections are tuned too
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
         self._supervisor.start()
+
+    def _load_kernel(self):
+        k = self.cfg.kernel
+        programs = bpf.load(k.mode, k.hot_threshold, k.fill_mark, k.delack_max_us, on_event=self._on_kernel_event)
+        try:
+            programs.watch(self.address, self.cfg.minio.port)
+            # Replaces a filter of the same name that a crashed earlier incarnation left.
+            programs.attach_tc(k.interface, f"{filter_prefix(self.cfg.cluster.name)}{self.index}")
+            cgroup = own_cgroup()
+            self.sockops_skipped = None
+            if k.tune_sockets and cgroup is not None:
+                programs.attach_sockops(str(cgroup))
+            elif k.tune_sockets:
+                # the root cgroup would mean every socket on the host: not ours to tune
+                self.sockops_skipped = "this process is in the root cgroup (or there is no cgroup2)"
+            programs.start_events()
+        except BaseException:
+            programs.close()
+            raise
+        return programs
+
+    def _on_kernel_event(self, event: dict) -> None:
+        log.info("kernel event %s %s (count %d)", event["type"], event["path"], event["count"])
+
+    def _resolve(self, key: int) -> str | None:
+        """A key hash's chunk, from the manifest (reloaded when it changes)."""
+        try:
+            mtime = self.paths.manifest_file.stat().st_mtime
+        except OSError:
+            return None
+        if mtime != self._names[0]:
+            from .manifest import Manifest
+
+            m = Manifest.load(self.paths.manifest_file)
+            self._names = (mtime, {key_hash(f"/{m.bucket}/{c.key}"): f"chunk {c.id} ({c.key})" for c in m.chunks})
+        return self._names[1].get(key)
 
     def _ensure_bucket(self) -> None:
         try:
@@ -72,7 +118,7 @@ class StorageNode:
         import ray
 
         return {"index": self.index, "address": self.address, "endpoint": self.minio.endpoint,
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ray.get_runtime_context().get_node_id(), "kernel_mode": self.kernel.mode}
 
     def status(self) -> dict:
         import ray
@@ -88,7 +134,27 @@ class StorageNode:
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
-                "minio_pid": self.minio.pid, "minio_restarts": self.restarts, "objects": chunks, "bytes": size}
+                "minio_pid": self.minio.pid, "minio_restarts": self.restarts, "objects": chunks, "bytes": size,
+                "kernel_mode": self.kernel.mode}
+
+    def kernel_status(self, top: int = 10) -> dict:
+        snap = self.kernel.snapshot(top, resolve=self._resolve)
+        snap.update(index=self.index, address=self.address)
+        if self.sockops_skipped:
+            snap["sockops"]["skipped"] = self.sockops_skipped
+        return snap
+
+    def kernel_reset(self, key: int | None = None) -> int:
+        """Forget one key's count (key given) or start a new epoch (every key cold again)."""
+        if key is None:
+            return self.kernel.new_epoch()
+        self.kernel.reset_key(key)
+        return self.kernel.epoch
+
+    def observe(self, method: str, path: str) -> None:
+        """SIMULATED mode only: a request reported by the client's read path."""
+        if self.kernel.mode == "simulated":
+            self.kernel.observe(method, path, self.cfg.minio.port)
 
     def hold_minio(self) -> None:
         """Stop MinIO for maintenance (or a failover drill) and keep it down until release."""
@@ -106,3 +172,4 @@ class StorageNode:
         self._stopping.set()
         with self._lock:
             self.minio.stop()
+        self.kernel.close()

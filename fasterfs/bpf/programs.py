@@ -1,0 +1,216 @@
+"""KernelPrograms: the real eBPF side of a StorageNode.
+
+One BPF object holds both programs and all their maps — the TC request tracker
+(requests.bpf.c) and the SOCK_OPS tuner (sockops.bpf.c) — so no program can end up
+writing a private copy of a map another one reads (the original FasterFS lost its
+measurements that way). A thread drains the ring buffer and hands HOT/STALE events
+to a callback.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes as ct
+import ipaddress
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+from ..errors import FasterFSError
+from . import events as ev
+from . import tc
+
+log = logging.getLogger("fasterfs.bpf")
+SOURCE_DIR = Path(__file__).resolve().parent
+SOURCES = ("requests.bpf.c", "sockops.bpf.c")
+QUICKACK_NOTE = ("TCP_QUICKACK cannot be set from BPF (the kernel answers -EINVAL); delayed ACKs are "
+                 "capped with TCP_BPF_DELACK_MAX instead")
+
+
+def endpoint(address: str | None, port: int) -> ev.Endpoint:
+    e = ev.Endpoint()
+    e.port = port
+    if address:
+        packed = ipaddress.ip_address(address).packed
+        ct.memmove(e.addr, packed, len(packed))
+    return e
+
+
+class KernelPrograms:
+    mode = "real"
+
+    def __init__(self, hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
+                 on_event: Callable[[dict], None] | None = None):
+        from bcc import BPF
+
+        self._BPF = BPF
+        text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
+        try:
+            self.bpf = BPF(text=text, cflags=[f"-I{SOURCE_DIR}"])
+            self.tc_fn = self.bpf.load_func("ffs_tc", BPF.SCHED_CLS)
+            self.sockops_fn = self.bpf.load_func("ffs_sockops", BPF.SOCK_OPS)
+        except Exception as e:
+            raise FasterFSError(f"loading the eBPF programs failed: {e}") from e
+        self.hot_threshold, self.fill_mark, self.delack_max_us = hot_threshold, fill_mark, delack_max_us
+        self.epoch = 0
+        self._write_config()
+        self.on_event = on_event
+        self.names: dict[int, str] = {}            # key hash -> path, learnt from events
+        self.recent = collections.deque(maxlen=256)
+        self.received = collections.Counter()
+        self.tc_attachments: list[tuple[str, str, str | None]] = []  # (interface, name, netns)
+        self.cgroup_fd: int | None = None
+        self.cgroup_path: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- configuration ---------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        self.bpf["config"][ct.c_int(0)] = ev.Config(hot_threshold=self.hot_threshold, fill_mark=self.fill_mark,
+                                                    epoch=self.epoch, delack_max_us=self.delack_max_us)
+
+    def watch(self, address: str | None, port: int) -> None:
+        """Track requests to (address, port); address None means any address on the port."""
+        self.bpf["endpoints"][endpoint(address, port)] = ct.c_uint8(1)
+        self.bpf["tune_ports"][ct.c_uint16(port)] = ct.c_uint8(1)
+
+    def new_epoch(self) -> int:
+        """Every key starts cold again (counts reset lazily, in the kernel, on next access)."""
+        self.epoch += 1
+        self._write_config()
+        return self.epoch
+
+    def reset_key(self, key: int) -> None:
+        """Forget one key's count, so it can become hot again (after a cache eviction)."""
+        try:
+            del self.bpf["key_counts"][ct.c_uint64(key)]
+        except KeyError:
+            pass
+
+    def key_count(self, key: int) -> int:
+        try:
+            st = self.bpf["key_counts"][ct.c_uint64(key)]
+        except KeyError:
+            return 0
+        return st.count if st.epoch == self.epoch else 0
+
+    # -- attachment ----------------------------------------------------------------------
+
+    def attach_tc(self, interface: str, name: str, netns: str | None = None) -> None:
+        tc.remove(interface, name, netns)  # a crashed earlier owner's filter of the same name
+        tc.attach(self.tc_fn.fd, interface, name, "egress", netns)
+        self.tc_attachments.append((interface, name, netns))
+
+    def attach_sockops(self, cgroup_path: str) -> None:
+        from bcc import BPFAttachType
+
+        fd = os.open(cgroup_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            # Without flags the attachment replaces a stale one left on this cgroup.
+            self.bpf.attach_func(self.sockops_fn, fd, BPFAttachType.CGROUP_SOCK_OPS)
+        except Exception:
+            os.close(fd)
+            raise
+        self.cgroup_fd, self.cgroup_path = fd, cgroup_path
+
+    def start_events(self) -> None:
+        self.bpf["events"].open_ring_buffer(self._on_ring_event)
+        self._thread = threading.Thread(target=self._poll, name="bpf-events", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.bpf.ring_buffer_poll(100)
+
+    def _on_ring_event(self, ctx, data, size) -> int:
+        event = ct.cast(data, ct.POINTER(ev.Event)).contents.to_dict()
+        with self._lock:
+            self.names[event["key"]] = event["path"]
+            self.recent.append(event)
+            self.received[event["type"]] += 1
+        if self.on_event:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("kernel event callback failed for %s", event["path"])
+        return 0
+
+    def close(self) -> None:
+        """Detach everything (TC filters, SOCK_OPS) and unload. Safe to call twice."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=2)
+            self._thread = None
+        for interface, name, netns in self.tc_attachments:
+            try:
+                tc.remove(interface, name, netns)
+            except Exception:
+                log.exception("removing TC filter %s from %s", name, interface)
+        self.tc_attachments = []
+        if self.cgroup_fd is not None:
+            from bcc import BPFAttachType
+
+            try:
+                self.bpf.detach_func(self.sockops_fn, self.cgroup_fd, BPFAttachType.CGROUP_SOCK_OPS)
+            except Exception:
+                log.exception("detaching SOCK_OPS from %s", self.cgroup_path)
+            os.close(self.cgroup_fd)
+            self.cgroup_fd = None
+        if getattr(self, "bpf", None) is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    # -- metrics -------------------------------------------------------------------------
+
+    def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> dict:
+        """Everything the maps say, plus the events user space received."""
+        b = self.bpf
+        counters = {ev.COUNTERS[k.value]: v.value for k, v in b["counters"].items()}
+        hist: dict[int, dict[int, int]] = collections.defaultdict(dict)
+        for k, v in b["latency_hist"].items():
+            hist[k.port][k.slot] = v.value
+        ports = {}
+        for k, v in b["port_stats"].items():
+            h = hist.get(k.value, {})
+            ports[k.value] = {
+                "requests": v.requests, "gets": v.gets, "puts": v.puts, "deletes": v.deletes,
+                "latency_count": v.lat_count,
+                "latency_avg_us": v.lat_sum_ns / v.lat_count / 1000 if v.lat_count else None,
+                "latency_p50_us": _hist_quantile(h, 0.5), "latency_p99_us": _hist_quantile(h, 0.99),
+                "latency_hist_log2_us": {str(s): c for s, c in sorted(h.items())},
+            }
+        keys = sorted(((k.value, v.count) for k, v in b["key_counts"].items() if v.epoch == self.epoch),
+                      key=lambda kv: kv[1], reverse=True)
+        with self._lock:
+            names = dict(self.names)
+            received = dict(self.received)
+            recent = list(self.recent)[-10:]
+        top_keys = [{"key": f"{key:016x}", "count": count,
+                     "name": (resolve(key) if resolve else None) or names.get(key)} for key, count in keys[:top]]
+        options = {ev.SOCKOPTS[k.value]: {"ok": v.ok, "fail": v.fail, "last_error": v.last_error or None}
+                   for k, v in b["sockopt_stats"].items()}
+        sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b["sock_counters"].items()}
+        return {
+            "mode": self.mode, "hot_threshold": self.hot_threshold, "epoch": self.epoch,
+            "tc": [{"interface": i, "filter": n, "netns": ns} for i, n, ns in self.tc_attachments],
+            "sockops_cgroup": self.cgroup_path,
+            "counters": counters, "keys_tracked": len(keys), "top_keys": top_keys, "ports": ports,
+            "events_received": received, "recent_events": recent,
+            "sockops": {**sock, "options": options, "note": QUICKACK_NOTE},
+        }
+
+
+def _hist_quantile(hist: dict[int, int], q: float) -> float | None:
+    """Upper edge (µs) of the log2 bucket holding quantile q; slot s holds 2^(s-1) <= µs+1 < 2^s."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for slot in sorted(hist):
+        seen += hist[slot]
+        if seen >= q * total:
+            return float(2 ** slot - 1)
+    return None
