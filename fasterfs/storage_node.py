@@ -144,6 +144,10 @@ class StorageNode:
             snap["sockops"]["skipped"] = self.sockops_skipped
         return snap
 
+    def kernel_key_count(self, path: str) -> int:
+        """GETs of `path` (/bucket/key) the kernel counted in the current epoch."""
+        return self.kernel.key_count(key_hash(path))
+
     def kernel_reset(self, key: int | None = None) -> int:
         """Forget one key's count (key given) or start a new epoch (every key cold again)."""
         if key is None:

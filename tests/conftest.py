@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -40,6 +41,10 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
                 continue
             assert state.root.encode() not in cmd, f"process {proc.name} still uses {state.root}: {cmd[:200]!r}"
     assert not Layout.of(config.as_cfg(state.config)).paths.state_file.exists()
+    from fasterfs.bpf import tc
+    assert not [n for n in tc.list_filters("lo") if n.startswith(f"ffs:{state.name}:")], "TC filters left on lo"
+    tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
+    assert f"fasterfs-{state.name}/" not in tree, "SOCK_OPS attachment left"
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,11 @@ def own(tmp_path_factory):
 def test_up_then_down_leaves_nothing(own):
     cfg = config.load(own)
     state = cluster.up(cfg)
-    cg = Path(state.cgroup["path"])
-    assert cg.parent == cgroup2_mount() and len((cg / "cgroup.procs").read_text().split()) > 3
-    report = cluster.down(cfg)
+    try:
+        cg = Path(state.cgroup["path"])
+        assert cg.parent == cgroup2_mount() and len((cg / "node-0" / "cgroup.procs").read_text().split()) > 3
+    finally:
+        report = cluster.down(cfg)
     assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
     assert_nothing_left(state)
 

@@ -48,8 +48,8 @@ class KernelPrograms:
         text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
         try:
             self.bpf = BPF(text=text, cflags=[f"-I{SOURCE_DIR}"])
-            self.tc_fn = self.bpf.load_func("ffs_tc", BPF.SCHED_CLS)
-            self.sockops_fn = self.bpf.load_func("ffs_sockops", BPF.SOCK_OPS)
+            self.tc_fn = self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS)
+            self.sockops_fn = self.bpf.load_func(b"ffs_sockops", BPF.SOCK_OPS)
         except Exception as e:
             raise FasterFSError(f"loading the eBPF programs failed: {e}") from e
         self.hot_threshold, self.fill_mark, self.delack_max_us = hot_threshold, fill_mark, delack_max_us
@@ -69,13 +69,13 @@ class KernelPrograms:
     # -- configuration ---------------------------------------------------------------
 
     def _write_config(self) -> None:
-        self.bpf["config"][ct.c_int(0)] = ev.Config(hot_threshold=self.hot_threshold, fill_mark=self.fill_mark,
+        self.bpf[b"config"][ct.c_int(0)] = ev.Config(hot_threshold=self.hot_threshold, fill_mark=self.fill_mark,
                                                     epoch=self.epoch, delack_max_us=self.delack_max_us)
 
     def watch(self, address: str | None, port: int) -> None:
         """Track requests to (address, port); address None means any address on the port."""
-        self.bpf["endpoints"][endpoint(address, port)] = ct.c_uint8(1)
-        self.bpf["tune_ports"][ct.c_uint16(port)] = ct.c_uint8(1)
+        self.bpf[b"endpoints"][endpoint(address, port)] = ct.c_uint8(1)
+        self.bpf[b"tune_ports"][ct.c_uint16(port)] = ct.c_uint8(1)
 
     def new_epoch(self) -> int:
         """Every key starts cold again (counts reset lazily, in the kernel, on next access)."""
@@ -86,13 +86,13 @@ class KernelPrograms:
     def reset_key(self, key: int) -> None:
         """Forget one key's count, so it can become hot again (after a cache eviction)."""
         try:
-            del self.bpf["key_counts"][ct.c_uint64(key)]
+            del self.bpf[b"key_counts"][ct.c_uint64(key)]
         except KeyError:
             pass
 
     def key_count(self, key: int) -> int:
         try:
-            st = self.bpf["key_counts"][ct.c_uint64(key)]
+            st = self.bpf[b"key_counts"][ct.c_uint64(key)]
         except KeyError:
             return 0
         return st.count if st.epoch == self.epoch else 0
@@ -117,7 +117,7 @@ class KernelPrograms:
         self.cgroup_fd, self.cgroup_path = fd, cgroup_path
 
     def start_events(self) -> None:
-        self.bpf["events"].open_ring_buffer(self._on_ring_event)
+        self.bpf[b"events"].open_ring_buffer(self._on_ring_event)
         self._thread = threading.Thread(target=self._poll, name="bpf-events", daemon=True)
         self._thread.start()
 
@@ -168,12 +168,12 @@ class KernelPrograms:
     def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> dict:
         """Everything the maps say, plus the events user space received."""
         b = self.bpf
-        counters = {ev.COUNTERS[k.value]: v.value for k, v in b["counters"].items()}
+        counters = {ev.COUNTERS[k.value]: v.value for k, v in b[b"counters"].items()}
         hist: dict[int, dict[int, int]] = collections.defaultdict(dict)
-        for k, v in b["latency_hist"].items():
+        for k, v in b[b"latency_hist"].items():
             hist[k.port][k.slot] = v.value
         ports = {}
-        for k, v in b["port_stats"].items():
+        for k, v in b[b"port_stats"].items():
             h = hist.get(k.value, {})
             ports[k.value] = {
                 "requests": v.requests, "gets": v.gets, "puts": v.puts, "deletes": v.deletes,
@@ -182,7 +182,7 @@ class KernelPrograms:
                 "latency_p50_us": _hist_quantile(h, 0.5), "latency_p99_us": _hist_quantile(h, 0.99),
                 "latency_hist_log2_us": {str(s): c for s, c in sorted(h.items())},
             }
-        keys = sorted(((k.value, v.count) for k, v in b["key_counts"].items() if v.epoch == self.epoch),
+        keys = sorted(((k.value, v.count) for k, v in b[b"key_counts"].items() if v.epoch == self.epoch),
                       key=lambda kv: kv[1], reverse=True)
         with self._lock:
             names = dict(self.names)
@@ -191,8 +191,8 @@ class KernelPrograms:
         top_keys = [{"key": f"{key:016x}", "count": count,
                      "name": (resolve(key) if resolve else None) or names.get(key)} for key, count in keys[:top]]
         options = {ev.SOCKOPTS[k.value]: {"ok": v.ok, "fail": v.fail, "last_error": v.last_error or None}
-                   for k, v in b["sockopt_stats"].items()}
-        sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b["sock_counters"].items()}
+                   for k, v in b[b"sockopt_stats"].items()}
+        sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b[b"sock_counters"].items()}
         return {
             "mode": self.mode, "hot_threshold": self.hot_threshold, "epoch": self.epoch,
             "tc": [{"interface": i, "filter": n, "netns": ns} for i, n, ns in self.tc_attachments],

@@ -1,0 +1,240 @@
+"""The real eBPF programs: crafted packets through BPF_PROG_TEST_RUN, real S3 traffic on
+the live cluster, SOCK_OPS on real sockets, and clean detachment."""
+import json
+import subprocess
+import time
+import uuid
+
+import pytest
+import ray
+
+from fasterfs import bpf, cluster, credentials, s3
+from fasterfs.bpf import events as ev
+from fasterfs.bpf import tc, testrun
+from fasterfs.config import Layout
+
+MARK = 0x5FF5
+
+
+def wait_until(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_this_machine_runs_real_ebpf():
+    assert bpf.unavailable_reason() is None  # the tests here exercise the kernel, never the simulation
+
+
+@pytest.fixture
+def programs():
+    got = []
+    progs = bpf.load("real", hot_threshold=2, fill_mark=MARK, on_event=got.append)
+    progs.watch(None, 9000)
+    progs.start_events()
+    progs.got = got
+    yield progs
+    progs.close()
+
+
+def get(path: str, method: str = "GET") -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: minio\r\nUser-Agent: test\r\n\r\n".encode()
+
+
+def run(programs, packet: bytes, mark: int = 0) -> int:
+    rc, _ = testrun.run(programs.tc_fn.fd, packet, mark=mark)
+    assert rc == -1  # TC_ACT_UNSPEC: never drops or redirects
+    return rc
+
+
+def test_programs_share_one_set_of_maps(programs):
+    # Both programs reference the very same config map object (map ids from the kernel)...
+    cfg_map = _map_id(programs.bpf[b"config"].map_fd)
+    assert cfg_map in _prog_maps(programs.tc_fn.fd) and cfg_map in _prog_maps(programs.sockops_fn.fd)
+    # ...and what user space writes there is what the TC program acts on: threshold 2 -> HOT on the 2nd GET.
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/shared/k")))
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/shared/k")))
+    assert wait_until(lambda: any(e["path"] == "/b/shared/k" for e in programs.got))
+
+
+def _fd_info(fd: int) -> dict:
+    out = {}
+    for line in open(f"/proc/self/fdinfo/{fd}"):
+        k, _, v = line.partition(":")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _prog_maps(fd: int) -> list[int]:
+    prog_id = int(_fd_info(fd)["prog_id"])
+    shown = json.loads(subprocess.run(["bpftool", "prog", "show", "id", str(prog_id), "--json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    return shown["map_ids"]
+
+
+def _map_id(fd: int) -> int:
+    return int(_fd_info(fd)["map_id"])
+
+
+@pytest.mark.parametrize("src, dst", [("127.0.0.9", "127.0.0.2"), ("fd00::9", "fd00::2")])
+def test_get_counted_under_python_fnv1a(programs, src, dst):
+    path = f"/fasterfs/AAPL/g1/chunk-{uuid.uuid4().hex[:6]}.csv"
+    run(programs, testrun.tcp_packet(src, dst, 40000, 9000, get(path)))
+    assert programs.key_count(ev.key_hash(path)) == 1
+    run(programs, testrun.tcp_packet(src, dst, 40000, 9000, get(path + "?versionId=null")))  # query not hashed
+    assert programs.key_count(ev.key_hash(path)) == 2
+    assert wait_until(lambda: [e for e in programs.got if e["path"] == path])
+    hot = [e for e in programs.got if e["path"] == path]
+    assert len(hot) == 1 and hot[0]["type"] == "HOT" and hot[0]["count"] == 2 and hot[0]["key"] == ev.key_hash(path)
+
+
+def test_other_ports_ignored(programs):
+    before = programs.snapshot()["counters"]["packets"]
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9001, get("/b/other/port")))
+    assert programs.key_count(ev.key_hash("/b/other/port")) == 0
+    assert programs.snapshot()["counters"]["packets"] == before
+
+
+@pytest.mark.parametrize("payload", [
+    b"GET /b/trunc/k",                      # request line cut mid-path
+    b"GET ",                                # too short to be a request
+    b"HTTP/1.1 200 OK\r\n\r\n",             # not a request
+    b"\x00\xff" * 700,                      # garbage
+    b"GET /b HTTP/1.1\r\n\r\n",             # bucket-level, not an object
+    b"GET /minio/health/live HTTP/1.1\r\n\r\n",
+])
+def test_malformed_payloads_do_not_count(programs, payload):
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, payload))
+    snap = programs.snapshot()
+    assert snap["counters"]["requests"] == 0 and snap["keys_tracked"] == 0
+
+
+@pytest.mark.parametrize("packet", [b"", b"\x00" * 10, b"\x00" * 12 + b"\x08\x00" + b"\x45" * 10,
+                                    b"\x00" * 12 + b"\x86\xdd" + b"\x60" * 30])
+def test_truncated_headers_do_not_crash(programs, packet):
+    try:
+        testrun.run(programs.tc_fn.fd, packet.ljust(14, b"\x00"))
+    except OSError:
+        pass  # the kernel may refuse a frame shorter than Ethernet; the program never runs on it
+    assert programs.snapshot()["counters"]["requests"] == 0
+
+
+def test_put_and_delete_mark_stale(programs):
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/stale/k", "PUT")))
+    run(programs, testrun.tcp_packet("fd00::9", "fd00::2", 40000, 9000, get("/b/stale/k", "DELETE")))
+    assert wait_until(lambda: len(programs.got) == 2)
+    assert [(e["type"], e["method"], e["path"]) for e in programs.got] == [
+        ("STALE", "PUT", "/b/stale/k"), ("STALE", "DELETE", "/b/stale/k")]
+    assert programs.key_count(ev.key_hash("/b/stale/k")) == 0  # writes do not make a key hot
+
+
+def test_cache_filler_requests_not_counted(programs):
+    pkt = testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/fill/k"))
+    run(programs, pkt, mark=MARK)
+    run(programs, pkt, mark=MARK)
+    assert programs.key_count(ev.key_hash("/b/fill/k")) == 0
+    assert programs.snapshot()["counters"]["filler_skipped"] == 2
+    run(programs, pkt, mark=MARK + 1)  # another mark is an ordinary reader
+    assert programs.key_count(ev.key_hash("/b/fill/k")) == 1
+
+
+def test_reset_and_epoch_make_a_key_hot_again(programs):
+    pkt = testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/again/k"))
+    for _ in range(3):
+        run(programs, pkt)
+    programs.reset_key(ev.key_hash("/b/again/k"))
+    run(programs, pkt)
+    run(programs, pkt)
+    programs.new_epoch()
+    run(programs, pkt)
+    run(programs, pkt)
+    assert wait_until(lambda: len(programs.got) == 3)
+    assert all(e["type"] == "HOT" and e["count"] == 2 for e in programs.got)
+
+
+# -- real traffic on the live cluster ---------------------------------------------------
+
+
+def _node_client(state, index):
+    creds = credentials.load(Layout.of(_cfg(state)).paths.credentials_file)
+    return s3.client(state.nodes[index].endpoint, creds)
+
+
+def _cfg(state):
+    from fasterfs.config import as_cfg
+    return as_cfg(state.config)
+
+
+def test_real_gets_counted_exactly_and_hot_once(live_cluster):
+    assert all(n.kernel_mode == "real" for n in live_cluster.nodes)
+    bucket = live_cluster.config["minio"]["bucket"]
+    actor = cluster.storage_nodes(live_cluster)[1]
+    client = _node_client(live_cluster, 1)
+    key, other = f"kernel-test/{uuid.uuid4().hex}", f"kernel-test/{uuid.uuid4().hex}"
+    client.put_object(Bucket=bucket, Key=key, Body=b"x" * 100_000)
+    client.put_object(Bucket=bucket, Key=other, Body=b"y" * 1000)
+    n = 7
+    for i in range(n):
+        client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if i % 2:
+            client.get_object(Bucket=bucket, Key=other)["Body"].read()
+    path = f"/{bucket}/{key}"
+    assert ray.get(actor.kernel_key_count.remote(path)) == n
+    assert ray.get(actor.kernel_key_count.remote(f"/{bucket}/{other}")) == n // 2
+
+    def events():
+        return [e for e in ray.get(actor.kernel_status.remote(top=50))["recent_events"] if e["path"] == path]
+    assert wait_until(lambda: len(events()) == 2)
+    time.sleep(0.3)
+    kinds = sorted((e["type"], e["count"]) for e in events())
+    assert kinds == [("HOT", 2), ("STALE", 0)]  # the PUT, then exactly one HOT at the threshold
+    status = ray.get(actor.kernel_status.remote(top=50))
+    port = status["ports"][live_cluster.config["minio"]["port"]]
+    assert port["latency_count"] > 0 and port["latency_avg_us"] > 0
+    # the other node's program watches only its own MinIO
+    assert ray.get(cluster.storage_nodes(live_cluster)[0].kernel_key_count.remote(path)) == 0
+
+
+@ray.remote(num_cpus=0)
+def _connect_and_read_nodelay(targets):
+    import socket
+    out = []
+    for host, port in targets:
+        s = socket.create_connection((host, port), timeout=5)
+        time.sleep(0.05)  # the established callback has run by the time connect returns; margin anyway
+        out.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        s.close()
+    return out
+
+
+def test_sockops_sets_nodelay_on_minio_connections_only(live_cluster):
+    import socket
+    actors = cluster.storage_nodes(live_cluster)
+    node0, node1 = live_cluster.nodes[0], live_cluster.nodes[1]
+    minio_port = live_cluster.config["minio"]["port"]
+    other = socket.socket()
+    other.bind((node0.address, 0))
+    other.listen(8)
+    before = ray.get(actors[0].kernel_status.remote())["sockops"]
+    k = 3
+    targets = [(node1.address, minio_port)] * k + [(node0.address, other.getsockname()[1])]
+    got = ray.get(_connect_and_read_nodelay.options(**cluster.pinned(node0)).remote(targets))
+    other.close()
+    assert got[:k] == [1] * k and got[k] == 0
+    after = ray.get(actors[0].kernel_status.remote())["sockops"]
+    assert after["connections_matched"] - before["connections_matched"] == k
+    for opt in ("TCP_NODELAY", "TCP_BPF_DELACK_MAX"):
+        assert after["options"][opt]["ok"] - before["options"][opt]["ok"] == k
+        assert after["options"][opt]["fail"] == before["options"][opt]["fail"]
+    assert "TCP_QUICKACK cannot be set from BPF" in after["note"]
+
+
+def test_filters_and_attachments_are_the_clusters_own(live_cluster):
+    names = [n for n in tc.list_filters("lo") if n.startswith(f"ffs:{live_cluster.name}:")]
+    assert sorted(names) == [f"ffs:{live_cluster.name}:{n.index}" for n in live_cluster.nodes]
+    tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
+    for node in live_cluster.nodes:
+        assert f"fasterfs-{live_cluster.name}/node-{node.index}" in tree
