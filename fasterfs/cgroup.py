@@ -17,15 +17,16 @@ from pathlib import Path
 from .errors import FasterFSError
 
 
-def own_cgroup() -> Path | None:
-    """The cgroup v2 directory this process lives in, or None (no cgroup2, or the root)."""
+def own_cgroup(allow_root: bool = False) -> Path | None:
+    """The cgroup v2 directory this process lives in, or None (no cgroup2, or the root
+    unless allow_root)."""
     mount = cgroup2_mount()
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
     rel = next((line[3:] for line in lines if line.startswith("0::")), None)
-    if mount is None or rel in (None, "/"):
+    if mount is None or rel is None or (rel == "/" and not allow_root):
         return None
     return mount / rel.lstrip("/")
 

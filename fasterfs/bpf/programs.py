@@ -144,6 +144,13 @@ class KernelPrograms:
         if self._thread:
             self._thread.join(timeout=2)
             self._thread = None
+        self.close_attachments()
+        if getattr(self, "bpf", None) is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    def close_attachments(self) -> None:
+        """Detach the TC filters and the SOCK_OPS program; the maps and their counts stay."""
         for interface, name, netns in self.tc_attachments:
             try:
                 tc.remove(interface, name, netns)
@@ -159,9 +166,6 @@ class KernelPrograms:
                 log.exception("detaching SOCK_OPS from %s", self.cgroup_path)
             os.close(self.cgroup_fd)
             self.cgroup_fd = None
-        if getattr(self, "bpf", None) is not None:
-            self.bpf.cleanup()
-            self.bpf = None
 
     # -- metrics -------------------------------------------------------------------------
 
