@@ -108,11 +108,83 @@ def cmd_kernel_status(cfg) -> None:
             console.print(table)
 
 
+def cmd_cache_status(cfg) -> None:
+    import ray
+
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    rows = ray.get([a.cache_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
+    table = Table(title="FasterFS node caches")
+    for col in ("node", "mode", "entries", "size", "capacity", "hits", "misses", "from cache", "from MinIO",
+                "fills (hot/prefetch/warm)", "evictions", "prefetch shed", "damaged dropped"):
+        table.add_column(col)
+    for r in rows:
+        f, rd = r["filler"], r["readers"]
+        mode = r["kernel_mode"] if r["kernel_mode"] == "real" else "[yellow]SIMULATED[/]"
+        table.add_row(str(r["index"]), mode, str(r["entries"]), _fmt_bytes(r["bytes"]), _fmt_bytes(r["capacity"]),
+                      str(rd["hits"]), str(rd["misses"]), _fmt_bytes(rd["bytes_from_cache"]),
+                      _fmt_bytes(rd["bytes_from_minio"]),
+                      f"{f.get('hot_fills', 0)}/{f.get('prefetch_fills', 0)}/{f.get('warm_fills', 0)}",
+                      str(r["evictions"]), str(f.get("prefetch_shed", 0)),
+                      str(rd["damaged_dropped"] + r["scrub_dropped"]))
+    console.print(table)
+
+
+def parse_chunks(spec: str | None, count: int) -> list[int]:
+    """'all', '5', '0-9', '0-9,20,30-31' -> chunk ids, checked against the dataset."""
+    if spec in (None, "all"):
+        return list(range(count))
+    ids: list[int] = []
+    for part in spec.split(","):
+        try:
+            lo, _, hi = part.partition("-")
+            ids += list(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise FasterFSError(f"bad chunk list {spec!r}: use e.g. 0-9,20") from None
+    bad = [i for i in ids if not 0 <= i < count]
+    if bad:
+        raise FasterFSError(f"chunk {bad[0]} does not exist: valid ids are 0..{count - 1}")
+    return ids
+
+
+def cmd_cache_warm(cfg, chunks: str | None = None) -> None:
+    import ray
+    from rich.progress import Progress
+
+    from .client import connect
+
+    client = connect(cfg.cluster.root)
+    ids = parse_chunks(chunks, len(client))
+    actors = cluster.storage_nodes(client.state)
+    cached = 0
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"warming {len(ids)} chunks", total=len(ids))
+        for start in range(0, len(ids), 8):
+            batch = ids[start:start + 8]
+            by_node: dict[int, list[str]] = {}
+            for i in batch:
+                by_node.setdefault(client.sources(i)[0], []).append(client.manifest.chunk(i).key)
+            cached += sum(ray.get([actors[n].cache_warm.remote(keys) for n, keys in by_node.items()]))
+            bar.update(task, advance=len(batch))
+    console.print(f"{cached} of {len(ids)} chunks cached")
+
+
+def cmd_cache_clear(cfg) -> None:
+    import ray
+
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    removed = ray.get([a.cache_clear.remote() for a in cluster.storage_nodes(state)])
+    console.print(f"removed {sum(removed)} cache entries ({', '.join(f'node {i}: {n}' for i, n in enumerate(removed))}); "
+                  "kernel counts start over")
+
+
 COMMANDS = {
     "up": (cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO"),
     "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
     "ingest": (cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes"),
     "down": (cmd_down, "stop everything the cluster started"),
+    "cache status": (cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions"),
+    "cache warm": (cmd_cache_warm, "fill the caches with chunks now: `fasterfs cache warm 0-9,20` (default all)"),
+    "cache clear": (cmd_cache_clear, "empty every node's cache and start a new kernel epoch"),
     "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
 
@@ -138,8 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = config.load(args.overrides)
-        COMMANDS[args.command][0](cfg)
+        overrides = [o for o in args.overrides if "=" in o]
+        positional = [o for o in args.overrides if "=" not in o]
+        cfg = config.load(overrides)
+        if positional and args.command != "cache warm":
+            raise FasterFSError(f"unexpected argument {positional[0]!r}: overrides look like key=value")
+        COMMANDS[args.command][0](cfg, *positional[:1])
     except FasterFSError as e:
         if args.verbose:
             raise

@@ -1,31 +1,54 @@
 """The reader's side: `fasterfs.connect()` and `Client.read_chunk` / `read_table`.
 
-A read goes straight to a MinIO server that holds the chunk: this node's own copy
-when it has one, else the owner, then the other replicas when a server is down.
-No actor call and no central service sits on the read path.
+A read first looks in the cache of the nodes holding the chunk (this node's first):
+a hit is a file read, or a memory map for Arrow chunks, inside this process. A miss
+goes straight to a MinIO server holding the chunk — this node's own copy when it has
+one, else the owner, then the other replicas when a server is down — where the kernel
+programs see and count it. No actor call and no central service sits on the read
+path; a background thread sends prefetch hints (sequential readers) and, in
+SIMULATED mode only, reports reads to the node's user-space counter.
 """
 from __future__ import annotations
 
+import queue
+import threading
 import zlib
 from pathlib import Path
 from typing import Sequence
 
 import polars as pl
 
-from . import config, credentials, lobster, s3
+from . import cache, config, credentials, lobster, reader_stats, s3
 from .cluster import ClusterState
 from .config import Paths
 from .errors import FasterFSError
 from .manifest import Manifest
+from .reader_stats import BYTES_CACHE, BYTES_MINIO, DAMAGED, HITS, MISSES, PREFETCH
 
 
 class Client:
-    def __init__(self, state: ClusterState, creds: credentials.Credentials, manifest: Manifest, cfg):
+    def __init__(self, state: ClusterState, creds: credentials.Credentials, manifest: Manifest, cfg,
+                 use_cache: bool = True):
         self.state, self.manifest = state, manifest
+        self.paths = Paths(Path(state.root))
         self.verify = bool(cfg.client.verify_checksum)
+        self.verify_cache = bool(cfg.cache.verify_reads)
+        self.use_cache = use_cache
+        p = cfg.cache.prefetch  # plain values: configuration lookups cost microseconds on the hit path
+        self.prefetch_window = int(p.window) if p.enabled else 0
+        self.prefetch_trigger = int(p.trigger)
         self._s3 = [s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
                     for n in state.nodes]
         self.local_node = self._local_node()
+        # Derived once per client, so a hit costs only the file read.
+        self._sources = [self._order(c.nodes) for c in manifest.chunks]
+        self._cache_dirs = [str(self.paths.cache_dir(n.index)) for n in state.nodes]
+        self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
+        self._stats: dict[int, reader_stats.ReaderStats] = {}
+        self._last_read: int | None = None
+        self._in_order = 0
+        self._prefetched_to = -1
+        self._hints: queue.SimpleQueue | None = None
 
     def _local_node(self) -> int | None:
         """The node this process runs on, when it runs inside a Ray worker of the cluster."""
@@ -42,37 +65,132 @@ class Client:
     def __len__(self) -> int:
         return len(self.manifest)
 
-    def sources(self, i: int) -> list[int]:
-        """Nodes to try for chunk i, in order: this node if it holds a copy, then the owner first."""
-        nodes = list(self.manifest.chunk(i).nodes)
+    def _order(self, holders: list[int]) -> list[int]:
+        nodes = list(holders)
         if self.local_node in nodes:
             nodes.remove(self.local_node)
             nodes.insert(0, self.local_node)
         return nodes
 
+    def sources(self, i: int) -> list[int]:
+        """Nodes to try for chunk i, in order: this node if it holds a copy, then the owner first."""
+        self.manifest.chunk(i)  # names the valid range for a bad id
+        return self._sources[i]
+
+    def cache_path(self, node: int, i: int) -> str:
+        return f"{self._cache_dirs[node]}/{self._entries[i]}"
+
+    def stats(self, node: int) -> reader_stats.ReaderStats:
+        if node not in self._stats:
+            self._stats[node] = reader_stats.ReaderStats(self.paths.reader_stats_dir(node))
+        return self._stats[node]
+
+    # -- reads ---------------------------------------------------------------------------
+
     def read_chunk(self, i: int) -> bytes:
         chunk = self.manifest.chunk(i)
+        self._note_order(i)
+        if self.use_cache:
+            for node in self.sources(i):
+                data = cache.read_entry(self.cache_path(node, i), self.verify_cache)
+                if isinstance(data, bytes):
+                    self._count_hit(node, len(data))
+                    return data
+                if data is cache.DAMAGED:
+                    self.stats(node).add(DAMAGED)
+        return self._read_minio(i, chunk)
+
+    def read_table(self, i: int) -> pl.DataFrame:
+        """Chunk i as a DataFrame with LOBSTER column names; prices are integers (USD x 10000).
+        A cached Arrow chunk is memory-mapped and handed to polars without a copy."""
+        if self.manifest.format == "arrow" and self.use_cache:
+            import pyarrow as pa
+
+            self._note_order(i)
+            for node in self.sources(i):
+                buf = cache.map_entry(self.cache_path(node, i), self.verify_cache)
+                if isinstance(buf, pa.Buffer):
+                    self._count_hit(node, buf.size)
+                    return pl.from_arrow(pa.ipc.open_file(buf).read_all())
+                if buf is cache.DAMAGED:
+                    self.stats(node).add(DAMAGED)
+            return lobster.decode_chunk(self._read_minio(i, self.manifest.chunk(i)), "arrow", self.manifest.level)
+        return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
+
+    def _count_hit(self, node: int, size: int) -> None:
+        st = self.stats(node)
+        st.add(HITS)
+        st.add(BYTES_CACHE, size)
+
+    def _read_minio(self, i: int, chunk) -> bytes:
         errors = []
         for node in self.sources(i):
             try:
-                body = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=chunk.key)["Body"].read()
+                response = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=chunk.key)
+                body = response["Body"].read()
             except Exception as e:  # node down or object missing: try the next holder
                 errors.append(f"node {node} ({self.state.nodes[node].endpoint}): {type(e).__name__}: {e}"[:300])
                 continue
-            if self.verify and zlib.crc32(body) != chunk.crc32:
-                errors.append(f"node {node}: checksum mismatch for {chunk.key}")
+            # The object carries the CRC32 it was stored with; MinIO is the source of truth, so an
+            # object rewritten by another tool (without one) is served as it now is.
+            stored_crc = response.get("Metadata", {}).get("crc32")
+            if self.verify and stored_crc is not None and zlib.crc32(body) != int(stored_crc):
+                errors.append(f"node {node}: {chunk.key} does not match its stored checksum")
                 continue
+            st = self.stats(node)
+            st.add(MISSES)
+            st.add(BYTES_MINIO, len(body))
+            if self.state.nodes[node].kernel_mode == "simulated":
+                self._hint(node, "observe", "GET", f"/{self.manifest.bucket}/{chunk.key}")
             return body
         raise FasterFSError(f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(errors))
 
-    def read_table(self, i: int) -> pl.DataFrame:
-        """Chunk i as a DataFrame with LOBSTER column names; prices are integers (USD x 10000)."""
-        return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
+    # -- hints to the nodes, off the reader's thread ---------------------------------------
+
+    def _note_order(self, i: int) -> None:
+        """Sequential reader detection: after `trigger` in-order reads, prefetch a window ahead."""
+        self._in_order = self._in_order + 1 if self._last_read is not None and i == self._last_read + 1 else 1
+        self._last_read = i
+        if not (self.use_cache and self.prefetch_window and self._in_order >= self.prefetch_trigger):
+            return
+        if self._in_order == self.prefetch_trigger:
+            self._prefetched_to = i  # a new sequential run
+        ahead = list(range(max(i + 1, self._prefetched_to + 1), min(i + 1 + self.prefetch_window, len(self.manifest))))
+        if not ahead:
+            return
+        self._prefetched_to = ahead[-1]
+        by_node: dict[int, list[str]] = {}
+        for j in ahead:
+            by_node.setdefault(self.sources(j)[0], []).append(self.manifest.chunk(j).key)
+        for node, keys in by_node.items():
+            self.stats(node).add(PREFETCH, len(keys))
+            self._hint(node, "prefetch", keys)
+
+    def _hint(self, node: int, method: str, *args) -> None:
+        if self._hints is None:
+            self._hints = queue.SimpleQueue()
+            threading.Thread(target=self._send_hints, name="fasterfs-hints", daemon=True).start()
+        self._hints.put((node, method, args))
+
+    def _send_hints(self) -> None:
+        from .cluster import storage_nodes
+
+        actors = None
+        while True:
+            node, method, args = self._hints.get()
+            try:
+                if actors is None:
+                    actors = storage_nodes(self.state)
+                getattr(actors[node], method).remote(*args)  # fire and forget
+            except Exception:
+                actors = None  # the cluster restarted an actor: look them up again next time
 
 
-def connect(root=None, overrides: Sequence[str] = ()) -> Client:
-    """A client for the running cluster under `root` (default: cluster.root of the configuration)."""
+def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True) -> Client:
+    """A client for the running cluster under `root` (default: cluster.root of the configuration).
+    use_cache=False reads from MinIO only (baselines)."""
     cfg = config.load(overrides)
     paths = Paths(Path(root or cfg.cluster.root))
     state = ClusterState.load(paths.root)
-    return Client(state, credentials.load(paths.credentials_file), Manifest.load(paths.manifest_file), cfg)
+    return Client(state, credentials.load(paths.credentials_file), Manifest.load(paths.manifest_file), cfg,
+                  use_cache)

@@ -65,6 +65,10 @@ def validate(cfg: DictConfig) -> None:
         bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
     if not isinstance(cfg.kernel.hot_threshold, int) or cfg.kernel.hot_threshold < 1:
         bad("kernel.hot_threshold", "must be a whole number >= 1")
+    if not isinstance(cfg.cache.capacity_mb, (int, float)) or cfg.cache.capacity_mb < 0:
+        bad("cache.capacity_mb", "must be a number of megabytes >= 0")
+    if not isinstance(cfg.cache.prefetch.window, int) or cfg.cache.prefetch.window < 0:
+        bad("cache.prefetch.window", "must be a whole number >= 0")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):
         bad("kernel.mode", "must be auto, real or simulated")
     try:
@@ -116,6 +120,12 @@ class Paths:
 
     def node_dir(self, index: int) -> Path:
         return self.root / f"node-{index}"
+
+    def cache_dir(self, index: int) -> Path:
+        return self.node_dir(index) / "cache"
+
+    def reader_stats_dir(self, index: int) -> Path:
+        return self.node_dir(index) / "readers"
 
 
 @dataclass(frozen=True)

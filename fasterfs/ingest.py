@@ -58,13 +58,14 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None) -> Manifest:
         start, stop = starts[i], min(starts[i] + rpc, pair.rows)
         body = lobster.encode_chunk(pair, start, stop, fmt)
         key = f"{dataset}/{generation}/chunk-{i:05d}.{EXTENSIONS[fmt]}"
+        crc = zlib.crc32(body)
         for node in placement[i]:
             try:
-                clients[node].put_object(Bucket=bucket, Key=key, Body=body)
+                clients[node].put_object(Bucket=bucket, Key=key, Body=body, Metadata={"crc32": str(crc)})
             except Exception as e:
                 raise FasterFSError(f"storing {key} on node {node} ({state.nodes[node].endpoint}) failed: {e}") from e
         return ChunkInfo(i, key, placement[i], len(body), stop - start, start, float(time_col[start]),
-                         float(time_col[stop - 1]), zlib.crc32(body))
+                         float(time_col[stop - 1]), crc)
 
     chunks: list[ChunkInfo] = []
     try:

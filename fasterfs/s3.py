@@ -29,3 +29,44 @@ def client(endpoint: str, creds: Credentials, connect_timeout: float = 1.0, read
             response_checksum_validation="when_required",
         ),
     )
+
+
+class MarkedGetter:
+    """Signed GETs over sockets that carry SO_MARK, so the kernel's request tracker can
+    tell the cache filler's own traffic from readers' (it skips packets with the mark).
+    boto3 cannot set socket options, hence this small signed-request client."""
+
+    def __init__(self, endpoint: str, creds: Credentials, mark: int, timeout: float = 10.0, pool: int = 8):
+        import socket
+        from urllib.parse import urlparse
+
+        from botocore.auth import S3SigV4Auth
+        from botocore.credentials import Credentials as BotoCredentials
+        from urllib3 import HTTPConnectionPool
+        from urllib3.connection import HTTPConnection
+
+        url = urlparse(endpoint)
+        self.endpoint = endpoint
+        options = HTTPConnection.default_socket_options + ([(socket.SOL_SOCKET, socket.SO_MARK, mark)] if mark else [])
+        self.pool = HTTPConnectionPool(url.hostname, url.port, maxsize=pool, block=False, timeout=timeout,
+                                       retries=False, socket_options=options)
+        self.signer = S3SigV4Auth(BotoCredentials(creds.access_key, creds.secret_key), "s3", "us-east-1")
+
+    def get(self, bucket: str, key: str) -> tuple[bytes, str]:
+        """The object's bytes and ETag; KeyError if it does not exist."""
+        from urllib.parse import quote
+
+        from botocore.awsrequest import AWSRequest
+
+        path = f"/{bucket}/{quote(key)}"
+        request = AWSRequest(method="GET", url=self.endpoint + path)
+        self.signer.add_auth(request)
+        response = self.pool.request("GET", path, headers=dict(request.headers.items()))
+        if response.status == 404:
+            raise KeyError(f"{path} not found on {self.endpoint}")
+        if response.status != 200:
+            raise OSError(f"GET {path} on {self.endpoint}: HTTP {response.status} {response.data[:200]!r}")
+        return response.data, response.headers.get("ETag", "").strip('"')
+
+    def close(self) -> None:
+        self.pool.close()

@@ -13,8 +13,10 @@ import os
 import threading
 import time
 
-from . import bpf, credentials, s3
+from . import bpf, credentials, reader_stats, s3
 from .bpf.events import key_hash
+from .cache import ChunkCache, entry_name
+from .cache_filler import CacheFiller
 from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
 from .minio_server import MinioServer
@@ -47,7 +49,10 @@ class StorageNode:
         self._stopping = threading.Event()
 
         self.paths = paths
-        self._names: tuple[float, dict[int, str]] = (0.0, {})
+        self._manifest_cache: tuple[float, dict] = (0.0, {})
+        # The cache index is rebuilt from the directory: entries survive a restart, temp files do not.
+        self.cache = ChunkCache(paths.cache_dir(index), int(self.cfg.cache.capacity_mb * 1_000_000),
+                                on_evict=self._on_evict)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
@@ -55,6 +60,11 @@ class StorageNode:
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
+        self.filler = CacheFiller(self.cache, s3.MarkedGetter(self.minio.endpoint, self.minio.creds,
+                                                              self.cfg.kernel.fill_mark),
+                                  self.bucket, self.cfg.cache.fill_threads, self.cfg.cache.prefetch.max_queue)
+        self.kernel.start_events()  # HOT and STALE events now have a filler to go to
+        threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
         self._supervisor.start()
 
@@ -72,27 +82,56 @@ class StorageNode:
             elif k.tune_sockets:
                 # the root cgroup would mean every socket on the host: not ours to tune
                 self.sockops_skipped = "this process is in the root cgroup (or there is no cgroup2)"
-            programs.start_events()
         except BaseException:
             programs.close()
             raise
         return programs
 
     def _on_kernel_event(self, event: dict) -> None:
-        log.info("kernel event %s %s (count %d)", event["type"], event["path"], event["count"])
+        """HOT: fill the cache with the chunk. STALE: drop it, and let the key become hot anew."""
+        prefix = f"/{self.bucket}/"
+        if not event["path"].startswith(prefix):
+            return
+        key = event["path"][len(prefix):]
+        if event["key"] != key_hash(event["path"]):
+            return  # path cut at the kernel's bound: not one of ours to resolve
+        if event["type"] == "HOT":
+            self.filler.request(key, "hot")
+        else:
+            self.filler.mark_stale(key)
+            self.kernel.reset_key(event["key"])
 
-    def _resolve(self, key: int) -> str | None:
-        """A key hash's chunk, from the manifest (reloaded when it changes)."""
+    def _on_evict(self, entry: str) -> None:
+        key = self._manifest_names()["entries"].get(entry)
+        if key:  # the key may become hot again, and be cached again
+            self.kernel.reset_key(key_hash(f"/{self.bucket}/{key}"))
+
+    def _manifest_names(self) -> dict:
+        """Lookups derived from the manifest (reloaded when it changes): key hash -> chunk
+        name, cache entry -> object key."""
         try:
             mtime = self.paths.manifest_file.stat().st_mtime
         except OSError:
-            return None
-        if mtime != self._names[0]:
+            return {"hashes": {}, "entries": {}}
+        if mtime != self._manifest_cache[0]:
             from .manifest import Manifest
 
             m = Manifest.load(self.paths.manifest_file)
-            self._names = (mtime, {key_hash(f"/{m.bucket}/{c.key}"): f"chunk {c.id} ({c.key})" for c in m.chunks})
-        return self._names[1].get(key)
+            self._manifest_cache = (mtime, {
+                "hashes": {key_hash(f"/{m.bucket}/{c.key}"): f"chunk {c.id} ({c.key})" for c in m.chunks},
+                "entries": {entry_name(c.key): c.key for c in m.chunks}})
+        return self._manifest_cache[1]
+
+    def _resolve(self, key: int) -> str | None:
+        return self._manifest_names()["hashes"].get(key)
+
+    def _scrub(self) -> None:
+        interval = self.cfg.cache.scrub_interval_s
+        while interval and not self._stopping.wait(interval):
+            try:
+                self.cache.scrub()
+            except Exception:
+                log.exception("cache scrub failed")
 
     def _ensure_bucket(self) -> None:
         try:
@@ -160,6 +199,36 @@ class StorageNode:
         if self.kernel.mode == "simulated":
             self.kernel.observe(method, path, self.cfg.minio.port)
 
+    # -- cache ---------------------------------------------------------------------------
+
+    def cache_status(self) -> dict:
+        readers = reader_stats.collect(self.paths.reader_stats_dir(self.index))
+        return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,
+                "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
+                "filler": dict(self.filler.counters), "fills_pending": self.filler.pending()}
+
+    def cache_warm(self, keys: list[str]) -> int:
+        """Fill these keys now (waits); returns how many are cached afterwards."""
+        futures = [self.filler.request(k, "warm") for k in keys]
+        for f in futures:
+            if f is not None:
+                f.result()
+        return sum(self.cache.contains(k) for k in keys)
+
+    def prefetch(self, keys: list[str]) -> int:
+        """Queue fills ahead of a sequential reader; sheds them under load. Returns how many were queued."""
+        return sum(self.filler.request(k, "prefetch") is not None for k in keys)
+
+    def cache_scrub(self) -> int:
+        """Verify every cache entry now; returns how many damaged ones were dropped."""
+        return self.cache.scrub()
+
+    def cache_clear(self) -> int:
+        """Empty the cache and start a new kernel epoch, so every key can become hot again."""
+        removed = self.cache.clear()
+        self.kernel.new_epoch()
+        return removed
+
     def hold_minio(self) -> None:
         """Stop MinIO for maintenance (or a failover drill) and keep it down until release."""
         with self._lock:
@@ -174,6 +243,7 @@ class StorageNode:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.kernel.close()
+        self.filler.close()
         with self._lock:
             self.minio.stop()
-        self.kernel.close()

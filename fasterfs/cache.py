@@ -1,0 +1,254 @@
+"""The node-local chunk cache: one directory per node, bounded in bytes with LRU eviction.
+
+Two sides use it. Readers (any process on the machine) look entries up with
+`read_entry` / `map_entry`: a file read or memory map, no actor call, no socket.
+The owner (the node's StorageNode, alone) writes, evicts and accounts with
+`ChunkCache`, so capacity is counted in one place.
+
+An entry is a 64-byte header (magic, size, xxh3 checksum, ETag, fill time) and the
+object's bytes. It is written to a temporary name and renamed into place, so a reader
+sees a whole entry or none; a reader that finds a bad header, a short file or (with
+verification) a checksum mismatch drops the entry and reads from MinIO instead.
+Readers touch an entry's mtime on each hit: the owner evicts the oldest first.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import xxhash
+
+log = logging.getLogger("fasterfs.cache")
+MAGIC = b"FFSCACHE"
+HEADER = struct.Struct("<8sQQ32sQ")  # magic, size, xxh3_64, etag, filled_ns
+assert HEADER.size == 64
+SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
+
+
+def entry_name(key: str) -> str:
+    return hashlib.blake2b(key.encode(), digest_size=16).hexdigest() + SUFFIX
+
+
+@dataclass(frozen=True)
+class Header:
+    size: int
+    checksum: int
+    etag: str
+    filled_ns: int
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "Header | None":
+        if len(raw) != HEADER.size:
+            return None
+        magic, size, checksum, etag, filled = HEADER.unpack(raw)
+        if magic != MAGIC:
+            return None
+        return cls(size, checksum, etag.rstrip(b"\0").decode(errors="replace"), filled)
+
+
+DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found bad and dropped
+
+
+def _drop_if_same(path: Path, fd: int) -> None:
+    """Unlink a bad entry, unless a fresh fill has already replaced it."""
+    try:
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def read_entry(path: Path, verify: bool = True) -> bytes | str | None:
+    """An entry's bytes; None if absent; DAMAGED if it was bad (and is now dropped)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        header = Header.parse(os.pread(fd, HEADER.size, 0))
+        data = os.pread(fd, header.size, HEADER.size) if header else b""
+        if header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
+            log.warning("dropping damaged cache entry %s", path)
+            _drop_if_same(path, fd)
+            return DAMAGED
+        os.utime(fd)  # LRU: a hit makes the entry young
+        return data
+    finally:
+        os.close(fd)
+
+
+def map_entry(path: Path, verify: bool = True):
+    """An entry's bytes as a read-only pyarrow buffer over a memory map (no copy); None if
+    absent; DAMAGED if it was bad (and is now dropped)."""
+    import pyarrow as pa
+
+    try:
+        mm = pa.memory_map(str(path), "r")
+    except (FileNotFoundError, OSError):
+        return None
+    buf = mm.read_buffer()
+    header = Header.parse(buf.slice(0, HEADER.size).to_pybytes() if buf.size >= HEADER.size else b"")
+    data = buf.slice(HEADER.size) if header else None
+    if header is None or data.size != header.size or (verify and xxhash.xxh3_64_intdigest(memoryview(data)) != header.checksum):
+        log.warning("dropping damaged cache entry %s", path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _drop_if_same(path, fd)
+        finally:
+            os.close(fd)
+        return DAMAGED
+    os.utime(path)
+    return data
+
+
+class ChunkCache:
+    """The owner's side: fills, eviction, capacity. Never exceeds `capacity` bytes on disk."""
+
+    def __init__(self, directory: Path, capacity: int, on_evict: Callable[[str], None] | None = None):
+        # on_evict(entry name): lets the owner reset the kernel's count for the key
+        self.dir, self.capacity, self.on_evict = Path(directory), capacity, on_evict
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}   # entry name -> bytes on disk
+        self.used = 0
+        self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
+                         "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
+                         "scrubs": 0, "scrub_dropped": 0}
+        self.rebuild()
+
+    def path(self, key: str) -> Path:
+        return self.dir / entry_name(key)
+
+    def rebuild(self) -> None:
+        """Index what is on disk: keep valid entries, remove temp files and invalid ones."""
+        with self._lock:
+            self._sizes.clear()
+            self.used = 0
+            for f in self.dir.iterdir():
+                if f.name.startswith(TMP_PREFIX):
+                    f.unlink(missing_ok=True)
+                    self.counters["stray_temp_removed"] += 1
+                    continue
+                if not f.name.endswith(SUFFIX):
+                    continue
+                try:
+                    with open(f, "rb") as fh:
+                        header = Header.parse(fh.read(HEADER.size))
+                    size = f.stat().st_size
+                except OSError:
+                    continue
+                if header is None or size != HEADER.size + header.size:
+                    f.unlink(missing_ok=True)
+                    self.counters["invalid_removed"] += 1
+                    continue
+                self._sizes[f.name] = size
+                self.used += size
+                self.counters["rebuilt_entries"] += 1
+            self._evict_to(self.capacity)
+
+    def scrub(self) -> int:
+        """Verify every entry's checksum; drop the damaged ones. Returns how many were dropped."""
+        with self._lock:
+            names = list(self._sizes)
+        dropped = 0
+        for name in names:
+            if read_entry(self.dir / name, verify=True) is DAMAGED:
+                with self._lock:
+                    self._forget(name)
+                dropped += 1
+        self.counters["scrubs"] += 1
+        self.counters["scrub_dropped"] += dropped
+        return dropped
+
+    def contains(self, key: str) -> bool:
+        name = entry_name(key)
+        with self._lock:
+            if name in self._sizes and (self.dir / name).exists():
+                return True
+            if name in self._sizes:  # a reader dropped it as damaged
+                self.used -= self._sizes.pop(name)
+            return False
+
+    def put(self, key: str, data: bytes, etag: str = "") -> bool:
+        """Store an entry atomically, evicting the least recently used to make room."""
+        need = HEADER.size + len(data)
+        if need > self.capacity:
+            self.counters["too_large"] += 1
+            return False
+        name = entry_name(key)
+        header = HEADER.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data), etag.encode()[:32], time.time_ns())
+        with self._lock:
+            self._forget(name)
+            self._evict_to(self.capacity - need)
+            self._sizes[name] = need  # reserved before the write, so concurrent fills cannot overshoot
+            self.used += need
+        tmp = self.dir / f"{TMP_PREFIX}{name}.{os.getpid()}.{threading.get_ident()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(data)
+            os.replace(tmp, self.dir / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            with self._lock:
+                self._forget(name)
+            raise
+        self.counters["fills"] += 1
+        self.counters["fill_bytes"] += len(data)
+        return True
+
+    def remove(self, key: str) -> bool:
+        name = entry_name(key)
+        with self._lock:
+            existed = self._forget(name)
+        (self.dir / name).unlink(missing_ok=True)
+        if existed:
+            self.counters["removed"] += 1
+        return existed
+
+    def clear(self) -> int:
+        with self._lock:
+            names = list(self._sizes)
+            for name in names:
+                self._forget(name)
+        for name in names:
+            (self.dir / name).unlink(missing_ok=True)
+        return len(names)
+
+    def _forget(self, name: str) -> bool:
+        size = self._sizes.pop(name, None)
+        if size is not None:
+            self.used -= size
+        return size is not None
+
+    def _evict_to(self, limit: int) -> None:
+        """Evict least recently used entries (oldest mtime; readers touch on hit) until used <= limit."""
+        if self.used <= limit:
+            return
+        ages = []
+        for name in self._sizes:
+            try:
+                ages.append((os.stat(self.dir / name).st_mtime_ns, name))
+            except FileNotFoundError:
+                ages.append((0, name))  # dropped by a reader: forget it first
+        for _, name in sorted(ages):
+            if self.used <= limit:
+                break
+            size = self._sizes.pop(name)
+            self.used -= size
+            (self.dir / name).unlink(missing_ok=True)
+            self.counters["evictions"] += 1
+            self.counters["evicted_bytes"] += size
+            if self.on_evict:
+                self.on_evict(name)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"entries": len(self._sizes), "bytes": self.used, "capacity": self.capacity, **self.counters}

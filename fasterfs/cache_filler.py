@@ -1,0 +1,83 @@
+"""CacheFiller: fills a node's cache when the kernel says a chunk is hot, prefetches
+ahead of sequential readers, and keeps stale data out.
+
+Fills run on a small thread pool, never on a reader's thread. Their GETs go through
+`MarkedGetter`, so the kernel does not count them as reads. A STALE mark (the kernel
+saw a PUT or DELETE of the key) drops the entry at once and bumps the key's stale
+sequence, so a fill that raced with the write throws its bytes away instead of
+caching the old version. Prefetches back off when the fill queue is long.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .cache import ChunkCache
+from .s3 import MarkedGetter
+
+log = logging.getLogger("fasterfs.cache_filler")
+
+
+class CacheFiller:
+    def __init__(self, cache: ChunkCache, getter: MarkedGetter, bucket: str, threads: int = 2, max_queue: int = 16):
+        self.cache, self.getter, self.bucket, self.max_queue = cache, getter, bucket, max_queue
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cache-fill")
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        self._stale_seq: collections.Counter = collections.Counter()
+        self.counters = collections.Counter()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    def request(self, key: str, reason: str) -> Future | None:
+        """Queue a fill (reason: hot, prefetch or warm); None if cached, queued, or shed."""
+        with self._lock:
+            if key in self._inflight:
+                return self._inflight[key]
+            if self.cache.contains(key):
+                return None
+            if reason == "prefetch" and len(self._inflight) >= self.max_queue:
+                self.counters["prefetch_shed"] += 1  # under load: the reader's own GETs come first
+                return None
+            future = self._pool.submit(self._fill, key, reason, self._stale_seq[key])
+            self._inflight[key] = future
+            self.counters[f"{reason}_requested"] += 1
+        return future
+
+    def _fill(self, key: str, reason: str, seq: int) -> bool:
+        try:
+            data, etag = self.getter.get(self.bucket, key)
+            with self._lock:
+                if self._stale_seq[key] != seq:  # written while we fetched: these bytes may be old
+                    self.counters["fills_discarded_stale"] += 1
+                    return False
+            stored = self.cache.put(key, data, etag)
+            with self._lock:
+                if self._stale_seq[key] != seq:
+                    self.cache.remove(key)
+                    self.counters["fills_discarded_stale"] += 1
+                    return False
+            if stored:
+                self.counters[f"{reason}_fills"] += 1
+            return stored
+        except Exception as e:
+            self.counters["fill_errors"] += 1
+            log.warning("fill of %s failed: %s", key, e)
+            return False
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def mark_stale(self, key: str) -> None:
+        with self._lock:
+            self._stale_seq[key] += 1
+        if self.cache.remove(key):
+            self.counters["stale_dropped"] += 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.getter.close()

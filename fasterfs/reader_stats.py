@@ -1,0 +1,78 @@
+"""Per-process read counters, shared through small memory-mapped files.
+
+Cache hits happen inside readers' processes, which never call the StorageNode. Each
+reader process keeps one file per node under that node's cache directory and bumps
+plain counters in it (an mmap write, tens of nanoseconds); the node sums the files,
+and folds in those of processes that have exited.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import uuid
+from pathlib import Path
+
+FIELDS = ("hits", "misses", "bytes_from_cache", "bytes_from_minio", "damaged_dropped", "prefetch_requests")
+_FMT = struct.Struct("<" + "Q" * len(FIELDS))
+RETIRED = "retired.stats"
+
+
+class ReaderStats:
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.stats"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, _FMT.size)
+            self._mm = mmap.mmap(fd, _FMT.size)
+        finally:
+            os.close(fd)
+        self._values = [0] * len(FIELDS)
+
+    def add(self, field: int, n: int = 1) -> None:
+        self._values[field] += n
+        struct.pack_into("<Q", self._mm, 8 * field, self._values[field])
+
+
+HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED, PREFETCH = range(len(FIELDS))
+
+
+def _read(path: Path) -> list[int]:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return [0] * len(FIELDS)
+    return list(_FMT.unpack(raw)) if len(raw) == _FMT.size else [0] * len(FIELDS)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def collect(directory: Path) -> dict[str, int]:
+    """Totals over every reader, past and present. Only the node's owner calls this: it
+    folds the files of exited processes into one retired total."""
+    totals = _read(directory / RETIRED) if (directory / RETIRED).exists() else [0] * len(FIELDS)
+    retired = list(totals)
+    if directory.exists():
+        for f in directory.glob("*-*.stats"):
+            values = _read(f)
+            totals = [a + b for a, b in zip(totals, values)]
+            if not _alive(int(f.name.split("-")[0])):
+                retired = [a + b for a, b in zip(retired, values)]
+                from .fsutil import atomic_write
+
+                atomic_write(directory / RETIRED, _FMT.pack(*retired))
+                f.unlink(missing_ok=True)
+    return dict(zip(FIELDS, totals))
+
+
+def reset(directory: Path) -> None:
+    (directory / RETIRED).unlink(missing_ok=True)
