@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import queue
 import threading
-import zlib
 from pathlib import Path
 from typing import Sequence
 
 import polars as pl
+import xxhash
 
 from . import cache, config, credentials, lobster, reader_stats, s3
 from .cluster import ClusterState
@@ -131,10 +131,10 @@ class Client:
             except Exception as e:  # node down or object missing: try the next holder
                 errors.append(f"node {node} ({self.state.nodes[node].endpoint}): {type(e).__name__}: {e}"[:300])
                 continue
-            # The object carries the CRC32 it was stored with; MinIO is the source of truth, so an
+            # The object carries the checksum it was stored with; MinIO is the source of truth, so an
             # object rewritten by another tool (without one) is served as it now is.
-            stored_crc = response.get("Metadata", {}).get("crc32")
-            if self.verify and stored_crc is not None and zlib.crc32(body) != int(stored_crc):
+            stored = response.get("Metadata", {}).get("xxh3")
+            if self.verify and stored is not None and xxhash.xxh3_64_intdigest(body) != int(stored):
                 errors.append(f"node {node}: {chunk.key} does not match its stored checksum")
                 continue
             st = self.stats(node)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import secrets
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+import xxhash
 
 from . import credentials, lobster, s3
 from .cluster import ClusterState
@@ -58,14 +59,14 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None) -> Manifest:
         start, stop = starts[i], min(starts[i] + rpc, pair.rows)
         body = lobster.encode_chunk(pair, start, stop, fmt)
         key = f"{dataset}/{generation}/chunk-{i:05d}.{EXTENSIONS[fmt]}"
-        crc = zlib.crc32(body)
+        digest = xxhash.xxh3_64_intdigest(body)
         for node in placement[i]:
             try:
-                clients[node].put_object(Bucket=bucket, Key=key, Body=body, Metadata={"crc32": str(crc)})
+                clients[node].put_object(Bucket=bucket, Key=key, Body=body, Metadata={"xxh3": str(digest)})
             except Exception as e:
                 raise FasterFSError(f"storing {key} on node {node} ({state.nodes[node].endpoint}) failed: {e}") from e
         return ChunkInfo(i, key, placement[i], len(body), stop - start, start, float(time_col[start]),
-                         float(time_col[stop - 1]), crc)
+                         float(time_col[stop - 1]), digest)
 
     chunks: list[ChunkInfo] = []
     try:
@@ -75,24 +76,23 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None) -> Manifest:
                 if progress:
                     progress(len(chunks), len(starts))
     except BaseException:
-        _delete_generation(clients, bucket, f"{dataset}/{generation}/")
+        _delete_objects(clients, bucket, f"{dataset}/", lambda key: key.startswith(f"{dataset}/{generation}/"))
         raise
     manifest = Manifest(dataset=dataset, format=fmt, level=pair.level, rows_per_chunk=rpc, rows=pair.rows,
                         replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
                         chunks=chunks)
-    previous = Manifest.load(paths.manifest_file) if paths.manifest_file.exists() else None
     manifest.save(paths.manifest_file)
-    if previous is not None:
-        _delete_generation(clients, previous.bucket, f"{previous.dataset}/{previous.generation}/")
+    # the dataset's earlier generations are unreachable now
+    _delete_objects(clients, bucket, f"{dataset}/", lambda key: not key.startswith(f"{dataset}/{generation}/"))
     return manifest
 
 
-def _delete_generation(clients, bucket: str, prefix: str) -> None:
-    """Best effort: remove a generation's objects from every node (a dead node keeps its orphans)."""
+def _delete_objects(clients, bucket: str, prefix: str, doomed: Callable[[str], bool]) -> None:
+    """Best effort: remove matching objects from every node (a dead node keeps its orphans)."""
     for c in clients:
         try:
             for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", []) if doomed(o["Key"])]
                 if keys:
                     c.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
         except Exception:

@@ -24,7 +24,7 @@ class ChunkInfo:
     first_row: int
     first_time: float
     last_time: float
-    crc32: int
+    xxh3: int           # xxh3_64 of the object's bytes (also in its metadata)
 
 
 @dataclass
@@ -66,5 +66,9 @@ class Manifest:
             raise FasterFSError(f"no dataset has been ingested into this cluster ({path} is missing): "
                                 "run `fasterfs ingest`")
         data = read_json(path, "manifest")
-        data["chunks"] = [ChunkInfo(**c) for c in data["chunks"]]
-        return cls(**data)
+        try:
+            data["chunks"] = [ChunkInfo(**c) for c in data["chunks"]]
+            return cls(**data)
+        except (TypeError, KeyError) as e:
+            raise FasterFSError(f"manifest {path} is not one this FasterFS can read ({e}); "
+                                "re-run `fasterfs ingest`") from None

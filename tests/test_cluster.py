@@ -3,11 +3,11 @@ back exactly; failures healed (MinIO, actor) or routed around (replicas)."""
 import os
 import signal
 import time
-import zlib
 
 import numpy as np
 import pytest
 import ray
+from xxhash import xxh3_64_intdigest as xxh3
 
 from fasterfs import cluster, config, lobster
 from fasterfs.errors import FasterFSError
@@ -63,7 +63,7 @@ def test_csv_chunks_equal_source_rows_byte_for_byte(ingest_as, client_for, overr
         expected = [m + b"," + o for m, o in zip(pair.message_lines[c.first_row:c.first_row + c.rows],
                                                   pair.orderbook_lines[c.first_row:c.first_row + c.rows])]
         assert body.split(b"\n")[:-1] == expected, f"chunk {c.id}"
-        assert zlib.crc32(body) == c.crc32
+        assert xxh3(body) == c.xxh3
     assert sum(c.rows for c in manifest.chunks) == pair.rows
 
 
@@ -110,7 +110,7 @@ def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, cli
     assert after["minio_restarts"] == before["minio_restarts"] + 1
     client = client_for()
     for c in manifest.on_node(1):
-        assert zlib.crc32(client.read_chunk(c.id)) == c.crc32
+        assert xxh3(client.read_chunk(c.id)) == c.xxh3
 
 
 def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_for):
@@ -132,7 +132,7 @@ def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_
     wait_until(lambda: not running(before["minio_pid"]), timeout=5, what="old MinIO to exit")
     client = client_for()
     for c in manifest.on_node(0):
-        assert zlib.crc32(client.read_chunk(c.id)) == c.crc32
+        assert xxh3(client.read_chunk(c.id)) == c.xxh3
     # the new incarnation replaced its predecessor's kernel attachments instead of adding to them
     from fasterfs.bpf import tc
     import subprocess
@@ -154,7 +154,7 @@ def test_replicas_survive_one_minio_down(ingest_as, live_cluster, client_for):
         owned_by_0 = [c for c in manifest.chunks if c.nodes[0] == 0]
         assert owned_by_0
         for c in owned_by_0:
-            assert zlib.crc32(client.read_chunk(c.id)) == c.crc32
+            assert xxh3(client.read_chunk(c.id)) == c.xxh3
     finally:
         ray.get(actors[0].release_minio.remote())
     assert statuses(live_cluster)[0]["healthy"]
