@@ -116,11 +116,13 @@ class ChunkCache:
         self.dir, self.capacity, self.on_evict = Path(directory), capacity, on_evict
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._sizes: dict[str, int] = {}   # entry name -> bytes on disk
+        self._sizes: dict[str, int] = {}   # entry name -> bytes on disk (or reserved for a fill)
+        self._writing: set[str] = set()    # fills under way: never evicted, cancelled instead
+        self._cancelled: set[str] = set()  # removed while being written: deleted when the write ends
         self.used = 0
         self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
                          "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
-                         "scrubs": 0, "scrub_dropped": 0}
+                         "scrubs": 0, "scrub_dropped": 0, "no_room": 0}
         self.rebuild()
 
     def path(self, key: str) -> Path:
@@ -152,6 +154,12 @@ class ChunkCache:
                 self.used += size
                 self.counters["rebuilt_entries"] += 1
             self._evict_to(self.capacity)
+
+    def resize(self, capacity: int) -> None:
+        """Change the capacity; shrinking evicts at once."""
+        with self._lock:
+            self.capacity = capacity
+            self._evict_to(capacity)
 
     def scrub(self) -> int:
         """Verify every entry's checksum; drop the damaged ones. Returns how many were dropped."""
@@ -185,10 +193,16 @@ class ChunkCache:
         name = entry_name(key)
         header = HEADER.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data), etag.encode()[:32], time.time_ns())
         with self._lock:
+            if name in self._writing:
+                return False  # another fill of the same key is under way
             self._forget(name)
             self._evict_to(self.capacity - need)
+            if self.used + need > self.capacity:  # the rest is being written: no room now
+                self.counters["no_room"] += 1
+                return False
             self._sizes[name] = need  # reserved before the write, so concurrent fills cannot overshoot
             self.used += need
+            self._writing.add(name)
         tmp = self.dir / f"{TMP_PREFIX}{name}.{os.getpid()}.{threading.get_ident()}"
         try:
             with open(tmp, "wb") as f:
@@ -198,8 +212,16 @@ class ChunkCache:
         except BaseException:
             tmp.unlink(missing_ok=True)
             with self._lock:
+                self._writing.discard(name)
+                self._cancelled.discard(name)
                 self._forget(name)
             raise
+        with self._lock:
+            self._writing.discard(name)
+            if name in self._cancelled:  # removed (stale, cleared) while we wrote
+                self._cancelled.discard(name)
+                (self.dir / name).unlink(missing_ok=True)
+                return False
         self.counters["fills"] += 1
         self.counters["fill_bytes"] += len(data)
         return True
@@ -207,6 +229,8 @@ class ChunkCache:
     def remove(self, key: str) -> bool:
         name = entry_name(key)
         with self._lock:
+            if name in self._writing:
+                self._cancelled.add(name)
             existed = self._forget(name)
         (self.dir / name).unlink(missing_ok=True)
         if existed:
@@ -216,6 +240,7 @@ class ChunkCache:
     def clear(self) -> int:
         with self._lock:
             names = list(self._sizes)
+            self._cancelled |= self._writing
             for name in names:
                 self._forget(name)
         for name in names:
@@ -234,6 +259,8 @@ class ChunkCache:
             return
         ages = []
         for name in self._sizes:
+            if name in self._writing:
+                continue
             try:
                 ages.append((os.stat(self.dir / name).st_mtime_ns, name))
             except FileNotFoundError:

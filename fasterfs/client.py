@@ -97,7 +97,7 @@ class Client:
                     self._count_hit(node, len(data))
                     return data
                 if data is cache.DAMAGED:
-                    self.stats(node).add(DAMAGED)
+                    self._damaged(node, i)
         return self._read_minio(i, chunk)
 
     def read_table(self, i: int) -> pl.DataFrame:
@@ -113,9 +113,14 @@ class Client:
                     self._count_hit(node, buf.size)
                     return pl.from_arrow(pa.ipc.open_file(buf).read_all())
                 if buf is cache.DAMAGED:
-                    self.stats(node).add(DAMAGED)
+                    self._damaged(node, i)
             return lobster.decode_chunk(self._read_minio(i, self.manifest.chunk(i)), "arrow", self.manifest.level)
         return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
+
+    def _damaged(self, node: int, i: int) -> None:
+        """The entry was dropped; this read goes to MinIO, and the node fetches a good copy."""
+        self.stats(node).add(DAMAGED)
+        self._hint(node, "heal", self.manifest.chunk(i).key)
 
     def _count_hit(self, node: int, size: int) -> None:
         st = self.stats(node)

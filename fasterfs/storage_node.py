@@ -219,6 +219,14 @@ class StorageNode:
         """Queue fills ahead of a sequential reader; sheds them under load. Returns how many were queued."""
         return sum(self.filler.request(k, "prefetch") is not None for k in keys)
 
+    def cache_resize(self, capacity_bytes: int) -> dict:
+        self.cache.resize(capacity_bytes)
+        return self.cache.stats()
+
+    def heal(self, key: str) -> None:
+        """A reader found this key's entry damaged and dropped it: fetch it again."""
+        self.filler.request(key, "heal")
+
     def cache_scrub(self) -> int:
         """Verify every cache entry now; returns how many damaged ones were dropped."""
         return self.cache.scrub()

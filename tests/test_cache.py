@@ -1,0 +1,243 @@
+"""The kernel-triggered node cache, against the live cluster: fills after exactly the
+threshold, exact bytes, capacity, concurrent readers, damage, overwrites, restarts, prefetch."""
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from xxhash import xxh3_64_intdigest as xxh3
+
+import fasterfs
+from fasterfs import cache, cluster, credentials, s3
+from fasterfs.config import Paths
+from fasterfs.ingest import load_source
+from fasterfs import config
+
+NO_PREFETCH = ["cache.prefetch.enabled=false"]
+
+
+def wait_until(pred, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def fresh(ingest_as, live_cluster):
+    """A freshly ingested CSV dataset, empty caches, a new kernel epoch."""
+    manifest = ingest_as("csv")
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])
+    return manifest, actors
+
+
+def key_count(actor, manifest, i):
+    return ray.get(actor.kernel_key_count.remote(f"/{manifest.bucket}/{manifest.chunk(i).key}"))
+
+
+def test_cached_after_exactly_threshold_reads(fresh, cluster_root, live_cluster):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    i = 3
+    node = client.sources(i)[0]
+    threshold = live_cluster.config["kernel"]["hot_threshold"]
+    entry = Path(client.cache_path(node, i))
+    first = client.read_chunk(i)
+    for _ in range(threshold - 2):
+        client.read_chunk(i)
+    time.sleep(0.5)
+    assert not entry.exists()  # below the threshold: nothing cached
+    client.read_chunk(i)  # the threshold-th read: the kernel emits HOT, the node fills
+    wait_until(entry.exists, what="the kernel-triggered fill")
+    assert key_count(actors[node], manifest, i) == threshold
+    hit = client.read_chunk(i)
+    assert key_count(actors[node], manifest, i) == threshold  # the hit never reached MinIO
+    assert hit == first
+    pair = load_source(config.load([] if (config.PROJECT_DIR.parent / "shared").exists() else ["data=synthetic", "data.level=30"]))
+    c = manifest.chunk(i)
+    assert hit.split(b"\n")[:-1] == [m + b"," + o for m, o in zip(pair.message_lines[c.first_row:c.first_row + c.rows],
+                                                                   pair.orderbook_lines[c.first_row:c.first_row + c.rows])]
+    status = ray.get(actors[node].cache_status.remote())
+    assert status["filler"]["hot_fills"] == 1 and status["readers"]["hits"] >= 1
+
+
+def test_capacity_never_exceeded(fresh, cluster_root):
+    manifest, actors = fresh
+    cap = 4 * max(c.bytes for c in manifest.chunks)
+    sizes = []
+    try:
+        ray.get([a.cache_resize.remote(cap) for a in actors])
+        client = fasterfs.connect(cluster_root, NO_PREFETCH)
+        for _ in range(2):  # every chunk becomes hot: far more than the cache holds
+            for i in range(len(manifest)):
+                client.read_chunk(i)
+                if i % 5 == 0:
+                    sizes.append(max(_disk_bytes(Paths(cluster_root).cache_dir(n)) for n in range(len(actors))))
+        time.sleep(1.0)
+        rows = ray.get([a.cache_status.remote() for a in actors])
+        for r in rows:
+            assert r["bytes"] <= cap and _disk_bytes(Path(r["directory"])) <= cap
+            assert r["evictions"] > 0
+        assert max(sizes) <= cap
+    finally:
+        ray.get([a.cache_resize.remote(1024 * 1_000_000) for a in actors])
+
+
+def _disk_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.name.endswith(cache.SUFFIX)) if directory.exists() else 0
+
+
+def _reader(root, ids, expected, rounds, out):
+    client = fasterfs.connect(root, ["cache.prefetch.enabled=false", "cache.verify_reads=false"])
+    bad = 0
+    for _ in range(rounds):
+        for i in ids:
+            if xxh3(client.read_chunk(i)) != expected[i]:
+                bad += 1
+    out.put(bad)
+
+
+def test_concurrent_readers_see_only_whole_chunks(fresh, cluster_root):
+    manifest, actors = fresh
+    ids = list(range(min(24, len(manifest))))
+    expected = {c.id: c.xxh3 for c in manifest.chunks}
+    cap = 6 * max(c.bytes for c in manifest.chunks)  # small: fills and evictions all the time
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    try:
+        ray.get([a.cache_resize.remote(cap) for a in actors])
+        procs = [ctx.Process(target=_reader, args=(str(cluster_root), random.Random(p).sample(ids, len(ids)),
+                                                    expected, 4, out)) for p in range(8)]
+        for p in procs:
+            p.start()
+        for _ in range(6):  # and caches cleared under them
+            time.sleep(0.4)
+            ray.get([a.cache_clear.remote() for a in actors])
+        bad = [out.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert all(p.exitcode == 0 for p in procs)
+        assert bad == [0] * 8
+        rows = ray.get([a.cache_status.remote() for a in actors])
+        assert sum(r["fills"] for r in rows) > 0 and sum(r["readers"]["hits"] for r in rows) > 0
+    finally:
+        ray.get([a.cache_resize.remote(1024 * 1_000_000) for a in actors])
+
+
+def _cached(client, actors, i):
+    node = client.sources(i)[0]
+    ray.get(actors[node].cache_warm.remote([client.manifest.chunk(i).key]))
+    return Path(client.cache_path(node, i))
+
+
+def test_flipped_byte_caught_and_healed(fresh, cluster_root):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=true"])
+    entry = _cached(client, actors, 5)
+    raw = bytearray(entry.read_bytes())
+    raw[cache.HEADER.size + 1000] ^= 0xFF
+    entry.write_bytes(bytes(raw))
+    assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3  # served right, from MinIO
+    wait_until(lambda: entry.exists() and cache.read_entry(entry, verify=True) not in (None, cache.DAMAGED),
+               what="the node to refetch the dropped entry")
+    assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3
+
+
+def test_truncated_entry_caught_even_without_verification(fresh, cluster_root):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=false"])
+    entry = _cached(client, actors, 6)
+    with open(entry, "r+b") as f:
+        f.truncate(entry.stat().st_size // 2)
+    assert xxh3(client.read_chunk(6)) == manifest.chunk(6).xxh3
+    wait_until(lambda: entry.exists() and entry.stat().st_size == cache.HEADER.size + manifest.chunk(6).bytes,
+               what="the heal")
+
+
+def test_scrub_catches_damage_readers_do_not_verify(fresh, cluster_root):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    entry = _cached(client, actors, 7)
+    raw = bytearray(entry.read_bytes())
+    raw[-1] ^= 0x01
+    entry.write_bytes(bytes(raw))
+    assert ray.get(actors[client.sources(7)[0]].cache_scrub.remote()) == 1
+    assert not entry.exists()
+
+
+def test_overwritten_object_never_served_stale(fresh, cluster_root, live_cluster):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    i = 8
+    node = client.sources(i)[0]
+    entry = _cached(client, actors, i)
+    old = client.read_chunk(i)
+    assert entry.exists()
+    creds = credentials.load(Paths(cluster_root).credentials_file)
+    new = b"rewritten by another tool\n" + old[:1000]
+    s3.client(live_cluster.nodes[node].endpoint, creds).put_object(Bucket=manifest.bucket,
+                                                                   Key=manifest.chunk(i).key, Body=new)
+    assert client.read_chunk(i) == new  # the kernel saw the PUT: the entry is gone before we read
+    assert not entry.exists()
+
+
+def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root, live_cluster):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    ids = [i for i in range(len(manifest)) if client.sources(i)[0] == 0][:5]
+    ray.get(actors[0].cache_warm.remote([manifest.chunk(i).key for i in ids]))
+    stray = Paths(cluster_root).cache_dir(0) / f"{cache.TMP_PREFIX}leftover.123"
+    stray.write_bytes(b"half a fill")
+    before = ray.get(actors[0].status.remote())
+    os.kill(before["actor_pid"], signal.SIGKILL)
+
+    def back():
+        try:
+            return ray.get(actors[0].status.remote(), timeout=5)["actor_pid"] != before["actor_pid"]
+        except Exception:
+            return False
+    wait_until(back, timeout=60, what="StorageNode restart")
+    st = ray.get(actors[0].cache_status.remote())
+    assert st["entries"] == len(ids) and st["rebuilt_entries"] == len(ids)
+    assert st["stray_temp_removed"] >= 1 and not stray.exists()
+    for i in ids:
+        assert cache.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache.DAMAGED)
+
+
+def test_prefetch_during_sequential_scan_not_random(fresh, cluster_root):
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, ["cache.prefetch.window=4", "cache.prefetch.trigger=2"])
+    n = min(30, len(manifest))
+    order = list(range(n))
+    random.Random(1).shuffle(order)
+    order = [i for k, i in enumerate(order) if k == 0 or abs(i - order[k - 1]) != 1]  # no in-order pairs
+    for i in order:
+        client.read_chunk(i)
+    time.sleep(1.0)
+    rows = ray.get([a.cache_status.remote() for a in actors])
+    assert sum(r["filler"].get("prefetch_requested", 0) for r in rows) == 0
+    ray.get([a.cache_clear.remote() for a in actors])
+    for i in range(n):  # a backtest: read, work a little, next
+        client.read_chunk(i)
+        time.sleep(0.02)
+    rows = ray.get([a.cache_status.remote() for a in actors])
+    assert sum(r["filler"].get("prefetch_fills", 0) for r in rows) >= n // 2
+    assert sum(r["readers"]["hits"] for r in rows) >= n // 2  # later chunks were waiting in the cache
+
+
+def test_cache_cli(fresh, overrides, capsys):
+    from fasterfs.cli import main
+    assert main(["cache", "warm", "0-3"] + overrides) == 0
+    assert "4 of 4 chunks cached" in capsys.readouterr().out
+    assert main(["cache", "status"] + overrides) == 0
+    assert "node caches" in capsys.readouterr().out
+    assert main(["cache", "warm", "999"] + overrides) == 1
+    assert "valid ids are 0.." in capsys.readouterr().out
+    assert main(["cache", "clear"] + overrides) == 0
