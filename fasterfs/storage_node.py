@@ -145,9 +145,9 @@ class StorageNode:
                 if self._held or self._stopping.is_set() or self.minio.alive():
                     continue
                 log.warning("MinIO on %s died; restarting", self.minio.endpoint)
+                self.restarts += 1
                 try:
                     self.minio.start(self.cfg.minio.health_timeout_s)
-                    self.restarts += 1
                 except Exception:  # keep supervising; the next round tries again
                     log.exception("MinIO restart failed")
 
@@ -162,7 +162,8 @@ class StorageNode:
     def status(self) -> dict:
         import ray
 
-        healthy = self.minio.healthy()
+        with self._lock:  # not in the middle of a restart
+            healthy, pid, restarts = self.minio.healthy(), self.minio.pid, self.restarts
         chunks = size = None
         if healthy:
             chunks = size = 0
@@ -173,7 +174,7 @@ class StorageNode:
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
-                "minio_pid": self.minio.pid, "minio_restarts": self.restarts, "objects": chunks, "bytes": size,
+                "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
                 "kernel_mode": self.kernel.mode}
 
     def kernel_status(self, top: int = 10) -> dict:

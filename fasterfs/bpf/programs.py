@@ -47,7 +47,7 @@ class KernelPrograms:
         self._BPF = BPF
         text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
         try:
-            self.bpf = BPF(text=text, cflags=[f"-I{SOURCE_DIR}"])
+            self.bpf = BPF(text=text.encode(), cflags=[f"-I{SOURCE_DIR}"])
             self.tc_fn = self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS)
             self.sockops_fn = self.bpf.load_func(b"ffs_sockops", BPF.SOCK_OPS)
         except Exception as e:
