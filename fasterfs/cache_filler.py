@@ -14,6 +14,8 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from typing import Callable
+
 from .cache import ChunkCache
 from .s3 import MarkedGetter
 
@@ -21,8 +23,9 @@ log = logging.getLogger("fasterfs.cache_filler")
 
 
 class CacheFiller:
-    def __init__(self, cache: ChunkCache, getter: MarkedGetter, bucket: str, threads: int = 2, max_queue: int = 16):
-        self.cache, self.getter, self.bucket, self.max_queue = cache, getter, bucket, max_queue
+    def __init__(self, cache: ChunkCache, getter_for: Callable[[str], MarkedGetter], bucket: str, threads: int = 2,
+                 max_queue: int = 16):
+        self.cache, self.getter_for, self.bucket, self.max_queue = cache, getter_for, bucket, max_queue
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cache-fill")
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
@@ -50,7 +53,7 @@ class CacheFiller:
 
     def _fill(self, key: str, reason: str, seq: int) -> bool:
         try:
-            data, etag = self.getter.get(self.bucket, key)
+            data, etag = self.getter_for(key).get(self.bucket, key)
             with self._lock:
                 if self._stale_seq[key] != seq:  # written while we fetched: these bytes may be old
                     self.counters["fills_discarded_stale"] += 1
@@ -80,4 +83,3 @@ class CacheFiller:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self.getter.close()

@@ -42,6 +42,7 @@ class Client:
         self.local_node = self._local_node()
         # Derived once per client, so a hit costs only the file read.
         self._sources = [self._order(c.nodes) for c in manifest.chunks]
+        self._caches = [self._cache_nodes(c.nodes) for c in manifest.chunks]
         self._cache_dirs = [str(self.paths.cache_dir(n.index)) for n in state.nodes]
         self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
         self._stats: dict[int, reader_stats.ReaderStats] = {}
@@ -72,6 +73,16 @@ class Client:
             nodes.insert(0, self.local_node)
         return nodes
 
+    def _cache_nodes(self, holders: list[int]) -> list[int]:
+        """Caches a reader here can read as local files: its own node's, then those of the
+        chunk's holders on the same host (every node, on a one-machine cluster)."""
+        from .storage_node import host_id
+
+        here = host_id()
+        nodes = [] if self.local_node is None else [self.local_node]
+        nodes += [n for n in self._order(holders) if n not in nodes and self.state.nodes[n].host_id == here]
+        return nodes
+
     def sources(self, i: int) -> list[int]:
         """Nodes to try for chunk i, in order: this node if it holds a copy, then the owner first."""
         self.manifest.chunk(i)  # names the valid range for a bad id
@@ -91,7 +102,7 @@ class Client:
         chunk = self.manifest.chunk(i)
         self._note_order(i)
         if self.use_cache:
-            for node in self.sources(i):
+            for node in self._caches[i]:
                 data = cache.read_entry(self.cache_path(node, i), self.verify_cache)
                 if isinstance(data, bytes):
                     self._count_hit(node, len(data))
@@ -107,7 +118,7 @@ class Client:
             import pyarrow as pa
 
             self._note_order(i)
-            for node in self.sources(i):
+            for node in self._caches[i]:
                 buf = cache.map_entry(self.cache_path(node, i), self.verify_cache)
                 if isinstance(buf, pa.Buffer):
                     self._count_hit(node, buf.size)

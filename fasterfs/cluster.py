@@ -37,6 +37,8 @@ class NodeState:
     ray_pid: int | None  # the `ray start` FasterFS ran for this node; None when attached to a Ray cluster
     ray_node_id: str | None = None
     kernel_mode: str | None = None  # "real" or "simulated", as the node's StorageNode loaded it
+    netns: str | None = None        # the lab host's network namespace
+    host_id: str | None = None      # machine + network namespace: nodes with equal ids share a host
 
 
 @dataclass
@@ -50,6 +52,8 @@ class ClusterState:
     config: dict
     ready: bool = False
     attached: bool = False  # StorageNodes on a Ray cluster FasterFS did not start (cluster.yaml)
+    head_pid: int | None = None  # `ray start` of a head that holds no data (the lab's)
+    lab: dict | None = None      # the lab network to remove on teardown (fasterfs.lab)
     started: float = field(default_factory=time.time)
 
     @property
@@ -74,7 +78,8 @@ class ClusterState:
         return cls(**data)
 
     def ray_processes_alive(self) -> list[int]:
-        return [n.ray_pid for n in self.nodes if n.ray_pid and _is_ray_start(n.ray_pid)]
+        pids = [n.ray_pid for n in self.nodes] + [self.head_pid]
+        return [pid for pid in pids if pid and _is_ray_start(pid)]
 
     def running(self) -> bool:
         if not self.attached:
@@ -132,32 +137,44 @@ def _ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
-def _ray_start_args(cfg, layout: Layout, index: int) -> list[str]:
+@dataclass
+class Host:
+    """Where a Ray node runs: an address, and the network namespace holding it (None: this one)."""
+
+    address: str
+    netns: str | None = None
+
+
+def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
+    """`ray start` for a storage node (index given) or a coordinating head without storage."""
     c = cfg.cluster
-    args = [_ray_bin(), "start", "--block", "--disable-usage-stats",
-            f"--node-ip-address={layout.address(index)}",
-            f"--num-cpus={c.cpus_per_node}",
-            f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}",
-            f"--resources={json.dumps({f'fasterfs_node_{index}': 1000})}",
-            f"--dashboard-agent-listen-port={c.agent_port + index}"]
-    if index == 0:
+    args = [_ray_bin(), "start", "--block", "--disable-usage-stats", f"--node-ip-address={host.address}",
+            f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}"]
+    if index is None:
+        args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + 99}"]
+    else:
+        args += [f"--num-cpus={c.cpus_per_node}", f"--resources={json.dumps({f'fasterfs_node_{index}': 1000})}",
+                 f"--dashboard-agent-listen-port={c.agent_port + index}"]
+    if is_head:
         args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true",
-                 f"--dashboard-host={layout.address(0)}", f"--dashboard-port={c.dashboard_port}",
+                 f"--dashboard-host={host.address}", f"--dashboard-port={c.dashboard_port}",
                  f"--ray-client-server-port={c.client_port}"]
     else:
-        args += [f"--address={layout.address(0)}:{c.ray_port}"]
-    return args
+        args += [f"--address={head.address}:{c.ray_port}"]
+    return (["ip", "netns", "exec", host.netns] if host.netns else []) + args
 
 
-def _check_ports(cfg, layout: Layout) -> None:
-    head = layout.address(0)
-    check_port_free(head, cfg.cluster.ray_port, "Ray GCS (cluster.ray_port)")
-    check_port_free(head, cfg.cluster.dashboard_port, "Ray dashboard (cluster.dashboard_port)")
-    check_port_free(head, cfg.cluster.client_port, "Ray client (cluster.client_port)")
-    for i, addr in enumerate(layout.addresses):
-        check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
-        check_port_free(addr, cfg.minio.port, "MinIO API (minio.port)")
-        check_port_free(addr, cfg.minio.console_port, "MinIO console (minio.console_port)")
+def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
+    """Ports on addresses of this namespace (a fresh namespace has nothing listening)."""
+    if head.netns is None:
+        check_port_free(head.address, cfg.cluster.ray_port, "Ray GCS (cluster.ray_port)")
+        check_port_free(head.address, cfg.cluster.dashboard_port, "Ray dashboard (cluster.dashboard_port)")
+        check_port_free(head.address, cfg.cluster.client_port, "Ray client (cluster.client_port)")
+    for i, host in enumerate(hosts):
+        if host.netns is None:
+            check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
+            check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
+            check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -167,9 +184,14 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def up(cfg) -> ClusterState:
-    """Start the cluster: local Ray nodes (or, with cluster.attach, an existing Ray cluster's
-    nodes) and a StorageNode with its MinIO on each. Undoes everything if any step fails."""
+def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict | None = None) -> ClusterState:
+    """Start the cluster and a StorageNode with its MinIO on each storage host. Undoes
+    everything if any step fails.
+
+    By default the hosts are this machine's loopback addresses from the configuration and
+    the first is also the Ray head. The lab passes network-namespace hosts and a head of
+    its own (on its bridge) that holds no data; with cluster.attach, the nodes of a Ray
+    cluster started elsewhere are used instead."""
     cfg = as_cfg(cfg)
     layout = Layout.of(cfg)
     if layout.paths.state_file.exists():
@@ -184,15 +206,18 @@ def up(cfg) -> ClusterState:
     if cfg.cluster.attach:
         state = _attach_ray(cfg, layout)
     else:
-        _check_ports(cfg, layout)
+        hosts = hosts or [Host(a) for a in layout.addresses]
+        head = head or hosts[0]
+        _check_ports(cfg, head, hosts)
+        conf = to_dict(cfg)
+        conf["nodes"] = len(hosts)
         state = ClusterState(
-            name=cfg.cluster.name, root=str(layout.paths.root),
-            ray_address=f"{layout.address(0)}:{cfg.cluster.ray_port}",
-            dashboard_url=f"http://{layout.address(0)}:{cfg.cluster.dashboard_port}", nodes=[],
-            cgroup=ProjectCgroup.create(cfg.cluster.name, layout.paths.root).to_dict(), config=to_dict(cfg))
+            name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{head.address}:{cfg.cluster.ray_port}",
+            dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
+            cgroup=ProjectCgroup.create(cfg.cluster.name, layout.paths.root).to_dict(), config=conf, lab=lab)
     try:
         if not cfg.cluster.attach:
-            _start_local_ray(cfg, layout, state)
+            _start_ray(cfg, layout, state, hosts, head)
         _start_storage_nodes(cfg, state)
         state.ready = True
         state.save()
@@ -203,19 +228,26 @@ def up(cfg) -> ClusterState:
         raise
 
 
-def _start_local_ray(cfg, layout: Layout, state: ClusterState) -> None:
+def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    for i, addr in enumerate(layout.addresses):
+    logs = layout.paths.log_dir
+    if head not in hosts:  # a coordinating head that holds no data (the lab's)
+        proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log", env, child="head")
+        state.head_pid = proc.pid
+        state.save()
+        _wait_for_head(cfg, head, proc, logs / "ray-head.log")
+    for i, host in enumerate(hosts):
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
-        proc = cgroup.spawn(_ray_start_args(cfg, layout, i), layout.paths.log_dir / f"ray-node-{i}.log", env,
+        proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log", env,
                             child=f"node-{i}")
-        state.nodes.append(NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", proc.pid))
+        state.nodes.append(NodeState(i, host.address, f"http://{host.address}:{cfg.minio.port}", proc.pid,
+                                     netns=host.netns))
         state.save()  # provisional: lets `down` clean up if we fail from here on
-        if i == 0:
-            _wait_for_head(cfg, layout, proc)
+        if host == head:
+            _wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
     connect_ray(state)
-    node_ids = _wait_for_nodes(cfg, layout, state)
+    node_ids = _wait_for_nodes(cfg, state, {head.address} | {h.address for h in hosts})
     for node in state.nodes:
         node.ray_node_id = node_ids[node.address]
 
@@ -257,31 +289,31 @@ def _start_storage_nodes(cfg, state: ClusterState) -> None:
         if info["node_id"] != node.ray_node_id:
             raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
         node.kernel_mode = info["kernel_mode"]
+        node.host_id = info["host_id"]
 
 
-def _wait_for_head(cfg, layout: Layout, proc) -> None:
+def _wait_for_head(cfg, head: Host, proc, log_path: Path) -> None:
     import socket
 
     deadline = time.monotonic() + cfg.cluster.start_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise FasterFSError(f"Ray head on {layout.address(0)} exited at start:\n"
-                                f"{_log_tail(layout.paths.log_dir / 'ray-node-0.log')}")
+            raise FasterFSError(f"Ray head on {head.address} exited at start:\n{_log_tail(log_path)}")
         try:
-            socket.create_connection((layout.address(0), cfg.cluster.ray_port), timeout=0.5).close()
+            socket.create_connection((head.address, cfg.cluster.ray_port), timeout=0.5).close()
             return
         except OSError:
             time.sleep(0.2)
-    raise FasterFSError(f"Ray head on {layout.address(0)}:{cfg.cluster.ray_port} did not start within "
-                        f"{cfg.cluster.start_timeout_s} s; see {layout.paths.log_dir / 'ray-node-0.log'}")
+    raise FasterFSError(f"Ray head on {head.address}:{cfg.cluster.ray_port} did not start within "
+                        f"{cfg.cluster.start_timeout_s} s; see {log_path}")
 
 
-def _wait_for_nodes(cfg, layout: Layout, state: ClusterState) -> dict[str, str]:
+def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str]:
     """Wait until every node has joined; check none reports an address other than its own."""
     import ray
 
-    wanted = set(layout.addresses)
     deadline = time.monotonic() + cfg.cluster.start_timeout_s
+    logs = Paths(Path(state.root)).log_dir
     while True:
         alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
         stray = set(alive) - wanted
@@ -292,7 +324,7 @@ def _wait_for_nodes(cfg, layout: Layout, state: ClusterState) -> dict[str, str]:
         for node in state.nodes:
             if not _is_ray_start(node.ray_pid):
                 raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
-                                    f"{_log_tail(layout.paths.log_dir / f'ray-node-{node.index}.log')}")
+                                    f"{_log_tail(logs / f'ray-node-{node.index}.log')}")
         if time.monotonic() > deadline:
             raise FasterFSError(f"only {sorted(alive)} of {sorted(wanted)} joined within {cfg.cluster.start_timeout_s} s")
         time.sleep(0.3)
@@ -327,10 +359,10 @@ def teardown(state: ClusterState) -> dict:
     # `ray start --block` drains and stops its node's processes on SIGTERM; workers before the head.
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     ours = set(cgroup.pids()) if cgroup.path else None
-    for node in reversed(state.nodes):
-        if node.ray_pid and _is_ray_start(node.ray_pid) and (ours is None or node.ray_pid in ours):
-            os.kill(node.ray_pid, signal.SIGTERM)
-            _wait_gone(node.ray_pid, 40)
+    for pid in [n.ray_pid for n in reversed(state.nodes)] + [state.head_pid]:
+        if pid and _is_ray_start(pid) and (ours is None or pid in ours):
+            os.kill(pid, signal.SIGTERM)
+            _wait_gone(pid, 40)
             report["ray_nodes_stopped"] += 1
     deadline = time.monotonic() + 15  # the nodes' own processes finish exiting a moment later
     while cgroup.pids() and time.monotonic() < deadline:
@@ -338,6 +370,10 @@ def teardown(state: ClusterState) -> dict:
     report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
     cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
     report["tc_filters_removed"] = _remove_tc_filters(state)
+    if state.lab:  # namespaces, links and their qdiscs; only once no process holds a namespace
+        from . import lab
+
+        report["lab_removed"] = lab.destroy_network(state.lab)
     return report
 
 

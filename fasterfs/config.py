@@ -69,6 +69,8 @@ def validate(cfg: DictConfig) -> None:
         bad("cache.capacity_mb", "must be a number of megabytes >= 0")
     if not isinstance(cfg.cache.prefetch.window, int) or cfg.cache.prefetch.window < 0:
         bad("cache.prefetch.window", "must be a whole number >= 0")
+    if cfg.kernel.watch not in ("own", "any"):
+        bad("kernel.watch", "must be own or any")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):
         bad("kernel.mode", "must be auto, real or simulated")
     try:

@@ -28,6 +28,14 @@ def actor_name(index: int) -> str:
     return f"storage-node-{index}"
 
 
+def host_id() -> str:
+    """This machine and network namespace: processes with the same id share a host, and so
+    can read each other's cache directories as local files."""
+    import socket
+
+    return f"{socket.gethostname()}/{os.readlink('/proc/self/ns/net')}"
+
+
 def filter_prefix(cluster_name: str) -> str:
     """Names of a cluster's TC filters start with this (see fasterfs.bpf.tc)."""
     return f"ffs:{cluster_name}:"
@@ -60,9 +68,9 @@ class StorageNode:
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
-        self.filler = CacheFiller(self.cache, s3.MarkedGetter(self.minio.endpoint, self.minio.creds,
-                                                              self.cfg.kernel.fill_mark),
-                                  self.bucket, self.cfg.cache.fill_threads, self.cfg.cache.prefetch.max_queue)
+        self._getters: dict[str, s3.MarkedGetter] = {}
+        self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
+                                  self.cfg.cache.prefetch.max_queue)
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
@@ -72,7 +80,7 @@ class StorageNode:
         k = self.cfg.kernel
         programs = bpf.load(k.mode, k.hot_threshold, k.fill_mark, k.delack_max_us, on_event=self._on_kernel_event)
         try:
-            programs.watch(self.address, self.cfg.minio.port)
+            programs.watch(self.address if k.watch == "own" else None, self.cfg.minio.port)
             # Replaces a filter of the same name that a crashed earlier incarnation left.
             programs.attach_tc(k.interface, f"{filter_prefix(self.cfg.cluster.name)}{self.index}")
             cgroup = own_cgroup()
@@ -101,6 +109,19 @@ class StorageNode:
             self.filler.mark_stale(key)
             self.kernel.reset_key(event["key"])
 
+    def _getter_for(self, key: str) -> s3.MarkedGetter:
+        """Where a fill fetches `key`: this node if it holds a copy, else the chunk's owner
+        (a reader on this host made the chunk hot, wherever it lives)."""
+        endpoint = self.minio.endpoint
+        holders = self._manifest_names()["holders"].get(key)
+        if holders and self.index not in holders:
+            from .cluster import ClusterState
+
+            endpoint = ClusterState.load(self.paths.root).nodes[holders[0]].endpoint
+        if endpoint not in self._getters:
+            self._getters[endpoint] = s3.MarkedGetter(endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
+        return self._getters[endpoint]
+
     def _on_evict(self, entry: str) -> None:
         key = self._manifest_names()["entries"].get(entry)
         if key:  # the key may become hot again, and be cached again
@@ -112,14 +133,15 @@ class StorageNode:
         try:
             mtime = self.paths.manifest_file.stat().st_mtime
         except OSError:
-            return {"hashes": {}, "entries": {}}
+            return {"hashes": {}, "entries": {}, "holders": {}}
         if mtime != self._manifest_cache[0]:
             from .manifest import Manifest
 
             m = Manifest.load(self.paths.manifest_file)
             self._manifest_cache = (mtime, {
                 "hashes": {key_hash(f"/{m.bucket}/{c.key}"): f"chunk {c.id} ({c.key})" for c in m.chunks},
-                "entries": {entry_name(c.key): c.key for c in m.chunks}})
+                "entries": {entry_name(c.key): c.key for c in m.chunks},
+                "holders": {c.key: c.nodes for c in m.chunks}})
         return self._manifest_cache[1]
 
     def _resolve(self, key: int) -> str | None:
@@ -157,7 +179,8 @@ class StorageNode:
         import ray
 
         return {"index": self.index, "address": self.address, "endpoint": self.minio.endpoint,
-                "node_id": ray.get_runtime_context().get_node_id(), "kernel_mode": self.kernel.mode}
+                "node_id": ray.get_runtime_context().get_node_id(), "kernel_mode": self.kernel.mode,
+                "host_id": host_id()}
 
     def status(self) -> dict:
         import ray
@@ -254,5 +277,7 @@ class StorageNode:
         self._stopping.set()
         self.kernel.close()
         self.filler.close()
+        for getter in self._getters.values():
+            getter.close()
         with self._lock:
             self.minio.stop()

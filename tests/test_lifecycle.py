@@ -91,7 +91,8 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory):
                           "--ray-client-server-port=7150", "--dashboard-agent-listen-port=52480",
                           "--disable-usage-stats"], root / "head.log", dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
     try:
-        cluster._wait_for_head(config.load(own + ["cluster.ray_port=6500"]), config.Layout.of(cfg), head)
+        cluster._wait_for_head(config.load(own + ["cluster.ray_port=6500"]), cluster.Host("127.0.3.2"), head,
+                               root / "head.log")
         state = cluster.up(config.load(own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500"]))
         assert state.attached and [n.address for n in state.nodes] == ["127.0.3.2"]
         manifest = ingest(config.load(own + data_overrides()))
