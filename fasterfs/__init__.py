@@ -4,8 +4,8 @@ from .errors import FasterFSError
 __all__ = ["connect", "FasterFSError"]
 
 
-def connect(root=None, overrides=()):
+def connect(root=None, overrides=(), use_cache: bool = True):
     """A client for the running cluster (see fasterfs.client.Client)."""
     from .client import connect as _connect
 
-    return _connect(root, overrides)
+    return _connect(root, overrides, use_cache)

@@ -32,6 +32,19 @@ def cmd_up(cfg) -> None:
     cmd_status(cfg)
 
 
+def cmd_lab_up(cfg) -> None:
+    from . import lab
+
+    with console.status(f"creating {cfg.nodes} lab hosts (profile {cfg.lab.profile}) and starting the cluster"):
+        state = lab.up(cfg)
+    rec = state.lab
+    limits = (f"disk {rec['disk_mbit'] or 'unlimited'} Mbit/s, link {rec['link_mbit'] or 'unlimited'} Mbit/s per host")
+    console.print(f"[green]FasterFS lab up[/]: {len(state.nodes)} hosts on bridge {rec['bridge']} "
+                  f"({', '.join(f'{n.netns}={n.address}' for n in state.nodes)}); {limits}; "
+                  f"Ray head {state.ray_address}")
+    cmd_status(cfg)
+
+
 def cmd_status(cfg) -> None:
     state, rows = cluster.status(cfg)
     table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
@@ -185,6 +198,8 @@ COMMANDS = {
     "cache status": (cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions"),
     "cache warm": (cmd_cache_warm, "fill the caches with chunks now: `fasterfs cache warm 0-9,20` (default all)"),
     "cache clear": (cmd_cache_clear, "empty every node's cache and start a new kernel epoch"),
+    "lab up": (cmd_lab_up, "create N hosts as network namespaces with bandwidth limits and start the cluster on them"),
+    "lab down": (cmd_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
     "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
 
@@ -204,13 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p = sub.add_parser(name, help=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
+        p.add_argument("--nodes", type=int, help="shorthand for the override nodes=N")
     args = parser.parse_args(argv)
     if getattr(args, "action", None):
         args.command = f"{args.command} {args.action}"
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        overrides = [o for o in args.overrides if "=" in o]
+        overrides = ([f"nodes={args.nodes}"] if args.nodes else []) + [o for o in args.overrides if "=" in o]
         positional = [o for o in args.overrides if "=" not in o]
         cfg = config.load(overrides)
         if positional and args.command != "cache warm":

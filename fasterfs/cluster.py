@@ -161,7 +161,9 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
                  f"--ray-client-server-port={c.client_port}"]
     else:
         args += [f"--address={head.address}:{c.ray_port}"]
-    return (["ip", "netns", "exec", host.netns] if host.netns else []) + args
+    # nsenter switches only the network namespace; `ip netns exec` would also remount /sys
+    # and hide the cgroup2 hierarchy the node's SOCK_OPS program attaches to.
+    return (["nsenter", f"--net=/run/netns/{host.netns}", "--"] if host.netns else []) + args
 
 
 def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
@@ -237,6 +239,8 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         state.head_pid = proc.pid
         state.save()
         _wait_for_head(cfg, head, proc, logs / "ray-head.log")
+        connect_ray(state)
+    joined = {head.address} if head not in hosts else set()
     for i, host in enumerate(hosts):
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
         proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log", env,
@@ -246,8 +250,10 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         state.save()  # provisional: lets `down` clean up if we fail from here on
         if host == head:
             _wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
-    connect_ray(state)
-    node_ids = _wait_for_nodes(cfg, state, {head.address} | {h.address for h in hosts})
+            connect_ray(state)
+        # One at a time: raylets started back to back race for the same socket names.
+        joined.add(host.address)
+        node_ids = _wait_for_nodes(cfg, state, joined)
     for node in state.nodes:
         node.ray_node_id = node_ids[node.address]
 

@@ -35,12 +35,15 @@ def load_source(cfg) -> lobster.Pair:
     raise FasterFSError(f"option data.source={d.source!r}: must be files or synthetic")
 
 
-def ingest(cfg, progress: Callable[[int, int], None] | None = None) -> Manifest:
-    """Ingest the configured data source into the running cluster; returns the new manifest."""
+def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int | None = None) -> Manifest:
+    """Ingest the configured data source into the running cluster; returns the new manifest.
+    `nodes` places the data on the first N nodes only (Demo B's scaling sweep)."""
     cfg = as_cfg(cfg)
     paths = Layout.of(cfg).paths
     state = ClusterState.load(paths.root)
-    n_nodes = len(state.nodes)
+    n_nodes = nodes or len(state.nodes)
+    if n_nodes > len(state.nodes):
+        raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
     if cfg.replicas > n_nodes:
         raise FasterFSError(f"option replicas={cfg.replicas}: the running cluster has only {n_nodes} nodes")
     pair = load_source(cfg)
@@ -52,7 +55,7 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None) -> Manifest:
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(2)
     bucket = state.config["minio"]["bucket"]
     creds = credentials.load(paths.credentials_file)
-    clients = [s3.client(n.endpoint, creds) for n in state.nodes]
+    clients = [s3.client(n.endpoint, creds) for n in state.nodes]  # all: old generations go everywhere
     time_col = pair.frame["Time"].to_numpy()
 
     def store(i: int) -> ChunkInfo:
