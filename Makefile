@@ -3,7 +3,7 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup run test up ingest readback demo_a status down clean
+.PHONY: setup run lab test up ingest readback demo_a demo_b cross_host status down clean
 
 setup:            ## install everything (idempotent): Debian packages, kernel headers link, MinIO, virtualenv
 	bash scripts/setup.sh
@@ -13,7 +13,14 @@ run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample
 	$(VENV)/fasterfs ingest $(ARGS)
 	$(VENV)/python jobs/readback.py $(ARGS)
 	$(VENV)/python jobs/demo_a.py $(ARGS)
+	$(VENV)/python jobs/demo_b.py $(ARGS)
 	@echo "The cluster keeps running (Ray dashboard above; notebooks/quickstart.ipynb). Stop it with: $(VENV)/fasterfs down"
+
+lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host limits, then the lab is removed
+	@$(VENV)/fasterfs status $(ARGS) >/dev/null 2>&1 && { echo "a cluster is running under this root: fasterfs down first"; exit 1; } || true
+	$(VENV)/fasterfs lab up --nodes 4 $(ARGS)
+	$(VENV)/fasterfs ingest $(ARGS) && $(VENV)/python jobs/demo_b.py $(ARGS) && $(VENV)/python jobs/cross_host.py $(ARGS); \
+	  rc=$$?; $(VENV)/fasterfs lab down $(ARGS); exit $$rc
 
 test: setup       ## the whole test suite against real MinIO, Ray and kernel
 	$(VENV)/python -m pytest tests
@@ -21,7 +28,7 @@ test: setup       ## the whole test suite against real MinIO, Ray and kernel
 up status down ingest: setup
 	$(VENV)/fasterfs $@ $(ARGS)
 
-readback demo_a: setup
+readback demo_a demo_b cross_host: setup
 	$(VENV)/python jobs/$@.py $(ARGS)
 
 clean:            ## remove the virtualenv and built MinIO (stop the cluster first)
