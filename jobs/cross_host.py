@@ -24,6 +24,8 @@ from fasterfs import cluster, config, report
 def read_remote_chunks(root: str, overrides: list[str], ids: list[int]) -> dict:
     client = fasterfs.connect(root, overrides + ["cache.prefetch.enabled=false"])
     actors = cluster.storage_nodes(client.state)
+    before = ray.get([a.cache_status.remote() for a in actors])
+    kernel_before = ray.get([a.kernel_status.remote() for a in actors])
     passes, correct = {}, True
     for name in ("cold", "warm"):  # the second read makes each chunk hot in the reader host's kernel
         lat = []
@@ -48,9 +50,11 @@ def read_remote_chunks(root: str, overrides: list[str], ids: list[int]) -> dict:
     passes["hot"] = lat
     rows = ray.get([a.cache_status.remote() for a in actors])
     kernel = ray.get([a.kernel_status.remote() for a in actors])
-    return {"passes": passes, "correct": correct, "local_node": client.local_node,
-            "filled_on": {r["index"]: r["filler"].get("hot_fills", 0) for r in rows},
-            "hot_events": {k["index"]: k["counters"].get("hot_events", 0) for k in kernel}}
+    return {"passes": passes, "correct": correct, "local_node": client.local_node,  # counts of this run only
+            "filled_on": {r["index"]: r["filler"].get("hot_fills", 0) - b["filler"].get("hot_fills", 0)
+                          for r, b in zip(rows, before)},
+            "hot_events": {k["index"]: k["counters"].get("hot_events", 0) - b["counters"].get("hot_events", 0)
+                           for k, b in zip(kernel, kernel_before)}}
 
 
 def main(argv: list[str]) -> dict:
