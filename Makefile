@@ -3,7 +3,7 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup run lab test up ingest readback demo_a demo_b cross_host status down clean
+.PHONY: setup run lab test up ingest readback demo_a demo_b cross_host graysort status down clean
 
 setup:            ## install everything (idempotent): Debian packages, kernel headers link, MinIO, virtualenv
 	bash scripts/setup.sh
@@ -14,6 +14,7 @@ run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample
 	$(VENV)/python jobs/readback.py $(ARGS)
 	$(VENV)/python jobs/demo_a.py $(ARGS)
 	$(VENV)/python jobs/demo_b.py $(ARGS)
+	$(VENV)/python jobs/graysort.py $(ARGS)
 	@echo "The cluster keeps running (Ray dashboard above; notebooks/quickstart.ipynb). Stop it with: $(VENV)/fasterfs down"
 
 lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host limits, then the lab is removed
@@ -28,7 +29,7 @@ test: setup       ## the whole test suite against real MinIO, Ray and kernel
 up status down ingest: setup
 	$(VENV)/fasterfs $@ $(ARGS)
 
-readback demo_a demo_b cross_host: setup
+readback demo_a demo_b cross_host graysort: setup
 	$(VENV)/python jobs/$@.py $(ARGS)
 
 clean:            ## remove the virtualenv and built MinIO (stop the cluster first)

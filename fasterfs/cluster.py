@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -156,7 +157,10 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
         args += [f"--num-cpus={c.cpus_per_node}", f"--resources={json.dumps({f'fasterfs_node_{index}': 1000})}",
                  f"--dashboard-agent-listen-port={c.agent_port + index}"]
     if is_head:
+        # objects beyond the object store spill to files here (GraySort larger than memory)
+        spill = {"type": "filesystem", "params": {"directory_path": str(c.spill_dir)}}
         args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true",
+                 f"--system-config={json.dumps({'object_spilling_config': json.dumps(spill)})}",
                  f"--dashboard-host={host.address}", f"--dashboard-port={c.dashboard_port}",
                  f"--ray-client-server-port={c.client_port}"]
     else:
@@ -375,6 +379,9 @@ def teardown(state: ClusterState) -> dict:
         time.sleep(0.1)
     report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
     cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
+    spill = state.config.get("cluster", {}).get("spill_dir")
+    if spill and not state.attached:
+        shutil.rmtree(spill, ignore_errors=True)  # spilled objects die with the cluster
     report["tc_filters_removed"] = _remove_tc_filters(state)
     if state.lab:  # namespaces, links and their qdiscs; only once no process holds a namespace
         from . import lab

@@ -1,0 +1,320 @@
+"""GraySort on Ray's object store with no single coordinator (the shape of Exoshuffle).
+
+  generate  every node makes its own input partitions (records depend only on seed and
+            index) and stores them in its own MinIO; each returns a small key sample
+  map       tasks pinned to the node holding their input read it, sort it, and cut it at
+            the sampled key boundaries into one block per output partition, returned as
+            separate Ray objects (num_returns)
+  reduce    tasks pinned to each output partition's node merge its blocks and store the
+            sorted partition in that node's MinIO
+  validate  tasks on the nodes holding the output check, like valsort, that each partition
+            is sorted, that partitions are ordered, and that record count and checksum (sum
+            of per-record CRC32) equal the input's
+
+The driver holds object references and small summaries only, never records, and bounds
+the map tasks in flight. The baseline is the original FasterFS design: one coordinator
+task downloads everything, sorts and partitions it, and uploads the result.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import ray
+
+from . import cluster, credentials, records, s3
+from .config import Paths
+from .errors import FasterFSError
+
+SAMPLE_PER_PARTITION = 1000
+
+
+class SortValidationError(FasterFSError):
+    """The output is not a sorted permutation of the input; the message says where."""
+
+
+def parse_size(text) -> int:
+    """'100MB', '4GB' (decimal), '64MiB' (binary) or a byte count -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise FasterFSError(f"option size={text!r}: use a byte count or e.g. 100MB, 4GB, 64MiB")
+    unit = m.group(2).upper().rstrip("B")
+    scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+             "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    return int(float(m.group(1)) * scale)
+
+
+@dataclass(frozen=True)
+class SortPlan:
+    """Everything a run needs, with the derived fields computed in one place."""
+
+    nodes: int
+    size: int
+    format: str
+    skew: float
+    parts_per_node: int
+    seed: int
+    max_inflight: int
+    bucket: str
+    run: str
+
+    @property
+    def fmt(self) -> records.Format:
+        return records.record_format(self.format)
+
+    @property
+    def records(self) -> int:
+        return self.size // self.fmt.record
+
+    @property
+    def parts(self) -> int:
+        return self.nodes * self.parts_per_node
+
+    def node_of(self, part: int) -> int:
+        return part // self.parts_per_node  # contiguous key ranges per node: partitions ordered across nodes
+
+    def input_range(self, part: int) -> tuple[int, int]:
+        per = -(-self.records // self.parts)
+        start = part * per
+        return start, max(0, min(per, self.records - start))
+
+    def key(self, kind: str, part: int) -> str:
+        return f"graysort/{self.run}/{kind}/part-{part:05d}"
+
+
+def plan(cfg, cluster_nodes: int, nodes: int | None = None) -> SortPlan:
+    """Check the job's options before anything starts. `nodes` defaults to the cluster's size."""
+    g = cfg.graysort
+    nodes = cluster_nodes if nodes is None else nodes
+    if not isinstance(nodes, int) or nodes < 1:
+        raise FasterFSError(f"option nodes={nodes!r}: GraySort needs at least one node")
+    if nodes > cluster_nodes:
+        raise FasterFSError(f"option nodes={nodes}: the running cluster has {cluster_nodes} nodes")
+    fmt = records.record_format(g.format)
+    size = parse_size(cfg.size)
+    if size <= 0 or size % fmt.record:
+        raise FasterFSError(f"option size={cfg.size!r} ({size} bytes) is not a positive multiple of the "
+                            f"{fmt.record}-byte {fmt.name} record")
+    if g.skew < 0:
+        raise FasterFSError(f"option graysort.skew={g.skew}: must be >= 0")
+    per_node = g.partitions_per_node
+    if per_node in (None, "auto"):  # partitions of at most partition_mb each
+        per_node = max(1, math.ceil(size / nodes / (g.partition_mb * 1e6)))
+    if not isinstance(per_node, int) or per_node < 1:
+        raise FasterFSError(f"option graysort.partitions_per_node={per_node!r}: a whole number >= 1, or auto")
+    return SortPlan(nodes, size, fmt.name, float(g.skew), per_node, int(g.seed), int(g.max_inflight) or 2 * nodes,
+                    cfg.minio.bucket, time.strftime("%Y%m%d-%H%M%S"))
+
+
+# -- tasks (each pinned to the node whose data it touches) -----------------------------------
+
+
+def _s3(root: str, node: int):
+    state = cluster.ClusterState.load(Path(root))
+    return s3.client(state.nodes[node].endpoint, credentials.load(Paths(Path(root)).credentials_file), read_timeout=300)
+
+
+def _get(client, bucket: str, key: str, width: int) -> np.ndarray:
+    body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    return np.frombuffer(body, dtype=np.uint8).reshape(-1, width)
+
+
+@ray.remote(num_cpus=1)
+def warm_up(root: str, node: int) -> str:
+    """Start a worker with the libraries loaded, so the timed phases measure sorting, not
+    interpreter start-up."""
+    _s3(root, node)
+    return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=1)
+def generate_part(root: str, p: SortPlan, part: int) -> dict:
+    start, count = p.input_range(part)
+    recs = records.generate(p.fmt, p.seed, start, count, p.skew)
+    _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("input", part), Body=recs.tobytes())
+    rng = np.random.default_rng(part)
+    sample = records.key_prefix(recs)[rng.integers(0, count, min(count, SAMPLE_PER_PARTITION))] if count else []
+    return {"count": count, "checksum": records.checksum(recs), "sample": np.asarray(sample, dtype=np.uint64)}
+
+
+@ray.remote(num_cpus=1)
+def map_part(root: str, p: SortPlan, part: int, boundaries: np.ndarray):
+    recs = _get(_s3(root, p.node_of(part)), p.bucket, p.key("input", part), p.fmt.record)
+    recs = recs[records.sort_order(recs, p.fmt)]
+    cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
+    blocks = np.split(recs, cuts)  # one per output partition, in key order
+    return tuple(blocks) if p.parts > 1 else blocks[0]
+
+
+@ray.remote(num_cpus=1)
+def reduce_part(root: str, p: SortPlan, part: int, *blocks: np.ndarray) -> dict:
+    recs = np.concatenate(blocks) if blocks else np.empty((0, p.fmt.record), np.uint8)
+    recs = recs[records.sort_order(recs, p.fmt)]  # sorted runs: the stable sort merges them
+    _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("output", part), Body=recs.tobytes())
+    return {"part": part, "count": len(recs), "node": ray.get_runtime_context().get_node_id()}
+
+
+@ray.remote(num_cpus=1)
+def validate_part(root: str, p: SortPlan, part: int, kind: str = "output") -> dict:
+    recs = _get(_s3(root, p.node_of(part)), p.bucket, p.key(kind, part), p.fmt.record)
+    bad = records.first_unsorted(recs, p.fmt)
+    return {"part": part, "count": len(recs), "checksum": records.checksum(recs), "first_unsorted": bad,
+            "first_key": bytes(recs[0, :p.fmt.key]) if len(recs) else None,
+            "last_key": bytes(recs[-1, :p.fmt.key]) if len(recs) else None}
+
+
+@ray.remote(num_cpus=1)
+def coordinator_sort(root: str, p: SortPlan, boundaries: np.ndarray) -> dict:
+    """The original design: one node downloads everything, sorts, partitions, uploads."""
+    t0 = time.perf_counter()
+    recs = np.concatenate([_get(_s3(root, p.node_of(j)), p.bucket, p.key("input", j), p.fmt.record)
+                           for j in range(p.parts)])
+    t1 = time.perf_counter()
+    recs = recs[records.sort_order(recs, p.fmt)]
+    cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
+    t2 = time.perf_counter()
+    for part, block in enumerate(np.split(recs, cuts)):
+        _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("baseline", part), Body=block.tobytes())
+    t3 = time.perf_counter()
+    return {"download_s": t1 - t0, "sort_partition_s": t2 - t1, "upload_s": t3 - t2}
+
+
+@ray.remote(num_cpus=1)
+def inmemory_sort_rate(p: SortPlan, nbytes: int) -> float:
+    """MB/s of one process sorting the same records in memory (sort + gather), the yardstick."""
+    recs = records.generate(p.fmt, p.seed, 0, nbytes // p.fmt.record, p.skew)
+    t = time.perf_counter()
+    recs[records.sort_order(recs, p.fmt)]
+    return nbytes / 1e6 / (time.perf_counter() - t)
+
+
+# -- the driver: references and summaries only -----------------------------------------------
+
+
+def boundaries_from(samples: list[np.ndarray], parts: int) -> np.ndarray:
+    """Cut points giving each output partition an equal share of the sampled keys."""
+    allkeys = np.sort(np.concatenate([s for s in samples if len(s)]))
+    if parts == 1 or not len(allkeys):
+        return np.empty(0, dtype=np.uint64)
+    return allkeys[(np.arange(1, parts) * len(allkeys)) // parts]
+
+
+def check(p: SortPlan, parts: list[dict], expected_count: int, expected_checksum: int, what: str) -> dict:
+    """valsort's verdict over all partitions; raises SortValidationError at the first fault."""
+    for v in parts:
+        if v["first_unsorted"] is not None:
+            raise SortValidationError(f"{what}: partition {v['part']} (node {p.node_of(v['part'])}) is not sorted "
+                                      f"at record {v['first_unsorted']}")
+    nonempty = [v for v in parts if v["count"]]
+    for a, b in zip(nonempty, nonempty[1:]):
+        if a["last_key"] > b["first_key"]:
+            raise SortValidationError(f"{what}: partitions out of order: last key of partition {a['part']} > first "
+                                      f"key of partition {b['part']} (record 0 of partition {b['part']})")
+    count = sum(v["count"] for v in parts)
+    if count != expected_count:
+        raise SortValidationError(f"{what}: {count} records, the input had {expected_count}")
+    total = sum(v["checksum"] for v in parts)
+    if total != expected_checksum:
+        raise SortValidationError(f"{what}: checksum {total:#x} differs from the input's {expected_checksum:#x} "
+                                  "(records changed, lost or duplicated)")
+    return {"records": count, "checksum": total, "partitions": len(parts)}
+
+
+def validate(state: cluster.ClusterState, p: SortPlan, expected_count: int, expected_checksum: int,
+             kind: str = "output") -> dict:
+    """valsort over a run's partitions, each checked on the node that holds it."""
+    nodes = state.nodes[:p.nodes]
+    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)])).remote(state.root, p, q, kind)
+                     for q in range(p.parts)])
+    return check(p, parts, expected_count, expected_checksum, kind)
+
+
+def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, reference_mb: int = 100,
+        progress: Callable[[str, int, int], None] | None = None) -> dict:
+    tick = progress or (lambda phase, done, total: None)
+    nodes = state.nodes[:p.nodes]
+    on = lambda part: cluster.pinned(nodes[p.node_of(part)])  # noqa: E731
+    root = state.root
+    times = {}
+
+    def gather(phase: str, refs: list) -> list:
+        out, pending = [None] * len(refs), {r: i for i, r in enumerate(refs)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            out[pending.pop(done[0])] = ray.get(done[0])
+            tick(phase, len(refs) - len(pending), len(refs))
+        return out
+
+    tw = time.perf_counter()
+    ray.get([warm_up.options(**cluster.pinned(n)).remote(root, n.index) for n in nodes for _ in range(2)])
+    times["warm_up_s"] = time.perf_counter() - tw
+    t0 = time.perf_counter()
+    gen = gather("generate", [generate_part.options(**on(j)).remote(root, p, j) for j in range(p.parts)])
+    in_count, in_checksum = sum(g["count"] for g in gen), sum(g["checksum"] for g in gen)
+    bounds = boundaries_from([g["sample"] for g in gen], p.parts)
+    del gen
+    t1 = time.perf_counter()
+    times["generate_s"] = t1 - t0
+
+    maps, inflight = [], []
+    for j in range(p.parts):
+        if len(inflight) >= p.max_inflight:  # bound the maps in flight
+            done, inflight = ray.wait(inflight, num_returns=1)
+            tick("map", len(maps) - len(inflight), p.parts)
+        refs = map_part.options(num_returns=p.parts, **on(j)).remote(root, p, j, bounds)
+        refs = list(refs) if p.parts > 1 else [refs]
+        maps.append(refs)
+        inflight.append(refs[0])
+    reduces = [reduce_part.options(**on(q)).remote(root, p, q, *[maps[j][q] for j in range(p.parts)])
+               for q in range(p.parts)]
+    del maps  # the reducers hold the blocks now; they are freed as each reducer finishes
+    summaries = gather("map+reduce", reduces)
+    t2 = time.perf_counter()
+    times["map_reduce_s"] = t2 - t1
+    times["sort_s"] = t2 - t0
+
+    checked = gather("validate", [validate_part.options(**on(q)).remote(root, p, q) for q in range(p.parts)])
+    verdict = check(p, checked, in_count, in_checksum, "output")
+    times["validate_s"] = time.perf_counter() - t2
+    result = {"plan": asdict(p), "bytes": p.size, "records": in_count, "input_checksum": in_checksum,
+              "times": times, "validation": verdict,
+              "reducers_on_their_nodes": all(s["node"] == nodes[p.node_of(s["part"])].ray_node_id for s in summaries),
+              "sort_mb_s": p.size / 1e6 / times["sort_s"],
+              "partition_records": [v["count"] for v in checked]}
+    if baseline:
+        tb = time.perf_counter()
+        coord = ray.get(coordinator_sort.options(**on(0)).remote(root, p, bounds))
+        result["baseline"] = {"total_s": time.perf_counter() - tb, **coord}
+        result["baseline"]["validation"] = validate(state, p, in_count, in_checksum, "baseline")
+        result["speedup_vs_baseline"] = result["baseline"]["total_s"] / times["map_reduce_s"]
+    if reference_mb:
+        ref = min(p.size, int(reference_mb * 1e6)) // p.fmt.record * p.fmt.record
+        rate = ray.get(inmemory_sort_rate.options(**on(0)).remote(p, ref))
+        machines = {(n.host_id or "").split("/")[0] for n in nodes}  # lab hosts share one machine's cores
+        cores = (os.cpu_count() or 1) * len(machines)
+        result["reference"] = {"single_process_mb_s": rate, "cores": cores,
+                               "sort_phase_mb_s": p.size / 1e6 / times["map_reduce_s"],
+                               "fraction_of_cores_x_single": (p.size / 1e6 / times["map_reduce_s"]) / (cores * rate)}
+    return result
+
+
+def delete_run(state: cluster.ClusterState, p: SortPlan) -> int:
+    """Remove the run's objects from every node."""
+    creds = credentials.load(Paths(Path(state.root)).credentials_file)
+    removed = 0
+    for n in state.nodes[:p.nodes]:
+        c = s3.client(n.endpoint, creds)
+        for page in c.get_paginator("list_objects_v2").paginate(Bucket=p.bucket, Prefix=f"graysort/{p.run}/"):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                c.delete_objects(Bucket=p.bucket, Delete={"Objects": keys, "Quiet": True})
+                removed += len(keys)
+    return removed

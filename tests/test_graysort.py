@@ -1,0 +1,133 @@
+"""GraySort on the live 2-node cluster: small sorts validate (both record formats, skewed
+keys); corrupted output fails validation at the right place; the driver's memory stays
+flat as the size grows; bad input is refused before anything starts."""
+import threading
+from pathlib import Path
+import time
+
+import numpy as np
+import pytest
+
+from fasterfs import cluster, config, credentials, graysort, records, s3
+from fasterfs.config import Paths
+from fasterfs.errors import FasterFSError
+
+
+def sort_cfg(overrides, *extra):
+    return config.load(overrides + ["graysort.baseline=false", "graysort.reference_mb=0", *extra])
+
+
+def objects(state, prefix="graysort/"):
+    creds = credentials.load(Paths(Path(state.root)).credentials_file)
+    return sum(s3.client(n.endpoint, creds).list_objects_v2(Bucket=state.config["minio"]["bucket"], Prefix=prefix)
+               .get("KeyCount", 0) for n in state.nodes)
+
+
+@pytest.mark.parametrize("extra", [["graysort.format=gray"], ["graysort.format=fasterfs"],
+                                   ["graysort.format=gray", "graysort.skew=3"]])
+def test_small_sorts_validate(live_cluster, overrides, extra):
+    p = graysort.plan(sort_cfg(overrides, "size=4MB", "graysort.partitions_per_node=3", *extra), 2)
+    try:
+        result = graysort.run(live_cluster, p, baseline=True, reference_mb=0)
+    finally:
+        graysort.delete_run(live_cluster, p)
+    assert result["validation"]["records"] == p.records and result["validation"]["partitions"] == 6
+    assert result["baseline"]["validation"]["checksum"] == result["input_checksum"]
+    assert result["reducers_on_their_nodes"]
+    counts = result["partition_records"]
+    assert min(counts) > 0.5 * p.records / p.parts  # sampled boundaries balance even skewed keys
+    assert objects(live_cluster, f"graysort/{p.run}/") == 0  # cleaned up
+
+
+def _corrupt(live_cluster, p, how):
+    node = live_cluster.nodes[p.node_of(1)]
+    client = s3.client(node.endpoint, credentials.load(Paths(Path(live_cluster.root)).credentials_file))
+    key = p.key("output", 1)
+    recs = np.frombuffer(client.get_object(Bucket=p.bucket, Key=key)["Body"].read(), np.uint8).reshape(-1, p.fmt.record).copy()
+    if how == "swap":
+        recs[[10, 11]] = recs[[11, 10]]
+    elif how == "drop":
+        recs = np.delete(recs, 5, axis=0)
+    else:
+        recs[7, p.fmt.key + 3] ^= 0x01  # payload byte: order intact, checksum not
+    client.put_object(Bucket=p.bucket, Key=key, Body=recs.tobytes())
+
+
+@pytest.mark.parametrize("how, message", [("swap", r"partition 1 .* not sorted at record 11"),
+                                          ("drop", r"records, the input had"),
+                                          ("flip", r"checksum .* differs")])
+def test_corrupted_output_fails_validation(live_cluster, overrides, how, message):
+    p = graysort.plan(sort_cfg(overrides, "size=2MB", "graysort.partitions_per_node=1"), 2)
+    try:
+        result = graysort.run(live_cluster, p, baseline=False, reference_mb=0)
+        graysort.validate(live_cluster, p, result["records"], result["input_checksum"])  # fine before
+        _corrupt(live_cluster, p, how)
+        with pytest.raises(graysort.SortValidationError, match=message):
+            graysort.validate(live_cluster, p, result["records"], result["input_checksum"])
+    finally:
+        graysort.delete_run(live_cluster, p)
+
+
+def _rss_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _peak_growth(fn) -> float:
+    base, peak, stop = _rss_mb(), [0.0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.01)
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        t.join()
+    return peak[0] - base
+
+
+def test_driver_memory_flat_as_size_grows(live_cluster, overrides):
+    growth = {}
+    for size in ("4MB", "60MB"):
+        p = graysort.plan(sort_cfg(overrides, f"size={size}", "graysort.partition_mb=8"), 2)
+        try:
+            growth[size] = _peak_growth(lambda: graysort.run(live_cluster, p, baseline=False, reference_mb=0))
+        finally:
+            graysort.delete_run(live_cluster, p)
+    # 15x the data; no record passes through the driver, so its peak memory hardly moves
+    assert growth["60MB"] < growth["4MB"] + 25, growth
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["size=1000001"], r"size=1000001 .* not a positive multiple of the 100-byte gray record"),
+    (["size=10MiB"], r"not a positive multiple"),
+    (["size=lots"], r"option size='lots'"),
+    (["graysort.format=weird"], r"unknown record format 'weird'"),
+])
+def test_bad_input_refused_before_anything_starts(live_cluster, overrides, extra, message):
+    before = objects(live_cluster)
+    with pytest.raises(FasterFSError, match=message):
+        graysort.plan(sort_cfg(overrides, *extra), 2)
+    assert objects(live_cluster) == before
+
+
+def test_zero_nodes_refused(overrides):
+    with pytest.raises(FasterFSError, match="at least one node"):
+        graysort.plan(sort_cfg(overrides), 2, nodes=0)
+    with pytest.raises(FasterFSError, match="has 2 nodes"):
+        graysort.plan(sort_cfg(overrides), 2, nodes=3)
+
+
+def test_records_depend_only_on_seed_and_index():
+    fmt = records.record_format("gray")
+    whole = records.generate(fmt, 5, 0, 1000)
+    assert (records.generate(fmt, 5, 400, 100) == whole[400:500]).all()
+    assert not (records.generate(fmt, 6, 0, 1000) == whole).all()
+    import zlib
+    assert records.checksum(whole) == sum(zlib.crc32(bytes(r)) for r in whole)
