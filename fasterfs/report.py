@@ -1,8 +1,11 @@
-"""Job reports: a run directory per job run holding its JSON result (and charts)."""
+"""Job reports and the measuring helpers the jobs share: a run directory per job run with
+its JSON result and charts, per-read latencies, and waiting for kernel-triggered fills."""
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 from .fsutil import atomic_write_json
 
@@ -15,3 +18,52 @@ def run_dir(cfg, job: str) -> Path:
 
 def write_json(directory: Path, name: str, result: dict) -> Path:
     return atomic_write_json(directory / name, result)
+
+
+def figure(*args, **kwargs):
+    """A matplotlib figure drawn off-screen (jobs run headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def timed(fn: Callable[[int], object], ids: Iterable[int]) -> list[float]:
+    """Seconds each call fn(i) took."""
+    out = []
+    for i in ids:
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def quantiles(xs: list[float]) -> dict:
+    """p50/p95/p99 in milliseconds."""
+    s = sorted(xs)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e3  # noqa: E731
+    return {"p50_ms": statistics.median(s) * 1e3, "p95_ms": pick(0.95), "p99_ms": pick(0.99), "n": len(s)}
+
+
+def wait_for_fills(actors, expected: int, timeout: float = 60.0) -> int:
+    """Wait (bounded) until the nodes' caches hold `expected` entries and no fill is pending;
+    returns the entries cached."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = ray.get([a.cache_status.remote() for a in actors])
+        entries = sum(r["entries"] for r in rows)
+        if (entries >= expected and not any(r["fills_pending"] for r in rows)) or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.1)

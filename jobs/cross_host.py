@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import ray
 import xxhash
@@ -26,28 +25,16 @@ def read_remote_chunks(root: str, overrides: list[str], ids: list[int]) -> dict:
     actors = cluster.storage_nodes(client.state)
     before = ray.get([a.cache_status.remote() for a in actors])
     kernel_before = ray.get([a.kernel_status.remote() for a in actors])
-    passes, correct = {}, True
-    for name in ("cold", "warm"):  # the second read makes each chunk hot in the reader host's kernel
-        lat = []
-        for i in ids:
-            t = time.perf_counter()
-            data = client.read_chunk(i)
-            lat.append(time.perf_counter() - t)
-            correct &= xxhash.xxh3_64_intdigest(data) == client.manifest.chunk(i).xxh3
-        passes[name] = lat
-    deadline = time.monotonic() + 120  # fills cross the same slow link
-    while time.monotonic() < deadline:
-        rows = ray.get([a.cache_status.remote() for a in actors])
-        if sum(r["entries"] for r in rows) >= len(ids) and not any(r["fills_pending"] for r in rows):
-            break
-        time.sleep(0.2)
-    lat = []
-    for i in ids:
-        t = time.perf_counter()
-        data = client.read_chunk(i)
-        lat.append(time.perf_counter() - t)
-        correct &= xxhash.xxh3_64_intdigest(data) == client.manifest.chunk(i).xxh3
-    passes["hot"] = lat
+    wrong = []
+
+    def read(i):
+        if xxhash.xxh3_64_intdigest(client.read_chunk(i)) != client.manifest.chunk(i).xxh3:
+            wrong.append(i)
+    passes = {"cold": report.timed(read, ids)}
+    passes["warm"] = report.timed(read, ids)  # the second read makes each chunk hot in the reader host's kernel
+    report.wait_for_fills(actors, len(ids), timeout=120)  # fills cross the same slow link
+    passes["hot"] = report.timed(read, ids)
+    correct = not wrong
     rows = ray.get([a.cache_status.remote() for a in actors])
     kernel = ray.get([a.kernel_status.remote() for a in actors])
     return {"passes": passes, "correct": correct, "local_node": client.local_node,  # counts of this run only

@@ -35,25 +35,6 @@ PASSES = ["local file", "MinIO direct", "FasterFS cold", "FasterFS warm", "Faste
           "prefetch", "fsspec first", "fsspec hit"]
 
 
-def _timed(fn, ids) -> list[float]:
-    out = []
-    for i in ids:
-        t = time.perf_counter()
-        fn(i)
-        out.append(time.perf_counter() - t)
-    return out
-
-
-def _wait_filled(actors, expected: int, timeout: float = 60.0) -> int:
-    """Wait until the HOT-triggered fills have landed (bounded); returns entries cached."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = ray.get([a.cache_status.remote() for a in actors])
-        entries = sum(r["entries"] for r in rows)
-        if (entries >= expected and not any(r["fills_pending"] for r in rows)) or time.monotonic() > deadline:
-            return entries
-
-
 @ray.remote(num_cpus=1)
 def run_passes(root: str, overrides: list[str]) -> dict:
     import fsspec
@@ -76,18 +57,18 @@ def run_passes(root: str, overrides: list[str]) -> dict:
             (raw / str(i)).write_bytes(boto[client.sources(i)[0]].get_object(
                 Bucket=manifest.bucket, Key=manifest.chunk(i).key)["Body"].read())
             (raw / str(i)).read_bytes()
-        lat["local file"] = _timed(lambda i: open(raw / str(i), "rb").read(), ids)
-        lat["MinIO direct"] = _timed(lambda i: boto[client.sources(i)[0]].get_object(
+        lat["local file"] = report.timed(lambda i: open(raw / str(i), "rb").read(), ids)
+        lat["MinIO direct"] = report.timed(lambda i: boto[client.sources(i)[0]].get_object(
             Bucket=manifest.bucket, Key=manifest.chunk(i).key)["Body"].read(), ids)
 
         no_prefetch = fasterfs.connect(root, overrides + ["cache.prefetch.enabled=false"])
         ray.get([a.cache_clear.remote() for a in actors])  # also a new kernel epoch: every key cold
         kernel_before = ray.get([a.kernel_status.remote() for a in actors])
-        lat["FasterFS cold"] = _timed(no_prefetch.read_chunk, ids)
-        lat["FasterFS warm"] = _timed(no_prefetch.read_chunk, ids)
-        filled = _wait_filled(actors, len(ids))
-        lat["FasterFS hot"] = _timed(no_prefetch.read_chunk, ids)
-        lat["FasterFS hot+verify"] = _timed(verifying.read_chunk, ids)
+        lat["FasterFS cold"] = report.timed(no_prefetch.read_chunk, ids)
+        lat["FasterFS warm"] = report.timed(no_prefetch.read_chunk, ids)
+        filled = report.wait_for_fills(actors, len(ids))
+        lat["FasterFS hot"] = report.timed(no_prefetch.read_chunk, ids)
+        lat["FasterFS hot+verify"] = report.timed(verifying.read_chunk, ids)
         kernel_after = ray.get([a.kernel_status.remote() for a in actors])
 
         ray.get([a.cache_clear.remote() for a in actors])
@@ -117,8 +98,8 @@ def run_passes(root: str, overrides: list[str]) -> dict:
         def fs_read(i):
             with fs_by_endpoint[holders[i]].open(f"{manifest.bucket}/{manifest.chunk(i).key}", "rb") as f:
                 return f.read()
-        lat["fsspec first"] = _timed(fs_read, ids)
-        lat["fsspec hit"] = _timed(fs_read, ids)
+        lat["fsspec first"] = report.timed(fs_read, ids)
+        lat["fsspec hit"] = report.timed(fs_read, ids)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -143,22 +124,11 @@ def run_passes(root: str, overrides: list[str]) -> dict:
             "prefetch": {"hits": pf_hits, "reads": len(ids), "prefetch_fills": pf_fills, "mid_mean": statistics.mean(mids)}}
 
 
-def quantiles(xs: list[float]) -> dict:
-    s = sorted(xs)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e3  # noqa: E731
-    return {"p50_ms": statistics.median(s) * 1e3, "p95_ms": pick(0.95), "p99_ms": pick(0.99), "n": len(s)}
-
-
 def chart(stats: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [p for p in PASSES if p in stats]
     p50 = [stats[n]["p50_ms"] for n in names]
     p95 = [stats[n]["p95_ms"] for n in names]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = report.figure(figsize=(10, 4.5))
     colors = ["#888" if n in ("local file", "MinIO direct") else "#c60" if n.startswith("fsspec") else "#06c"
               for n in names]
     ax.bar(names, p50, color=colors, label="p50")
@@ -168,9 +138,7 @@ def chart(stats: dict, path: Path) -> None:
     ax.set_title("Demo A: per-chunk latency by pass (measured in one run)")
     ax.tick_params(axis="x", rotation=30)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 def main(argv: list[str]) -> dict:
@@ -179,7 +147,7 @@ def main(argv: list[str]) -> dict:
     state = client.state
     cluster.connect_ray(state)
     raw = ray.get(run_passes.options(**cluster.pinned(state.nodes[0])).remote(state.root, list(argv)))
-    stats = {name: quantiles(xs) for name, xs in raw["latencies_s"].items()}
+    stats = {name: report.quantiles(xs) for name, xs in raw["latencies_s"].items()}
     p50 = {k: v["p50_ms"] for k, v in stats.items()}
     speedups = {
         "hot vs MinIO direct (x faster)": p50["MinIO direct"] / p50["FasterFS hot"],

@@ -118,15 +118,10 @@ def bound_by(state, results, cpu: float) -> str:
 
 
 def chart(runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     part = [r for r in runs if r["layout"] == "partitioned"]
     xs = [r["nodes"] for r in part]
     base = part[0]["wall_s"] * part[0]["nodes"] if part else 1
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2) = report.figure(1, 2, figsize=(11, 4))
     a1.plot(xs, [base / r["wall_s"] for r in part], "o-", label="measured speedup T(1)/T(N)")
     a1.plot(xs, xs, "--", color="#888", label="ideal")
     a1.set_xlabel("nodes")
@@ -137,9 +132,7 @@ def chart(runs: list[dict], path: Path) -> None:
     a2.bar(labels, [r["mb_s"] for r in runs], color=["#06c" if r["layout"] == "partitioned" else "#c60" for r in runs])
     a2.set_ylabel("aggregate MB/s")
     fig.suptitle("Demo B: same total volume, more nodes (measured in one run)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 def main(argv: list[str]) -> dict:

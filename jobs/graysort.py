@@ -20,11 +20,6 @@ from fasterfs import cluster, config, graysort, report
 
 
 def chart(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     t = result["times"]
     bars = [("object-store shuffle", [("generate", t["generate_s"]), ("map + shuffle + reduce", t["map_reduce_s"]),
                                       ("validate", t["validate_s"])])]
@@ -34,7 +29,7 @@ def chart(result: dict, path) -> None:
                                             ("sort + partition", b["sort_partition_s"]), ("upload", b["upload_s"])]))
     colors = {"generate": "#888", "map + shuffle + reduce": "#06c", "validate": "#6a6", "download": "#c60",
               "sort + partition": "#a40", "upload": "#e90"}
-    fig, ax = plt.subplots(figsize=(10, 3))
+    fig, ax = report.figure(figsize=(10, 3))
     for y, (label, parts) in enumerate(bars):
         left = 0.0
         for name, secs in parts:
@@ -47,9 +42,7 @@ def chart(result: dict, path) -> None:
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 def main(argv: list[str]) -> dict:

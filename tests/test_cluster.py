@@ -4,7 +4,6 @@ import os
 import signal
 import time
 
-import numpy as np
 import pytest
 import ray
 from xxhash import xxh3_64_intdigest as xxh3

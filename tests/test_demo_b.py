@@ -32,3 +32,15 @@ def test_cross_host_job_on_one_machine(ingest_as, overrides):
     assert result["correct"] and result["chunks"] == 4
     assert sum(result["filled_on"].values()) == 4  # the kernel made every one hot and a node cached it
     assert result["p50_ms"]["hot"] < result["p50_ms"]["cold"]
+
+
+def test_demo_a_runs_every_pass_with_the_kernels_counts(ingest_as, overrides):
+    ingest_as("csv")
+    result = _job("demo_a").main(overrides)
+    passes = result["passes"]
+    assert set(passes) == set(_job("demo_a").PASSES) and all(p["n"] == result["chunks"] for p in passes.values())
+    # every chunk was read twice from MinIO (cold, warm), so the kernel made each hot exactly once
+    assert sum(k["hot_events"] for k in result["kernel"]) == result["chunks"]
+    assert sum(k["hot_events_received"] for k in result["kernel"]) == result["chunks"]
+    assert result["filled_after_warm"] == result["chunks"]
+    assert passes["FasterFS hot"]["p50_ms"] < passes["FasterFS cold"]["p50_ms"]

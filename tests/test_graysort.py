@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from fasterfs import cluster, config, credentials, graysort, records, s3
+from fasterfs import config, credentials, graysort, records, s3
 from fasterfs.config import Paths
 from fasterfs.errors import FasterFSError
 
