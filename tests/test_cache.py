@@ -91,7 +91,15 @@ def test_capacity_never_exceeded(fresh, cluster_root):
 
 
 def _disk_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.iterdir() if f.name.endswith(cache.SUFFIX)) if directory.exists() else 0
+    """Bytes of the entries on disk right now (an entry may be evicted while we count)."""
+    total = 0
+    for f in directory.iterdir() if directory.exists() else []:
+        if f.name.endswith(cache.SUFFIX):
+            try:
+                total += f.stat().st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def _reader(root, ids, expected, rounds, out):
