@@ -1,17 +1,17 @@
 """StorageNode: the Ray actor pinned to each node that owns the node's storage.
 
 It launches the node's MinIO server bound to the node's own address and keeps it
-alive (a supervisor thread restarts it when it dies), and owns the node's kernel
-programs: the TC request tracker watching that MinIO's traffic and the SOCK_OPS
-tuner on the node's cgroup. Clients never go through the actor to read data: they
-talk to MinIO (or the cache) directly, and the actor answers management calls.
+alive (a supervisor thread restarts it when it dies); owns the node's kernel programs
+(the TC request tracker and the SOCK_OPS tuner on the node's cgroup); and owns the
+node's cache, which it fills when the kernel reports a chunk hot and empties of what
+the kernel reports overwritten. Clients never go through the actor to read data: they
+talk to MinIO or read the cache directly, and the actor answers management calls.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-import time
 
 from . import bpf, credentials, reader_stats, s3
 from .bpf.events import key_hash
@@ -51,7 +51,6 @@ class StorageNode:
                                  paths.log_dir / f"minio-{index}.log", credentials.load(paths.credentials_file))
         self.bucket = self.cfg.minio.bucket
         self.restarts = 0
-        self.started_at = time.time()
         self._held = False  # maintenance hold: MinIO stopped on purpose, not restarted
         self._lock = threading.Lock()
         self._stopping = threading.Event()
