@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,16 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
             f"cluster.ray_port={6400 + port_offset}", f"cluster.dashboard_port={8300 + port_offset}",
             f"cluster.client_port={7100 + port_offset}", f"cluster.agent_port={52400 + 10 * port_offset}",
             f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}"]
+
+
+def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:
+    """Poll until pred() is true (bounded); an AssertionError names what never happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def assert_nothing_left(state: cluster.ClusterState) -> None:

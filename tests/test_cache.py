@@ -19,14 +19,7 @@ from fasterfs import config
 
 NO_PREFETCH = ["cache.prefetch.enabled=false"]
 
-
-def wait_until(pred, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from conftest import wait_until
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 back exactly; failures healed (MinIO, actor) or routed around (replicas)."""
 import os
 import signal
-import time
 
 import pytest
 import ray
@@ -12,7 +11,7 @@ from fasterfs import cluster, config, lobster
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import load_source
 
-from conftest import data_overrides
+from conftest import data_overrides, wait_until
 
 
 def statuses(state):
@@ -25,15 +24,6 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def wait_until(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_nodes_on_their_own_loopback_addresses(live_cluster):
@@ -104,7 +94,7 @@ def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, cli
     before = statuses(live_cluster)[1]
     os.kill(before["minio_pid"], signal.SIGKILL)
     wait_until(lambda: statuses(live_cluster)[1]["healthy"] and statuses(live_cluster)[1]["minio_pid"] != before["minio_pid"],
-               what="MinIO restart")
+               timeout=30, what="MinIO restart")
     after = statuses(live_cluster)[1]
     assert after["minio_restarts"] == before["minio_restarts"] + 1
     client = client_for()

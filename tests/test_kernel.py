@@ -15,14 +15,7 @@ from fasterfs.config import Layout
 
 MARK = 0x5FF5
 
-
-def wait_until(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
+from conftest import wait_until
 
 
 def test_this_machine_runs_real_ebpf():
