@@ -27,7 +27,7 @@ import xxhash
 
 log = logging.getLogger("fasterfs.cache")
 MAGIC = b"FFSCACHE"
-HEADER = struct.Struct("<8sQQ32sQ")  # magic, size, xxh3_64, etag, filled_ns
+HEADER = struct.Struct("<8sQQ32sQ")  # magic, size, xxh3_64, etag, fetched_ns (CLOCK_MONOTONIC)
 assert HEADER.size == 64
 SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
 
@@ -41,7 +41,7 @@ class Header:
     size: int
     checksum: int
     etag: str
-    filled_ns: int
+    fetched_ns: int  # when the fill's GET began, on the kernel's clock: compared with stale marks
 
     @classmethod
     def parse(cls, raw: bytes) -> "Header | None":
@@ -54,6 +54,7 @@ class Header:
 
 
 DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found bad and dropped
+STALE = "stale"      # ... for an entry fetched before the kernel last saw its key written (dropped)
 
 
 def _drop_if_same(path: Path, fd: int) -> None:
@@ -65,14 +66,18 @@ def _drop_if_same(path: Path, fd: int) -> None:
         pass
 
 
-def read_entry(path: Path, verify: bool = True) -> bytes | str | None:
-    """An entry's bytes; None if absent; DAMAGED if it was bad (and is now dropped)."""
+def read_entry(path: Path, verify: bool = True, stale_mark: int = 0) -> bytes | str | None:
+    """An entry's bytes; None if absent; DAMAGED if it was bad, STALE if fetched before
+    `stale_mark` (the kernel's last write of the key) — either way it is now dropped."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
         header = Header.parse(os.pread(fd, HEADER.size, 0))
+        if header is not None and header.fetched_ns < stale_mark:
+            _drop_if_same(path, fd)
+            return STALE
         data = os.pread(fd, header.size, HEADER.size) if header else b""
         if header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
             log.warning("dropping damaged cache entry %s", path)
@@ -84,9 +89,9 @@ def read_entry(path: Path, verify: bool = True) -> bytes | str | None:
         os.close(fd)
 
 
-def map_entry(path: Path, verify: bool = True):
-    """An entry's bytes as a read-only pyarrow buffer over a memory map (no copy); None if
-    absent; DAMAGED if it was bad (and is now dropped)."""
+def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):
+    """An entry's bytes as a read-only pyarrow buffer over a memory map (no copy); None, DAMAGED
+    or STALE as for read_entry."""
     import pyarrow as pa
 
     try:
@@ -96,6 +101,13 @@ def map_entry(path: Path, verify: bool = True):
     buf = mm.read_buffer()
     header = Header.parse(buf.slice(0, HEADER.size).to_pybytes() if buf.size >= HEADER.size else b"")
     data = buf.slice(HEADER.size) if header else None
+    if header is not None and header.fetched_ns < stale_mark:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _drop_if_same(path, fd)
+        finally:
+            os.close(fd)
+        return STALE
     if header is None or data.size != header.size or (verify and xxhash.xxh3_64_intdigest(memoryview(data)) != header.checksum):
         log.warning("dropping damaged cache entry %s", path)
         fd = os.open(path, os.O_RDONLY)
@@ -184,14 +196,16 @@ class ChunkCache:
                 self.used -= self._sizes.pop(name)
             return False
 
-    def put(self, key: str, data: bytes, etag: str = "") -> bool:
-        """Store an entry atomically, evicting the least recently used to make room."""
+    def put(self, key: str, data: bytes, etag: str = "", fetched_ns: int | None = None) -> bool:
+        """Store an entry atomically, evicting the least recently used to make room.
+        `fetched_ns` is when the GET for `data` began (time.monotonic_ns())."""
         need = HEADER.size + len(data)
         if need > self.capacity:
             self.counters["too_large"] += 1
             return False
         name = entry_name(key)
-        header = HEADER.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data), etag.encode()[:32], time.time_ns())
+        header = HEADER.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data), etag.encode()[:32],
+                             time.monotonic_ns() if fetched_ns is None else fetched_ns)
         with self._lock:
             if name in self._writing:
                 return False  # another fill of the same key is under way

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from typing import Callable
@@ -53,12 +54,13 @@ class CacheFiller:
 
     def _fill(self, key: str, reason: str, seq: int) -> bool:
         try:
+            fetched = time.monotonic_ns()  # before the GET: a write after this makes the bytes stale
             data, etag = self.getter_for(key).get(self.bucket, key)
             with self._lock:
                 if self._stale_seq[key] != seq:  # written while we fetched: these bytes may be old
                     self.counters["fills_discarded_stale"] += 1
                     return False
-            stored = self.cache.put(key, data, etag)
+            stored = self.cache.put(key, data, etag, fetched)
             with self._lock:
                 if self._stale_seq[key] != seq:
                     self.cache.remove(key)

@@ -22,6 +22,7 @@ from . import cache, config, credentials, lobster, reader_stats, s3
 from .cluster import ClusterState
 from .config import Paths
 from .errors import FasterFSError
+from .bpf.events import key_hash
 from .manifest import Manifest
 from .reader_stats import BYTES_CACHE, BYTES_MINIO, DAMAGED, HITS, MISSES, PREFETCH
 
@@ -45,6 +46,8 @@ class Client:
         self._caches = [self._cache_nodes(c.nodes) for c in manifest.chunks]
         self._cache_dirs = [str(self.paths.cache_dir(n.index)) for n in state.nodes]
         self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
+        self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
+        self._marks: dict[int, object] = {}
         self._stats: dict[int, reader_stats.ReaderStats] = {}
         self._last_read: int | None = None
         self._in_order = 0
@@ -103,7 +106,7 @@ class Client:
         self._note_order(i)
         if self.use_cache:
             for node in self._caches[i]:
-                data = cache.read_entry(self.cache_path(node, i), self.verify_cache)
+                data = cache.read_entry(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i))
                 if isinstance(data, bytes):
                     self._count_hit(node, len(data))
                     return data
@@ -119,7 +122,7 @@ class Client:
 
             self._note_order(i)
             for node in self._caches[i]:
-                buf = cache.map_entry(self.cache_path(node, i), self.verify_cache)
+                buf = cache.map_entry(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i))
                 if isinstance(buf, pa.Buffer):
                     self._count_hit(node, buf.size)
                     return pl.from_arrow(pa.ipc.open_file(buf).read_all())
@@ -127,6 +130,15 @@ class Client:
                     self._damaged(node, i)
             return lobster.decode_chunk(self._read_minio(i, self.manifest.chunk(i)), "arrow", self.manifest.level)
         return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
+
+    def _stale_mark(self, node: int, i: int) -> int:
+        """When the node's kernel last saw chunk i written (0: never, or no pinned marks)."""
+        if node not in self._marks:
+            from .bpf.pinned import open_marks
+
+            self._marks[node] = open_marks(str(self.paths.stale_pin(node)))
+        marks = self._marks[node]
+        return marks.mark(self._key_hashes[i]) if marks is not None else 0
 
     def _damaged(self, node: int, i: int) -> None:
         """The entry was dropped; this read goes to MinIO, and the node fetches a good copy."""

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -222,6 +223,7 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
             dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
             cgroup=ProjectCgroup.create(cfg.cluster.name, layout.paths.root).to_dict(), config=conf, lab=lab)
     try:
+        _mount_bpffs(layout.paths.bpffs)
         if not cfg.cluster.attach:
             _start_ray(cfg, layout, state, hosts, head)
         _start_storage_nodes(cfg, state)
@@ -232,6 +234,35 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         teardown(state)
         layout.paths.state_file.unlink(missing_ok=True)
         raise
+
+
+def _mounted(path: Path) -> bool:
+    try:
+        return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
+    except OSError:
+        return False
+
+
+def _mount_bpffs(path: Path) -> None:
+    """A bpffs of the cluster's own for pinned maps; without one, readers rely on events alone."""
+    from . import bpf
+
+    if _mounted(path) or bpf.unavailable_reason() is not None:
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "bpf", "bpf", str(path)], capture_output=True).returncode != 0:
+        log.warning("could not mount bpffs at %s; cache readers will rely on STALE events alone", path)
+
+
+def _unmount_bpffs(path: Path) -> bool:
+    if not _mounted(path):
+        return False
+    subprocess.run(["umount", str(path)], capture_output=True)
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+    return not _mounted(path)
 
 
 def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
@@ -383,6 +414,7 @@ def teardown(state: ClusterState) -> dict:
     if spill and not state.attached:
         shutil.rmtree(spill, ignore_errors=True)  # spilled objects die with the cluster
     report["tc_filters_removed"] = _remove_tc_filters(state)
+    report["bpffs_unmounted"] = _unmount_bpffs(Paths(Path(state.root)).bpffs)
     if state.lab:  # namespaces, links and their qdiscs; only once no process holds a namespace
         from . import lab
 

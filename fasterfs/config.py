@@ -123,6 +123,14 @@ class Paths:
     def node_dir(self, index: int) -> Path:
         return self.root / f"node-{index}"
 
+    @property
+    def bpffs(self) -> Path:
+        """The cluster's own bpffs mount, where each node pins its kernel stale marks."""
+        return self.root / "bpf"
+
+    def stale_pin(self, index: int) -> Path:
+        return self.bpffs / f"stale-{index}"
+
     def cache_dir(self, index: int) -> Path:
         return self.node_dir(index) / "cache"
 

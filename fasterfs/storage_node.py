@@ -82,6 +82,8 @@ class StorageNode:
             programs.watch(self.address if k.watch == "own" else None, self.cfg.minio.port)
             # Replaces a filter of the same name that a crashed earlier incarnation left.
             programs.attach_tc(k.interface, f"{filter_prefix(self.cfg.cluster.name)}{self.index}")
+            if os.path.ismount(self.paths.bpffs):
+                programs.pin_stale_marks(str(self.paths.stale_pin(self.index)))
             cgroup = own_cgroup()
             self.sockops_skipped = None
             if k.tune_sockets and cgroup is not None:

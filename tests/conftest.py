@@ -52,6 +52,8 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
                 continue
             assert state.root.encode() not in cmd, f"process {proc.name} still uses {state.root}: {cmd[:200]!r}"
     assert not Layout.of(config.as_cfg(state.config)).paths.state_file.exists()
+    mounts = Path("/proc/mounts").read_text()
+    assert f" {state.root}/" not in mounts, "a mount (bpffs, cgroup2) of the cluster is left"
     from fasterfs.bpf import tc
     assert not [n for n in tc.list_filters("lo") if n.startswith(f"ffs:{state.name}:")], "TC filters left on lo"
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout

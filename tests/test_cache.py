@@ -189,6 +189,28 @@ def test_overwritten_object_never_served_stale(fresh, cluster_root, live_cluster
     assert not entry.exists()
 
 
+def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_cluster):
+    """The kernel's pinned stale marks, checked on every hit, catch what events may be too late
+    for: here an old entry put back after the write (a fill that raced with it)."""
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    i = 9
+    node = client.sources(i)[0]
+    entry = _cached(client, actors, i)
+    old_entry = entry.read_bytes()
+    ingested = client._stale_mark(node, i)  # the ingest's own PUT
+    assert client.read_chunk(i) == old_entry[cache.HEADER.size:]  # fetched after that: served
+    creds = credentials.load(Paths(cluster_root).credentials_file)
+    new = b"written after the fill\n"
+    s3.client(live_cluster.nodes[node].endpoint, creds).put_object(Bucket=manifest.bucket,
+                                                                   Key=manifest.chunk(i).key, Body=new)
+    assert client._stale_mark(node, i) > ingested  # the kernel marked the key when the PUT went by
+    wait_until(lambda: not entry.exists(), what="the STALE event to drop the entry")
+    entry.write_bytes(old_entry)  # the race: a fill of the old bytes lands after the write
+    assert client.read_chunk(i) == new
+    assert not entry.exists()
+
+
 def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root, live_cluster):
     manifest, actors = fresh
     client = fasterfs.connect(cluster_root, NO_PREFETCH)

@@ -62,6 +62,7 @@ class KernelPrograms:
         self.tc_attachments: list[tuple[str, str, str | None]] = []  # (interface, name, netns)
         self.cgroup_fd: int | None = None
         self.cgroup_path: str | None = None
+        self.pinned: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -116,6 +117,13 @@ class KernelPrograms:
             raise
         self.cgroup_fd, self.cgroup_path = fd, cgroup_path
 
+    def pin_stale_marks(self, path: str) -> None:
+        """Let readers in any process see the kernel's stale marks (fasterfs.bpf.pinned)."""
+        from .pinned import pin
+
+        pin(self.bpf[b"stale_keys"].map_fd, path)
+        self.pinned = path
+
     def start_events(self) -> None:
         self.bpf[b"events"].open_ring_buffer(self._on_ring_event)
         self._thread = threading.Thread(target=self._poll, name="bpf-events", daemon=True)
@@ -145,6 +153,12 @@ class KernelPrograms:
             self._thread.join(timeout=2)
             self._thread = None
         self.close_attachments()
+        if self.pinned:
+            try:
+                os.unlink(self.pinned)
+            except FileNotFoundError:
+                pass
+            self.pinned = None
         if getattr(self, "bpf", None) is not None:
             self.bpf.cleanup()
             self.bpf = None

@@ -29,6 +29,10 @@ BPF_TABLE("lru_hash", u64, struct ffs_key_stat, key_counts, 65536);
 BPF_HASH(port_stats, u16, struct ffs_port_stats, 256);
 BPF_HASH(latency_hist, struct ffs_lat_key, u64, 256 * FFS_LAT_SLOTS);
 BPF_TABLE("lru_hash", struct ffs_conn, u64, inflight, 16384);
+/* key -> time of its last PUT/DELETE (CLOCK_MONOTONIC ns). Pinned, so readers check it on
+ * every cache hit: an entry filled before that time is stale, even before the STALE event
+ * has reached user space. */
+BPF_TABLE("lru_hash", u64, u64, stale_keys, 65536);
 BPF_PERCPU_ARRAY(scratch, struct ffs_line, 1);
 BPF_ARRAY(counters, u64, FFS_C_MAX);
 BPF_RINGBUF_OUTPUT(events, 64);
@@ -146,6 +150,7 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
             if (method == FFS_PUT) __sync_fetch_and_add(&ps->puts, 1);
             else __sync_fetch_and_add(&ps->deletes, 1);
         }
+        stale_keys.update(&h, &now);
         bump(FFS_C_STALE);
         emit(FFS_EVENT_STALE, method, h, 0, port, line, start, len);
         return;

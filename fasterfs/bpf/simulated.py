@@ -54,6 +54,9 @@ class SimulatedPrograms:
     def start_events(self) -> None:
         pass
 
+    def pin_stale_marks(self, path: str) -> None:
+        pass  # readers rely on the STALE callback alone
+
     def close(self) -> None:
         pass
 

@@ -1,0 +1,66 @@
+"""The kernel's stale marks, read from any process through a pinned BPF map.
+
+The TC program records, per key hash, when it last saw a PUT or DELETE. The owning
+StorageNode pins that map in the cluster's bpffs; a reader looks a key up on each cache
+hit (one bpf() system call) and treats an entry filled before the mark as stale. This
+closes the gap between the write and the STALE event reaching user space.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+
+from .testrun import _libbpf
+
+_ready = False
+
+
+def _lib():
+    global _ready
+    lib = _libbpf()
+    if not _ready:
+        lib.bpf_obj_pin.argtypes = [ct.c_int, ct.c_char_p]
+        lib.bpf_obj_get.argtypes = [ct.c_char_p]
+        lib.bpf_map_lookup_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
+        _ready = True
+    return lib
+
+
+def pin(map_fd: int, path: str) -> None:
+    try:
+        os.unlink(path)  # left by a crashed earlier owner
+    except FileNotFoundError:
+        pass
+    if _lib().bpf_obj_pin(map_fd, path.encode()) != 0:
+        err = ct.get_errno()
+        raise OSError(err, f"pinning BPF map at {path}: {os.strerror(err)}")
+
+
+class StaleMarks:
+    """Read side of a pinned stale_keys map; `mark(key)` is 0 when the key was never written."""
+
+    def __init__(self, path: str):
+        self.fd = _lib().bpf_obj_get(path.encode())
+        if self.fd < 0:
+            raise OSError(ct.get_errno(), f"opening pinned BPF map {path}")
+        self._key, self._value = ct.c_uint64(), ct.c_uint64()
+        self._kp, self._vp = ct.byref(self._key), ct.byref(self._value)
+
+    def mark(self, key: int) -> int:
+        self._key.value = key
+        return self._value.value if _lib().bpf_map_lookup_elem(self.fd, self._kp, self._vp) == 0 else 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def open_marks(path: str) -> StaleMarks | None:
+    """None where there is nothing to read (no pin: simulated mode, or no bpffs)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return StaleMarks(path)
+    except OSError:
+        return None
