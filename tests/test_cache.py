@@ -19,7 +19,7 @@ from fasterfs import config
 
 NO_PREFETCH = ["cache.prefetch.enabled=false"]
 
-from conftest import wait_until
+from conftest import data_overrides, wait_until
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_cached_after_exactly_threshold_reads(fresh, cluster_root, live_cluster)
     hit = client.read_chunk(i)
     assert key_count(actors[node], manifest, i) == threshold  # the hit never reached MinIO
     assert hit == first
-    pair = load_source(config.load([] if (config.PROJECT_DIR.parent / "shared").exists() else ["data=synthetic", "data.level=30"]))
+    pair = load_source(config.load(data_overrides()))
     c = manifest.chunk(i)
     assert hit.split(b"\n")[:-1] == [m + b"," + o for m, o in zip(pair.message_lines[c.first_row:c.first_row + c.rows],
                                                                    pair.orderbook_lines[c.first_row:c.first_row + c.rows])]
@@ -265,3 +265,24 @@ def test_cache_cli(fresh, overrides, capsys):
     assert main(["cache", "warm", "999"] + overrides) == 1
     assert "valid ids are 0.." in capsys.readouterr().out
     assert main(["cache", "clear"] + overrides) == 0
+
+
+def test_cached_arrow_chunk_mapped_into_polars(ingest_as, live_cluster, cluster_root, overrides):
+    manifest = ingest_as("arrow")
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    i = 2
+    node = client.sources(i)[0]
+    ray.get(actors[node].cache_warm.remote([manifest.chunk(i).key]))
+    before = key_count(actors[node], manifest, i)
+    table = client.read_table(i)
+    assert key_count(actors[node], manifest, i) == before  # a hit: MinIO never asked
+    pair = load_source(config.load(overrides + data_overrides("arrow")))
+    c = manifest.chunk(i)
+    assert table.equals(pair.frame.slice(c.first_row, c.rows))
+    buf = cache.map_entry(Path(client.cache_path(node, i)))
+    import pyarrow as pa
+    col = pa.ipc.open_file(buf).read_all().column("AskPrice1").chunk(0)
+    start = buf.address
+    assert start <= col.buffers()[1].address < start + buf.size  # the column lives in the mapped file: no copy
