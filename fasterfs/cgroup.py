@@ -75,22 +75,20 @@ class ProjectCgroup:
         return cls(Path(d["path"]) if d.get("path") else None, Path(d["mounted_at"]) if d.get("mounted_at") else None)
 
     def spawn(self, args: list[str], log_path: Path, env: dict | None = None, child: str | None = None) -> subprocess.Popen:
-        """Start a process inside the cgroup (or its `child` cgroup), in a session of its own."""
-        procs = None
+        """Start a process inside the cgroup (or its `child` cgroup), in a session of its own.
+
+        A small shell writes its own PID into cgroup.procs and then execs the command, so
+        the process and all it forks land in the cgroup. (A Python preexec_fn would run in a
+        fork of this multi-threaded process, where it can deadlock on a lock another thread
+        held at fork time.)"""
         if self.path:
             target = self.path / child if child else self.path
             target.mkdir(exist_ok=True)
-            procs = str(target / "cgroup.procs")
-
-        def enter():  # runs in the child before exec: the process and all it forks land in the cgroup
-            if procs:
-                with open(procs, "w") as f:
-                    f.write(str(os.getpid()))
-
+            args = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(target / "cgroup.procs"), *args]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, preexec_fn=enter, start_new_session=True)
+                                    env=env, start_new_session=True)
 
     def pids(self) -> list[int]:
         """Every process in the cgroup and its children."""

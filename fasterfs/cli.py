@@ -45,6 +45,16 @@ def cmd_lab_up(cfg) -> None:
     cmd_status(cfg)
 
 
+def cmd_lab_down(cfg) -> None:
+    from . import lab
+
+    with console.status("stopping the lab"):
+        report = lab.down(cfg)
+    console.print(f"[green]FasterFS lab down[/]: {report['actors_stopped']} StorageNodes and "
+                  f"{report['ray_nodes_stopped']} Ray nodes stopped; {report.get('lab_removed', 0)} namespaces, "
+                  "links and bridges removed")
+
+
 def cmd_status(cfg) -> None:
     state, rows = cluster.status(cfg)
     table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
@@ -199,7 +209,7 @@ COMMANDS = {
     "cache warm": (cmd_cache_warm, "fill the caches with chunks now: `fasterfs cache warm 0-9,20` (default all)"),
     "cache clear": (cmd_cache_clear, "empty every node's cache and start a new kernel epoch"),
     "lab up": (cmd_lab_up, "create N hosts as network namespaces with bandwidth limits and start the cluster on them"),
-    "lab down": (cmd_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
+    "lab down": (cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
     "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
 

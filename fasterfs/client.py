@@ -104,15 +104,8 @@ class Client:
     def read_chunk(self, i: int) -> bytes:
         chunk = self.manifest.chunk(i)
         self._note_order(i)
-        if self.use_cache:
-            for node in self._caches[i]:
-                data = cache.read_entry(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i))
-                if isinstance(data, bytes):
-                    self._count_hit(node, len(data))
-                    return data
-                if data is cache.DAMAGED:
-                    self._damaged(node, i)
-        return self._read_minio(i, chunk)
+        data = self._cache_hit(i, cache.read_entry) if self.use_cache else None
+        return data if data is not None else self._read_minio(i, chunk)
 
     def read_table(self, i: int) -> pl.DataFrame:
         """Chunk i as a DataFrame with LOBSTER column names; prices are integers (USD x 10000).
@@ -120,16 +113,25 @@ class Client:
         if self.manifest.format == "arrow" and self.use_cache:
             import pyarrow as pa
 
+            chunk = self.manifest.chunk(i)
             self._note_order(i)
-            for node in self._caches[i]:
-                buf = cache.map_entry(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i))
-                if isinstance(buf, pa.Buffer):
-                    self._count_hit(node, buf.size)
-                    return pl.from_arrow(pa.ipc.open_file(buf).read_all())
-                if buf is cache.DAMAGED:
-                    self._damaged(node, i)
-            return lobster.decode_chunk(self._read_minio(i, self.manifest.chunk(i)), "arrow", self.manifest.level)
+            buf = self._cache_hit(i, cache.map_entry)
+            if buf is not None:
+                return pl.from_arrow(pa.ipc.open_file(buf).read_all())
+            return lobster.decode_chunk(self._read_minio(i, chunk), "arrow", self.manifest.level)
         return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
+
+    def _cache_hit(self, i: int, lookup):
+        """Chunk i from the first cache on this host that has a good, fresh entry, through
+        `lookup` (cache.read_entry: bytes; cache.map_entry: a mapped buffer); else None."""
+        for node in self._caches[i]:
+            got = lookup(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i))
+            if got is cache.DAMAGED:
+                self._damaged(node, i)
+            elif got is not None and got is not cache.STALE:
+                self._count_hit(node, len(got) if isinstance(got, bytes) else got.size)
+                return got
+        return None
 
     def _stale_mark(self, node: int, i: int) -> int:
         """When the node's kernel last saw chunk i written (0: never, or no pinned marks)."""

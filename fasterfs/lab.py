@@ -20,10 +20,11 @@ from pyroute2 import IPRoute, NetNS, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from . import cluster
-from .config import as_cfg
+from .config import Layout, as_cfg
 from .errors import FasterFSError
 
 LINK = "lab0"  # the host's interface inside its namespace
+MAX_HOSTS = 64  # how far leftover-hunting looks
 
 
 def names(cluster_name: str, hosts: int) -> dict:
@@ -106,6 +107,11 @@ def up(cfg) -> cluster.ClusterState:
     cfg = as_cfg(cfg)
     # Kernel programs watch each host's own link for requests to any MinIO.
     cfg.kernel.interface, cfg.kernel.watch = LINK, "any"
+    state_file = Layout.of(cfg).paths.state_file
+    if state_file.exists() and cluster.ClusterState.load(state_file.parent).running():
+        raise FasterFSError(f"a FasterFS cluster is already running under {state_file.parent}; run `fasterfs lab down` first")
+    if leftovers(cfg.cluster.name):  # a lab that crashed: no running cluster owns these any more
+        destroy_network(names(cfg.cluster.name, MAX_HOSTS))
     record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)
     try:
         return cluster.up(cfg, hosts=hosts, head=head, lab=record)
@@ -115,12 +121,22 @@ def up(cfg) -> cluster.ClusterState:
 
 
 def down(cfg) -> dict:
-    return cluster.down(cfg)
+    """Stop the lab's cluster and remove its network; with no state file (a crash), remove
+    whatever of the network is left."""
+    cfg = as_cfg(cfg)
+    if Layout.of(cfg).paths.state_file.exists():
+        return cluster.down(cfg)
+    left = leftovers(cfg.cluster.name)
+    if not left:
+        raise FasterFSError(f"no FasterFS lab is running under {cfg.cluster.root} and none is left to remove")
+    destroy_network(names(cfg.cluster.name, MAX_HOSTS))
+    return {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
+            "lab_removed": len(left)}
 
 
-def leftovers(cluster_name: str, hosts: int = 16) -> list[str]:
+def leftovers(cluster_name: str, hosts: int = None) -> list[str]:
     """What of a lab still exists (for tests and `lab down` checks)."""
-    record = names(cluster_name, hosts)
+    record = names(cluster_name, hosts or MAX_HOSTS)
     left = [h["netns"] for h in record["hosts"] if h["netns"] in netns.listnetns()]
     with IPRoute() as ipr:
         left += [n for n in [h["veth"] for h in record["hosts"]] + [record["bridge"]] if ipr.link_lookup(ifname=n)]

@@ -89,5 +89,13 @@ def _cmd(p: Path) -> str:
 
 def test_lab_down_without_lab_is_an_error(lab_overrides):
     from fasterfs.errors import FasterFSError
-    with pytest.raises(FasterFSError, match="no FasterFS cluster is running"):
+    with pytest.raises(FasterFSError, match="no FasterFS lab is running"):
         lab.down(config.load(lab_overrides))
+
+
+def test_leftovers_of_a_crashed_lab_are_removed(lab_overrides):
+    cfg = config.load(lab_overrides)
+    lab.create_network(cfg.cluster.name, 2, cfg.lab)  # as if the process that made them died
+    assert lab.leftovers(cfg.cluster.name)
+    report = lab.down(cfg)  # no state file: `lab down` still removes what is left
+    assert report["lab_removed"] >= 2 and lab.leftovers(cfg.cluster.name) == []
