@@ -6,13 +6,12 @@ import argparse
 import logging
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
-from . import cluster, config
+from . import cluster, config, report
 from .errors import FasterFSError
 
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = report.console()
 
 
 def _fmt_bytes(n) -> str:

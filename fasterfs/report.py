@@ -10,6 +10,15 @@ from typing import Callable, Iterable
 from .fsutil import atomic_write_json
 
 
+def console():
+    """A rich console; wide when writing to a file or a job log, so tables stay readable."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
 def run_dir(cfg, job: str) -> Path:
     path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
     path.mkdir(parents=True, exist_ok=True)

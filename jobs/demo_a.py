@@ -171,7 +171,6 @@ def main(argv: list[str]) -> dict:
     report.write_json(out, "demo_a.json", result)
     chart(stats, out / "demo_a.png")
 
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"Demo A: {raw['chunks']} chunks of {client.manifest.dataset} "
@@ -181,7 +180,7 @@ def main(argv: list[str]) -> dict:
     for name in PASSES:
         s = stats[name]
         table.add_row(name, f"{s['p50_ms']:.3f}", f"{s['p95_ms']:.3f}", f"{s['p99_ms']:.3f}")
-    console = Console()
+    console = report.console()
     console.print(table)
     for k, v in speedups.items():
         console.print(f"  {k}: {v:.2f}")

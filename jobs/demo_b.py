@@ -162,7 +162,6 @@ def main(argv: list[str]) -> dict:
     report.write_json(out, "demo_b.json", result)
     chart(runs, out / "demo_b.png")
 
-    from rich.console import Console
     from rich.table import Table
 
     where = f"lab, profile {lab['profile']}" if lab else "one machine, loopback, no limits"
@@ -174,7 +173,7 @@ def main(argv: list[str]) -> dict:
                       ", ".join(f"{p['mb_s']:.1f}" for p in r["per_node"]),
                       f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['efficiency']:.0%}" if r["efficiency"] else "-",
                       r["bound_by"])
-    console = Console()
+    console = report.console()
     console.print(table)
     console.print(f"  every task ran on the node holding its chunks: {result['all_tasks_on_their_nodes']}; "
                   f"reads that left their node: {result['remote_reads']}")

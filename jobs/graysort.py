@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
 from rich.progress import Progress
 
 from fasterfs import cluster, config, graysort, report
@@ -51,7 +50,7 @@ def main(argv: list[str]) -> dict:
     explicit = any(a.startswith("nodes=") for a in argv)
     p = graysort.plan(cfg, len(state.nodes), cfg.nodes if explicit else None)  # bad input fails here
     cluster.connect_ray(state)
-    console = Console()
+    console = report.console()
     with Progress(console=console, transient=True) as bar:
         tasks = {}
 

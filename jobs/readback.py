@@ -10,7 +10,6 @@ import sys
 import time
 
 import ray
-from rich.console import Console
 from rich.table import Table
 
 import fasterfs
@@ -41,7 +40,7 @@ def main(argv: list[str]) -> dict:
         r["on_own_node"] = r["ran_on"] == node.ray_node_id
         table.add_row(str(r["node"]), "yes" if r["on_own_node"] else "NO", str(r["chunks"]), f"{r['bytes'] / 1e6:.1f}",
                       f"{r['bytes'] / 1e6 / max(r['seconds'], 1e-9):.0f}")
-    Console().print(table)
+    report.console().print(table)
     result = {"dataset": manifest.dataset, "chunks": len(manifest), "nodes": results,
               "all_read": sum(r["chunks"] for r in results) == len(manifest) * manifest.replicas}
     out = report.write_json(report.run_dir(cfg, "readback"), "readback.json", result)
