@@ -57,13 +57,23 @@ DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found 
 STALE = "stale"      # ... for an entry fetched before the kernel last saw its key written (dropped)
 
 
-def _drop_if_same(path: Path, fd: int) -> None:
-    """Unlink a bad entry, unless a fresh fill has already replaced it."""
+def _verdict(path: Path, fd: int, header: Header | None, data, verify: bool, stale_mark: int) -> str | None:
+    """None if the entry is good and fresh (then it is touched: LRU); else drop it, unless a
+    fresh fill has already replaced it at `path`, and say why: STALE or DAMAGED."""
+    if header is not None and header.fetched_ns < stale_mark:
+        verdict = STALE
+    elif header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
+        log.warning("dropping damaged cache entry %s", path)
+        verdict = DAMAGED
+    else:
+        os.utime(fd)
+        return None
     try:
         if os.stat(path).st_ino == os.fstat(fd).st_ino:
             os.unlink(path)
     except FileNotFoundError:
         pass
+    return verdict
 
 
 def read_entry(path: Path, verify: bool = True, stale_mark: int = 0) -> bytes | str | None:
@@ -75,49 +85,31 @@ def read_entry(path: Path, verify: bool = True, stale_mark: int = 0) -> bytes | 
         return None
     try:
         header = Header.parse(os.pread(fd, HEADER.size, 0))
-        if header is not None and header.fetched_ns < stale_mark:
-            _drop_if_same(path, fd)
-            return STALE
         data = os.pread(fd, header.size, HEADER.size) if header else b""
-        if header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
-            log.warning("dropping damaged cache entry %s", path)
-            _drop_if_same(path, fd)
-            return DAMAGED
-        os.utime(fd)  # LRU: a hit makes the entry young
-        return data
+        return _verdict(path, fd, header, data, verify, stale_mark) or data
     finally:
         os.close(fd)
 
 
 def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):
-    """An entry's bytes as a read-only pyarrow buffer over a memory map (no copy); None, DAMAGED
-    or STALE as for read_entry."""
+    """An entry's bytes as a read-only pyarrow buffer over a memory map of the file (no copy);
+    None, DAMAGED or STALE as for read_entry."""
+    import mmap
+
     import pyarrow as pa
 
     try:
-        mm = pa.memory_map(str(path), "r")
-    except (FileNotFoundError, OSError):
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return None
-    buf = mm.read_buffer()
-    header = Header.parse(buf.slice(0, HEADER.size).to_pybytes() if buf.size >= HEADER.size else b"")
-    data = buf.slice(HEADER.size) if header else None
-    if header is not None and header.fetched_ns < stale_mark:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _drop_if_same(path, fd)
-        finally:
-            os.close(fd)
-        return STALE
-    if header is None or data.size != header.size or (verify and xxhash.xxh3_64_intdigest(memoryview(data)) != header.checksum):
-        log.warning("dropping damaged cache entry %s", path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _drop_if_same(path, fd)
-        finally:
-            os.close(fd)
-        return DAMAGED
-    os.utime(path)
-    return data
+    try:
+        size = os.fstat(fd).st_size
+        mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
+        header = Header.parse(bytes(mapped[:HEADER.size]))
+        data = pa.py_buffer(mapped).slice(HEADER.size) if header else b""  # the buffer keeps the map alive
+        return _verdict(path, fd, header, memoryview(data) if header else data, verify, stale_mark) or data
+    finally:
+        os.close(fd)
 
 
 class ChunkCache:

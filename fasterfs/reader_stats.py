@@ -13,6 +13,8 @@ import struct
 import uuid
 from pathlib import Path
 
+from .fsutil import atomic_write
+
 FIELDS = ("hits", "misses", "bytes_from_cache", "bytes_from_minio", "damaged_dropped", "prefetch_requests")
 _FMT = struct.Struct("<" + "Q" * len(FIELDS))
 RETIRED = "retired.stats"
@@ -67,8 +69,6 @@ def collect(directory: Path) -> dict[str, int]:
             totals = [a + b for a, b in zip(totals, values)]
             if not _alive(int(f.name.split("-")[0])):
                 retired = [a + b for a, b in zip(retired, values)]
-                from .fsutil import atomic_write
-
                 atomic_write(directory / RETIRED, _FMT.pack(*retired))
                 f.unlink(missing_ok=True)
     return dict(zip(FIELDS, totals))

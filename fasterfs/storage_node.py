@@ -68,6 +68,7 @@ class StorageNode:
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
         self._getters: dict[str, s3.MarkedGetter] = {}
+        self._endpoints: list[str] | None = None
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
                                   self.cfg.cache.prefetch.max_queue)
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
@@ -116,9 +117,11 @@ class StorageNode:
         endpoint = self.minio.endpoint
         holders = self._manifest_names()["holders"].get(key)
         if holders and self.index not in holders:
-            from .cluster import ClusterState
+            if self._endpoints is None:  # the cluster's nodes, fixed once the cluster is up
+                from .cluster import ClusterState
 
-            endpoint = ClusterState.load(self.paths.root).nodes[holders[0]].endpoint
+                self._endpoints = [n.endpoint for n in ClusterState.load(self.paths.root).nodes]
+            endpoint = self._endpoints[holders[0]]
         if endpoint not in self._getters:
             self._getters[endpoint] = s3.MarkedGetter(endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
         return self._getters[endpoint]

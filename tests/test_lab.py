@@ -10,6 +10,7 @@ from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
 from fasterfs import cluster, config, lab
+from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
 from conftest import assert_nothing_left, cluster_overrides, data_overrides
@@ -71,7 +72,7 @@ def test_failed_lab_up_leaves_nothing(lab_overrides, tmp_path):
     fake.write_text("#!/bin/sh\nexit 3\n")  # MinIO that dies: the network and Ray nodes are up by then
     fake.chmod(0o755)
     cfg = config.load(lab_overrides + [f"minio.binary={fake}", "cluster.start_timeout_s=60"])
-    with pytest.raises(Exception):
+    with pytest.raises(FasterFSError, match="StorageNode failed to start"):
         lab.up(cfg)
     assert lab.leftovers(cfg.cluster.name) == []
     assert not config.Layout.of(cfg).paths.state_file.exists()
@@ -88,7 +89,6 @@ def _cmd(p: Path) -> str:
 
 
 def test_lab_down_without_lab_is_an_error(lab_overrides):
-    from fasterfs.errors import FasterFSError
     with pytest.raises(FasterFSError, match="no FasterFS lab is running"):
         lab.down(config.load(lab_overrides))
 
