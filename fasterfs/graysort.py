@@ -17,6 +17,8 @@ task downloads everything, sorts and partitions it, and uploads the result.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import re
@@ -81,6 +83,11 @@ class SortPlan:
     def node_of(self, part: int) -> int:
         return part // self.parts_per_node  # contiguous key ranges per node: partitions ordered across nodes
 
+    def map_order(self) -> list[int]:
+        """Input partitions taking turns across nodes, so every node maps from the start."""
+        ppn = self.parts_per_node
+        return [n * ppn + k for k in range(ppn) for n in range(self.nodes)]
+
     def input_range(self, part: int) -> tuple[int, int]:
         per = -(-self.records // self.parts)
         start = part * per
@@ -117,7 +124,9 @@ def plan(cfg, cluster_nodes: int, nodes: int | None = None) -> SortPlan:
 # -- tasks (each pinned to the node whose data it touches) -----------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def _s3(root: str, node: int):
+    """One client per node per worker process: making one costs ~0.1 s, as much as a 64 MB GET."""
     state = cluster.ClusterState.load(Path(root))
     return s3.client(state.nodes[node].endpoint, credentials.load(Paths(Path(root)).credentials_file), read_timeout=300)
 
@@ -135,31 +144,52 @@ def warm_up(root: str, node: int) -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+class Steps(dict):
+    """Seconds a task spent in each of its steps (summed by the driver into the report)."""
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t = time.perf_counter()
+        yield
+        self[name] = self.get(name, 0.0) + time.perf_counter() - t
+
+
 @ray.remote(num_cpus=1)
 def generate_part(root: str, p: SortPlan, part: int) -> dict:
     start, count = p.input_range(part)
-    recs = records.generate(p.fmt, p.seed, start, count, p.skew)
-    _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("input", part), Body=recs.tobytes())
+    step = Steps()
+    with step("generate"):
+        recs = records.generate(p.fmt, p.seed, start, count, p.skew)
+    with step("checksum"):
+        checksum = records.checksum(recs)
+    with step("put"):
+        _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("input", part), Body=recs.tobytes())
     rng = np.random.default_rng(part)
     sample = records.key_prefix(recs)[rng.integers(0, count, min(count, SAMPLE_PER_PARTITION))] if count else []
-    return {"count": count, "checksum": records.checksum(recs), "sample": np.asarray(sample, dtype=np.uint64)}
+    return {"count": count, "checksum": checksum, "sample": np.asarray(sample, dtype=np.uint64), "steps": step}
 
 
 @ray.remote(num_cpus=1)
 def map_part(root: str, p: SortPlan, part: int, boundaries: np.ndarray):
-    recs = _get(_s3(root, p.node_of(part)), p.bucket, p.key("input", part), p.fmt.record)
-    recs = recs[records.sort_order(recs, p.fmt)]
-    cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
-    blocks = np.split(recs, cuts)  # one per output partition, in key order
-    return tuple(blocks) if p.parts > 1 else blocks[0]
+    """(steps, block for partition 0, block for partition 1, ...): num_returns = parts + 1."""
+    step = Steps()
+    with step("get"):
+        recs = _get(_s3(root, p.node_of(part)), p.bucket, p.key("input", part), p.fmt.record)
+    with step("sort"):
+        recs = records.sort(recs, p.fmt)
+        cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
+    return (step, *np.split(recs, cuts))  # one block per output partition, in key order
 
 
 @ray.remote(num_cpus=1)
 def reduce_part(root: str, p: SortPlan, part: int, *blocks: np.ndarray) -> dict:
-    recs = np.concatenate(blocks) if blocks else np.empty((0, p.fmt.record), np.uint8)
-    recs = recs[records.sort_order(recs, p.fmt)]  # sorted runs: the stable sort merges them
-    _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("output", part), Body=recs.tobytes())
-    return {"part": part, "count": len(recs), "node": ray.get_runtime_context().get_node_id()}
+    step = Steps()
+    with step("merge"):
+        recs = np.concatenate(blocks) if blocks else np.empty((0, p.fmt.record), np.uint8)
+        recs = records.sort(recs, p.fmt)  # sorted runs: the stable sort merges them
+    with step("put"):
+        _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("output", part), Body=recs.tobytes())
+    return {"part": part, "count": len(recs), "node": ray.get_runtime_context().get_node_id(), "steps": step}
 
 
 @ray.remote(num_cpus=1)
@@ -178,7 +208,7 @@ def coordinator_sort(root: str, p: SortPlan, boundaries: np.ndarray) -> dict:
     recs = np.concatenate([_get(_s3(root, p.node_of(j)), p.bucket, p.key("input", j), p.fmt.record)
                            for j in range(p.parts)])
     t1 = time.perf_counter()
-    recs = recs[records.sort_order(recs, p.fmt)]
+    recs = records.sort(recs, p.fmt)
     cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
     t2 = time.perf_counter()
     for part, block in enumerate(np.split(recs, cuts)):
@@ -192,11 +222,19 @@ def inmemory_sort_rate(p: SortPlan, nbytes: int) -> float:
     """MB/s of one process sorting the same records in memory (sort + gather), the yardstick."""
     recs = records.generate(p.fmt, p.seed, 0, nbytes // p.fmt.record, p.skew)
     t = time.perf_counter()
-    recs[records.sort_order(recs, p.fmt)]
+    records.sort(recs, p.fmt)
     return nbytes / 1e6 / (time.perf_counter() - t)
 
 
 # -- the driver: references and summaries only -----------------------------------------------
+
+
+def _sum_steps(steps) -> dict:
+    total: dict = {}
+    for st in steps:
+        for name, secs in st.items():
+            total[name] = total.get(name, 0.0) + secs
+    return total
 
 
 def boundaries_from(samples: list[np.ndarray], parts: int) -> np.ndarray:
@@ -260,32 +298,35 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
     gen = gather("generate", [generate_part.options(**on(j)).remote(root, p, j) for j in range(p.parts)])
     in_count, in_checksum = sum(g["count"] for g in gen), sum(g["checksum"] for g in gen)
     bounds = boundaries_from([g["sample"] for g in gen], p.parts)
-    del gen
     t1 = time.perf_counter()
     times["generate_s"] = t1 - t0
 
-    maps, inflight = [], []
-    for j in range(p.parts):
+    maps, inflight = {}, []
+    for j in p.map_order():
         if len(inflight) >= p.max_inflight:  # bound the maps in flight
             done, inflight = ray.wait(inflight, num_returns=1)
             tick("map", len(maps) - len(inflight), p.parts)
-        refs = map_part.options(num_returns=p.parts, **on(j)).remote(root, p, j, bounds)
-        refs = list(refs) if p.parts > 1 else [refs]
-        maps.append(refs)
-        inflight.append(refs[0])
-    reduces = [reduce_part.options(**on(q)).remote(root, p, q, *[maps[j][q] for j in range(p.parts)])
+        steps, *blocks = map_part.options(num_returns=p.parts + 1, **on(j)).remote(root, p, j, bounds)
+        maps[j] = (steps, blocks)
+        inflight.append(steps)
+    reduces = [reduce_part.options(**on(q)).remote(root, p, q, *[maps[j][1][q] for j in range(p.parts)])
                for q in range(p.parts)]
+    map_steps = [steps for steps, _ in maps.values()]
     del maps  # the reducers hold the blocks now; they are freed as each reducer finishes
     summaries = gather("map+reduce", reduces)
     t2 = time.perf_counter()
     times["map_reduce_s"] = t2 - t1
     times["sort_s"] = t2 - t0
+    task_seconds = {"generate": _sum_steps(g["steps"] for g in gen),
+                    "map": _sum_steps(ray.get(map_steps)),
+                    "reduce": _sum_steps(s["steps"] for s in summaries)}
 
     checked = gather("validate", [validate_part.options(**on(q)).remote(root, p, q) for q in range(p.parts)])
     verdict = check(p, checked, in_count, in_checksum, "output")
     times["validate_s"] = time.perf_counter() - t2
     result = {"plan": asdict(p), "bytes": p.size, "records": in_count, "input_checksum": in_checksum,
-              "times": times, "validation": verdict,
+              "times": times, "task_seconds": task_seconds, "validation": verdict,
+              "minio_md5_etags": state.config["minio"].get("md5_etags", True),
               "reducers_on_their_nodes": all(s["node"] == nodes[p.node_of(s["part"])].ray_node_id for s in summaries),
               "sort_mb_s": p.size / 1e6 / times["sort_s"],
               "partition_records": [v["count"] for v in checked]}

@@ -35,8 +35,9 @@ def _cmdline(pid: int) -> list[str]:
 
 class MinioServer:
     def __init__(self, binary: Path, address: str, port: int, console_port: int, data_dir: Path,
-                 log_path: Path, creds: Credentials):
+                 log_path: Path, creds: Credentials, md5_etags: bool = True):
         self.binary, self.address, self.port, self.console_port = binary, address, port, console_port
+        self.md5_etags = md5_etags
         self.data_dir, self.log_path, self.creds = Path(data_dir), Path(log_path), creds
         self.pidfile = self.data_dir.parent / "minio.pid"
         self.proc: subprocess.Popen | None = None
@@ -72,7 +73,8 @@ class MinioServer:
             self.proc = subprocess.Popen(
                 [str(self.binary), "server", str(self.data_dir), "--quiet",
                  "--address", f"{self.address}:{self.port}",
-                 "--console-address", f"{self.address}:{self.console_port}"],
+                 "--console-address", f"{self.address}:{self.console_port}",
+                 *([] if self.md5_etags else ["--no-compat"])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.pidfile.write_text(str(self.proc.pid))
         deadline = time.monotonic() + timeout

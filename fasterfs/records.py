@@ -97,6 +97,12 @@ def sort_order(records: np.ndarray, fmt: Format) -> np.ndarray:
     return order
 
 
+def sort(records: np.ndarray, fmt: Format) -> np.ndarray:
+    """The records in key order (a new array). `take` gathers whole rows 2x faster than
+    fancy indexing."""
+    return records.take(sort_order(records, fmt), axis=0)
+
+
 def first_unsorted(records: np.ndarray, fmt: Format) -> int | None:
     """Index of the first record whose key is smaller than its predecessor's, or None."""
     if len(records) < 2:

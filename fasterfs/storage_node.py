@@ -48,7 +48,8 @@ class StorageNode:
         paths = Layout.of(self.cfg).paths
         self.minio = MinioServer(minio_binary(self.cfg), self.address, self.cfg.minio.port,
                                  self.cfg.minio.console_port, paths.node_dir(index) / "minio",
-                                 paths.log_dir / f"minio-{index}.log", credentials.load(paths.credentials_file))
+                                 paths.log_dir / f"minio-{index}.log", credentials.load(paths.credentials_file),
+                                 self.cfg.minio.md5_etags)
         self.bucket = self.cfg.minio.bucket
         self.restarts = 0
         self._held = False  # maintenance hold: MinIO stopped on purpose, not restarted

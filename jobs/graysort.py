@@ -68,9 +68,12 @@ def main(argv: list[str]) -> dict:
     chart(result, out / "graysort.png")
     t = result["times"]
     console.print(f"GraySort {p.size / 1e6:.0f} MB ({p.records} {p.format} records, skew {p.skew}) on {p.nodes} nodes, "
-                  f"{p.parts} partitions")
+                  f"{p.parts} partitions; MinIO {'MD5' if result['minio_md5_etags'] else 'random (--no-compat)'} ETags")
     console.print(f"  generate {t['generate_s']:.2f} s | map+shuffle+reduce {t['map_reduce_s']:.2f} s | "
                   f"sort end to end {t['sort_s']:.2f} s ({result['sort_mb_s']:.0f} MB/s) | validate {t['validate_s']:.2f} s")
+    steps = " | ".join(f"{phase}: " + ", ".join(f"{k} {v:.1f}" for k, v in st.items())
+                       for phase, st in result["task_seconds"].items())
+    console.print(f"  task seconds, summed over each phase's tasks: {steps}")
     v = result["validation"]
     console.print(f"  valid: {v['records']} records, checksum {v['checksum']:#x}, {v['partitions']} partitions sorted and ordered")
     if "baseline" in result:

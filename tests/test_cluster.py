@@ -1,15 +1,19 @@
 """The real 2-node cluster: nodes, actors and MinIO servers where they belong; data read
 back exactly; failures healed (MinIO, actor) or routed around (replicas)."""
+import base64
+import hashlib
 import os
 import signal
 
 import pytest
 import ray
+from botocore.exceptions import ClientError
 from xxhash import xxh3_64_intdigest as xxh3
 
-from fasterfs import cluster, config, lobster
+from fasterfs import cluster, config, credentials, lobster, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import load_source
+from fasterfs.minio_server import MinioServer, _cmdline
 
 from conftest import data_overrides, wait_until
 
@@ -182,3 +186,32 @@ def test_readback_job_runs_tasks_on_their_nodes(ingest_as, cfg, overrides):
     result = job.main(overrides)
     assert result["all_read"] and all(n["on_own_node"] for n in result["nodes"])
     assert sum(n["bytes"] for n in result["nodes"]) == manifest.total_bytes
+
+
+@pytest.mark.parametrize("md5_etags", [True, False])
+def test_minio_etag_modes(tmp_path, md5_etags):
+    """md5_etags=false (--no-compat) skips MinIO's MD5 of every PUT: ETags are then random
+    per write yet still change on every overwrite, and a client's Content-MD5 is still
+    checked, so a damaged upload is refused either way."""
+    cfg = config.load([])
+    creds = credentials.create(tmp_path / "credentials.json")
+    server = MinioServer(config.minio_binary(cfg), "127.0.4.2", 9400, 9401, tmp_path / "minio",
+                         tmp_path / "minio.log", creds, md5_etags=md5_etags)
+    server.start(30)
+    try:
+        assert ("--no-compat" in _cmdline(server.pid)) is not md5_etags
+        c = s3.client(server.endpoint, creds)
+        c.create_bucket(Bucket="etags")
+        body = b"0123456789" * 1000
+        etags = [c.put_object(Bucket="etags", Key="k", Body=body)["ETag"].strip('"') for _ in range(2)]
+        if md5_etags:
+            assert etags == [hashlib.md5(body).hexdigest()] * 2
+        else:
+            assert etags[0] != etags[1] and hashlib.md5(body).hexdigest() not in etags
+        wrong = base64.b64encode(hashlib.md5(b"other bytes").digest()).decode()
+        with pytest.raises(ClientError, match="BadDigest"):
+            c.put_object(Bucket="etags", Key="k", Body=b"damaged", ContentMD5=wrong)
+        assert c.get_object(Bucket="etags", Key="k")["Body"].read() == body  # the refused write lost nothing
+    finally:
+        server.stop()
+    assert not server.alive()

@@ -34,9 +34,19 @@ def test_small_sorts_validate(live_cluster, overrides, extra):
     assert result["validation"]["records"] == p.records and result["validation"]["partitions"] == 6
     assert result["baseline"]["validation"]["checksum"] == result["input_checksum"]
     assert result["reducers_on_their_nodes"]
+    steps = result["task_seconds"]  # every task reports the time of each of its steps
+    assert set(steps["generate"]) == {"generate", "checksum", "put"} and set(steps["map"]) == {"get", "sort"}
+    assert set(steps["reduce"]) == {"merge", "put"} and all(s > 0 for phase in steps.values() for s in phase.values())
     counts = result["partition_records"]
     assert min(counts) > 0.5 * p.records / p.parts  # sampled boundaries balance even skewed keys
     assert objects(live_cluster, f"graysort/{p.run}/") == 0  # cleaned up
+
+
+def test_maps_take_turns_across_nodes(overrides):
+    p = graysort.plan(sort_cfg(overrides, "size=6MB", "graysort.partitions_per_node=3"), 2)
+    order = p.map_order()
+    assert sorted(order) == list(range(p.parts))
+    assert [p.node_of(j) for j in order] == [0, 1] * 3  # both nodes busy from the first map
 
 
 def _corrupt(live_cluster, p, how):
