@@ -42,6 +42,22 @@ def test_small_sorts_validate(live_cluster, overrides, extra):
     assert objects(live_cluster, f"graysort/{p.run}/") == 0  # cleaned up
 
 
+def test_job_reports_phases_baseline_and_reference(live_cluster, overrides):
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location("graysort_job", Path(config.PROJECT_DIR, "jobs", "graysort.py"))
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    result = job.main(overrides + ["size=3MB", "graysort.reference_mb=1"])
+    out = sorted(Path(live_cluster.root, "outputs").glob("graysort-*"))[-1]
+    assert json.loads((out / "graysort.json").read_text())["input_checksum"] == result["input_checksum"]
+    assert (out / "graysort.png").stat().st_size > 0
+    assert result["baseline"]["validation"]["records"] == result["records"] == 30_000
+    assert result["speedup_vs_baseline"] > 0 and result["reference"]["single_process_mb_s"] > 0
+    assert result["minio_md5_etags"] is True
+    assert objects(live_cluster, f"graysort/{result['plan']['run']}/") == 0  # the job removes its objects
+
+
 def test_maps_take_turns_across_nodes(overrides):
     p = graysort.plan(sort_cfg(overrides, "size=6MB", "graysort.partitions_per_node=3"), 2)
     order = p.map_order()
