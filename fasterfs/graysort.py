@@ -145,13 +145,20 @@ def warm_up(root: str, node: int) -> str:
 
 
 class Steps(dict):
-    """Seconds a task spent in each of its steps (summed by the driver into the report)."""
+    """Seconds a task spent in each of its steps (summed by the driver into the report), and
+    the wall-clock span of those steps (the report's timeline)."""
+
+    def __init__(self):
+        super().__init__()
+        self.span = [time.time(), time.time()]
+        self.node = ray.get_runtime_context().get_node_id()  # where the task really ran
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         t = time.perf_counter()
         yield
         self[name] = self.get(name, 0.0) + time.perf_counter() - t
+        self.span[1] = time.time()
 
 
 @ray.remote(num_cpus=1)
@@ -189,7 +196,7 @@ def reduce_part(root: str, p: SortPlan, part: int, *blocks: np.ndarray) -> dict:
         recs = records.sort(recs, p.fmt)  # sorted runs: the stable sort merges them
     with step("put"):
         _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("output", part), Body=recs.tobytes())
-    return {"part": part, "count": len(recs), "node": ray.get_runtime_context().get_node_id(), "steps": step}
+    return {"part": part, "count": len(recs), "steps": step}
 
 
 @ray.remote(num_cpus=1)
@@ -311,23 +318,29 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         inflight.append(steps)
     reduces = [reduce_part.options(**on(q)).remote(root, p, q, *[maps[j][1][q] for j in range(p.parts)])
                for q in range(p.parts)]
-    map_steps = [steps for steps, _ in maps.values()]
+    maps_order, map_steps = list(maps), [steps for steps, _ in maps.values()]
     del maps  # the reducers hold the blocks now; they are freed as each reducer finishes
     summaries = gather("map+reduce", reduces)
     t2 = time.perf_counter()
     times["map_reduce_s"] = t2 - t1
     times["sort_s"] = t2 - t0
-    task_seconds = {"generate": _sum_steps(g["steps"] for g in gen),
-                    "map": _sum_steps(ray.get(map_steps)),
-                    "reduce": _sum_steps(s["steps"] for s in summaries)}
+    per_task = {"generate": {j: g["steps"] for j, g in enumerate(gen)},
+                "map": dict(zip(maps_order, ray.get(map_steps))),
+                "reduce": {s["part"]: s["steps"] for s in summaries}}
+    task_seconds = {phase: _sum_steps(tasks.values()) for phase, tasks in per_task.items()}
+    origin = min(st.span[0] for st in per_task["generate"].values())
+    node_index = {n.ray_node_id: i for i, n in enumerate(nodes)}
+    timeline = [{"phase": phase, "part": part, "node": node_index.get(st.node),
+                 "start_s": st.span[0] - origin, "end_s": st.span[1] - origin}
+                for phase, tasks in per_task.items() for part, st in tasks.items()]
 
     checked = gather("validate", [validate_part.options(**on(q)).remote(root, p, q) for q in range(p.parts)])
     verdict = check(p, checked, in_count, in_checksum, "output")
     times["validate_s"] = time.perf_counter() - t2
     result = {"plan": asdict(p), "bytes": p.size, "records": in_count, "input_checksum": in_checksum,
-              "times": times, "task_seconds": task_seconds, "validation": verdict,
+              "times": times, "task_seconds": task_seconds, "timeline": timeline, "validation": verdict,
               "minio_md5_etags": state.config["minio"].get("md5_etags", True),
-              "reducers_on_their_nodes": all(s["node"] == nodes[p.node_of(s["part"])].ray_node_id for s in summaries),
+              "tasks_on_their_nodes": all(t["node"] == p.node_of(t["part"]) for t in timeline),
               "sort_mb_s": p.size / 1e6 / times["sort_s"],
               "partition_records": [v["count"] for v in checked]}
     if baseline:

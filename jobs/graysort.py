@@ -19,6 +19,8 @@ from fasterfs import cluster, config, graysort, report
 
 
 def chart(result: dict, path) -> None:
+    """Top: the phases of both designs side by side. Bottom: every task of the shuffle on
+    its node's row (where the cores went, and where they waited)."""
     t = result["times"]
     bars = [("object-store shuffle", [("generate", t["generate_s"]), ("map + shuffle + reduce", t["map_reduce_s"]),
                                       ("validate", t["validate_s"])])]
@@ -27,12 +29,12 @@ def chart(result: dict, path) -> None:
         bars.append(("single coordinator", [("generate", t["generate_s"]), ("download", b["download_s"]),
                                             ("sort + partition", b["sort_partition_s"]), ("upload", b["upload_s"])]))
     colors = {"generate": "#888", "map + shuffle + reduce": "#06c", "validate": "#6a6", "download": "#c60",
-              "sort + partition": "#a40", "upload": "#e90"}
-    fig, ax = report.figure(figsize=(10, 3))
+              "sort + partition": "#a40", "upload": "#e90", "map": "#06c", "reduce": "#0a8"}
+    fig, (ax, tl) = report.figure(2, 1, figsize=(10, 6), gridspec_kw={"height_ratios": [1, 2]})
     for y, (label, parts) in enumerate(bars):
         left = 0.0
         for name, secs in parts:
-            ax.barh(y, secs, left=left, color=colors[name], label=name if y == 0 or name not in ("generate",) else None)
+            ax.barh(y, secs, left=left, color=colors[name], label=name)
             left += secs
     ax.set_yticks(range(len(bars)), [b[0] for b in bars])
     ax.set_xlabel("seconds")
@@ -40,7 +42,16 @@ def chart(result: dict, path) -> None:
     ax.set_title(f"GraySort {result['bytes'] / 1e6:.0f} MB on {p['nodes']} nodes ({p['format']} records)")
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="lower right")
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    rows = p["nodes"] * 3  # per node: generate, map, reduce lanes
+    lane = {"generate": 0, "map": 1, "reduce": 2}
+    for task in result["timeline"]:
+        y = task["node"] * 3 + lane[task["phase"]]
+        tl.barh(y, task["end_s"] - task["start_s"], left=task["start_s"], height=0.8, color=colors[task["phase"]],
+                edgecolor="white", linewidth=0.5)
+    tl.set_yticks(range(rows), [f"node {n} {ph}" for n in range(p["nodes"]) for ph in lane], fontsize=7)
+    tl.invert_yaxis()
+    tl.set_xlabel("seconds since the first task started (each bar: one task's steps)")
     report.save_figure(fig, path)
 
 
@@ -73,7 +84,8 @@ def main(argv: list[str]) -> dict:
                   f"sort end to end {t['sort_s']:.2f} s ({result['sort_mb_s']:.0f} MB/s) | validate {t['validate_s']:.2f} s")
     steps = " | ".join(f"{phase}: " + ", ".join(f"{k} {v:.1f}" for k, v in st.items())
                        for phase, st in result["task_seconds"].items())
-    console.print(f"  task seconds, summed over each phase's tasks: {steps}")
+    console.print(f"  task seconds, summed over each phase's tasks: {steps}; every task ran on its data's node: "
+                  f"{result['tasks_on_their_nodes']}")
     v = result["validation"]
     console.print(f"  valid: {v['records']} records, checksum {v['checksum']:#x}, {v['partitions']} partitions sorted and ordered")
     if "baseline" in result:

@@ -33,10 +33,16 @@ def test_small_sorts_validate(live_cluster, overrides, extra):
         graysort.delete_run(live_cluster, p)
     assert result["validation"]["records"] == p.records and result["validation"]["partitions"] == 6
     assert result["baseline"]["validation"]["checksum"] == result["input_checksum"]
-    assert result["reducers_on_their_nodes"]
+    assert result["tasks_on_their_nodes"]  # generate, map and reduce each ran where its data lives
     steps = result["task_seconds"]  # every task reports the time of each of its steps
     assert set(steps["generate"]) == {"generate", "checksum", "put"} and set(steps["map"]) == {"get", "sort"}
     assert set(steps["reduce"]) == {"merge", "put"} and all(s > 0 for phase in steps.values() for s in phase.values())
+    timeline = result["timeline"]  # one span per task, on the node that ran it, maps after their inputs exist
+    assert sorted((t["phase"], t["part"]) for t in timeline) == sorted(
+        (phase, j) for phase in ("generate", "map", "reduce") for j in range(p.parts))
+    assert all(0 <= t["start_s"] <= t["end_s"] and t["node"] == p.node_of(t["part"]) for t in timeline)  # measured node
+    last_generate = max(t["end_s"] for t in timeline if t["phase"] == "generate")
+    assert min(t["start_s"] for t in timeline if t["phase"] == "map") >= last_generate
     counts = result["partition_records"]
     assert min(counts) > 0.5 * p.records / p.parts  # sampled boundaries balance even skewed keys
     assert objects(live_cluster, f"graysort/{p.run}/") == 0  # cleaned up
