@@ -244,6 +244,15 @@ def _sum_steps(steps) -> dict:
     return total
 
 
+def _timeline(per_task: dict, nodes: list) -> list[dict]:
+    """Every task's node (where it really ran) and span, in seconds since the first started."""
+    origin = min(st.span[0] for tasks in per_task.values() for st in tasks.values())
+    node_index = {n.ray_node_id: i for i, n in enumerate(nodes)}
+    return [{"phase": phase, "part": part, "node": node_index.get(st.node),
+             "start_s": st.span[0] - origin, "end_s": st.span[1] - origin}
+            for phase, tasks in per_task.items() for part, st in tasks.items()]
+
+
 def boundaries_from(samples: list[np.ndarray], parts: int) -> np.ndarray:
     """Cut points giving each output partition an equal share of the sampled keys."""
     allkeys = np.sort(np.concatenate([s for s in samples if len(s)]))
@@ -318,21 +327,17 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         inflight.append(steps)
     reduces = [reduce_part.options(**on(q)).remote(root, p, q, *[maps[j][1][q] for j in range(p.parts)])
                for q in range(p.parts)]
-    maps_order, map_steps = list(maps), [steps for steps, _ in maps.values()]
+    map_steps = [steps for steps, _ in maps.values()]
     del maps  # the reducers hold the blocks now; they are freed as each reducer finishes
     summaries = gather("map+reduce", reduces)
     t2 = time.perf_counter()
     times["map_reduce_s"] = t2 - t1
     times["sort_s"] = t2 - t0
     per_task = {"generate": {j: g["steps"] for j, g in enumerate(gen)},
-                "map": dict(zip(maps_order, ray.get(map_steps))),
+                "map": dict(zip(p.map_order(), ray.get(map_steps))),
                 "reduce": {s["part"]: s["steps"] for s in summaries}}
     task_seconds = {phase: _sum_steps(tasks.values()) for phase, tasks in per_task.items()}
-    origin = min(st.span[0] for st in per_task["generate"].values())
-    node_index = {n.ray_node_id: i for i, n in enumerate(nodes)}
-    timeline = [{"phase": phase, "part": part, "node": node_index.get(st.node),
-                 "start_s": st.span[0] - origin, "end_s": st.span[1] - origin}
-                for phase, tasks in per_task.items() for part, st in tasks.items()]
+    timeline = _timeline(per_task, nodes)
 
     checked = gather("validate", [validate_part.options(**on(q)).remote(root, p, q) for q in range(p.parts)])
     verdict = check(p, checked, in_count, in_checksum, "output")
