@@ -63,10 +63,9 @@ def generate(fmt: Format, seed: int, start: int, count: int, skew: float = 0.0) 
     shifts = np.arange(60, 60 - 4 * ndig, -4, dtype=np.uint64)
     nibbles = ((idx[:, None] >> shifts[None, :]) & np.uint64(15)).astype(np.uint8)
     out[:, fmt.key:fmt.key + ndig] = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)[nibbles]
-    if rest > 16:
-        shift = (idx % np.uint64(26)).astype(np.uint8)
-        pattern = (np.arange(rest - 16) % 26).astype(np.uint8)
-        out[:, fmt.key + 16:] = (shift[:, None] + pattern[None, :]) % 26 + 65
+    if rest > 16:  # the rows of a 26-row table (one per shift), gathered whole
+        letters = ((np.arange(26)[:, None] + np.arange(rest - 16)[None, :]) % 26 + 65).astype(np.uint8)
+        out[:, fmt.key + 16:] = letters.take((idx % np.uint64(26)).astype(np.intp), axis=0)
     return out
 
 
@@ -118,7 +117,8 @@ def first_unsorted(records: np.ndarray, fmt: Format) -> int | None:
     return int(hits[0]) + 1 if hits.size else None
 
 
-# CRC32 (IEEE, as zlib) of every record at once: slicing-by-4 tables over the records' columns.
+# CRC32 (IEEE, as zlib) of every record at once: the records' 32-bit words are fed column by
+# column, each through two 16-bit tables (slicing-by-4 with 64K-entry tables: half the lookups).
 def _tables() -> np.ndarray:
     t = np.zeros((4, 256), dtype=np.uint32)
     for n in range(256):
@@ -132,21 +132,31 @@ def _tables() -> np.ndarray:
 
 
 _T = _tables()
+_V = np.arange(65536, dtype=np.uint32)
+_LO16 = _T[3][_V & 0xFF] ^ _T[2][_V >> 8]  # the word's low 16 bits
+_HI16 = _T[1][_V & 0xFF] ^ _T[0][_V >> 8]  # its high 16 bits
+_BLOCK = 65536  # records per pass: the transposed words and the state stay in cache
 
 
 def crc32_each(records: np.ndarray) -> np.ndarray:
-    """zlib.crc32 of every row, vectorised (about 1 GB/s instead of a Python loop)."""
+    """zlib.crc32 of every row, vectorised (~900 MB/s here instead of a Python loop)."""
     n, width = records.shape
-    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
     words = width // 4
-    if words:
-        w = np.ascontiguousarray(records[:, : words * 4]).view("<u4")
+    out = np.empty(n, dtype=np.uint32)
+    for s in range(0, n, _BLOCK):
+        part = records[s:s + _BLOCK]
+        cols = np.ascontiguousarray(np.ascontiguousarray(part[:, :words * 4]).view("<u4").T)
+        crc = np.full(len(part), 0xFFFFFFFF, dtype=np.uint32)
+        x, lo = np.empty_like(crc), np.empty_like(crc)
         for j in range(words):
-            x = crc ^ w[:, j]
-            crc = _T[3][x & 0xFF] ^ _T[2][(x >> 8) & 0xFF] ^ _T[1][(x >> 16) & 0xFF] ^ _T[0][x >> 24]
-    for j in range(words * 4, width):
-        crc = _T[0][(crc ^ records[:, j]) & 0xFF] ^ (crc >> 8)
-    return crc ^ np.uint32(0xFFFFFFFF)
+            np.bitwise_xor(crc, cols[j], out=x)
+            np.take(_LO16, x & 0xFFFF, out=lo)
+            np.take(_HI16, x >> 16, out=crc)
+            crc ^= lo
+        for j in range(words * 4, width):
+            crc = _T[0][(crc ^ part[:, j]) & 0xFF] ^ (crc >> 8)
+        out[s:s + _BLOCK] = crc ^ np.uint32(0xFFFFFFFF)
+    return out
 
 
 def checksum(records: np.ndarray) -> int:

@@ -149,6 +149,13 @@ def test_bad_input_refused_before_anything_starts(live_cluster, overrides, extra
     assert objects(live_cluster) == before
 
 
+@pytest.mark.parametrize("rows,width", [(70_000, 100), (70_000, 64), (300, 7), (5, 3), (0, 100)])
+def test_record_crc32s_equal_zlib(rows, width):
+    import zlib
+    recs = np.random.default_rng(width).integers(0, 256, (rows, width), dtype=np.uint8)
+    assert records.crc32_each(recs).tolist() == [zlib.crc32(bytes(r)) for r in recs]  # across the 65,536-row passes
+
+
 def test_zero_nodes_refused(overrides):
     with pytest.raises(FasterFSError, match="at least one node"):
         graysort.plan(sort_cfg(overrides), 2, nodes=0)
