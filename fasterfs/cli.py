@@ -14,20 +14,11 @@ from .errors import FasterFSError
 console = report.console()
 
 
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-
-
 def cmd_up(cfg) -> None:
     with console.status(f"starting {cfg.nodes} Ray nodes with their MinIO servers"):
         state = cluster.up(cfg)
     console.print(f"[green]FasterFS cluster up[/]: {len(state.nodes)} nodes, Ray at {state.ray_address}, "
-                  f"dashboard {state.dashboard_url}")
+                  f"FasterFS dashboard {state.web_url or '(disabled)'}")
     cmd_status(cfg)
 
 
@@ -64,9 +55,9 @@ def cmd_status(cfg) -> None:
         if r.get("error"):
             health = f"[red]{r['error']}[/]"
         table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
-                      str(r.get("objects", "-")), _fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
+                      str(r.get("objects", "-")), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
     console.print(table)
-    console.print(f"Ray dashboard: {state.dashboard_url}")
+    console.print(f"Ray dashboard: {state.dashboard_url}" + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
 
 
 def cmd_down(cfg) -> None:
@@ -88,7 +79,7 @@ def cmd_ingest(cfg) -> None:
         manifest = ingest(cfg, progress=lambda done, total: bar.update(task, completed=done, total=total))
     per_node = [len(manifest.on_node(i)) for i in range(manifest.node_count)]
     console.print(f"[green]ingested[/] {manifest.dataset}: {manifest.rows} rows in {len(manifest)} {manifest.format} "
-                  f"chunks ({_fmt_bytes(manifest.total_bytes)}), replicas={manifest.replicas}, "
+                  f"chunks ({report.fmt_bytes(manifest.total_bytes)}), replicas={manifest.replicas}, "
                   f"chunks per node {per_node}")
 
 
@@ -142,9 +133,9 @@ def cmd_cache_status(cfg) -> None:
     for r in rows:
         f, rd = r["filler"], r["readers"]
         mode = r["kernel_mode"] if r["kernel_mode"] == "real" else "[yellow]SIMULATED[/]"
-        table.add_row(str(r["index"]), mode, str(r["entries"]), _fmt_bytes(r["bytes"]), _fmt_bytes(r["capacity"]),
-                      str(rd["hits"]), str(rd["misses"]), _fmt_bytes(rd["bytes_from_cache"]),
-                      _fmt_bytes(rd["bytes_from_minio"]),
+        table.add_row(str(r["index"]), mode, str(r["entries"]), report.fmt_bytes(r["bytes"]), report.fmt_bytes(r["capacity"]),
+                      str(rd["hits"]), str(rd["misses"]), report.fmt_bytes(rd["bytes_from_cache"]),
+                      report.fmt_bytes(rd["bytes_from_minio"]),
                       f"{f.get('hot_fills', 0)}/{f.get('prefetch_fills', 0)}/{f.get('warm_fills', 0)}",
                       str(r["evictions"]), str(f.get("prefetch_shed", 0)),
                       str(rd["damaged_dropped"] + r["scrub_dropped"]))

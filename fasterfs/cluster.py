@@ -56,6 +56,7 @@ class ClusterState:
     attached: bool = False  # StorageNodes on a Ray cluster FasterFS did not start (cluster.yaml)
     head_pid: int | None = None  # `ray start` of a head that holds no data (the lab's)
     lab: dict | None = None      # the lab network to remove on teardown (fasterfs.lab)
+    web_url: str | None = None   # FasterFS's own dashboard (fasterfs.dashboard), when enabled
     started: float = field(default_factory=time.time)
 
     @property
@@ -177,6 +178,8 @@ def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
         check_port_free(head.address, cfg.cluster.ray_port, "Ray GCS (cluster.ray_port)")
         check_port_free(head.address, cfg.cluster.dashboard_port, "Ray dashboard (cluster.dashboard_port)")
         check_port_free(head.address, cfg.cluster.client_port, "Ray client (cluster.client_port)")
+        if cfg.dashboard.enabled:
+            check_port_free(head.address, cfg.dashboard.port, "FasterFS dashboard (dashboard.port)")
     for i, host in enumerate(hosts):
         if host.netns is None:
             check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
@@ -229,6 +232,9 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         _start_storage_nodes(cfg, state)
         state.ready = True
         state.save()
+        if cfg.dashboard.enabled:  # it reads the saved state
+            state.web_url = _start_dashboard(cfg, state)
+            state.save()
         return state
     except BaseException:
         teardown(state)
@@ -333,6 +339,24 @@ def _start_storage_nodes(cfg, state: ClusterState) -> None:
         node.host_id = info["host_id"]
 
 
+def _start_dashboard(cfg, state: ClusterState) -> str:
+    """FasterFS's web dashboard, as an actor on the head node listening on the head's address."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .dashboard import ACTOR_NAME, DashboardServer
+
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address)
+    actor = ray.remote(DashboardServer).options(
+        name=ACTOR_NAME, namespace=state.namespace, lifetime="detached", num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
+    ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s)
+    try:
+        return ray.get(actor.ready.remote(), timeout=cfg.cluster.start_timeout_s)
+    except ray.exceptions.RayTaskError as e:
+        raise e.as_instanceof_cause() from None
+
+
 def _wait_for_head(cfg, head: Host, proc, log_path: Path) -> None:
     import socket
 
@@ -383,6 +407,7 @@ def teardown(state: ClusterState) -> dict:
             import ray
 
             connect_ray(state)
+            _stop_dashboard(state, report)
             for node in state.nodes:
                 try:
                     actor = ray.get_actor(actor_name(node.index), namespace=state.namespace)
@@ -420,6 +445,22 @@ def teardown(state: ClusterState) -> dict:
 
         report["lab_removed"] = lab.destroy_network(state.lab)
     return report
+
+
+def _stop_dashboard(state: ClusterState, report: dict) -> None:
+    import ray
+
+    from .dashboard import ACTOR_NAME
+
+    try:
+        actor = ray.get_actor(ACTOR_NAME, namespace=state.namespace)
+    except ValueError:
+        return  # not started (disabled, or up failed before it)
+    try:
+        ray.get(actor.stop.remote(), timeout=15)
+    except Exception as e:
+        report["actor_errors"].append(f"dashboard: {type(e).__name__}: {e}"[:300])
+    ray.kill(actor, no_restart=True)
 
 
 def _remove_tc_filters(state: ClusterState) -> int:

@@ -69,6 +69,8 @@ def validate(cfg: DictConfig) -> None:
         bad("cache.capacity_mb", "must be a number of megabytes >= 0")
     if not isinstance(cfg.cache.prefetch.window, int) or cfg.cache.prefetch.window < 0:
         bad("cache.prefetch.window", "must be a whole number >= 0")
+    if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:
+        bad("dashboard.refresh_s", "must be a number of seconds >= 0.5")
     if cfg.kernel.watch not in ("own", "any"):
         bad("kernel.watch", "must be own or any")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):
@@ -83,7 +85,7 @@ def validate(cfg: DictConfig) -> None:
     last = first + (cfg.nodes - 1)
     if not last.is_loopback:
         bad("nodes", f"node addresses from {first} would leave 127.0.0.0/8")
-    for opt in ("cluster.ray_port", "cluster.dashboard_port", "minio.port", "minio.console_port"):
+    for opt in ("cluster.ray_port", "cluster.dashboard_port", "minio.port", "minio.console_port", "dashboard.port"):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, int) or not 1 <= v <= 65535:
             bad(opt, "must be a TCP port number")

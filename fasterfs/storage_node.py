@@ -138,13 +138,14 @@ class StorageNode:
         try:
             mtime = self.paths.manifest_file.stat().st_mtime
         except OSError:
-            return {"hashes": {}, "entries": {}, "holders": {}}
+            return {"hashes": {}, "keys": {}, "entries": {}, "holders": {}}
         if mtime != self._manifest_cache[0]:
             from .manifest import Manifest
 
             m = Manifest.load(self.paths.manifest_file)
             self._manifest_cache = (mtime, {
                 "hashes": {key_hash(f"/{m.bucket}/{c.key}"): f"chunk {c.id} ({c.key})" for c in m.chunks},
+                "keys": {key_hash(f"/{m.bucket}/{c.key}"): c.key for c in m.chunks},
                 "entries": {entry_name(c.key): c.key for c in m.chunks},
                 "holders": {c.key: c.nodes for c in m.chunks}})
         return self._manifest_cache[1]
@@ -208,6 +209,10 @@ class StorageNode:
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self._resolve)
         snap.update(index=self.index, address=self.address)
+        keys = self._manifest_names()["keys"]
+        for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?
+            key = keys.get(int(t["key"], 16))
+            t["cached"] = None if key is None else self.cache.contains(key)
         if self.sockops_skipped:
             snap["sockops"]["skipped"] = self.sockops_skipped
         return snap

@@ -166,7 +166,10 @@ def main(argv: list[str]) -> dict:
     result = {"dataset": client.manifest.dataset, "format": client.manifest.format, "chunks": raw["chunks"],
               "chunk_bytes_avg": raw["chunk_bytes_avg"], "passes": stats, "speedups": speedups, "targets": targets,
               "kernel": raw["kernel"], "prefetch": raw["prefetch"], "filled_after_warm": raw["filled_after_warm"],
-              "latencies_s": raw["latencies_s"]}
+              "latencies_s": raw["latencies_s"],
+              "headline": {"hot read vs MinIO direct": f"{speedups['hot vs MinIO direct (x faster)']:.1f}x faster",
+                           "p50 hot / MinIO": f"{p50['FasterFS hot']:.3f} / {p50['MinIO direct']:.3f} ms",
+                           "targets met": f"{sum(targets.values())} of {len(targets)}"}}
     out = report.run_dir(cfg, "demo_a")
     report.write_json(out, "demo_a.json", result)
     chart(stats, out / "demo_a.png")

@@ -158,6 +158,8 @@ def main(argv: list[str]) -> dict:
               "lab_profile": lab and {k: lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "runs": runs,
               "all_tasks_on_their_nodes": all(p["on_own_node"] for r in runs for p in r["per_node"]),
               "remote_reads": sum(p["remote_reads"] for r in runs for p in r["per_node"])}
+    result["headline"] = {f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''} {r['layout']}":
+                          f"{r['mb_s']:.0f} MB/s" + (f" ({r['speedup']:.2f}x)" if r["speedup"] else "") for r in runs}
     out = report.run_dir(cfg, "demo_b")
     report.write_json(out, "demo_b.json", result)
     chart(runs, out / "demo_b.png")

@@ -74,10 +74,16 @@ def main(argv: list[str]) -> dict:
         finally:
             if not cfg.graysort.keep:
                 graysort.delete_run(state, p)
+    t = result["times"]
+    result["headline"] = {"sorted": f"{p.size / 1e6:.0f} MB on {p.nodes} nodes, valid",
+                          "end to end (generate + sort)": f"{t['sort_s']:.2f} s",
+                          "map+shuffle+reduce": f"{t['map_reduce_s']:.2f} s ({result['reference']['sort_phase_mb_s']:.0f} MB/s)"
+                          if "reference" in result else f"{t['map_reduce_s']:.2f} s"}
+    if "baseline" in result:
+        result["headline"]["vs single coordinator"] = f"{result['speedup_vs_baseline']:.2f}x faster"
     out = report.run_dir(cfg, "graysort")
     report.write_json(out, "graysort.json", result)
     chart(result, out / "graysort.png")
-    t = result["times"]
     console.print(f"GraySort {p.size / 1e6:.0f} MB ({p.records} {p.format} records, skew {p.skew}) on {p.nodes} nodes, "
                   f"{p.parts} partitions; MinIO {'MD5' if result['minio_md5_etags'] else 'random (--no-compat)'} ETags")
     console.print(f"  generate {t['generate_s']:.2f} s | map+shuffle+reduce {t['map_reduce_s']:.2f} s | "

@@ -43,6 +43,8 @@ def main(argv: list[str]) -> dict:
     report.console().print(table)
     result = {"dataset": manifest.dataset, "chunks": len(manifest), "nodes": results,
               "all_read": sum(r["chunks"] for r in results) == len(manifest) * manifest.replicas}
+    result["headline"] = {"chunks read back and checked": sum(r["chunks"] for r in results),
+                          "MB/s per node": ", ".join(f"{r['bytes'] / 1e6 / max(r['seconds'], 1e-9):.0f}" for r in results)}
     out = report.write_json(report.run_dir(cfg, "readback"), "readback.json", result)
     print(f"all {len(manifest)} chunks read back and checked; report: {out}")
     return result

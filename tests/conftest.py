@@ -25,7 +25,8 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
             "cluster.name=fasterfs-test" + str(port_offset), "cluster.object_store_mb=256", "cluster.cpus_per_node=2",
             f"cluster.ray_port={6400 + port_offset}", f"cluster.dashboard_port={8300 + port_offset}",
             f"cluster.client_port={7100 + port_offset}", f"cluster.agent_port={52400 + 10 * port_offset}",
-            f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}"]
+            f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}",
+            f"dashboard.port={8400 + port_offset}"]
 
 
 def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:
@@ -56,6 +57,11 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
     assert f" {state.root}/" not in mounts, "a mount (bpffs, cgroup2) of the cluster is left"
     from fasterfs.bpf import tc
     assert not [n for n in tc.list_filters("lo") if n.startswith(f"ffs:{state.name}:")], "TC filters left on lo"
+    # the dashboard actor's server is gone with its port (looked up, not connected to: the
+    # lab's head address is gone too, and a connection would leave the machine)
+    port = state.config["dashboard"]["port"]
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert not listening.strip(), f"dashboard port {port} still listening: {listening}"
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
     assert f"fasterfs-{state.name}/" not in tree, "SOCK_OPS attachment left"
 
@@ -85,6 +91,16 @@ def live_cluster(cfg):
     finally:
         cluster.down(cfg)
         assert_nothing_left(state)
+
+
+def load_job(name: str):
+    """A job script of jobs/ as a module, to call its main(argv) as `python jobs/<name>.py` would."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"job_{name}", config.PROJECT_DIR / "jobs" / f"{name}.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    return job
 
 
 def data_overrides(fmt: str = "csv", replicas: int = 1) -> list[str]:

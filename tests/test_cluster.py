@@ -15,7 +15,7 @@ from fasterfs.errors import FasterFSError
 from fasterfs.ingest import load_source
 from fasterfs.minio_server import MinioServer, _cmdline
 
-from conftest import data_overrides, wait_until
+from conftest import data_overrides, load_job, wait_until
 
 
 def statuses(state):
@@ -177,13 +177,8 @@ def test_cluster_already_running_refused(live_cluster, cfg):
 
 
 def test_readback_job_runs_tasks_on_their_nodes(ingest_as, cfg, overrides):
-    import importlib.util
-    from pathlib import Path
     manifest = ingest_as("csv")
-    spec = importlib.util.spec_from_file_location("readback", Path(config.PROJECT_DIR, "jobs", "readback.py"))
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
-    result = job.main(overrides)
+    result = load_job("readback").main(overrides)
     assert result["all_read"] and all(n["on_own_node"] for n in result["nodes"])
     assert sum(n["bytes"] for n in result["nodes"]) == manifest.total_bytes
 

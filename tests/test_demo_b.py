@@ -1,19 +1,10 @@
 """Demo B on the live 2-node cluster (small volume): locality, exact volume, correct data."""
-import importlib.util
-
-from fasterfs import config
-
-
-def _job(name):
-    spec = importlib.util.spec_from_file_location(name, config.PROJECT_DIR / "jobs" / f"{name}.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
-    return job
+from conftest import load_job
 
 
 def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_cluster):
     ingest_as("csv")
-    result = _job("demo_b").main(overrides + ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
+    result = load_job("demo_b").main(overrides + ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
     runs = result["runs"]
     assert [(r["nodes"], r["layout"]) for r in runs] == [(1, "partitioned"), (2, "partitioned"), (2, "replicated")]
     for r in runs:
@@ -28,7 +19,7 @@ def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_clus
 
 def test_cross_host_job_on_one_machine(ingest_as, overrides):
     ingest_as("csv")
-    result = _job("cross_host").main(overrides + ["cross_host.chunks=4"])
+    result = load_job("cross_host").main(overrides + ["cross_host.chunks=4"])
     assert result["correct"] and result["chunks"] == 4
     assert sum(result["filled_on"].values()) == 4  # the kernel made every one hot and a node cached it
     assert result["p50_ms"]["hot"] < result["p50_ms"]["cold"]
@@ -36,9 +27,9 @@ def test_cross_host_job_on_one_machine(ingest_as, overrides):
 
 def test_demo_a_runs_every_pass_with_the_kernels_counts(ingest_as, overrides):
     ingest_as("csv")
-    result = _job("demo_a").main(overrides)
+    result = load_job("demo_a").main(overrides)
     passes = result["passes"]
-    assert set(passes) == set(_job("demo_a").PASSES) and all(p["n"] == result["chunks"] for p in passes.values())
+    assert set(passes) == set(load_job("demo_a").PASSES) and all(p["n"] == result["chunks"] for p in passes.values())
     # every chunk was read twice from MinIO (cold, warm), so the kernel made each hot exactly once
     assert sum(k["hot_events"] for k in result["kernel"]) == result["chunks"]
     assert sum(k["hot_events_received"] for k in result["kernel"]) == result["chunks"]

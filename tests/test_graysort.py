@@ -12,6 +12,8 @@ from fasterfs import config, credentials, graysort, records, s3
 from fasterfs.config import Paths
 from fasterfs.errors import FasterFSError
 
+from conftest import load_job
+
 
 def sort_cfg(overrides, *extra):
     return config.load(overrides + ["graysort.baseline=false", "graysort.reference_mb=0", *extra])
@@ -49,12 +51,8 @@ def test_small_sorts_validate(live_cluster, overrides, extra):
 
 
 def test_job_reports_phases_baseline_and_reference(live_cluster, overrides):
-    import importlib.util
     import json
-    spec = importlib.util.spec_from_file_location("graysort_job", Path(config.PROJECT_DIR, "jobs", "graysort.py"))
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
-    result = job.main(overrides + ["size=3MB", "graysort.reference_mb=1"])
+    result = load_job("graysort").main(overrides + ["size=3MB", "graysort.reference_mb=1"])
     out = sorted(Path(live_cluster.root, "outputs").glob("graysort-*"))[-1]
     assert json.loads((out / "graysort.json").read_text())["input_checksum"] == result["input_checksum"]
     assert (out / "graysort.png").stat().st_size > 0

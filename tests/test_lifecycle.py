@@ -4,6 +4,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from fasterfs import cluster, config
 from fasterfs.cgroup import cgroup2_mount
@@ -35,13 +36,15 @@ def test_down_without_cluster(own):
         cluster.down(config.load(own))
 
 
-def test_port_in_use_named_and_nothing_started(own):
+@pytest.mark.parametrize("option, label", [("minio.port", "MinIO API"), ("dashboard.port", "FasterFS dashboard")])
+def test_port_in_use_named_and_nothing_started(own, option, label):
     cfg = config.load(own)
+    port = OmegaConf.select(cfg, option)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.2.2", cfg.minio.port))
+        s.bind(("127.0.2.2", port))
         s.listen()
-        with pytest.raises(FasterFSError, match=rf"port 127.0.2.2:{cfg.minio.port} \(MinIO API"):
+        with pytest.raises(FasterFSError, match=rf"port 127.0.2.2:{port} \({label} \({option}\)"):
             cluster.up(cfg)
     assert not config.Layout.of(cfg).paths.state_file.exists()
 

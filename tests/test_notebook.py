@@ -20,6 +20,7 @@ def test_quickstart_notebook_executes(ingest_as, cluster_root):
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs)
     assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in text
+    assert "kernel mode real" in text and "FasterFS dashboard: http://127.0.1.2:" in text
     status_html = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
     assert "true" in status_html  # the nodes' health column
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the mid-price chart

@@ -1,0 +1,282 @@
+"""FasterFS's web dashboard: a FastAPI app served by a Ray actor on the head node.
+
+One page shows what the cluster is doing now — each node's MinIO, what its kernel
+programs counted and made hot, which socket options they set (and which the kernel
+refused), its cache and how often readers hit it — and the reports of past job runs
+with their charts. The page is rendered on the server and refreshes itself; the same
+figures are at /api/snapshot (JSON) and /metrics (Prometheus). Every figure comes from
+a StorageNode when asked (fasterfs.monitor); nothing is invented when a node is silent.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from html import escape as e
+
+from .errors import FasterFSError
+from .monitor import RATES, Monitor
+from .report import fmt_bytes
+
+ACTOR_NAME = "dashboard"
+COLORS = ("#0b6bcb", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207", "#4d7c0f")
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1f2328;background:#f6f8fa}
+header{background:#0d1b2a;color:#fff;padding:10px 20px}header a{color:#9cd}
+main{padding:8px 20px}h2{font-size:16px;margin:18px 0 6px}
+table{border-collapse:collapse;background:#fff;margin-bottom:6px}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:right}th{background:#eef1f4}
+td.l,th.l{text-align:left}.ok{color:#15803d}.bad{color:#b91c1c;font-weight:600}
+.sim{background:#fff3c4;border:2px solid #d4a000;padding:8px;margin:8px 0;font-weight:600}
+.err{background:#ffe4e4;border:2px solid #b91c1c;padding:8px;margin:8px 0}
+.muted{color:#656d76}.charts{display:flex;gap:16px;flex-wrap:wrap}
+.charts figure{margin:0;background:#fff;border:1px solid #d0d7de;padding:6px}
+img.run{max-width:560px;border:1px solid #d0d7de;background:#fff}
+"""
+
+SCRIPT = """
+setInterval(async () => {
+  try {
+    const r = await fetch('fragment');
+    if (r.ok) document.getElementById('live').innerHTML = await r.text();
+  } catch (err) {}
+}, REFRESH_MS);
+"""
+
+
+def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """Cells are HTML already (escaped by the caller); the first `left` columns align left."""
+    cls = lambda i: ' class="l"' if i < left else ""  # noqa: E731
+    out = ["<table><tr>", *(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(head)), "</tr>"]
+    for row in rows:
+        out += ["<tr>", *(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(row)), "</tr>"]
+    return "".join(out + ["</table>"])
+
+
+def _num(v, fmt: str = "{:,}") -> str:
+    return "-" if v is None else e(fmt.format(v))
+
+
+def _banners(snap: dict) -> str:
+    out = []
+    simulated = [n for n in snap["nodes"] if (n.get("kernel") or {}).get("mode") == "simulated"]
+    if simulated:
+        why = simulated[0]["kernel"].get("simulated_because") or "eBPF unavailable"
+        out.append(f'<div class="sim">SIMULATED kernel on node(s) {e(", ".join(str(n["index"]) for n in simulated))}: '
+                   f'no eBPF programs run there ({e(why)}). Their request counts come from the readers, '
+                   f'not from the kernel, and no socket is tuned.</div>')
+    for n in snap["nodes"]:
+        if n.get("error"):
+            out.append(f'<div class="err">node {n["index"]} ({e(n["address"])}): {e(n["error"])}</div>')
+    return "".join(out)
+
+
+def _nodes(snap: dict) -> str:
+    rows = []
+    for n in snap["nodes"]:
+        st, k = n.get("status") or {}, n.get("kernel") or {}
+        if not st:
+            health = '<span class="bad">no answer</span>'
+        elif st.get("healthy"):
+            health = '<span class="ok">healthy</span>'
+        else:
+            health = '<span class="bad">held</span>' if st.get("held") else '<span class="bad">down</span>'
+        mode = {"real": '<span class="ok">real eBPF</span>', "simulated": '<span class="bad">SIMULATED</span>'}
+        rows.append([str(n["index"]), e(n["address"] + (f" ({n['netns']})" if n.get("netns") else "")),
+                     e(n["endpoint"]), health, _num(st.get("objects")), e(fmt_bytes(st.get("bytes"))),
+                     _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-")])
+    return _table(["node", "address", "MinIO", "health", "objects", "stored", "MinIO restarts", "kernel"], rows, 4)
+
+
+def _kernel(snap: dict) -> str:
+    rows, sock_rows, hot_rows = [], [], []
+    for n in snap["nodes"]:
+        k = n.get("kernel")
+        if not k:
+            continue
+        c, rates = k["counters"], n.get("rates", {})
+        lat = [p for p in k["ports"].values() if p.get("latency_count")]
+        avg = lat[0]["latency_avg_us"] if lat else None
+        rows.append([str(n["index"]), _num(c.get("requests", 0)), _num(n["totals"].get("minio_gets")),
+                     _num(rates.get("minio_gets"), "{:.1f}"), _num(k["hot_threshold"]), _num(c.get("hot_events", 0)),
+                     _num(c.get("stale_marks", 0)), _num(c.get("filler_skipped", 0)), _num(k["keys_tracked"]),
+                     _num(avg, "{:.0f}"), _num(c.get("ringbuf_drops", 0)), _num(k["epoch"])])
+        sock = k.get("sockops", {})
+        opts = sock.get("options", {})
+        sock_rows.append([str(n["index"]), _num(sock.get("connections_matched", 0 if opts else None)),
+                          " ".join(f"{e(name)} <span class=ok>{o['ok']} ok</span>"
+                                   + (f" <span class=bad>{o['fail']} refused (errno {o['last_error']})</span>"
+                                      if o["fail"] else "")
+                                   for name, o in opts.items()) or e(sock.get("skipped") or "not attached")])
+        for t in k["top_keys"]:
+            hot_rows.append([str(n["index"]), e(t["name"] or t["key"]), _num(t["count"]),
+                             "yes" if t["count"] >= k["hot_threshold"] else "no",
+                             {True: '<span class="ok">cached</span>', False: "not cached"}.get(t.get("cached"), "-")])
+    out = _table(["node", "requests", "MinIO GETs", "GETs/s", "hot at", "HOT events", "stale marks",
+                  "filler GETs skipped", "keys tracked", "request → first byte µs (avg)", "ring-buffer drops",
+                  "epoch"], rows)
+    out += "<h2>Connection tuning (SOCK_OPS)</h2>" + _table(["node", "MinIO connections", "options set"], sock_rows, 3)
+    out += ("<h2>Hottest chunks (kernel counts this epoch)</h2>"
+            + (_table(["node", "chunk", "GETs", "hot", "on this node's disk"], hot_rows, 2) if hot_rows
+               else '<p class="muted">no GETs counted yet</p>'))
+    return out
+
+
+def _cache(snap: dict) -> str:
+    rows = []
+    for n in snap["nodes"]:
+        c = n.get("cache")
+        if not c:
+            continue
+        rd, f = c["readers"], c["filler"]
+        reads = rd["hits"] + rd["misses"]
+        rows.append([str(n["index"]), _num(c["entries"]), e(fmt_bytes(c["bytes"])), e(fmt_bytes(c["capacity"])),
+                     _num(c["bytes"] / c["capacity"] if c["capacity"] else None, "{:.1%}"), _num(rd["hits"]),
+                     _num(rd["misses"]), _num(rd["hits"] / reads if reads else None, "{:.1%}"),
+                     _num(n.get("rates", {}).get("cache_hits"), "{:.1f}"), e(fmt_bytes(rd["bytes_from_cache"])),
+                     _num(f.get("hot_fills", 0)), _num(f.get("prefetch_fills", 0)), _num(c["evictions"]),
+                     _num(c["fills_pending"])])
+    return _table(["node", "entries", "size", "capacity", "used", "hits", "misses", "hit ratio", "hits/s",
+                   "served from cache", "kernel-triggered fills", "prefetch fills", "evictions", "fills pending"], rows)
+
+
+def _events(snap: dict, limit: int = 12) -> str:
+    events = sorted(((ev, n["index"]) for n in snap["nodes"] for ev in (n.get("kernel") or {}).get("recent_events", [])),
+                    key=lambda x: x[0].get("ts_ns", 0), reverse=True)[:limit]
+    if not events:
+        return '<p class="muted">none yet</p>'
+    return _table(["node", "event", "request", "count"],
+                  [[str(i), e(ev["type"]), e(f"{ev['method']} {ev['path']}"), _num(ev.get("count"))] for ev, i in events], 3)
+
+
+def _spark(series: dict[int, list[tuple[float, float]]], now: float, span: float = 300, w: int = 420,
+           h: int = 90) -> str:
+    """An SVG line per node of a rate over the last `span` seconds (points are real snapshots)."""
+    peak = max((v for pts in series.values() for _, v in pts), default=0) or 1
+    lines = []
+    for node, pts in sorted(series.items()):
+        xy = " ".join(f"{w * (1 - (now - t) / span):.1f},{h - 4 - (h - 14) * v / peak:.1f}"
+                      for t, v in pts if now - t <= span)
+        if xy:
+            lines.append(f'<polyline fill="none" stroke="{COLORS[node % len(COLORS)]}" stroke-width="1.6" '
+                         f'points="{xy}"><title>node {node}</title></polyline>')
+    legend = " ".join(f'<tspan fill="{COLORS[n % len(COLORS)]}">node {n}</tspan>' for n in sorted(series))
+    return (f'<svg width="{w}" height="{h}" viewBox="0 0 {w} {h}"><rect width="{w}" height="{h}" fill="#fff"/>'
+            f'<text x="4" y="11" font-size="10" fill="#656d76">peak {peak:,.1f}/s · last {span / 60:.0f} min · '
+            f'{legend}</text>{"".join(lines)}</svg>')
+
+
+def _charts(monitor: Monitor, now: float) -> str:
+    figs = [f"<figure>{_spark(monitor.series(name), now)}<figcaption>{e(label)} per second</figcaption></figure>"
+            for name, label in RATES.items()]
+    return ('<div class="charts">' + "".join(figs) + '</div><p class="muted">Rates are measured between the '
+            'snapshots this dashboard took while someone was watching; gaps mean nobody was.</p>')
+
+
+def _runs(monitor: Monitor) -> str:
+    runs = monitor.runs()
+    if not runs:
+        return f'<p class="muted">no job runs yet under {e(str(monitor.output_dir()))}</p>'
+    rows, latest = [], {}
+    for r in runs:
+        links = " ".join(f'<a href="runs/{e(r["run"])}/{e(f)}">{e(f)}</a>' for f in r["files"])
+        figures = "<br>".join(f"{e(k)}: <b>{e(str(v))}</b>" for k, v in r["headline"].items())
+        rows.append([e(r["job"]), e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))), figures, links])
+        png = next((f for f in r["files"] if f.endswith(".png")), None)
+        if png and r["job"] not in latest:
+            latest[r["job"]] = f'<figure><img class="run" src="runs/{e(r["run"])}/{e(png)}" alt="{e(r["run"])}">' \
+                               f'<figcaption>{e(r["run"])}</figcaption></figure>'
+    return _table(["job", "finished", "measured", "report"], rows, 4) + \
+        '<div class="charts">' + "".join(latest.values()) + "</div>"
+
+
+def render_live(monitor: Monitor) -> str:
+    """The part of the page that refreshes."""
+    snap = monitor.snapshot()
+    now = snap["time"]
+    return (f'<p class="muted">updated {e(time.strftime("%H:%M:%S", time.localtime(now)))}; cluster up '
+            f'{(now - snap["started"]) / 60:.0f} min</p>' + _banners(snap)
+            + "<h2>Nodes</h2>" + _nodes(snap) + "<h2>Kernel programs</h2>" + _kernel(snap)
+            + "<h2>Caches</h2>" + _cache(snap) + "<h2>Live rates</h2>" + _charts(monitor, now)
+            + "<h2>Recent kernel events</h2>" + _events(snap) + "<h2>Job runs</h2>" + _runs(monitor))
+
+
+def render_page(monitor: Monitor, refresh_s: float) -> str:
+    st = monitor.state
+    where = f"lab ({st.lab['profile']} profile)" if st.lab else "local"
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>FasterFS — {e(st.name)}</title>'
+            f"<style>{STYLE}</style></head><body><header><b>FasterFS</b> · cluster {e(st.name)} · {where} · "
+            f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>"
+            f' · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
+            f'<main id="live">{render_live(monitor)}</main>'
+            f"<script>{SCRIPT.replace('REFRESH_MS', str(int(refresh_s * 1000)))}</script></body></html>")
+
+
+def create_app(monitor: Monitor, refresh_s: float = 2.0):
+    from fastapi import FastAPI, HTTPException
+    from fastapi.responses import FileResponse, HTMLResponse, Response
+
+    app = FastAPI(title="FasterFS", docs_url="/api/docs", redoc_url=None)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():
+        return render_page(monitor, refresh_s)
+
+    @app.get("/fragment", response_class=HTMLResponse)
+    def fragment():
+        return render_live(monitor)
+
+    @app.get("/api/snapshot")
+    def snapshot():
+        return monitor.snapshot()
+
+    @app.get("/api/runs")
+    def runs():
+        return monitor.runs()
+
+    @app.get("/runs/{run}/{name}")
+    def run_file(run: str, name: str):
+        path = monitor.run_file(run, name)
+        if path is None:
+            raise HTTPException(404, f"no report file {name!r} in job run {run!r} under {monitor.output_dir()}")
+        return FileResponse(path)
+
+    @app.get("/metrics")
+    def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(monitor.metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz():
+        return {"ok": True, "cluster": monitor.state.name}
+
+    return app
+
+
+class DashboardServer:
+    """The Ray actor that serves the dashboard: uvicorn in a thread, on the head's address."""
+
+    def __init__(self, root: str, address: str, port: int, refresh_s: float):
+        import uvicorn
+
+        self.where = f"{address}:{port}"
+        config = uvicorn.Config(create_app(Monitor(root), refresh_s), host=address, port=port,
+                                log_level="warning", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="dashboard", daemon=True)
+        self.thread.start()
+
+    def ready(self, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():  # uvicorn exits when it cannot bind
+                raise FasterFSError(f"the FasterFS dashboard could not listen on {self.where} (option dashboard.port)")
+            if time.monotonic() > deadline:
+                raise FasterFSError(f"the FasterFS dashboard on {self.where} did not start within {timeout:.0f} s")
+            time.sleep(0.05)
+        return f"http://{self.where}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,118 @@
+"""FasterFS's web dashboard on the live 2-node cluster: it serves what the StorageNodes
+report (the kernel's counts, a chunk the kernel made hot and the cache filled, job runs
+and their charts), as HTML, JSON and Prometheus metrics; it refuses paths outside the
+job reports; down removes it (conftest); a taken port is named (test_lifecycle)."""
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+
+from fasterfs import bpf, cluster, config
+from fasterfs.dashboard import _banners, _nodes
+from fasterfs.errors import FasterFSError
+from fasterfs.monitor import Monitor
+
+from conftest import load_job, wait_until
+
+
+def get(url: str) -> tuple[int, bytes, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read(), r.headers.get("content-type", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers.get("content-type", "")
+
+
+def api(state, path: str):
+    status, body, _ = get(f"{state.web_url}{path}")
+    assert status == 200, body[:300]
+    return json.loads(body)
+
+
+def test_dashboard_listens_on_the_head_address(live_cluster):
+    assert live_cluster.web_url == f"http://{live_cluster.nodes[0].address}:{live_cluster.config['dashboard']['port']}"
+    assert api(live_cluster, "/healthz") == {"ok": True, "cluster": live_cluster.name}
+    snap = api(live_cluster, "/api/snapshot")
+    assert [n["address"] for n in snap["nodes"]] == [n.address for n in live_cluster.nodes]
+    for row, node in zip(snap["nodes"], live_cluster.nodes):
+        assert "error" not in row, row.get("error")
+        assert row["status"]["healthy"] and row["status"]["node_id"] == node.ray_node_id
+        assert row["kernel"]["mode"] == "real" and row["kernel"]["tc"]
+
+
+def test_hot_chunk_shows_counted_and_cached(ingest_as, client_for, live_cluster):
+    manifest = ingest_as("csv")
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])  # a new epoch: every key cold
+    chunk = manifest.chunk(3)
+    owner = chunk.nodes[0]
+    client = client_for()
+    for _ in range(2):  # the kernel's threshold: the second GET makes it hot
+        client.read_chunk(3)
+    name = f"chunk 3 ({chunk.key})"
+
+    def hot_row():
+        rows = api(live_cluster, "/api/snapshot")["nodes"][owner]["kernel"]["top_keys"]
+        return next((t for t in rows if t["name"] == name and t["cached"]), None)
+    wait_until(lambda: hot_row() is not None, 20, "the dashboard to show chunk 3 hot and cached")
+    assert hot_row()["count"] == 2
+    status, page, ctype = get(f"{live_cluster.web_url}/")
+    assert status == 200 and ctype.startswith("text/html")
+    html = page.decode()
+    assert name in html and "real eBPF" in html and "SIMULATED" not in html
+
+    # /metrics says what the StorageNode says
+    metrics = {(s.name, s.labels.get("node")): s.value
+               for fam in text_string_to_metric_families(get(f"{live_cluster.web_url}/metrics")[1].decode())
+               for s in fam.samples}
+    kernel = ray.get(actors[owner].kernel_status.remote())
+    cache = ray.get(actors[owner].cache_status.remote())
+    assert metrics[("fasterfs_kernel_hot_events_total", str(owner))] == kernel["counters"]["hot_events"] >= 1
+    assert metrics[("fasterfs_cache_entries", str(owner))] == cache["entries"] >= 1
+    assert metrics[("fasterfs_cache_used_bytes", str(owner))] == cache["bytes"]
+    assert metrics[("fasterfs_kernel_real", str(owner))] == 1
+    assert all(metrics[("fasterfs_minio_up", str(n.index))] == 1 for n in live_cluster.nodes)
+
+
+def test_job_runs_listed_with_their_reports(live_cluster, overrides):
+    result = load_job("graysort").main(overrides + ["size=2MB", "graysort.baseline=false", "graysort.reference_mb=0"])
+    runs = api(live_cluster, "/api/runs")
+    run = next(r for r in runs if r["job"] == "graysort")
+    assert run["headline"]["sorted"] == "2 MB on 2 nodes, valid"
+    assert run["headline"]["map+shuffle+reduce"] == f"{result['times']['map_reduce_s']:.2f} s"
+    out = Path(live_cluster.root, "outputs", run["run"])
+    status, body, ctype = get(f"{live_cluster.web_url}/runs/{run['run']}/graysort.png")
+    assert status == 200 and ctype == "image/png" and body == (out / "graysort.png").read_bytes()
+    page = get(f"{live_cluster.web_url}/")[1].decode()
+    assert f"runs/{run['run']}/graysort.png" in page
+
+    # only report files of listed runs: nothing else under the cluster root
+    (out / "notes.txt").write_text("not a report")
+    for path in (f"/runs/{run['run']}/notes.txt", f"/runs/{run['run']}/absent.png", "/runs/..%2F/credentials.json",
+                 f"/runs/{run['run']}/..%2F..%2Fcredentials.json", "/runs/nosuchrun/graysort.json"):
+        status, body, _ = get(f"{live_cluster.web_url}{path}")
+        assert status == 404, (path, status)
+        assert b"access_key" not in body
+
+
+def test_simulated_nodes_labelled(live_cluster):
+    """A node whose kernel programs are the user-space stand-in is labelled wherever it shows."""
+    cluster.connect_ray(live_cluster)
+    snap = Monitor(live_cluster.root).snapshot()
+    stand_in = bpf.load("simulated")
+    try:
+        snap["nodes"][1]["kernel"] = stand_in.snapshot()
+    finally:
+        stand_in.close()
+    banner, table = _banners(snap), _nodes(snap)
+    assert "SIMULATED kernel on node(s) 1" in banner and "kernel.mode=simulated" in banner
+    assert table.count("SIMULATED") == 1 and table.count("real eBPF") == 1
+
+
+def test_bad_refresh_named():
+    with pytest.raises(FasterFSError, match="dashboard.refresh_s"):
+        config.load(["dashboard.refresh_s=0"])
