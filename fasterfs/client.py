@@ -121,6 +121,23 @@ class Client:
             return lobster.decode_chunk(self._read_minio(i, chunk), "arrow", self.manifest.level)
         return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
 
+    def chunks_between(self, start: float, end: float) -> list[int]:
+        """Ids of the chunks holding messages with start <= Time < end (seconds after midnight)."""
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (start, end)) or not start < end:
+            raise FasterFSError(f"time range [{start!r}, {end!r}) of dataset {self.manifest.dataset}: give numbers "
+                                "start < end, in seconds after midnight (LOBSTER's Time)")
+        return [c.id for c in self.manifest.chunks if c.first_time < end and c.last_time >= start]
+
+    def read_between(self, start: float, end: float) -> pl.DataFrame:
+        """Every message with start <= Time < end and its order-book row, in order: the window a
+        backtest replays. Reads only the chunks overlapping it, each through the cache like
+        read_table, so a window replayed again is served from local disk once it is hot."""
+        ids = self.chunks_between(start, end)
+        if not ids:
+            return pl.DataFrame(schema=lobster.schema(self.manifest.level))
+        frame = pl.concat([self.read_table(i) for i in ids])
+        return frame.filter((pl.col("Time") >= start) & (pl.col("Time") < end))
+
     def _cache_hit(self, i: int, lookup):
         """Chunk i from the first cache on this host that has a good, fresh entry, through
         `lookup` (cache.read_entry: bytes; cache.map_entry: a mapped buffer); else None."""

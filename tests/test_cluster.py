@@ -70,6 +70,26 @@ def test_arrow_chunks_equal_source_values(ingest_as, client_for, overrides):
         assert table.equals(pair.frame.slice(c.first_row, c.rows)), f"chunk {c.id}"
 
 
+@pytest.mark.parametrize("fmt", ["csv", "arrow"])
+def test_time_window_equals_source_rows(ingest_as, client_for, overrides, fmt):
+    manifest = ingest_as(fmt)
+    frame = load_source(config.load(overrides + data_overrides(fmt))).frame
+    client = client_for()
+    t0, t1 = frame["Time"].min(), frame["Time"].max()
+    start, end = t0 + (t1 - t0) * 0.4, t0 + (t1 - t0) * 0.45
+    ids = client.chunks_between(start, end)
+    assert 0 < len(ids) < len(manifest) and ids == list(range(ids[0], ids[-1] + 1))
+    window = client.read_between(start, end)
+    expected = frame.filter((frame["Time"] >= start) & (frame["Time"] < end))
+    assert window.height > 0 and window.equals(expected)
+    assert client.read_between(t1 + 1, t1 + 2).is_empty()
+    assert client.read_between(t0, t1 + 1).height == frame.height
+    with pytest.raises(FasterFSError, match=r"time range \[5, 5\) of dataset .*start < end"):
+        client.read_between(5, 5)
+    with pytest.raises(FasterFSError, match="time range"):
+        client.chunks_between("09:30", 36000)
+
+
 def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
     manifest = ingest_as("csv")
     rows = statuses(live_cluster)
