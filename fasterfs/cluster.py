@@ -346,9 +346,12 @@ def _start_dashboard(cfg, state: ClusterState) -> str:
 
     from .dashboard import ACTOR_NAME, DashboardServer
 
-    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address)
-    actor = ray.remote(DashboardServer).options(
-        name=ACTOR_NAME, namespace=state.namespace, lifetime="detached", num_cpus=0,
+    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address), None)
+    if head is None:
+        raise FasterFSError(f"no Ray node has the head's address {state.head_address} for the FasterFS dashboard; "
+                            "give cluster.ray_address as <head IP>:<port>, or set dashboard.enabled=false")
+    actor = ray.remote(DashboardServer).options(  # restarted (and listening again) if its worker dies
+        name=ACTOR_NAME, namespace=state.namespace, lifetime="detached", num_cpus=0, max_restarts=3,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
     ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s)
     try:

@@ -17,7 +17,6 @@ from .config import Paths
 from .fsutil import read_json
 from .storage_node import actor_name
 
-NODE_CALLS = ("status", "kernel_status", "cache_status")
 # Counters whose per-second rates the dashboard shows (and charts).
 RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads served from the cache",
          "hot_events": "chunks the kernel made hot"}
@@ -47,26 +46,24 @@ class Monitor:
         """Ask every StorageNode at once; a node that does not answer in time is shown as such."""
         import ray
 
-        refs = {}
+        calls, missing = {}, {}
         for node in self.state.nodes:
             try:
                 actor = ray.get_actor(actor_name(node.index), namespace=self.state.namespace)
             except ValueError as e:
-                refs[node.index] = e
+                missing[node.index] = f"no StorageNode actor: {e}"
                 continue
-            refs[node.index] = {"status": actor.status.remote(), "kernel": actor.kernel_status.remote(self.top_keys),
-                                "cache": actor.cache_status.remote()}
-        pending = [r for v in refs.values() if isinstance(v, dict) for r in v.values()]
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.answer_timeout)
-        ready = set(ready)
+            calls[node.index] = {"status": actor.status.remote(), "kernel": actor.kernel_status.remote(self.top_keys),
+                                 "cache": actor.cache_status.remote()}
+        pending = [ref for parts in calls.values() for ref in parts.values()]
+        ready = set(ray.wait(pending, num_returns=len(pending), timeout=self.answer_timeout)[0] if pending else ())
         now = time.time()
         nodes = []
         for node in self.state.nodes:
             row = {"index": node.index, "address": node.address, "endpoint": node.endpoint, "netns": node.netns}
-            calls = refs[node.index]
-            if not isinstance(calls, dict):
-                row["error"] = f"no StorageNode actor: {calls}"
-            for part, ref in (calls.items() if isinstance(calls, dict) else ()):
+            if node.index in missing:
+                row["error"] = missing[node.index]
+            for part, ref in calls.get(node.index, {}).items():
                 if ref not in ready:
                     row.setdefault("error", f"no answer to {part} within {self.answer_timeout:.0f} s")
                     continue

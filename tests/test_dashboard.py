@@ -99,6 +99,23 @@ def test_job_runs_listed_with_their_reports(live_cluster, overrides):
         assert b"access_key" not in body
 
 
+def test_stopped_minio_shown_down_not_healthy(live_cluster):
+    actor = cluster.storage_nodes(live_cluster)[1]
+    ray.get(actor.hold_minio.remote())
+    try:
+        def node1():
+            return api(live_cluster, "/api/snapshot")["nodes"][1]
+        wait_until(lambda: node1()["status"]["healthy"] is False, 10, "node 1 shown not healthy")
+        assert node1()["status"]["held"] and node1()["status"]["objects"] is None  # unknown, not zero
+        assert '<span class="bad">held</span>' in get(f"{live_cluster.web_url}/")[1].decode()
+        up = {s.labels["node"]: s.value for fam in text_string_to_metric_families(
+            get(f"{live_cluster.web_url}/metrics")[1].decode()) for s in fam.samples if s.name == "fasterfs_minio_up"}
+        assert up == {"0": 1.0, "1": 0.0}
+    finally:
+        ray.get(actor.release_minio.remote())
+    wait_until(lambda: api(live_cluster, "/api/snapshot")["nodes"][1]["status"]["healthy"], 10, "node 1 healthy again")
+
+
 def test_simulated_nodes_labelled(live_cluster):
     """A node whose kernel programs are the user-space stand-in is labelled wherever it shows."""
     cluster.connect_ray(live_cluster)
