@@ -35,11 +35,14 @@ img.run{max-width:560px;border:1px solid #d0d7de;background:#fff}
 """
 
 SCRIPT = """
+const live = document.getElementById('live');
 setInterval(async () => {
   try {
     const r = await fetch('fragment');
-    if (r.ok) document.getElementById('live').innerHTML = await r.text();
-  } catch (err) {}
+    if (!r.ok) return;
+    live.innerHTML = await r.text();
+    live.dataset.refreshes = (+live.dataset.refreshes || 0) + 1;
+  } catch (err) {}  // the cluster is going down: keep the last figures on screen
 }, REFRESH_MS);
 """
 

@@ -3,6 +3,8 @@ report (the kernel's counts, a chunk the kernel made hot and the cache filled, j
 and their charts), as HTML, JSON and Prometheus metrics; it refuses paths outside the
 job reports; down removes it (conftest); a taken port is named (test_lifecycle)."""
 import json
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -114,6 +116,23 @@ def test_stopped_minio_shown_down_not_healthy(live_cluster):
     finally:
         ray.get(actor.release_minio.remote())
     wait_until(lambda: api(live_cluster, "/api/snapshot")["nodes"][1]["status"]["healthy"], 10, "node 1 healthy again")
+
+
+def test_page_refreshes_itself_in_a_browser(live_cluster, tmp_path):
+    """Headless Chromium runs the page's script for 2.5 refresh intervals (virtual time): it
+    fetched the live part twice and put it in place. Host names resolve to nothing, so the
+    browser reaches only the dashboard's address."""
+    browser = shutil.which("chromium")
+    assert browser, "chromium is missing: `make setup` installs it"
+    refresh_ms = int(live_cluster.config["dashboard"]["refresh_s"] * 1000)
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {live_cluster.head_address}",
+         f"--virtual-time-budget={int(refresh_ms * 2.5)}", "--dump-dom", f"{live_cluster.web_url}/"],
+        capture_output=True, text=True, timeout=120).stdout
+    assert 'id="live" data-refreshes="2"' in dom, dom[:500]
+    assert "real eBPF" in dom and "Hottest chunks" in dom
 
 
 def test_simulated_nodes_labelled(live_cluster):
