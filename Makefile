@@ -3,16 +3,17 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup run lab test up ingest readback demo_a demo_b cross_host graysort status down clean
+.PHONY: setup run lab test up ingest readback demo_a backtest demo_b cross_host graysort status down clean
 
 setup:            ## install everything (idempotent): Debian packages, kernel headers link, MinIO, virtualenv
 	bash scripts/setup.sh
 
-run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample, read-back, the demos
+run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample, read-back, the demos, a backtest
 	@$(VENV)/fasterfs status $(ARGS) >/dev/null 2>&1 || $(VENV)/fasterfs up $(ARGS)
 	$(VENV)/fasterfs ingest $(ARGS)
 	$(VENV)/python jobs/readback.py $(ARGS)
 	$(VENV)/python jobs/demo_a.py $(ARGS)
+	$(VENV)/python jobs/backtest.py $(ARGS)
 	$(VENV)/python jobs/demo_b.py $(ARGS)
 	$(VENV)/python jobs/graysort.py $(ARGS)
 	@$(VENV)/fasterfs status $(ARGS)
@@ -30,7 +31,7 @@ test: setup       ## the whole test suite against real MinIO, Ray and kernel
 up status down ingest: setup
 	$(VENV)/fasterfs $@ $(ARGS)
 
-readback demo_a demo_b cross_host graysort: setup
+readback demo_a backtest demo_b cross_host graysort: setup
 	$(VENV)/python jobs/$@.py $(ARGS)
 
 clean:            ## remove the virtualenv and built MinIO (stop the cluster first)

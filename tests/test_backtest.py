@@ -1,0 +1,59 @@
+"""The backtest job on the live 2-node cluster: the same P&L with and without the cache on
+the read path, replays served from the cache only in the FasterFS mode, tasks on the
+nodes holding their windows; the strategy's vectorised P&L equals a plain loop's."""
+from fractions import Fraction
+
+import pytest
+
+from fasterfs.errors import FasterFSError
+
+from conftest import load_job
+
+SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
+
+
+def loop_pnl(mid: list[Fraction], fast: int, slow: int) -> float:
+    """The strategy by its definition, one event at a time, in exact arithmetic."""
+    pnl = Fraction(0)
+    for t in range(slow - 1, len(mid) - 1):
+        f = sum(mid[t - fast + 1:t + 1]) / fast
+        s = sum(mid[t - slow + 1:t + 1]) / slow
+        pnl += ((f > s) - (f < s)) * (mid[t + 1] - mid[t])
+    return float(pnl)
+
+
+def test_crossover_pnl_equals_a_plain_loop(ingest_as, client_for):
+    ingest_as("csv")
+    frame = client_for().read_table(0).head(400)
+    mid = [Fraction(a + b, 20000) for a, b in zip(frame["AskPrice1"], frame["BidPrice1"])]  # USD
+    job = load_job("backtest")
+    expected = {(f, s): loop_pnl(mid, f, s) for f, s in ((2, 5), (5, 20), (20, 100))}
+    assert any(expected.values())  # positions were taken: the check is not 0 == 0
+    for (fast, slow), pnl in expected.items():
+        assert job.crossover_pnl(frame, fast, slow) == pytest.approx(pnl, rel=1e-12, abs=1e-12)
+    assert job.crossover_pnl(frame.head(10), 5, 20) == 0.0  # too short for the slow average
+
+
+@pytest.mark.parametrize("fmt", ["csv", "arrow"])
+def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, fmt):
+    ingest_as(fmt)
+    result = load_job("backtest").main(overrides + SMALL)
+    direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
+    assert result["pnl_equal"] and [r["pnl"] for r in direct["runs"]] == [r["pnl"] for r in cached["runs"]]
+    assert all(r["rows"] > 0 and r["chunks"] > 0 and len(r["seconds"]) == 3 for r in cached["runs"])
+    assert direct["cache_hits"] == 0  # no cache on its read path
+    reads = sum(r["chunks"] for r in cached["runs"]) * 3
+    assert 0 < cached["cache_hits"] <= reads  # later replays were served from the cache
+    assert direct["on_home_nodes"] and cached["on_home_nodes"]
+    assert result["headline"]["P&L identical"] == "yes"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["backtest.params=[[5,2]]"], "backtest.params"),
+    (["backtest.window_min=100000"], "backtest.window_min=100000: longer than dataset"),
+    (["backtest.windows=0"], "backtest.windows"),
+])
+def test_bad_backtest_options_named(ingest_as, overrides, extra, message):
+    ingest_as("csv")
+    with pytest.raises(FasterFSError, match=message):
+        load_job("backtest").main(overrides + extra)
