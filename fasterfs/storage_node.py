@@ -133,25 +133,25 @@ class StorageNode:
             self.kernel.reset_key(key_hash(f"/{self.bucket}/{key}"))
 
     def _manifest_names(self) -> dict:
-        """Lookups derived from the manifest (reloaded when it changes): key hash -> chunk
-        name, cache entry -> object key."""
+        """Lookups derived from the manifest (reloaded when it changes): key hash -> chunk,
+        cache entry -> object key, object key -> holding nodes."""
         try:
             mtime = self.paths.manifest_file.stat().st_mtime
         except OSError:
-            return {"hashes": {}, "keys": {}, "entries": {}, "holders": {}}
+            return {"hashes": {}, "entries": {}, "holders": {}}
         if mtime != self._manifest_cache[0]:
             from .manifest import Manifest
 
             m = Manifest.load(self.paths.manifest_file)
             self._manifest_cache = (mtime, {
-                "hashes": {key_hash(f"/{m.bucket}/{c.key}"): f"chunk {c.id} ({c.key})" for c in m.chunks},
-                "keys": {key_hash(f"/{m.bucket}/{c.key}"): c.key for c in m.chunks},
+                "hashes": {key_hash(f"/{m.bucket}/{c.key}"): c for c in m.chunks},
                 "entries": {entry_name(c.key): c.key for c in m.chunks},
                 "holders": {c.key: c.nodes for c in m.chunks}})
         return self._manifest_cache[1]
 
     def _resolve(self, key: int) -> str | None:
-        return self._manifest_names()["hashes"].get(key)
+        chunk = self._manifest_names()["hashes"].get(key)
+        return chunk and f"chunk {chunk.id} ({chunk.key})"
 
     def _scrub(self) -> None:
         interval = self.cfg.cache.scrub_interval_s
@@ -209,10 +209,10 @@ class StorageNode:
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self._resolve)
         snap.update(index=self.index, address=self.address)
-        keys = self._manifest_names()["keys"]
+        chunks = self._manifest_names()["hashes"]
         for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?
-            key = keys.get(int(t["key"], 16))
-            t["cached"] = None if key is None else self.cache.contains(key)
+            chunk = chunks.get(int(t["key"], 16))
+            t["cached"] = None if chunk is None else self.cache.contains(chunk.key)
         if self.sockops_skipped:
             snap["sockops"]["skipped"] = self.sockops_skipped
         return snap

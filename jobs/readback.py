@@ -38,13 +38,14 @@ def main(argv: list[str]) -> dict:
         table.add_column(col)
     for r, node in zip(results, state.nodes):
         r["on_own_node"] = r["ran_on"] == node.ray_node_id
+        r["mb_s"] = r["bytes"] / 1e6 / max(r["seconds"], 1e-9)
         table.add_row(str(r["node"]), "yes" if r["on_own_node"] else "NO", str(r["chunks"]), f"{r['bytes'] / 1e6:.1f}",
-                      f"{r['bytes'] / 1e6 / max(r['seconds'], 1e-9):.0f}")
+                      f"{r['mb_s']:.0f}")
     report.console().print(table)
     result = {"dataset": manifest.dataset, "chunks": len(manifest), "nodes": results,
               "all_read": sum(r["chunks"] for r in results) == len(manifest) * manifest.replicas}
     result["headline"] = {"chunks read back and checked": sum(r["chunks"] for r in results),
-                          "MB/s per node": ", ".join(f"{r['bytes'] / 1e6 / max(r['seconds'], 1e-9):.0f}" for r in results)}
+                          "MB/s per node": ", ".join(f"{r['mb_s']:.0f}" for r in results)}
     out = report.write_json(report.run_dir(cfg, "readback"), "readback.json", result)
     print(f"all {len(manifest)} chunks read back and checked; report: {out}")
     return result

@@ -39,6 +39,12 @@ def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def mounts_under(root) -> list[str]:
+    """Mount points (bpffs, cgroup2) the cluster under `root` still has."""
+    return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(f"{root}/")]
+
+
 def assert_nothing_left(state: cluster.ClusterState) -> None:
     """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
     for node in state.nodes:
@@ -53,8 +59,7 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
                 continue
             assert state.root.encode() not in cmd, f"process {proc.name} still uses {state.root}: {cmd[:200]!r}"
     assert not Layout.of(config.as_cfg(state.config)).paths.state_file.exists()
-    mounts = Path("/proc/mounts").read_text()
-    assert f" {state.root}/" not in mounts, "a mount (bpffs, cgroup2) of the cluster is left"
+    assert not mounts_under(state.root), "a mount (bpffs, cgroup2) of the cluster is left"
     from fasterfs.bpf import tc
     assert not [n for n in tc.list_filters("lo") if n.startswith(f"ffs:{state.name}:")], "TC filters left on lo"
     # the dashboard actor's server is gone with its port (looked up, not connected to: the

@@ -85,7 +85,8 @@ def test_job_runs_listed_with_their_reports(live_cluster, overrides):
     runs = api(live_cluster, "/api/runs")
     run = next(r for r in runs if r["job"] == "graysort")
     assert run["headline"]["sorted"] == "2 MB on 2 nodes, valid"
-    assert run["headline"]["map+shuffle+reduce"] == f"{result['times']['map_reduce_s']:.2f} s"
+    t = result["times"]["map_reduce_s"]
+    assert run["headline"]["map+shuffle+reduce"] == f"{t:.2f} s ({result['bytes'] / 1e6 / t:.0f} MB/s)"
     out = Path(live_cluster.root, "outputs", run["run"])
     status, body, ctype = get(f"{live_cluster.web_url}/runs/{run['run']}/graysort.png")
     assert status == 200 and ctype == "image/png" and body == (out / "graysort.png").read_bytes()

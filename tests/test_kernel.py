@@ -13,9 +13,9 @@ from fasterfs.bpf import events as ev
 from fasterfs.bpf import tc, testrun
 from fasterfs.config import Layout
 
-MARK = 0x5FF5
-
 from conftest import wait_until
+
+MARK = 0x5FF5
 
 
 def test_this_machine_runs_real_ebpf():

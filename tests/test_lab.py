@@ -13,7 +13,7 @@ from fasterfs import cluster, config, lab
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
-from conftest import assert_nothing_left, cluster_overrides, data_overrides
+from conftest import assert_nothing_left, cluster_overrides, data_overrides, mounts_under
 
 SUBNET = "198.18.7"
 
@@ -77,6 +77,7 @@ def test_failed_lab_up_leaves_nothing(lab_overrides, tmp_path):
     assert lab.leftovers(cfg.cluster.name) == []
     assert not config.Layout.of(cfg).paths.state_file.exists()
     assert not Path("/sys/fs/cgroup/unified", f"fasterfs-{cfg.cluster.name}").exists()
+    assert not mounts_under(cfg.cluster.root)  # its bpffs too
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).find(str(cfg.cluster.root)) >= 0]
     assert not left
 
