@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 
-from fasterfs import cluster, config, report
+from fasterfs import cluster, config, registry, report
 from fasterfs.errors import FasterFSError
 
 PATHS = ("/api/snapshot", "/", "/metrics")
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--rounds", type=int, default=8)
     args, overrides = ap.parse_known_args(argv)
     cfg = config.load(overrides)
-    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    state = registry.find(cfg)
     if not state.web_url:
         raise FasterFSError(f"the cluster under {state.root} runs without its dashboard (dashboard.enabled=false)")
     result = {"nodes": len(state.nodes), "rounds": args.rounds, "refresh_s": cfg.dashboard.refresh_s, "paths": {}}

@@ -1,5 +1,12 @@
 """FasterFS: market data on per-node MinIO servers, read where it lives, cached where it is hot."""
+from importlib.metadata import PackageNotFoundError, version
+
 from .errors import FasterFSError
+
+try:
+    __version__ = version("fasterfs")
+except PackageNotFoundError:  # a checkout run without installing it
+    __version__ = "0+unknown"
 
 __all__ = ["connect", "FasterFSError"]
 

@@ -8,7 +8,7 @@ import sys
 
 from rich.table import Table
 
-from . import cluster, config, report
+from . import cluster, config, registry, report
 from .errors import FasterFSError
 
 console = report.console()
@@ -43,6 +43,19 @@ def cmd_lab_down(cfg) -> None:
     console.print(f"[green]FasterFS lab down[/]: {report['actors_stopped']} StorageNodes and "
                   f"{report['ray_nodes_stopped']} Ray nodes stopped; {report.get('lab_removed', 0)} namespaces, "
                   "links and bridges removed")
+
+
+def cmd_lab_exec(cfg, host: str | None = None, command: list[str] = ()) -> int:
+    """Run a command on a lab host, as on that machine (its own files and network)."""
+    import os
+
+    from . import lab
+
+    if host is None or not host.isdigit() or not command:
+        raise FasterFSError("usage: fasterfs lab exec NODE -- COMMAND... (NODE: a lab host's node id)")
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    args = lab.exec_args(state, int(host), list(command))
+    os.execvp(args[0], args)
 
 
 def cmd_status(cfg) -> None:
@@ -86,7 +99,7 @@ def cmd_ingest(cfg) -> None:
 def cmd_kernel_status(cfg) -> None:
     import ray
 
-    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    state = registry.find(cfg)
     snaps = ray.get([a.kernel_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
     for snap in snaps:
         mode = snap["mode"]
@@ -124,7 +137,7 @@ def cmd_kernel_status(cfg) -> None:
 def cmd_cache_status(cfg) -> None:
     import ray
 
-    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    state = registry.find(cfg)
     rows = ray.get([a.cache_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
     table = Table(title="FasterFS node caches")
     for col in ("node", "mode", "entries", "size", "capacity", "hits", "misses", "from cache", "from MinIO",
@@ -184,7 +197,7 @@ def cmd_cache_warm(cfg, chunks: str | None = None) -> None:
 def cmd_cache_clear(cfg) -> None:
     import ray
 
-    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    state = registry.find(cfg)
     removed = ray.get([a.cache_clear.remote() for a in cluster.storage_nodes(state)])
     console.print(f"removed {sum(removed)} cache entries ({', '.join(f'node {i}: {n}' for i, n in enumerate(removed))}); "
                   "kernel counts start over")
@@ -200,6 +213,8 @@ COMMANDS = {
     "cache clear": (cmd_cache_clear, "empty every node's cache and start a new kernel epoch"),
     "lab up": (cmd_lab_up, "create N hosts as network namespaces with bandwidth limits and start the cluster on them"),
     "lab down": (cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
+    "lab exec": (cmd_lab_exec, "run a command on a lab host: `fasterfs lab exec 1 -- fasterfs status "
+                              "cluster.ray_address=<head>:<port>`"),
     "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
 
@@ -220,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
             p = sub.add_parser(name, help=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
         p.add_argument("--nodes", type=int, help="shorthand for the override nodes=N")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[argv.index("--") + 1:] if "--" in argv else []  # `lab exec N -- COMMAND...`
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)
     if getattr(args, "action", None):
         args.command = f"{args.command} {args.action}"
@@ -229,9 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ([f"nodes={args.nodes}"] if args.nodes else []) + [o for o in args.overrides if "=" in o]
         positional = [o for o in args.overrides if "=" not in o]
         cfg = config.load(overrides)
-        if positional and args.command != "cache warm":
+        if positional and args.command not in ("cache warm", "lab exec"):
             raise FasterFSError(f"unexpected argument {positional[0]!r}: overrides look like key=value")
-        COMMANDS[args.command][0](cfg, *positional[:1])
+        if args.command == "lab exec":
+            cmd_lab_exec(cfg, *positional[:1], command=command)
+        else:
+            COMMANDS[args.command][0](cfg, *positional[:1])
     except FasterFSError as e:
         if args.verbose:
             raise

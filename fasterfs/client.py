@@ -18,12 +18,12 @@ from typing import Sequence
 import polars as pl
 import xxhash
 
-from . import cache, config, credentials, lobster, reader_stats, s3
-from .cluster import ClusterState
+from . import cache, config, credentials, lobster, reader_stats, registry, s3
+from .bpf.events import key_hash
 from .config import Paths
 from .errors import FasterFSError
-from .bpf.events import key_hash
 from .manifest import Manifest
+from .state import ClusterState, host_id
 from .reader_stats import BYTES_CACHE, BYTES_MINIO, DAMAGED, HITS, MISSES, PREFETCH
 
 
@@ -38,13 +38,14 @@ class Client:
         p = cfg.cache.prefetch  # plain values: configuration lookups cost microseconds on the hit path
         self.prefetch_window = int(p.window) if p.enabled else 0
         self.prefetch_trigger = int(p.trigger)
-        self._s3 = [s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
-                    for n in state.nodes]
+        self._s3 = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
+                    for n in state.nodes}
+        self._here = host_id()
         self.local_node = self._local_node()
         # Derived once per client, so a hit costs only the file read.
         self._sources = [self._order(c.nodes) for c in manifest.chunks]
         self._caches = [self._cache_nodes(c.nodes) for c in manifest.chunks]
-        self._cache_dirs = [str(self.paths.cache_dir(n.index)) for n in state.nodes]
+        self._cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
         self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
         self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
         self._marks: dict[int, object] = {}
@@ -79,11 +80,8 @@ class Client:
     def _cache_nodes(self, holders: list[int]) -> list[int]:
         """Caches a reader here can read as local files: its own node's, then those of the
         chunk's holders on the same host (every node, on a one-machine cluster)."""
-        from .storage_node import host_id
-
-        here = host_id()
         nodes = [] if self.local_node is None else [self.local_node]
-        nodes += [n for n in self._order(holders) if n not in nodes and self.state.nodes[n].host_id == here]
+        nodes += [n for n in self._order(holders) if n not in nodes and self.state.node(n).host_id == self._here]
         return nodes
 
     def sources(self, i: int) -> list[int]:
@@ -95,8 +93,14 @@ class Client:
         return f"{self._cache_dirs[node]}/{self._entries[i]}"
 
     def stats(self, node: int) -> reader_stats.ReaderStats:
+        """Counters of reads served by `node`, kept where a StorageNode of this host sums them:
+        that node's own directory when it is on this host, else this process' node's (a read
+        across hosts counts as this host's reader's). A driver on a host without a
+        StorageNode (the lab's head) has no one to count for it."""
         if node not in self._stats:
-            self._stats[node] = reader_stats.ReaderStats(self.paths.reader_stats_dir(node))
+            home = node if self.state.node(node).host_id == self._here else self.local_node
+            self._stats[node] = (reader_stats.ReaderStats(self.paths.reader_stats_dir(home)) if home is not None
+                                 else reader_stats.UNCOUNTED)
         return self._stats[node]
 
     # -- reads ---------------------------------------------------------------------------
@@ -176,7 +180,7 @@ class Client:
                 response = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=chunk.key)
                 body = response["Body"].read()
             except Exception as e:  # node down or object missing: try the next holder
-                errors.append(f"node {node} ({self.state.nodes[node].endpoint}): {type(e).__name__}: {e}"[:300])
+                errors.append(f"node {node} ({self.state.node(node).endpoint}): {type(e).__name__}: {e}"[:300])
                 continue
             # The object carries the checksum it was stored with; MinIO is the source of truth, so an
             # object rewritten by another tool (without one) is served as it now is.
@@ -187,7 +191,7 @@ class Client:
             st = self.stats(node)
             st.add(MISSES)
             st.add(BYTES_MINIO, len(body))
-            if self.state.nodes[node].kernel_mode == "simulated":
+            if self.state.node(node).kernel_mode == "simulated":
                 self._hint(node, "observe", "GET", f"/{self.manifest.bucket}/{chunk.key}")
             return body
         raise FasterFSError(f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(errors))
@@ -220,24 +224,27 @@ class Client:
         self._hints.put((node, method, args))
 
     def _send_hints(self) -> None:
-        from .cluster import storage_nodes
+        from .state import storage_nodes
 
         actors = None
         while True:
             node, method, args = self._hints.get()
             try:
                 if actors is None:
-                    actors = storage_nodes(self.state)
+                    actors = dict(zip((n.index for n in self.state.nodes), storage_nodes(self.state)))
                 getattr(actors[node], method).remote(*args)  # fire and forget
             except Exception:
                 actors = None  # the cluster restarted an actor: look them up again next time
 
 
 def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True) -> Client:
-    """A client for the running cluster under `root` (default: cluster.root of the configuration).
-    use_cache=False reads from MinIO only (baselines)."""
+    """A client for the running cluster, from any host: inside a Ray task or actor, the
+    cluster it runs in; elsewhere the one at cluster.ray_address, or the one whose head
+    state file is under `root` (default cluster.root). Everything it needs comes from the
+    cluster's Registry. use_cache=False reads from MinIO only (baselines)."""
     cfg = config.load(overrides)
-    paths = Paths(Path(root or cfg.cluster.root))
-    state = ClusterState.load(paths.root)
-    return Client(state, credentials.load(paths.credentials_file), Manifest.load(paths.manifest_file), cfg,
-                  use_cache)
+    state = registry.find(cfg, root)
+    manifest = registry.fetch_manifest(state.name)
+    if manifest is None:
+        raise FasterFSError(f"no dataset has been ingested into cluster {state.name!r}: run `fasterfs ingest`")
+    return Client(state, registry.fetch_credentials(state.name), manifest, cfg, use_cache)

@@ -17,120 +17,24 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import credentials
+from . import credentials, identity, registry
 from .cgroup import ProjectCgroup
 from .config import Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
-from .fsutil import atomic_write_json, read_json
+from .bpf.pinned import unmount_bpffs
 from .minio_server import check_port_free
-from .storage_node import StorageNode, actor_name, filter_prefix
+from .state import (ClusterState, Host, NodeState, actor_name, connect_ray, filter_prefix, is_ray_start, join,
+                    storage_nodes)
+from .state import pinned as state_pinned
+from .storage_node import StorageNode
 
 log = logging.getLogger("fasterfs.cluster")
 
 
-@dataclass
-class NodeState:
-    index: int
-    address: str
-    endpoint: str
-    ray_pid: int | None  # the `ray start` FasterFS ran for this node; None when attached to a Ray cluster
-    ray_node_id: str | None = None
-    kernel_mode: str | None = None  # "real" or "simulated", as the node's StorageNode loaded it
-    netns: str | None = None        # the lab host's network namespace
-    host_id: str | None = None      # machine + network namespace: nodes with equal ids share a host
-
-
-@dataclass
-class ClusterState:
-    name: str
-    root: str
-    ray_address: str
-    dashboard_url: str
-    nodes: list[NodeState]
-    cgroup: dict
-    config: dict
-    ready: bool = False
-    attached: bool = False  # StorageNodes on a Ray cluster FasterFS did not start (cluster.yaml)
-    head_pid: int | None = None  # `ray start` of a head that holds no data (the lab's)
-    lab: dict | None = None      # the lab network to remove on teardown (fasterfs.lab)
-    web_url: str | None = None   # FasterFS's own dashboard (fasterfs.dashboard), when enabled
-    started: float = field(default_factory=time.time)
-
-    @property
-    def namespace(self) -> str:
-        return f"fasterfs-{self.name}"
-
-    @property
-    def head_address(self) -> str:
-        return self.ray_address.rsplit(":", 1)[0]
-
-    def save(self) -> None:
-        atomic_write_json(Paths(Path(self.root)).state_file, asdict(self))
-
-    @classmethod
-    def load(cls, root: Path) -> "ClusterState":
-        path = Paths(Path(root)).state_file
-        if not path.exists():
-            raise FasterFSError(f"no FasterFS cluster is running under {root} (no {path.name}); "
-                                "start one with `fasterfs up`")
-        data = read_json(path, "cluster state file")
-        data["nodes"] = [NodeState(**n) for n in data["nodes"]]
-        return cls(**data)
-
-    def ray_processes_alive(self) -> list[int]:
-        pids = [n.ray_pid for n in self.nodes] + [self.head_pid]
-        return [pid for pid in pids if pid and _is_ray_start(pid)]
-
-    def running(self) -> bool:
-        if not self.attached:
-            return bool(self.ray_processes_alive())
-        import socket
-
-        host, port = self.ray_address.rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=2).close()
-            return True
-        except OSError:
-            return False
-
-
-def _is_ray_start(pid: int) -> bool:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"start" in cmd and any(c.endswith(b"/ray") for c in cmd)
-
-
-# -- connecting ---------------------------------------------------------------------
-
-
-def connect_ray(state: ClusterState):
-    """Join the cluster as a driver, on the head's loopback address (never the external one)."""
-    import ray
-
-    if ray.is_initialized():
-        if ray.get_runtime_context().gcs_address == state.ray_address:
-            return ray
-        ray.shutdown()  # connected to another cluster (a test's, say): switch
-    ray.init(address=state.ray_address, _node_ip_address=state.head_address, namespace=state.namespace,
-             logging_level=logging.WARNING, log_to_driver=False)
-    return ray
-
-
-def pinned(node: NodeState) -> dict:
-    """Ray options that run a task or actor on `node` and nowhere else (locality-aware scheduling)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False)}
-
-
-def storage_nodes(state: ClusterState) -> list:
-    ray = connect_ray(state)
-    return [ray.get_actor(actor_name(n.index), namespace=state.namespace) for n in state.nodes]
+def pinned(node: NodeState) -> dict:  # kept here too: jobs and notebooks call cluster.pinned
+    return state_pinned(node)
 
 
 # -- up -------------------------------------------------------------------------------
@@ -140,12 +44,14 @@ def _ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
-@dataclass
-class Host:
-    """Where a Ray node runs: an address, and the network namespace holding it (None: this one)."""
-
-    address: str
-    netns: str | None = None
+# A lab host shares nothing but the network with the others: its own mount namespace, in
+# which its disk is its cluster root and /tmp (Ray's session directory) and /dev/shm (the
+# object store's files) are its own. Every exec keeps the PID, so the PID FasterFS records
+# is the `ray start` process itself.
+# The disk is entered first (`cd`): it may lie under /tmp, which the new /tmp then hides.
+_PRIVATE_HOST = ('mount --make-rprivate / && cd "$2" && mount -t tmpfs -o mode=1777 ffs-tmp /tmp && '
+                 'mount -t tmpfs -o mode=1777 ffs-shm /dev/shm && mkdir -p "$1" && mount --no-canonicalize --bind . "$1" && cd / && '
+                 'shift 2 && exec "$@"')
 
 
 def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
@@ -156,8 +62,7 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
     if index is None:
         args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + 99}"]
     else:
-        args += [f"--num-cpus={c.cpus_per_node}", f"--resources={json.dumps({f'fasterfs_node_{index}': 1000})}",
-                 f"--dashboard-agent-listen-port={c.agent_port + index}"]
+        args += [f"--num-cpus={c.cpus_per_node}", f"--dashboard-agent-listen-port={c.agent_port + index}"]
     if is_head:
         # objects beyond the object store spill to files here (GraySort larger than memory)
         spill = {"type": "filesystem", "params": {"directory_path": str(c.spill_dir)}}
@@ -167,6 +72,9 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
                  f"--ray-client-server-port={c.client_port}"]
     else:
         args += [f"--address={head.address}:{c.ray_port}"]
+    if host.disk:
+        args = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _PRIVATE_HOST, "ffs-host",
+                str(c.root), host.disk, *args]
     # nsenter switches only the network namespace; `ip netns exec` would also remount /sys
     # and hide the cgroup2 hierarchy the node's SOCK_OPS program attaches to.
     return (["nsenter", f"--net=/run/netns/{host.netns}", "--"] if host.netns else []) + args
@@ -201,7 +109,9 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
     By default the hosts are this machine's loopback addresses from the configuration and
     the first is also the Ray head. The lab passes network-namespace hosts and a head of
     its own (on its bridge) that holds no data; with cluster.attach, the nodes of a Ray
-    cluster started elsewhere are used instead."""
+    cluster started elsewhere (`ray up cluster.yaml`) are used. Either way FasterFS then
+    attaches the same way: a Registry on the head, node ids read from the hosts' disks,
+    a StorageNode on every storage host."""
     cfg = as_cfg(cfg)
     layout = Layout.of(cfg)
     if layout.paths.state_file.exists():
@@ -212,28 +122,38 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         log.warning("cleaning up after a cluster that did not shut down: %s", layout.paths.state_file)
         teardown(old)
     minio_binary(cfg)  # fail now, not inside an actor, if MinIO is missing
-    credentials.create(layout.paths.credentials_file)
+    creds = credentials.create(layout.paths.credentials_file)
+    conf = to_dict(cfg)
     if cfg.cluster.attach:
-        state = _attach_ray(cfg, layout)
+        if not cfg.cluster.ray_address:
+            raise FasterFSError("option cluster.attach=true needs cluster.ray_address=<head>:<port> of the Ray cluster")
+        head = Host(cfg.cluster.ray_address.rsplit(":", 1)[0])
+        state = ClusterState(name=cfg.cluster.name, root=str(layout.paths.root), ray_address=cfg.cluster.ray_address,
+                             dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
+                             cgroup=ProjectCgroup(None).to_dict(), config=conf, attached=True)
     else:
         hosts = hosts or [Host(a) for a in layout.addresses]
         head = head or hosts[0]
         _check_ports(cfg, head, hosts)
-        conf = to_dict(cfg)
-        conf["nodes"] = len(hosts)
         state = ClusterState(
             name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{head.address}:{cfg.cluster.ray_port}",
             dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
             cgroup=ProjectCgroup.create(cfg.cluster.name, layout.paths.root).to_dict(), config=conf, lab=lab)
     try:
-        _mount_bpffs(layout.paths.bpffs)
+        state.save()  # provisional: lets `down` clean up if we fail from here on
         if not cfg.cluster.attach:
             _start_ray(cfg, layout, state, hosts, head)
-        _start_storage_nodes(cfg, state)
+        join(state.ray_address, state.name)  # as a driver on the head, as `ray exec` runs
+        head_id = _head_node_id(state)
+        registry.start(state, head_id, cfg.cluster.start_timeout_s)
+        _identify_nodes(cfg, state, head_id)
+        state.config["nodes"] = len(state.nodes)
+        state.save()
+        _start_storage_nodes(cfg, state, creds)
         state.ready = True
         state.save()
         if cfg.dashboard.enabled:  # it reads the saved state
-            state.web_url = _start_dashboard(cfg, state)
+            state.web_url = _start_dashboard(cfg, state, head_id)
             state.save()
         return state
     except BaseException:
@@ -242,36 +162,18 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         raise
 
 
-def _mounted(path: Path) -> bool:
-    try:
-        return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
-    except OSError:
-        return False
+def _head_node_id(state: ClusterState) -> str:
+    import ray
 
-
-def _mount_bpffs(path: Path) -> None:
-    """A bpffs of the cluster's own for pinned maps; without one, readers rely on events alone."""
-    from . import bpf
-
-    if _mounted(path) or bpf.unavailable_reason() is not None:
-        return
-    path.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(["mount", "-t", "bpf", "bpf", str(path)], capture_output=True).returncode != 0:
-        log.warning("could not mount bpffs at %s; cache readers will rely on STALE events alone", path)
-
-
-def _unmount_bpffs(path: Path) -> bool:
-    if not _mounted(path):
-        return False
-    subprocess.run(["umount", str(path)], capture_output=True)
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-    return not _mounted(path)
+    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address), None)
+    if head is None:
+        raise FasterFSError(f"no Ray node has the head's address {state.head_address}; give cluster.ray_address "
+                            "as <head IP>:<port>")
+    return head
 
 
 def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
+    """One `ray start` per host (and one for a head without storage); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     logs = layout.paths.log_dir
@@ -280,79 +182,92 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         state.head_pid = proc.pid
         state.save()
         _wait_for_head(cfg, head, proc, logs / "ray-head.log")
-        connect_ray(state)
+        join(state.ray_address, state.name)
     joined = {head.address} if head not in hosts else set()
     for i, host in enumerate(hosts):
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
         proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log", env,
                             child=f"node-{i}")
+        # provisional (position, not id): lets `down` stop it if we fail from here on
         state.nodes.append(NodeState(i, host.address, f"http://{host.address}:{cfg.minio.port}", proc.pid,
-                                     netns=host.netns))
-        state.save()  # provisional: lets `down` clean up if we fail from here on
+                                     netns=host.netns, disk=host.disk))
+        state.save()
         if host == head:
             _wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
-            connect_ray(state)
+            join(state.ray_address, state.name)
         # One at a time: raylets started back to back race for the same socket names.
         joined.add(host.address)
-        node_ids = _wait_for_nodes(cfg, state, joined)
-    for node in state.nodes:
-        node.ray_node_id = node_ids[node.address]
+        _wait_for_nodes(cfg, state, joined)
 
 
-def _attach_ray(cfg, layout: Layout) -> ClusterState:
-    """StorageNodes on every node of a running Ray cluster (started by `ray up cluster.yaml`)."""
+def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
+    """The storage nodes with their stable ids, as the hosts' disks record them (fasterfs.identity)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not cfg.cluster.ray_address:
-        raise FasterFSError("option cluster.attach=true needs cluster.ray_address=<head>:<port> of the Ray cluster")
-    head = cfg.cluster.ray_address.rsplit(":", 1)[0]
-    ray.shutdown()
-    ray.init(address=cfg.cluster.ray_address, _node_ip_address=head, namespace=f"fasterfs-{cfg.cluster.name}",
-             logging_level=logging.WARNING, log_to_driver=False)  # run on the head node, as `ray exec` does
-    alive = sorted((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
-    nodes = [NodeState(i, addr, f"http://{addr}:{cfg.minio.port}", None, node_id)
-             for i, (addr, node_id) in enumerate(alive)]
-    conf = to_dict(cfg)
-    conf["nodes"] = len(nodes)
-    return ClusterState(name=cfg.cluster.name, root=str(layout.paths.root), ray_address=cfg.cluster.ray_address,
-                        dashboard_url=f"http://{head}:{cfg.cluster.dashboard_port}", nodes=nodes,
-                        cgroup=ProjectCgroup(None).to_dict(), config=conf, attached=True)
+    alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    started = {n.address: n for n in state.nodes}
+    if state.attached:  # every node of the Ray cluster (the head too, unless told otherwise)
+        addresses = sorted(a for a, nid in alive.items() if cfg.cluster.storage_on_head or nid != head_id)
+    else:
+        addresses = [n.address for n in state.nodes]
+    if not addresses:
+        raise FasterFSError(f"the Ray cluster at {state.ray_address} has no node to put a StorageNode on")
+    probe = ray.remote(num_cpus=0)(identity.probe)
+    refs = {a: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(alive[a], soft=False))
+            .remote(state.root, state.name) for a in addresses}
+    done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
+    silent = [a for a, ref in refs.items() if ref not in done]
+    if silent:
+        raise FasterFSError(f"hosts {silent} did not answer FasterFS's probe within {cfg.cluster.start_timeout_s} s")
+    hosts = [dict(ray.get(refs[a]), address=a) for a in addresses]
+    identity.check_versions(hosts)
+    ids = identity.assign(hosts)
+    nodes = []
+    for h in hosts:
+        a, old = h["address"], started.get(h["address"])
+        nodes.append(NodeState(ids[a], a, f"http://{a}:{cfg.minio.port}", old.ray_pid if old else None, alive[a],
+                               netns=old.netns if old else None, host_id=h["host_id"], disk=old.disk if old else None))
+    state.nodes = sorted(nodes, key=lambda n: n.index)
 
 
-def _start_storage_nodes(cfg, state: ClusterState) -> None:
+def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credentials) -> None:
+    """One StorageNode per node, handed the MinIO credentials (never written on the hosts)."""
     import ray
 
     actor_cls = ray.remote(StorageNode)
-    actors = [actor_cls.options(
+    actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
-        max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
-    ).remote(node.index, node.address, state.config) for node in state.nodes]
-    state.save()
-    try:
-        ready = ray.get([a.ready.remote() for a in actors], timeout=cfg.cluster.start_timeout_s)
-    except ray.exceptions.RayActorError as e:
-        raise FasterFSError(f"a StorageNode failed to start: {e}") from None
-    for info, node in zip(ready, state.nodes):
+        max_restarts=-1, max_task_retries=3, num_cpus=0, **state_pinned(node),
+    ).remote(node.index, node.address, state.config, creds) for node in state.nodes}
+    refs = {i: a.ready.remote() for i, a in actors.items()}
+    done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
+    for node in state.nodes:
+        ref = refs[node.index]
+        if ref not in done:
+            raise FasterFSError(f"the StorageNode of node {node.index} on host {node.address} did not start within "
+                                f"{cfg.cluster.start_timeout_s} s")
+        try:
+            info = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise FasterFSError(f"a StorageNode failed to start on host {node.address} (node {node.index}): "
+                                f"{e}"[:2000]) from None
         if info["node_id"] != node.ray_node_id:
             raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
         node.kernel_mode = info["kernel_mode"]
         node.host_id = info["host_id"]
 
 
-def _start_dashboard(cfg, state: ClusterState) -> str:
+def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:
     """FasterFS's web dashboard, as an actor on the head node listening on the head's address."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from .dashboard import ACTOR_NAME, DashboardServer
 
-    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address), None)
-    if head is None:
-        raise FasterFSError(f"no Ray node has the head's address {state.head_address} for the FasterFS dashboard; "
-                            "give cluster.ray_address as <head IP>:<port>, or set dashboard.enabled=false")
     actor = ray.remote(DashboardServer).options(  # restarted (and listening again) if its worker dies
         name=ACTOR_NAME, namespace=state.namespace, lifetime="detached", num_cpus=0, max_restarts=3,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False),
     ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s)
     try:
         return ray.get(actor.ready.remote(), timeout=cfg.cluster.start_timeout_s)
@@ -390,7 +305,7 @@ def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str
         if set(alive) == wanted:
             return alive
         for node in state.nodes:
-            if not _is_ray_start(node.ray_pid):
+            if not is_ray_start(node.ray_pid):
                 raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
                                     f"{_log_tail(logs / f'ray-node-{node.index}.log')}")
         if time.monotonic() > deadline:
@@ -411,6 +326,7 @@ def teardown(state: ClusterState) -> dict:
 
             connect_ray(state)
             _stop_dashboard(state, report)
+            _stop_registry(state)
             for node in state.nodes:
                 try:
                     actor = ray.get_actor(actor_name(node.index), namespace=state.namespace)
@@ -429,7 +345,7 @@ def teardown(state: ClusterState) -> dict:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     ours = set(cgroup.pids()) if cgroup.path else None
     for pid in [n.ray_pid for n in reversed(state.nodes)] + [state.head_pid]:
-        if pid and _is_ray_start(pid) and (ours is None or pid in ours):
+        if pid and is_ray_start(pid) and (ours is None or pid in ours):
             os.kill(pid, signal.SIGTERM)
             _wait_gone(pid, 40)
             report["ray_nodes_stopped"] += 1
@@ -439,14 +355,17 @@ def teardown(state: ClusterState) -> dict:
     report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
     cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
     spill = state.config.get("cluster", {}).get("spill_dir")
-    if spill and not state.attached:
-        shutil.rmtree(spill, ignore_errors=True)  # spilled objects die with the cluster
+    if spill and not state.attached:  # spilled objects die with the cluster, on the head and lab disks
+        shutil.rmtree(spill, ignore_errors=True)
+        for n in state.nodes:
+            if n.disk and Path(spill).is_relative_to(state.root):
+                shutil.rmtree(Path(n.disk) / Path(spill).relative_to(state.root), ignore_errors=True)
     report["tc_filters_removed"] = _remove_tc_filters(state)
-    report["bpffs_unmounted"] = _unmount_bpffs(Paths(Path(state.root)).bpffs)
+    report["bpffs_unmounted"] = unmount_bpffs(Paths(Path(state.root)).bpffs)  # one-machine clusters share it
     if state.lab:  # namespaces, links and their qdiscs; only once no process holds a namespace
-        from . import lab
+        from .lab_network import destroy_network
 
-        report["lab_removed"] = lab.destroy_network(state.lab)
+        report["lab_removed"] = destroy_network(state.lab)
     return report
 
 
@@ -466,6 +385,15 @@ def _stop_dashboard(state: ClusterState, report: dict) -> None:
     ray.kill(actor, no_restart=True)
 
 
+def _stop_registry(state: ClusterState) -> None:
+    import ray
+
+    try:
+        ray.kill(ray.get_actor(registry.NAME, namespace=state.namespace), no_restart=True)
+    except ValueError:
+        pass  # up failed before it started
+
+
 def _remove_tc_filters(state: ClusterState) -> int:
     """TC filters a StorageNode could not remove itself (it crashed, or was killed)."""
     from . import bpf
@@ -479,9 +407,9 @@ def _remove_tc_filters(state: ClusterState) -> int:
 
 def _wait_gone(pid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while _is_ray_start(pid) and time.monotonic() < deadline:
+    while is_ray_start(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _is_ray_start(pid):
+    if is_ray_start(pid):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -497,13 +425,17 @@ def down(cfg) -> dict:
 
 
 def status(cfg) -> tuple[ClusterState, list[dict]]:
-    """The cluster state and one row per node, as each StorageNode reports it."""
+    """The cluster state and one row per node, as each StorageNode reports it; from any host
+    given cluster.ray_address."""
     import ray
 
-    state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
-    if not state.running():
-        raise FasterFSError(f"the cluster under {state.root} is not running (its Ray processes are gone); "
-                            "run `fasterfs down` to clean up, then `fasterfs up`")
+    cfg = as_cfg(cfg)
+    if not cfg.cluster.ray_address:  # on the head: its state file says whether Ray still runs
+        state = ClusterState.load(Layout.of(cfg).paths.root)
+        if not state.running():
+            raise FasterFSError(f"the cluster under {state.root} is not running (its Ray processes are gone); "
+                                "run `fasterfs down` to clean up, then `fasterfs up`")
+    state = registry.find(cfg)
     rows = []
     for node, actor in zip(state.nodes, storage_nodes(state)):
         try:

@@ -24,14 +24,12 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import ray
 
-from . import cluster, credentials, records, s3
-from .config import Paths
+from . import cluster, records, registry, s3
 from .errors import FasterFSError
 
 SAMPLE_PER_PARTITION = 1000
@@ -125,10 +123,11 @@ def plan(cfg, cluster_nodes: int, nodes: int | None = None) -> SortPlan:
 
 
 @functools.lru_cache(maxsize=None)
-def _s3(root: str, node: int):
-    """One client per node per worker process: making one costs ~0.1 s, as much as a 64 MB GET."""
-    state = cluster.ClusterState.load(Path(root))
-    return s3.client(state.nodes[node].endpoint, credentials.load(Paths(Path(root)).credentials_file), read_timeout=300)
+def _s3(cluster_name: str, node: int):
+    """One client per node (position in the cluster's nodes) per worker process: making one
+    costs ~0.1 s, as much as a 64 MB GET. Endpoints and keys come from the Registry."""
+    state = registry.find_in_ray(cluster_name)
+    return s3.client(state.nodes[node].endpoint, registry.fetch_credentials(cluster_name), read_timeout=300)
 
 
 def _get(client, bucket: str, key: str, width: int) -> np.ndarray:
@@ -137,11 +136,19 @@ def _get(client, bucket: str, key: str, width: int) -> np.ndarray:
 
 
 @ray.remote(num_cpus=1)
-def warm_up(root: str, node: int) -> str:
+def warm_up(cluster_name: str, node: int) -> tuple[str, int]:
     """Start a worker with the libraries loaded, so the timed phases measure sorting, not
-    interpreter start-up."""
-    _s3(root, node)
-    return ray.get_runtime_context().get_node_id()
+    interpreter start-up. Returns the host's machine and its cores, counted on that host."""
+    _s3(cluster_name, node)
+    return _machine_id(), os.cpu_count() or 1
+
+
+def _machine_id() -> str:
+    """The machine (not the network namespace): lab hosts on one machine share its cores."""
+    try:
+        return open("/etc/machine-id").read().strip() or os.uname().nodename
+    except OSError:
+        return os.uname().nodename
 
 
 class Steps(dict):
@@ -162,7 +169,7 @@ class Steps(dict):
 
 
 @ray.remote(num_cpus=1)
-def generate_part(root: str, p: SortPlan, part: int) -> dict:
+def generate_part(cluster_name: str, p: SortPlan, part: int) -> dict:
     start, count = p.input_range(part)
     step = Steps()
     with step("generate"):
@@ -170,18 +177,18 @@ def generate_part(root: str, p: SortPlan, part: int) -> dict:
     with step("checksum"):
         checksum = records.checksum(recs)
     with step("put"):
-        _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("input", part), Body=recs.tobytes())
+        _s3(cluster_name, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("input", part), Body=recs.tobytes())
     rng = np.random.default_rng(part)
     sample = records.key_prefix(recs)[rng.integers(0, count, min(count, SAMPLE_PER_PARTITION))] if count else []
     return {"count": count, "checksum": checksum, "sample": np.asarray(sample, dtype=np.uint64), "steps": step}
 
 
 @ray.remote(num_cpus=1)
-def map_part(root: str, p: SortPlan, part: int, boundaries: np.ndarray):
+def map_part(cluster_name: str, p: SortPlan, part: int, boundaries: np.ndarray):
     """(steps, block for partition 0, block for partition 1, ...): num_returns = parts + 1."""
     step = Steps()
     with step("get"):
-        recs = _get(_s3(root, p.node_of(part)), p.bucket, p.key("input", part), p.fmt.record)
+        recs = _get(_s3(cluster_name, p.node_of(part)), p.bucket, p.key("input", part), p.fmt.record)
     with step("sort"):
         recs = records.sort(recs, p.fmt)
         cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
@@ -189,19 +196,19 @@ def map_part(root: str, p: SortPlan, part: int, boundaries: np.ndarray):
 
 
 @ray.remote(num_cpus=1)
-def reduce_part(root: str, p: SortPlan, part: int, *blocks: np.ndarray) -> dict:
+def reduce_part(cluster_name: str, p: SortPlan, part: int, *blocks: np.ndarray) -> dict:
     step = Steps()
     with step("merge"):
         recs = np.concatenate(blocks) if blocks else np.empty((0, p.fmt.record), np.uint8)
         recs = records.sort(recs, p.fmt)  # sorted runs: the stable sort merges them
     with step("put"):
-        _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("output", part), Body=recs.tobytes())
+        _s3(cluster_name, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("output", part), Body=recs.tobytes())
     return {"part": part, "count": len(recs), "steps": step}
 
 
 @ray.remote(num_cpus=1)
-def validate_part(root: str, p: SortPlan, part: int, kind: str = "output") -> dict:
-    recs = _get(_s3(root, p.node_of(part)), p.bucket, p.key(kind, part), p.fmt.record)
+def validate_part(cluster_name: str, p: SortPlan, part: int, kind: str = "output") -> dict:
+    recs = _get(_s3(cluster_name, p.node_of(part)), p.bucket, p.key(kind, part), p.fmt.record)
     bad = records.first_unsorted(recs, p.fmt)
     return {"part": part, "count": len(recs), "checksum": records.checksum(recs), "first_unsorted": bad,
             "first_key": bytes(recs[0, :p.fmt.key]) if len(recs) else None,
@@ -209,17 +216,17 @@ def validate_part(root: str, p: SortPlan, part: int, kind: str = "output") -> di
 
 
 @ray.remote(num_cpus=1)
-def coordinator_sort(root: str, p: SortPlan, boundaries: np.ndarray) -> dict:
+def coordinator_sort(cluster_name: str, p: SortPlan, boundaries: np.ndarray) -> dict:
     """The original design: one node downloads everything, sorts, partitions, uploads."""
     t0 = time.perf_counter()
-    recs = np.concatenate([_get(_s3(root, p.node_of(j)), p.bucket, p.key("input", j), p.fmt.record)
+    recs = np.concatenate([_get(_s3(cluster_name, p.node_of(j)), p.bucket, p.key("input", j), p.fmt.record)
                            for j in range(p.parts)])
     t1 = time.perf_counter()
     recs = records.sort(recs, p.fmt)
     cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
     t2 = time.perf_counter()
     for part, block in enumerate(np.split(recs, cuts)):
-        _s3(root, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("baseline", part), Body=block.tobytes())
+        _s3(cluster_name, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("baseline", part), Body=block.tobytes())
     t3 = time.perf_counter()
     return {"download_s": t1 - t0, "sort_partition_s": t2 - t1, "upload_s": t3 - t2}
 
@@ -286,7 +293,7 @@ def validate(state: cluster.ClusterState, p: SortPlan, expected_count: int, expe
              kind: str = "output") -> dict:
     """valsort over a run's partitions, each checked on the node that holds it."""
     nodes = state.nodes[:p.nodes]
-    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)])).remote(state.root, p, q, kind)
+    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)])).remote(state.name, p, q, kind)
                      for q in range(p.parts)])
     return check(p, parts, expected_count, expected_checksum, kind)
 
@@ -296,7 +303,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
     tick = progress or (lambda phase, done, total: None)
     nodes = state.nodes[:p.nodes]
     on = lambda part: cluster.pinned(nodes[p.node_of(part)])  # noqa: E731
-    root = state.root
+    root = state.name  # tasks find the cluster through its Registry
     times = {}
 
     def gather(phase: str, refs: list) -> list:
@@ -308,7 +315,8 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         return out
 
     tw = time.perf_counter()
-    ray.get([warm_up.options(**cluster.pinned(n)).remote(root, n.index) for n in nodes for _ in range(2)])
+    machines = dict(ray.get([warm_up.options(**cluster.pinned(n)).remote(root, k)
+                             for k, n in enumerate(nodes) for _ in range(2)]))
     times["warm_up_s"] = time.perf_counter() - tw
     t0 = time.perf_counter()
     gen = gather("generate", [generate_part.options(**on(j)).remote(root, p, j) for j in range(p.parts)])
@@ -357,8 +365,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
     if reference_mb:
         ref = min(p.size, int(reference_mb * 1e6)) // p.fmt.record * p.fmt.record
         rate = ray.get(inmemory_sort_rate.options(**on(0)).remote(p, ref))
-        machines = {(n.host_id or "").split("/")[0] for n in nodes}  # lab hosts share one machine's cores
-        cores = (os.cpu_count() or 1) * len(machines)
+        cores = sum(machines.values())  # per machine, as its hosts counted them
         result["reference"] = {"single_process_mb_s": rate, "cores": cores,
                                "sort_phase_mb_s": p.size / 1e6 / times["map_reduce_s"],
                                "fraction_of_cores_x_single": (p.size / 1e6 / times["map_reduce_s"]) / (cores * rate)}
@@ -367,7 +374,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
 
 def delete_run(state: cluster.ClusterState, p: SortPlan) -> int:
     """Remove the run's objects from every node."""
-    creds = credentials.load(Paths(Path(state.root)).credentials_file)
+    creds = registry.fetch_credentials(state.name)
     removed = 0
     for n in state.nodes[:p.nodes]:
         c = s3.client(n.endpoint, creds)

@@ -14,9 +14,8 @@ from typing import Callable
 
 import xxhash
 
-from . import credentials, lobster, s3
-from .cluster import ClusterState
-from .config import Layout, as_cfg
+from . import lobster, registry, s3
+from .config import as_cfg
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
 from .placement import place
@@ -39,8 +38,7 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
     """Ingest the configured data source into the running cluster; returns the new manifest.
     `nodes` places the data on the first N nodes only (Demo B's scaling sweep)."""
     cfg = as_cfg(cfg)
-    paths = Layout.of(cfg).paths
-    state = ClusterState.load(paths.root)
+    state = registry.find(cfg)
     n_nodes = nodes or len(state.nodes)
     if n_nodes > len(state.nodes):
         raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
@@ -50,12 +48,13 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
     fmt, rpc = cfg.data.format, cfg.data.rows_per_chunk
     starts = list(range(0, pair.rows, rpc))
     dataset = pair.name
-    placement = place([f"{dataset}/chunk-{i:05d}" for i in range(len(starts))], n_nodes, cfg.replicas,
-                      cfg.placement.load_slack)
+    ids = [n.index for n in state.nodes[:n_nodes]]  # placement picks among positions; nodes keep their ids
+    placement = [[ids[p] for p in holders] for holders in place(
+        [f"{dataset}/chunk-{i:05d}" for i in range(len(starts))], n_nodes, cfg.replicas, cfg.placement.load_slack)]
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(2)
     bucket = state.config["minio"]["bucket"]
-    creds = credentials.load(paths.credentials_file)
-    clients = [s3.client(n.endpoint, creds) for n in state.nodes]  # all: old generations go everywhere
+    creds = registry.fetch_credentials(state.name)
+    clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}  # all: old generations go everywhere
     time_col = pair.frame["Time"].to_numpy()
 
     def store(i: int) -> ChunkInfo:
@@ -67,7 +66,7 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
             try:
                 clients[node].put_object(Bucket=bucket, Key=key, Body=body, Metadata={"xxh3": str(digest)})
             except Exception as e:
-                raise FasterFSError(f"storing {key} on node {node} ({state.nodes[node].endpoint}) failed: {e}") from e
+                raise FasterFSError(f"storing {key} on node {node} ({state.node(node).endpoint}) failed: {e}") from e
         return ChunkInfo(i, key, placement[i], len(body), stop - start, start, float(time_col[start]),
                          float(time_col[stop - 1]), digest)
 
@@ -79,14 +78,14 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
                 if progress:
                     progress(len(chunks), len(starts))
     except BaseException:
-        _delete_objects(clients, bucket, f"{dataset}/", lambda key: key.startswith(f"{dataset}/{generation}/"))
+        _delete_objects(clients.values(), bucket, f"{dataset}/", lambda key: key.startswith(f"{dataset}/{generation}/"))
         raise
     manifest = Manifest(dataset=dataset, format=fmt, level=pair.level, rows_per_chunk=rpc, rows=pair.rows,
                         replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
                         chunks=chunks)
-    manifest.save(paths.manifest_file)
+    registry.publish_manifest(state.name, manifest)  # the head keeps it; every StorageNode gets it
     # the dataset's earlier generations are unreachable now
-    _delete_objects(clients, bucket, f"{dataset}/", lambda key: not key.startswith(f"{dataset}/{generation}/"))
+    _delete_objects(clients.values(), bucket, f"{dataset}/", lambda key: not key.startswith(f"{dataset}/{generation}/"))
     return manifest
 
 

@@ -1,118 +1,48 @@
-"""The lab: N hosts on this one machine, each a network namespace with an address of its
-own on a bridge FasterFS creates, one Ray node, one MinIO, and bandwidth of its own.
+"""The lab: N hosts on this one machine that share nothing but the network and the
+installed software, as real machines in a cluster do. Each host is a network namespace
+with an address of its own on a bridge FasterFS creates, a mount namespace of its own in
+which a private disk (a directory under <cluster.root>/lab-disks/) is its cluster root and
+/tmp and /dev/shm are its own, one Ray node, one MinIO, and bandwidth of its own.
 
-    fasterfs lab up --nodes 4 [lab=unlimited]      fasterfs lab down
+    fasterfs lab up --nodes 4 [lab=unlimited] [lab.disks=[disk2,disk0,disk1]]
+    fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391
+    fasterfs lab down
 
 Per host, `tbf` limits the host's loopback (what a local read can pull: the "disk") and
 its link's egress (what it can send to the others: the "WiFi"); netem is not in this
 kernel, so slow links are bandwidth, not delay. The Ray head runs on the bridge address
-in this namespace and holds no data, so drivers and the CLI work from here; the jobs run
-unchanged, since the cluster they talk to is the state file. Each host's StorageNode
-watches its own link (`lab0`) for requests to any MinIO, so a chunk that a host's readers
-make hot is cached on that host.
+in this namespace with a root of its own and holds no data, so drivers and the CLI work
+from here; every host finds the cluster through Ray (the Registry), never through files.
+Each host's StorageNode watches `lo` and its own link (`lab0`, both directions) for
+requests to any MinIO, so a chunk that a host's readers make hot is cached on that host,
+and a write arriving from another host invalidates it there.
 """
 from __future__ import annotations
 
-import errno
-import zlib
-
-from pyroute2 import IPRoute, NetNS, netns
-from pyroute2.netlink.exceptions import NetlinkError
+import os
+import re
+from pathlib import Path
 
 from . import cluster
 from .config import Layout, as_cfg
 from .errors import FasterFSError
-
-LINK = "lab0"  # the host's interface inside its namespace
-MAX_HOSTS = 64  # how far leftover-hunting looks
-
-
-def names(cluster_name: str, hosts: int) -> dict:
-    """Deterministic names, so a failed `up` or a lost state file can still be cleaned up.
-    Interface names are at most 15 characters."""
-    tag = f"{zlib.crc32(cluster_name.encode()) & 0xFFFFFF:06x}"
-    return {"bridge": f"ffsb{tag}", "hosts": [{"netns": f"ffs-{cluster_name}-h{i}", "veth": f"ffsv{tag}{i:x}"}
-                                              for i in range(hosts)]}
-
-
-def _tbf(ipr, index: int, mbit: int, burst_kb: int) -> None:
-    ipr.tc("add", "tbf", index, handle=0x10000, rate=f"{mbit}mbit", burst=burst_kb * 1024, latency="50ms")
-
-
-def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, cluster.Host, list[cluster.Host]]:
-    """Bridge, namespaces, veth pairs, addresses and limits. Returns the record to destroy
-    it by, the head (bridge address) and the hosts."""
-    record = names(cluster_name, hosts)
-    record.update(subnet=lab.subnet, profile=lab.profile, disk_mbit=lab.disk_mbit, link_mbit=lab.link_mbit)
-    head = cluster.Host(f"{lab.subnet}.1")
-    out = []
-    try:
-        with IPRoute() as ipr:
-            if ipr.link_lookup(ifname=record["bridge"]):
-                raise FasterFSError(f"bridge {record['bridge']} already exists: a lab of cluster {cluster_name!r} "
-                                    "is up (or was not cleaned up): run `fasterfs lab down`")
-            ipr.link("add", ifname=record["bridge"], kind="bridge")
-            br = ipr.link_lookup(ifname=record["bridge"])[0]
-            ipr.addr("add", index=br, address=head.address, prefixlen=24)
-            ipr.link("set", index=br, state="up")
-            for i, h in enumerate(record["hosts"]):
-                address = f"{lab.subnet}.{10 + i}"
-                if h["netns"] in netns.listnetns():
-                    raise FasterFSError(f"network namespace {h['netns']} already exists: run `fasterfs lab down`")
-                netns.create(h["netns"])
-                ipr.link("add", ifname=h["veth"], kind="veth", peer={"ifname": LINK, "net_ns_fd": h["netns"]})
-                veth = ipr.link_lookup(ifname=h["veth"])[0]
-                ipr.link("set", index=veth, master=br, state="up")
-                with NetNS(h["netns"]) as ns:
-                    link = ns.link_lookup(ifname=LINK)[0]
-                    lo = ns.link_lookup(ifname="lo")[0]
-                    ns.addr("add", index=link, address=address, prefixlen=24)
-                    ns.link("set", index=link, state="up")
-                    ns.link("set", index=lo, state="up")
-                    if lab.disk_mbit:
-                        _tbf(ns, lo, lab.disk_mbit, lab.burst_kb)
-                    if lab.link_mbit:
-                        _tbf(ns, link, lab.link_mbit, lab.burst_kb)
-                out.append(cluster.Host(address, h["netns"]))
-    except BaseException:
-        destroy_network(record)
-        raise
-    return record, head, out
-
-
-def destroy_network(record: dict) -> int:
-    """Remove the namespaces (their interfaces and qdiscs go with them), the host-side veths
-    and the bridge. Idempotent; returns how many objects were removed."""
-    removed = 0
-    existing = set(netns.listnetns())
-    for h in record["hosts"]:
-        if h["netns"] in existing:
-            netns.remove(h["netns"])
-            removed += 1
-    with IPRoute() as ipr:
-        for name in [h["veth"] for h in record["hosts"]] + [record["bridge"]]:
-            found = ipr.link_lookup(ifname=name)
-            if found:
-                try:
-                    ipr.link("del", index=found[0])
-                    removed += 1
-                except NetlinkError as e:
-                    if e.code != errno.ENODEV:
-                        raise
-    return removed
+from .lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names  # noqa: F401
 
 
 def up(cfg) -> cluster.ClusterState:
     """Create the hosts and start the cluster on them; nothing is left if any step fails."""
     cfg = as_cfg(cfg)
-    # Kernel programs watch each host's own link for requests to any MinIO.
-    cfg.kernel.interface, cfg.kernel.watch = LINK, "any"
+    # Kernel programs watch each host's lo and its own link for requests to any MinIO.
+    cfg.kernel.host_interface, cfg.kernel.watch = LINK, "any"
+    disks = _disks(cfg)
     state_file = Layout.of(cfg).paths.state_file
     if state_file.exists() and cluster.ClusterState.load(state_file.parent).running():
         raise FasterFSError(f"a FasterFS cluster is already running under {state_file.parent}; run `fasterfs lab down` first")
     if leftovers(cfg.cluster.name):  # a lab that crashed: no running cluster owns these any more
         destroy_network(names(cfg.cluster.name, MAX_HOSTS))
     record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)
+    for host, disk in zip(hosts, disks):
+        host.disk = str(disk)
     try:
         return cluster.up(cfg, hosts=hosts, head=head, lab=record)
     except BaseException:
@@ -134,10 +64,26 @@ def down(cfg) -> dict:
             "lab_removed": len(left)}
 
 
-def leftovers(cluster_name: str, hosts: int = None) -> list[str]:
-    """What of a lab still exists (for tests and `lab down` checks)."""
-    record = names(cluster_name, hosts or MAX_HOSTS)
-    left = [h["netns"] for h in record["hosts"] if h["netns"] in netns.listnetns()]
-    with IPRoute() as ipr:
-        left += [n for n in [h["veth"] for h in record["hosts"]] + [record["bridge"]] if ipr.link_lookup(ifname=n)]
-    return left
+def _disks(cfg) -> list[Path]:
+    """The hosts' private disks, in host order (created if new)."""
+    names = list(cfg.lab.disks) if cfg.lab.get("disks") else [f"disk{i}" for i in range(cfg.nodes)]
+    if len(names) != cfg.nodes or len(set(names)) != len(names):
+        raise FasterFSError(f"option lab.disks={names}: give {cfg.nodes} distinct names, one per host")
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", str(name)):
+            raise FasterFSError(f"option lab.disks: disk name {name!r} must be 1-32 letters, digits, '-' or '_'")
+    base = Path(cfg.cluster.root) / "lab-disks"
+    paths = [base / str(n) for n in names]
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+    return paths
+
+
+def exec_args(state: cluster.ClusterState, index: int, command: list[str]) -> list[str]:
+    """`command` run on lab host `index` as on that machine: its network and mount namespaces
+    (its own cluster root, /tmp and /dev/shm), entered through its Ray node's process."""
+    node = state.node(index)
+    if not node.netns or not node.ray_pid or not cluster.is_ray_start(node.ray_pid):
+        raise FasterFSError(f"node {index} is not a running lab host of cluster {state.name!r}")
+    return ["nsenter", f"--net=/run/netns/{node.netns}", f"--mount=/proc/{node.ray_pid}/ns/mnt",
+            f"--wd={os.getcwd()}", "--", *command]

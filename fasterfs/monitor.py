@@ -12,10 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-from .cluster import ClusterState
 from .config import Paths
 from .fsutil import read_json
-from .storage_node import actor_name
+from .state import ClusterState, actor_name
 
 # Counters whose per-second rates the dashboard shows (and charts).
 RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads served from the cache",

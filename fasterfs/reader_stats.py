@@ -37,6 +37,13 @@ class ReaderStats:
         struct.pack_into("<Q", self._mm, 8 * field, self._values[field])
 
 
+class _Uncounted:
+    def add(self, field: int, n: int = 1) -> None:
+        pass
+
+
+UNCOUNTED = _Uncounted()  # reads of a process with no StorageNode on its host
+
 HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED, PREFETCH = range(len(FIELDS))
 
 

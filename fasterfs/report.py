@@ -28,14 +28,38 @@ def fmt_bytes(n) -> str:
         n /= 1000
 
 
+_RUNS: dict[Path, str] = {}  # run directory -> its cluster, for publishing
+
+
 def run_dir(cfg, job: str) -> Path:
     path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
     path.mkdir(parents=True, exist_ok=True)
+    _RUNS[path] = cfg.cluster.name
     return path
 
 
 def write_json(directory: Path, name: str, result: dict) -> Path:
-    return atomic_write_json(directory / name, result)
+    path = atomic_write_json(directory / name, result)
+    publish(path)
+    return path
+
+
+def publish(path: Path) -> None:
+    """A report file written on a host other than the head goes to the head too (through the
+    Registry), where the dashboard lists it: hosts share no files."""
+    cluster_name = _RUNS.get(path.parent)
+    if cluster_name is None:
+        return
+    import ray
+
+    from . import registry
+    from .state import host_id
+
+    if not ray.is_initialized():
+        return
+    reg = registry.handle(cluster_name)
+    if ray.get(reg.ready.remote(), timeout=60) != host_id():
+        ray.get(reg.put_report.remote(path.parent.name, path.name, path.read_bytes()), timeout=120)
 
 
 def figure(*args, **kwargs):
@@ -54,6 +78,7 @@ def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    publish(Path(path))
 
 
 def timed(fn: Callable[[int], object], ids: Iterable[int]) -> list[float]:

@@ -13,43 +13,34 @@ import logging
 import os
 import threading
 
-from . import bpf, credentials, reader_stats, s3
+from . import bpf, identity, reader_stats, registry, s3
 from .bpf.events import key_hash
+from .bpf.pinned import mount_bpffs, unmount_bpffs
 from .cache import ChunkCache, entry_name
 from .cache_filler import CacheFiller
 from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
+from .credentials import Credentials
+from .errors import FasterFSError
+from .manifest import Manifest
 from .minio_server import MinioServer
+from .state import ClusterState, actor_name, filter_prefix, host_id
 
 log = logging.getLogger("fasterfs.storage_node")
 
 
-def actor_name(index: int) -> str:
-    return f"storage-node-{index}"
-
-
-def host_id() -> str:
-    """This machine and network namespace: processes with the same id share a host, and so
-    can read each other's cache directories as local files."""
-    import socket
-
-    return f"{socket.gethostname()}/{os.readlink('/proc/self/ns/net')}"
-
-
-def filter_prefix(cluster_name: str) -> str:
-    """Names of a cluster's TC filters start with this (see fasterfs.bpf.tc)."""
-    return f"ffs:{cluster_name}:"
-
-
 class StorageNode:
-    def __init__(self, index: int, address: str, cfg: dict):
+    """Node `index` at `address`: everything it needs comes in its arguments (the MinIO
+    credentials included) or from the cluster's Registry, never from another host's files."""
+
+    def __init__(self, index: int, address: str, cfg: dict, creds: Credentials):
         self.cfg = as_cfg(cfg)
         self.index, self.address = index, address
         paths = Layout.of(self.cfg).paths
+        identity.record(paths, index, self.cfg.cluster.name, address)  # the id travels with the data
         self.minio = MinioServer(minio_binary(self.cfg), self.address, self.cfg.minio.port,
                                  self.cfg.minio.console_port, paths.node_dir(index) / "minio",
-                                 paths.log_dir / f"minio-{index}.log", credentials.load(paths.credentials_file),
-                                 self.cfg.minio.md5_etags)
+                                 paths.log_dir / f"minio-{index}.log", creds, self.cfg.minio.md5_etags)
         self.bucket = self.cfg.minio.bucket
         self.restarts = 0
         self._held = False  # maintenance hold: MinIO stopped on purpose, not restarted
@@ -57,21 +48,26 @@ class StorageNode:
         self._stopping = threading.Event()
 
         self.paths = paths
-        self._manifest_cache: tuple[float, dict] = (0.0, {})
+        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}}
+        self._cluster: ClusterState | None = None
+        self._peers: dict[int, object] = {}
         # The cache index is rebuilt from the directory: entries survive a restart, temp files do not.
         self.cache = ChunkCache(paths.cache_dir(index), int(self.cfg.cache.capacity_mb * 1_000_000),
                                 on_evict=self._on_evict)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
+        self._own_bpffs = False
         self.kernel = self._load_kernel()  # before MinIO, so its first connections are tuned too
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
         self._getters: dict[str, s3.MarkedGetter] = {}
-        self._endpoints: list[str] | None = None
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
                                   self.cfg.cache.prefetch.max_queue)
+        manifest = registry.fetch_manifest(self.cfg.cluster.name)  # a restarted node learns the current one
+        if manifest is not None:
+            self.set_manifest(manifest)
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
@@ -82,9 +78,19 @@ class StorageNode:
         programs = bpf.load(k.mode, k.hot_threshold, k.fill_mark, k.delack_max_us, on_event=self._on_kernel_event)
         try:
             programs.watch(self.address if k.watch == "own" else None, self.cfg.minio.port)
-            # Replaces a filter of the same name that a crashed earlier incarnation left.
-            programs.attach_tc(k.interface, f"{filter_prefix(self.cfg.cluster.name)}{self.index}")
-            if os.path.ismount(self.paths.bpffs):
+            # Local reads cross lo; on a host with an interface of its own, its reads of other
+            # hosts leave on it (egress) and other hosts' writes arrive on it (ingress).
+            # Names are exact, and replace filters a crashed earlier incarnation left.
+            prefix = filter_prefix(self.cfg.cluster.name, self.index)
+            programs.attach_tc(k.interface, f"{prefix}{k.interface}:egress")
+            if k.host_interface:
+                for direction in ("egress", "ingress"):
+                    programs.attach_tc(k.host_interface, f"{prefix}{k.host_interface}:{direction}", direction)
+            if programs.mode == "real":  # this host's own bpffs, so its readers see its stale marks
+                try:
+                    self._own_bpffs = mount_bpffs(self.paths.bpffs)
+                except OSError as e:
+                    raise FasterFSError(f"host {self.address}: cannot mount a bpffs for the stale marks: {e}") from None
                 programs.pin_stale_marks(str(self.paths.stale_pin(self.index)))
             cgroup = own_cgroup()
             self.sockops_skipped = None
@@ -95,11 +101,13 @@ class StorageNode:
                 self.sockops_skipped = "this process is in the root cgroup (or there is no cgroup2)"
         except BaseException:
             programs.close()
+            self._release_bpffs()
             raise
         return programs
 
     def _on_kernel_event(self, event: dict) -> None:
-        """HOT: fill the cache with the chunk. STALE: drop it, and let the key become hot anew."""
+        """HOT: fill the cache with the chunk. STALE: drop it, let the key become hot anew,
+        and tell every other host, whose caches may hold a copy too."""
         prefix = f"/{self.bucket}/"
         if not event["path"].startswith(prefix):
             return
@@ -109,48 +117,66 @@ class StorageNode:
         if event["type"] == "HOT":
             self.filler.request(key, "hot")
         else:
-            self.filler.mark_stale(key)
-            self.kernel.reset_key(event["key"])
+            self._forget(event["key"], key)
+            for peer in self._peer_actors():
+                peer.invalidate.remote(event["key"], key)  # fire and forget: a dead peer has no cache to serve
+
+    def _forget(self, key_hash_: int, key: str) -> None:
+        self.filler.mark_stale(key)
+        self.kernel.reset_key(key_hash_)
+
+    def invalidate(self, key_hash_: int, key: str) -> None:
+        """Another host's kernel saw `key` written: mark it stale here too (readers check the
+        pinned mark on every hit) and drop the cached copy."""
+        self.kernel.mark_stale(key_hash_)
+        self._forget(key_hash_, key)
+
+    def _cluster_state(self, refresh: bool = False) -> ClusterState:
+        if self._cluster is None or refresh:
+            self._cluster = registry.find_in_ray(self.cfg.cluster.name)
+        return self._cluster
+
+    def _peer_actors(self) -> list:
+        import ray
+
+        out = []
+        for n in self._cluster_state().nodes:
+            if n.index != self.index and n.index not in self._peers:
+                try:
+                    self._peers[n.index] = ray.get_actor(actor_name(n.index), namespace=self._cluster.namespace)
+                except ValueError:
+                    continue
+            if n.index != self.index:
+                out.append(self._peers[n.index])
+        return out
 
     def _getter_for(self, key: str) -> s3.MarkedGetter:
         """Where a fill fetches `key`: this node if it holds a copy, else the chunk's owner
         (a reader on this host made the chunk hot, wherever it lives)."""
         endpoint = self.minio.endpoint
-        holders = self._manifest_names()["holders"].get(key)
+        holders = self._names["holders"].get(key)
         if holders and self.index not in holders:
-            if self._endpoints is None:  # the cluster's nodes, fixed once the cluster is up
-                from .cluster import ClusterState
-
-                self._endpoints = [n.endpoint for n in ClusterState.load(self.paths.root).nodes]
-            endpoint = self._endpoints[holders[0]]
+            endpoint = self._cluster_state().node(holders[0]).endpoint
         if endpoint not in self._getters:
             self._getters[endpoint] = s3.MarkedGetter(endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
         return self._getters[endpoint]
 
     def _on_evict(self, entry: str) -> None:
-        key = self._manifest_names()["entries"].get(entry)
+        key = self._names["entries"].get(entry)
         if key:  # the key may become hot again, and be cached again
             self.kernel.reset_key(key_hash(f"/{self.bucket}/{key}"))
 
-    def _manifest_names(self) -> dict:
-        """Lookups derived from the manifest (reloaded when it changes): key hash -> chunk,
-        cache entry -> object key, object key -> holding nodes."""
-        try:
-            mtime = self.paths.manifest_file.stat().st_mtime
-        except OSError:
-            return {"hashes": {}, "entries": {}, "holders": {}}
-        if mtime != self._manifest_cache[0]:
-            from .manifest import Manifest
-
-            m = Manifest.load(self.paths.manifest_file)
-            self._manifest_cache = (mtime, {
-                "hashes": {key_hash(f"/{m.bucket}/{c.key}"): c for c in m.chunks},
-                "entries": {entry_name(c.key): c.key for c in m.chunks},
-                "holders": {c.key: c.nodes for c in m.chunks}})
-        return self._manifest_cache[1]
+    def set_manifest(self, manifest: Manifest) -> int:
+        """The dataset's current generation (pushed by the Registry when ingest switches to
+        it): lookups derived from it, key hash -> chunk, cache entry -> key, key -> holders."""
+        self._names = {"hashes": {key_hash(f"/{manifest.bucket}/{c.key}"): c for c in manifest.chunks},
+                       "entries": {entry_name(c.key): c.key for c in manifest.chunks},
+                       "holders": {c.key: c.nodes for c in manifest.chunks}}
+        self._cluster_state(refresh=True)  # a new generation may place data on nodes that joined since
+        return len(manifest.chunks)
 
     def _resolve(self, key: int) -> str | None:
-        chunk = self._manifest_names()["hashes"].get(key)
+        chunk = self._names["hashes"].get(key)
         return chunk and f"chunk {chunk.id} ({chunk.key})"
 
     def _scrub(self) -> None:
@@ -209,7 +235,7 @@ class StorageNode:
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self._resolve)
         snap.update(index=self.index, address=self.address)
-        chunks = self._manifest_names()["hashes"]
+        chunks = self._names["hashes"]
         for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?
             chunk = chunks.get(int(t["key"], 16))
             t["cached"] = None if chunk is None else self.cache.contains(chunk.key)
@@ -291,3 +317,10 @@ class StorageNode:
             getter.close()
         with self._lock:
             self.minio.stop()
+        self._release_bpffs()
+
+    def _release_bpffs(self) -> None:
+        """Unmount the bpffs this node mounted once no sibling's pin is left in it."""
+        if self._own_bpffs and os.path.isdir(self.paths.bpffs) and not os.listdir(self.paths.bpffs):
+            unmount_bpffs(self.paths.bpffs)
+            self._own_bpffs = False

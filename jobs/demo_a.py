@@ -28,8 +28,7 @@ from pathlib import Path
 import ray
 
 import fasterfs
-from fasterfs import cluster, config, credentials, lobster, report, s3
-from fasterfs.config import Paths
+from fasterfs import cluster, config, lobster, registry, report, s3
 
 PASSES = ["local file", "MinIO direct", "FasterFS cold", "FasterFS warm", "FasterFS hot", "FasterFS hot+verify",
           "prefetch", "fsspec first", "fsspec hit"]
@@ -45,7 +44,7 @@ def run_passes(root: str, overrides: list[str]) -> dict:
     state, manifest = client.state, client.manifest
     ids = list(range(len(manifest)))
     actors = cluster.storage_nodes(state)
-    creds = credentials.load(Paths(Path(root)).credentials_file)
+    creds = registry.fetch_credentials(state.name)
     boto = [s3.client(n.endpoint, creds) for n in state.nodes]
     work = Path(tempfile.mkdtemp(prefix="ffs-demo-a-"))
     lat: dict[str, list[float]] = {}

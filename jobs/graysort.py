@@ -15,7 +15,7 @@ import sys
 
 from rich.progress import Progress
 
-from fasterfs import cluster, config, graysort, report
+from fasterfs import cluster, config, graysort, registry, report
 
 
 def chart(result: dict, path) -> None:
@@ -57,7 +57,7 @@ def chart(result: dict, path) -> None:
 
 def main(argv: list[str]) -> dict:
     cfg = config.load(argv)
-    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    state = registry.find(cfg)
     explicit = any(a.startswith("nodes=") for a in argv)
     p = graysort.plan(cfg, len(state.nodes), cfg.nodes if explicit else None)  # bad input fails here
     cluster.connect_ray(state)

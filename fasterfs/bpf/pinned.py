@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
+import subprocess
+from pathlib import Path
 
-from .testrun import _libbpf
+from .libbpf import lib as _libbpf
 
 _ready = False
 
@@ -64,3 +66,36 @@ def open_marks(path: str) -> StaleMarks | None:
         return StaleMarks(path)
     except OSError:
         return None
+
+
+def mounted(path: str | os.PathLike) -> bool:
+    try:
+        return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
+    except OSError:
+        return False
+
+
+def mount_bpffs(path: str | os.PathLike) -> bool:
+    """Mount a bpffs of the cluster's own at `path` (in this process' mount namespace: a
+    host's own). Returns whether this call mounted it; raises when it cannot."""
+    if mounted(path):
+        return False
+    Path(path).mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "bpf", "bpf", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        if mounted(path):  # a sibling StorageNode of a one-machine cluster won the race
+            return False
+        raise OSError(f"mount -t bpf at {path}: {done.stderr.strip() or done.returncode}")
+    return True
+
+
+def unmount_bpffs(path: str | os.PathLike) -> bool:
+    """Unmount and remove it; returns whether it is gone."""
+    if not mounted(path):
+        return False
+    subprocess.run(["umount", str(path)], capture_output=True)
+    try:
+        Path(path).rmdir()
+    except OSError:
+        pass
+    return not mounted(path)

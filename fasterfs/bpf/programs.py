@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -48,7 +49,8 @@ class KernelPrograms:
         text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
         try:
             self.bpf = BPF(text=text.encode(), cflags=[f"-I{SOURCE_DIR}"])
-            self.tc_fn = self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS)
+            self.tc_fns = {"egress": self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS),
+                           "ingress": self.bpf.load_func(b"ffs_tc_ingress", BPF.SCHED_CLS)}
             self.sockops_fn = self.bpf.load_func(b"ffs_sockops", BPF.SOCK_OPS)
         except Exception as e:
             raise FasterFSError(f"loading the eBPF programs failed: {e}") from e
@@ -91,6 +93,11 @@ class KernelPrograms:
         except KeyError:
             pass
 
+    def mark_stale(self, key: int) -> None:
+        """Record a write of `key` seen by another host's kernel, as if this one had seen it
+        (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns and of cache fills)."""
+        self.bpf[b"stale_keys"][ct.c_uint64(key)] = ct.c_uint64(time.monotonic_ns())
+
     def key_count(self, key: int) -> int:
         try:
             st = self.bpf[b"key_counts"][ct.c_uint64(key)]
@@ -100,10 +107,10 @@ class KernelPrograms:
 
     # -- attachment ----------------------------------------------------------------------
 
-    def attach_tc(self, interface: str, name: str, netns: str | None = None) -> None:
-        tc.remove(interface, name, netns)  # a crashed earlier owner's filter of the same name
-        tc.attach(self.tc_fn.fd, interface, name, "egress", netns)
-        self.tc_attachments.append((interface, name, netns))
+    def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None) -> None:
+        tc.remove(interface, name, netns, exact=True)  # a crashed earlier owner's filter of the same name
+        tc.attach(self.tc_fns[direction].fd, interface, name, direction, netns)
+        self.tc_attachments.append((interface, name, netns, direction))
 
     def attach_sockops(self, cgroup_path: str) -> None:
         from bcc import BPFAttachType
@@ -165,9 +172,9 @@ class KernelPrograms:
 
     def close_attachments(self) -> None:
         """Detach the TC filters and the SOCK_OPS program; the maps and their counts stay."""
-        for interface, name, netns in self.tc_attachments:
+        for interface, name, netns, _ in self.tc_attachments:
             try:
-                tc.remove(interface, name, netns)
+                tc.remove(interface, name, netns, exact=True)
             except Exception:
                 log.exception("removing TC filter %s from %s", name, interface)
         self.tc_attachments = []
@@ -213,7 +220,7 @@ class KernelPrograms:
         sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b[b"sock_counters"].items()}
         return {
             "mode": self.mode, "hot_threshold": self.hot_threshold, "epoch": self.epoch,
-            "tc": [{"interface": i, "filter": n, "netns": ns} for i, n, ns in self.tc_attachments],
+            "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d} for i, n, ns, d in self.tc_attachments],
             "sockops_cgroup": self.cgroup_path,
             "counters": counters, "keys_tracked": len(keys), "top_keys": top_keys, "ports": ports,
             "events_received": received, "recent_events": recent,

@@ -74,7 +74,11 @@ static __always_inline void emit(u32 type, u32 method, u64 key, u64 count, u16 p
     events.ringbuf_submit(e, 0);
 }
 
-static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *conn, u32 off, u32 paylen, u16 port) {
+/* ingress: requests arriving from other hosts, on a host's own interface. Only their
+ * writes matter here (stale marks for this host's cache); their GETs are the other
+ * host's to count, so this host does not cache what only others read. */
+static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *conn, u32 off, u32 paylen, u16 port,
+                                       int ingress) {
     u32 zero = 0;
     struct ffs_config *cfg = config.lookup(&zero);
     struct ffs_line *line = scratch.lookup(&zero);
@@ -105,6 +109,7 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
         bump(FFS_C_NOT_REQUEST);
         return;
     }
+    if (ingress && method == FFS_GET) return;
     if (cfg->fill_mark && skb->mark == cfg->fill_mark) {  /* the cache filler's own GET */
         bump(FFS_C_FILLER);
         return;
@@ -191,7 +196,7 @@ static __always_inline void on_response(struct ffs_conn *conn, u16 port) {
     else latency_hist.update(&lk, &one);
 }
 
-int ffs_tc(struct __sk_buff *skb) {
+static __always_inline int on_packet(struct __sk_buff *skb, int ingress) {
     u32 src[4] = {}, dst[4] = {};
     u32 l4;
     if (skb->protocol == bpf_htons(ETH_P_IP)) {
@@ -226,7 +231,7 @@ int ffs_tc(struct __sk_buff *skb) {
         __builtin_memcpy(conn.saddr, dst, 16);
         conn.cport = sport;
         conn.sport = dport;
-        on_request(skb, &conn, off, paylen, dport);
+        on_request(skb, &conn, off, paylen, dport, ingress);
     } else if (watched(src, sport)) {
         bump(FFS_C_PACKETS);
         __builtin_memcpy(conn.caddr, dst, 16);
@@ -237,3 +242,6 @@ int ffs_tc(struct __sk_buff *skb) {
     }
     return TC_ACT_UNSPEC;
 }
+
+int ffs_tc(struct __sk_buff *skb) { return on_packet(skb, 0); }
+int ffs_tc_ingress(struct __sk_buff *skb) { return on_packet(skb, 1); }

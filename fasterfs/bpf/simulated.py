@@ -45,7 +45,10 @@ class SimulatedPrograms:
     def key_count(self, key: int) -> int:
         return self.counts.get(key, 0)
 
-    def attach_tc(self, interface: str, name: str, netns: str | None = None) -> None:
+    def mark_stale(self, key: int) -> None:
+        pass  # no pinned marks: the STALE callback drops the entry
+
+    def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None) -> None:
         pass  # nothing to attach: requests arrive through observe()
 
     def attach_sockops(self, cgroup_path: str) -> None:

@@ -1,7 +1,7 @@
 """TC (clsact) attachment of BPF filters through netlink (pyroute2).
 
 Filters outlive the process that attached them, so each carries a name
-(`ffs-<cluster>-<node>`) by which a restarted owner or `fasterfs down` finds and
+(`ffs:<cluster>:<node>:<interface>:<direction>`) by which a restarted owner or `fasterfs down` finds and
 removes it. The clsact qdisc is removed with the last filter on it.
 """
 from __future__ import annotations
@@ -58,9 +58,9 @@ def attach(prog_fd: int, interface: str, name: str, direction: str = "egress", n
     raise FasterFSError(f"no free TC priority for filter {name} on {interface}")
 
 
-def remove(interface: str, prefix: str, netns: str | None = None) -> int:
-    """Delete every BPF filter whose name starts with `prefix`; drop clsact if it is then empty.
-    Returns how many filters were removed."""
+def remove(interface: str, prefix: str, netns: str | None = None, exact: bool = False) -> int:
+    """Delete every BPF filter whose name starts with `prefix` (is `prefix`, if exact); drop
+    clsact if it is then empty. Returns how many filters were removed."""
     removed = 0
     with _ipr(netns) as ipr:
         found = ipr.link_lookup(ifname=interface)
@@ -77,7 +77,7 @@ def remove(interface: str, prefix: str, netns: str | None = None) -> int:
                 if not f.get_attr("TCA_OPTIONS"):
                     continue  # the per-priority header entry
                 name = _filter_name(f)
-                if name is not None and name.startswith(prefix):
+                if name is not None and (name == prefix if exact else name.startswith(prefix)):
                     try:
                         ipr.tc("del-filter", "bpf", idx, f["handle"], parent=parent, prio=f["info"] >> 16)
                         removed += 1

@@ -6,12 +6,12 @@ ctypes (Debian's libbpf1). Used by the tests and the overhead benchmark.
 from __future__ import annotations
 
 import ctypes as ct
-import ctypes.util
 import ipaddress
 import os
 import struct
 
 from ..errors import FasterFSError
+from .libbpf import lib
 
 
 class _TestRunOpts(ct.Structure):  # struct bpf_test_run_opts, libbpf >= 0.7
@@ -26,20 +26,17 @@ class _TestRunOpts(ct.Structure):  # struct bpf_test_run_opts, libbpf >= 0.7
 # struct __sk_buff is 192 bytes; `mark` is its third u32 (len, pkt_type, mark).
 SKB_SIZE, SKB_MARK_OFFSET = 192, 8
 
-_lib = None
+_ready = False
 
 
 def _libbpf():
-    global _lib
-    if _lib is None:
-        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
-        try:
-            _lib = ct.CDLL(name, use_errno=True)
-        except OSError as e:
-            raise FasterFSError(f"libbpf not found ({e}): apt-get install libbpf1") from None
-        _lib.bpf_prog_test_run_opts.argtypes = [ct.c_int, ct.POINTER(_TestRunOpts)]
-        _lib.bpf_prog_test_run_opts.restype = ct.c_int
-    return _lib
+    global _ready
+    handle = lib()
+    if not _ready:
+        handle.bpf_prog_test_run_opts.argtypes = [ct.c_int, ct.POINTER(_TestRunOpts)]
+        handle.bpf_prog_test_run_opts.restype = ct.c_int
+        _ready = True
+    return handle
 
 
 def run(prog_fd: int, packet: bytes, repeat: int = 1, mark: int = 0) -> tuple[int, int]:

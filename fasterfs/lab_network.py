@@ -1,0 +1,100 @@
+"""The lab's network: a bridge, one network namespace per host with a veth to the bridge,
+addresses, and `tbf` limits; created and destroyed by deterministic names, so a crashed
+lab can still be removed. (fasterfs.lab starts a cluster on it.)"""
+from __future__ import annotations
+
+import errno
+import zlib
+
+from pyroute2 import IPRoute, NetNS, netns
+from pyroute2.netlink.exceptions import NetlinkError
+
+from .errors import FasterFSError
+from .state import Host
+
+LINK = "lab0"  # the host's interface inside its namespace
+MAX_HOSTS = 64  # how far leftover-hunting looks
+
+
+def names(cluster_name: str, hosts: int) -> dict:
+    """Deterministic names, so a failed `up` or a lost state file can still be cleaned up.
+    Interface names are at most 15 characters."""
+    tag = f"{zlib.crc32(cluster_name.encode()) & 0xFFFFFF:06x}"
+    return {"bridge": f"ffsb{tag}", "hosts": [{"netns": f"ffs-{cluster_name}-h{i}", "veth": f"ffsv{tag}{i:x}"}
+                                              for i in range(hosts)]}
+
+
+def _tbf(ipr, index: int, mbit: int, burst_kb: int) -> None:
+    ipr.tc("add", "tbf", index, handle=0x10000, rate=f"{mbit}mbit", burst=burst_kb * 1024, latency="50ms")
+
+
+def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list[Host]]:
+    """Bridge, namespaces, veth pairs, addresses and limits. Returns the record to destroy
+    it by, the head (bridge address) and the hosts."""
+    record = names(cluster_name, hosts)
+    record.update(subnet=lab.subnet, profile=lab.profile, disk_mbit=lab.disk_mbit, link_mbit=lab.link_mbit)
+    head = Host(f"{lab.subnet}.1")
+    out = []
+    try:
+        with IPRoute() as ipr:
+            if ipr.link_lookup(ifname=record["bridge"]):
+                raise FasterFSError(f"bridge {record['bridge']} already exists: a lab of cluster {cluster_name!r} "
+                                    "is up (or was not cleaned up): run `fasterfs lab down`")
+            ipr.link("add", ifname=record["bridge"], kind="bridge")
+            br = ipr.link_lookup(ifname=record["bridge"])[0]
+            ipr.addr("add", index=br, address=head.address, prefixlen=24)
+            ipr.link("set", index=br, state="up")
+            for i, h in enumerate(record["hosts"]):
+                address = f"{lab.subnet}.{10 + i}"
+                if h["netns"] in netns.listnetns():
+                    raise FasterFSError(f"network namespace {h['netns']} already exists: run `fasterfs lab down`")
+                netns.create(h["netns"])
+                ipr.link("add", ifname=h["veth"], kind="veth", peer={"ifname": LINK, "net_ns_fd": h["netns"]})
+                veth = ipr.link_lookup(ifname=h["veth"])[0]
+                ipr.link("set", index=veth, master=br, state="up")
+                with NetNS(h["netns"]) as ns:
+                    link = ns.link_lookup(ifname=LINK)[0]
+                    lo = ns.link_lookup(ifname="lo")[0]
+                    ns.addr("add", index=link, address=address, prefixlen=24)
+                    ns.link("set", index=link, state="up")
+                    ns.link("set", index=lo, state="up")
+                    if lab.disk_mbit:
+                        _tbf(ns, lo, lab.disk_mbit, lab.burst_kb)
+                    if lab.link_mbit:
+                        _tbf(ns, link, lab.link_mbit, lab.burst_kb)
+                out.append(Host(address, h["netns"]))
+    except BaseException:
+        destroy_network(record)
+        raise
+    return record, head, out
+
+
+def destroy_network(record: dict) -> int:
+    """Remove the namespaces (their interfaces and qdiscs go with them), the host-side veths
+    and the bridge. Idempotent; returns how many objects were removed."""
+    removed = 0
+    existing = set(netns.listnetns())
+    for h in record["hosts"]:
+        if h["netns"] in existing:
+            netns.remove(h["netns"])
+            removed += 1
+    with IPRoute() as ipr:
+        for name in [h["veth"] for h in record["hosts"]] + [record["bridge"]]:
+            found = ipr.link_lookup(ifname=name)
+            if found:
+                try:
+                    ipr.link("del", index=found[0])
+                    removed += 1
+                except NetlinkError as e:
+                    if e.code != errno.ENODEV:
+                        raise
+    return removed
+
+
+def leftovers(cluster_name: str, hosts: int = None) -> list[str]:
+    """What of a lab still exists (for tests and `lab down` checks)."""
+    record = names(cluster_name, hosts or MAX_HOSTS)
+    left = [h["netns"] for h in record["hosts"] if h["netns"] in netns.listnetns()]
+    with IPRoute() as ipr:
+        left += [n for n in [h["veth"] for h in record["hosts"]] + [record["bridge"]] if ipr.link_lookup(ifname=n)]
+    return left

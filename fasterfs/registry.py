@@ -1,0 +1,143 @@
+"""The Registry: the cluster's facts, held in Ray so that every host finds them there.
+
+One named, detached actor pinned to the head node holds the cluster state (nodes, their
+ids and addresses, configuration), the MinIO credentials and the dataset's manifest, and
+takes job reports for the dashboard. Any process that can reach Ray asks it; no host
+reads another host's files.
+
+Why an actor rather than Ray's GCS key-value store: the KV store is an internal API
+(`ray.experimental.internal_kv`), has no notion of pushing a new manifest to the
+StorageNodes, and keeps nothing once the GCS restarts without Redis. The actor has a
+narrow public surface, pushes each new manifest generation to every StorageNode before
+ingest returns, and keeps its facts on the head's own disk (the state file, the 0600
+credentials file, the manifest), so a restarted Registry knows everything again.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from . import credentials
+from .config import Paths
+from .errors import FasterFSError
+from .fsutil import atomic_write
+from .manifest import Manifest
+from .state import ClusterState, actor_name, host_id, join, namespace
+
+log = logging.getLogger("fasterfs.registry")
+NAME = "registry"
+REPORT_SUFFIXES = (".json", ".png")
+
+
+class Registry:
+    def __init__(self, root: str):
+        self.paths = Paths(Path(root))
+        self.cluster = ClusterState.load(self.paths.root)
+        self.creds = credentials.load(self.paths.credentials_file)
+        self._manifest = Manifest.load(self.paths.manifest_file) if self.paths.manifest_file.exists() else None
+        self._lock = threading.Lock()
+
+    def ready(self) -> str:
+        return host_id()
+
+    def state(self) -> dict:
+        self.cluster = ClusterState.load(self.paths.root)  # `up` updates it (dashboard address) after start
+        return self.cluster.to_dict()
+
+    def credentials(self) -> credentials.Credentials:
+        return self.creds
+
+    def manifest(self) -> Manifest | None:
+        return self._manifest
+
+    def publish_manifest(self, manifest: Manifest, timeout: float = 60.0) -> list[int]:
+        """Make `manifest` the dataset's current generation: kept on the head's disk, then
+        pushed to every StorageNode. Returns the nodes that took it."""
+        import ray
+
+        with self._lock:
+            self.state()
+            manifest.save(self.paths.manifest_file)
+            self._manifest = manifest
+            refs = {}
+            for n in self.cluster.nodes:
+                try:
+                    refs[n.index] = ray.get_actor(actor_name(n.index), namespace=self.cluster.namespace) \
+                        .set_manifest.remote(manifest)
+                except ValueError:
+                    log.warning("node %d has no StorageNode to take the new manifest", n.index)
+            done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+            return [i for i, ref in refs.items() if ref in done]
+
+    def put_report(self, run: str, name: str, data: bytes) -> str:
+        """Store a job report file (written on any host) where the dashboard serves it."""
+        if "/" in run or "/" in name or run.startswith(".") or not name.endswith(REPORT_SUFFIXES):
+            raise FasterFSError(f"report file {run}/{name}: only .json and .png files of a run directory")
+        out = Path(self.cluster.config.get("output_dir") or self.paths.root / "outputs") / run / name
+        atomic_write(out, data)
+        return str(out)
+
+
+def start(state: ClusterState, head_node_id: str, timeout: float):
+    """Create the cluster's Registry on the head node (restarted there if its worker dies)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor = ray.remote(Registry).options(
+        name=NAME, namespace=state.namespace, lifetime="detached", num_cpus=0, max_restarts=-1,
+        max_task_retries=3, max_concurrency=16,  # a StorageNode restarting asks it while it pushes a manifest
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id, soft=False),
+    ).remote(state.root)
+    ray.get(actor.ready.remote(), timeout=timeout)
+    return actor
+
+
+def handle(cluster_name: str):
+    """The Registry of a cluster this process is connected to through Ray."""
+    import ray
+
+    try:
+        return ray.get_actor(NAME, namespace=namespace(cluster_name))
+    except ValueError:
+        raise FasterFSError(f"the Ray cluster has no FasterFS registry for cluster {cluster_name!r} (Ray namespace "
+                            f"{namespace(cluster_name)}): start FasterFS on it with `fasterfs up` "
+                            "(cluster.attach=true for a Ray cluster started elsewhere), or set cluster.name") from None
+
+
+def find(cfg, root=None) -> ClusterState:
+    """The running cluster, from any host: inside a Ray worker its own cluster; elsewhere the
+    one at cluster.ray_address, or else the one whose head state file is under `root` (this
+    is the head). Joins it through Ray and asks its Registry."""
+    from .state import in_ray_worker
+
+    if not in_ray_worker():
+        address = cfg.cluster.ray_address or ClusterState.load(Path(root or cfg.cluster.root)).ray_address
+        join(address, cfg.cluster.name)
+    return find_in_ray(cfg.cluster.name)
+
+
+def _ask(cluster_name: str, what: str, *args):
+    import ray
+
+    return ray.get(getattr(handle(cluster_name), what).remote(*args), timeout=120)
+
+
+def find_in_ray(cluster_name: str) -> ClusterState:
+    return ClusterState.from_dict(_ask(cluster_name, "state"))
+
+
+def fetch_credentials(cluster_name: str) -> credentials.Credentials:
+    return _ask(cluster_name, "credentials")
+
+
+def fetch_manifest(cluster_name: str) -> Manifest | None:
+    return _ask(cluster_name, "manifest")
+
+
+def publish_manifest(cluster_name: str, manifest: Manifest) -> list[int]:
+    return _ask(cluster_name, "publish_manifest", manifest)
+
+
+def put_report(cluster_name: str, run: str, name: str, data: bytes) -> str:
+    return _ask(cluster_name, "put_report", run, name, data)

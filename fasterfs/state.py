@@ -1,0 +1,207 @@
+"""What any process needs to find the cluster: its state model, the names of its actors
+and kernel attachments, and joining it through Ray.
+
+This module starts and stops nothing (that is fasterfs.cluster). The state is written
+once, on the head, by `up`; every other host gets it from the cluster's Registry actor
+(fasterfs.registry), never from a file of another host.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .config import Paths
+from .errors import FasterFSError
+from .fsutil import atomic_write_json, read_json
+
+log = logging.getLogger("fasterfs.state")
+
+
+@dataclass
+class Host:
+    """Where a Ray node runs: an address; on the lab, the network namespace holding it and
+    the private disk (a directory of the machine) mounted at its cluster root."""
+
+    address: str
+    netns: str | None = None
+    disk: str | None = None
+
+
+@dataclass
+class NodeState:
+    index: int      # the node's id: recorded on its disk with its data (fasterfs.identity), stable
+    address: str
+    endpoint: str
+    ray_pid: int | None  # the `ray start` FasterFS ran for this node; None when attached to a Ray cluster
+    ray_node_id: str | None = None
+    kernel_mode: str | None = None  # "real" or "simulated", as the node's StorageNode loaded it
+    netns: str | None = None        # the lab host's network namespace
+    host_id: str | None = None      # machine + network and mount namespaces: equal ids share a host's files
+    disk: str | None = None         # the lab host's private disk (directory behind its cluster root)
+
+
+@dataclass
+class ClusterState:
+    name: str
+    root: str
+    ray_address: str
+    dashboard_url: str
+    nodes: list[NodeState]
+    cgroup: dict
+    config: dict
+    ready: bool = False
+    attached: bool = False  # StorageNodes on a Ray cluster FasterFS did not start (cluster.yaml)
+    head_pid: int | None = None  # `ray start` of a head that holds no data (the lab's)
+    lab: dict | None = None      # the lab network to remove on teardown (fasterfs.lab)
+    web_url: str | None = None   # FasterFS's own dashboard (fasterfs.dashboard), when enabled
+    started: float = field(default_factory=time.time)
+
+    @property
+    def namespace(self) -> str:
+        return namespace(self.name)
+
+    @property
+    def head_address(self) -> str:
+        return self.ray_address.rsplit(":", 1)[0]
+
+    def node(self, index: int) -> NodeState:
+        for n in self.nodes:
+            if n.index == index:
+                return n
+        raise FasterFSError(f"node {index} is not part of cluster {self.name!r} "
+                            f"(its nodes are {[n.index for n in self.nodes]})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ClusterState":
+        data = dict(data, nodes=[NodeState(**n) for n in data["nodes"]])
+        return cls(**data)
+
+    def save(self) -> None:
+        atomic_write_json(Paths(Path(self.root)).state_file, self.to_dict())
+
+    @classmethod
+    def load(cls, root: Path) -> "ClusterState":
+        """The head's own state file: only `up`/`down` on the head (and drivers there) read it."""
+        path = Paths(Path(root)).state_file
+        if not path.exists():
+            raise FasterFSError(f"no FasterFS cluster is running under {root} (no {path.name}); start one with "
+                                "`fasterfs up`, or name a running one with cluster.ray_address=<head>:<port>")
+        return cls.from_dict(read_json(path, "cluster state file"))
+
+    def ray_processes_alive(self) -> list[int]:
+        pids = [n.ray_pid for n in self.nodes] + [self.head_pid]
+        return [pid for pid in pids if pid and is_ray_start(pid)]
+
+    def running(self) -> bool:
+        if not self.attached:
+            return bool(self.ray_processes_alive())
+        host, port = self.ray_address.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+
+def is_ray_start(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"start" in cmd and any(c.endswith(b"/ray") for c in cmd)
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+def namespace(cluster_name: str) -> str:
+    """The Ray namespace holding a cluster's named actors."""
+    return f"fasterfs-{cluster_name}"
+
+
+def actor_name(index: int) -> str:
+    return f"storage-node-{index}"
+
+
+def filter_prefix(cluster_name: str, index: int | None = None) -> str:
+    """Names of a cluster's TC filters (or one node's) start with this. Both end in ':', so
+    node 1's prefix never matches node 10's filters, nor cluster "a"'s cluster "ab"'s."""
+    return f"ffs:{cluster_name}:" + ("" if index is None else f"{index}:")
+
+
+def host_id() -> str:
+    """This machine and its network and mount namespaces: processes with the same id share
+    a host, and so can read each other's cache directories as local files."""
+    return f"{socket.gethostname()}/{os.readlink('/proc/self/ns/net')}/{os.readlink('/proc/self/ns/mnt')}"
+
+
+# -- joining through Ray -------------------------------------------------------------------
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The address this process would join a Ray cluster from: the head's own address when
+    it is an address of this host (loopback nodes, the lab's head), else the address the
+    route to the head leaves from (a lab host, a real machine). Never 127.0.0.1, which Ray
+    would swap for the machine's external address."""
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+        return host
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))  # UDP: no packet is sent
+        return s.getsockname()[0]
+
+
+def in_ray_worker() -> bool:
+    """True inside a Ray task or actor (whose cluster is the one to use)."""
+    import ray
+
+    return ray.is_initialized() and ray._private.worker.global_worker.mode == ray._private.worker.WORKER_MODE
+
+
+def join(ray_address: str, cluster_name: str):
+    """Join the cluster at `ray_address` as a driver (a no-op inside a Ray worker of it)."""
+    import ray
+
+    if in_ray_worker():
+        return ray
+    if ray.is_initialized():
+        if ray.get_runtime_context().gcs_address == ray_address:
+            return ray
+        ray.shutdown()  # connected to another cluster (a test's, say): switch
+    host, port = ray_address.rsplit(":", 1)
+    try:
+        ray.init(address=ray_address, _node_ip_address=local_address_towards(host, int(port)),
+                 namespace=namespace(cluster_name), logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as e:
+        raise FasterFSError(f"cannot reach the Ray cluster at {ray_address} from host {socket.gethostname()}: "
+                            f"{e}".splitlines()[0]) from None
+    return ray
+
+
+def connect_ray(state: ClusterState):
+    return join(state.ray_address, state.name)
+
+
+def pinned(node: NodeState) -> dict:
+    """Ray options that run a task or actor on `node` and nowhere else (locality-aware scheduling)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False)}
+
+
+def storage_nodes(state: ClusterState) -> list:
+    """The StorageNode actors, in the order of state.nodes."""
+    ray = connect_ray(state)
+    return [ray.get_actor(actor_name(n.index), namespace=state.namespace) for n in state.nodes]
