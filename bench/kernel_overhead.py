@@ -77,7 +77,7 @@ def main(argv: list[str]) -> dict:
             client.put_object(Bucket="bench", Key=k, Body=body)
         programs.watch(ADDRESS, PORT)
         sysctl.write_text("1")
-        runs0 = prog_stats(programs.tc_fn.fd)
+        runs0 = prog_stats(programs.tc_fns["egress"].fd)
         for r in range(args.rounds):
             order = ("with", "without") if r % 2 == 0 else ("without", "with")  # interleaved, alternating
             for side in order:
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> dict:
                 results[side].append(one_round(server.endpoint, creds, "bench", keys, args.gets))
                 if side == "with":
                     programs.close_attachments()
-        runs1 = prog_stats(programs.tc_fn.fd)
+        runs1 = prog_stats(programs.tc_fns["egress"].fd)
         sock_runs = prog_stats(programs.sockops_fn.fd)
         snap = programs.snapshot()
     finally:

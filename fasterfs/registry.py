@@ -106,15 +106,24 @@ def handle(cluster_name: str):
 
 
 def find(cfg, root=None) -> ClusterState:
-    """The running cluster, from any host: inside a Ray worker its own cluster; elsewhere the
-    one at cluster.ray_address, or else the one whose head state file is under `root` (this
-    is the head). Joins it through Ray and asks its Registry."""
+    """The running cluster, from any host: inside a Ray task or actor, the cluster it runs in
+    (its Ray namespace names it); elsewhere the one at cluster.ray_address, or else the one
+    whose head state file is under `root` (this is the head). Joins it and asks its Registry."""
+    import ray
+
     from .state import in_ray_worker
 
-    if not in_ray_worker():
-        address = cfg.cluster.ray_address or ClusterState.load(Path(root or cfg.cluster.root)).ray_address
-        join(address, cfg.cluster.name)
-    return find_in_ray(cfg.cluster.name)
+    if in_ray_worker():
+        ns = ray.get_runtime_context().namespace or ""
+        name = ns[len(namespace("")):] if ns.startswith(namespace("")) else cfg.cluster.name
+    elif cfg.cluster.ray_address:
+        name = cfg.cluster.name
+        join(cfg.cluster.ray_address, name)
+    else:
+        head = ClusterState.load(Path(root or cfg.cluster.root))
+        name = head.name
+        join(head.ray_address, name)
+    return find_in_ray(name)
 
 
 def _ask(cluster_name: str, what: str, *args):

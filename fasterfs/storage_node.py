@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from . import bpf, identity, reader_stats, registry, s3
 from .bpf.events import key_hash
@@ -51,6 +52,7 @@ class StorageNode:
         self._names: dict = {"hashes": {}, "entries": {}, "holders": {}}
         self._cluster: ClusterState | None = None
         self._peers: dict[int, object] = {}
+        self.last_invalidation: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
         # The cache index is rebuilt from the directory: entries survive a restart, temp files do not.
         self.cache = ChunkCache(paths.cache_dir(index), int(self.cfg.cache.capacity_mb * 1_000_000),
                                 on_evict=self._on_evict)
@@ -124,6 +126,7 @@ class StorageNode:
     def _forget(self, key_hash_: int, key: str) -> None:
         self.filler.mark_stale(key)
         self.kernel.reset_key(key_hash_)
+        self.last_invalidation = time.time()
 
     def invalidate(self, key_hash_: int, key: str) -> None:
         """Another host's kernel saw `key` written: mark it stale here too (readers check the
@@ -265,7 +268,11 @@ class StorageNode:
         readers = reader_stats.collect(self.paths.reader_stats_dir(self.index))
         return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,
                 "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
-                "filler": dict(self.filler.counters), "fills_pending": self.filler.pending()}
+                "filler": dict(self.filler.counters), "fills_pending": self.filler.pending(),
+                "last_invalidation": self.last_invalidation}
+
+    def cache_contains(self, key: str) -> bool:
+        return self.cache.contains(key)
 
     def cache_warm(self, keys: list[str]) -> int:
         """Fill these keys now (waits); returns how many are cached afterwards."""

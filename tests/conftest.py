@@ -48,7 +48,7 @@ def mounts_under(root) -> list[str]:
 def assert_nothing_left(state: cluster.ClusterState) -> None:
     """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
     for node in state.nodes:
-        assert not cluster._is_ray_start(node.ray_pid), f"ray start of node {node.index} still running"
+        assert not cluster.is_ray_start(node.ray_pid), f"ray start of node {node.index} still running"
     cg = state.cgroup.get("path")
     assert not (cg and Path(cg).exists()), f"cgroup {cg} left behind"
     for proc in Path("/proc").iterdir():

@@ -150,7 +150,7 @@ def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_
     from fasterfs.bpf import tc
     import subprocess
     assert sorted(n for n in tc.list_filters("lo") if n.startswith(f"ffs:{live_cluster.name}:")) == \
-        [f"ffs:{live_cluster.name}:{n.index}" for n in live_cluster.nodes]
+        [f"ffs:{live_cluster.name}:{n.index}:lo:egress" for n in live_cluster.nodes]
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout.split("\n")
     at = tree.index(next(l for l in tree if l.endswith(f"fasterfs-{live_cluster.name}/node-0")))
     assert sum(1 for l in tree[at + 1:at + 3] if "sock_ops" in l) == 1

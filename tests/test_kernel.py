@@ -1,5 +1,6 @@
 """The real eBPF programs: crafted packets through BPF_PROG_TEST_RUN, real S3 traffic on
 the live cluster, SOCK_OPS on real sockets, and clean detachment."""
+import ctypes as ct
 import json
 import subprocess
 import time
@@ -38,7 +39,7 @@ def get(path: str, method: str = "GET") -> bytes:
 
 
 def run(programs, packet: bytes, mark: int = 0) -> int:
-    rc, _ = testrun.run(programs.tc_fn.fd, packet, mark=mark)
+    rc, _ = testrun.run(programs.tc_fns["egress"].fd, packet, mark=mark)
     assert rc == -1  # TC_ACT_UNSPEC: never drops or redirects
     return rc
 
@@ -46,7 +47,7 @@ def run(programs, packet: bytes, mark: int = 0) -> int:
 def test_programs_share_one_set_of_maps(programs):
     # Both programs reference the very same config map object (map ids from the kernel)...
     cfg_map = _map_id(programs.bpf[b"config"].map_fd)
-    assert cfg_map in _prog_maps(programs.tc_fn.fd) and cfg_map in _prog_maps(programs.sockops_fn.fd)
+    assert cfg_map in _prog_maps(programs.tc_fns["egress"].fd) and cfg_map in _prog_maps(programs.sockops_fn.fd)
     # ...and what user space writes there is what the TC program acts on: threshold 2 -> HOT on the 2nd GET.
     run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/shared/k")))
     run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/shared/k")))
@@ -109,7 +110,7 @@ def test_malformed_payloads_do_not_count(programs, payload):
                                     b"\x00" * 12 + b"\x86\xdd" + b"\x60" * 30])
 def test_truncated_headers_do_not_crash(programs, packet):
     try:
-        testrun.run(programs.tc_fn.fd, packet.ljust(14, b"\x00"))
+        testrun.run(programs.tc_fns["egress"].fd, packet.ljust(14, b"\x00"))
     except OSError:
         pass  # the kernel may refuse a frame shorter than Ethernet; the program never runs on it
     assert programs.snapshot()["counters"]["requests"] == 0
@@ -122,6 +123,39 @@ def test_put_and_delete_mark_stale(programs):
     assert [(e["type"], e["method"], e["path"]) for e in programs.got] == [
         ("STALE", "PUT", "/b/stale/k"), ("STALE", "DELETE", "/b/stale/k")]
     assert programs.key_count(ev.key_hash("/b/stale/k")) == 0  # writes do not make a key hot
+
+
+def test_ingress_counts_writes_but_not_gets(programs):
+    """On a host's own interface, ingress carries other hosts' requests: their writes mark the
+    key stale here, their GETs are the reading host's to count."""
+    ingress = programs.tc_fns["ingress"].fd
+    for _ in range(3):
+        testrun.run(ingress, testrun.tcp_packet("10.9.0.7", "10.9.0.2", 40000, 9000, get("/b/in/k")))
+    assert programs.key_count(ev.key_hash("/b/in/k")) == 0
+    testrun.run(ingress, testrun.tcp_packet("10.9.0.7", "10.9.0.2", 40000, 9000, get("/b/in/k", "PUT")))
+    assert wait_until(lambda: [(e["type"], e["path"]) for e in programs.got] == [("STALE", "/b/in/k")])
+    assert programs.bpf[b"stale_keys"][ct.c_uint64(ev.key_hash("/b/in/k"))].value > 0
+
+
+def test_a_peers_stale_mark_lands_in_the_pinned_map(programs):
+    before = time.monotonic_ns()
+    programs.mark_stale(ev.key_hash("/b/peer/k"))
+    assert programs.bpf[b"stale_keys"][ct.c_uint64(ev.key_hash("/b/peer/k"))].value >= before
+
+
+def test_filter_names_match_exactly(programs):
+    """Node 1's filters are removed by node 1's prefix; node 10's stay."""
+    from fasterfs.state import filter_prefix
+
+    names = [f"{filter_prefix('xt', i)}lo:egress" for i in (1, 10)]
+    try:
+        for name in names:
+            programs.attach_tc("lo", name)
+        assert tc.remove("lo", filter_prefix("xt", 1)) == 1
+        assert [n for n in tc.list_filters("lo") if n.startswith("ffs:xt:")] == [names[1]]
+    finally:
+        programs.close_attachments()
+    assert not [n for n in tc.list_filters("lo") if n.startswith("ffs:xt:")]
 
 
 def test_cache_filler_requests_not_counted(programs):
@@ -227,7 +261,7 @@ def test_sockops_sets_nodelay_on_minio_connections_only(live_cluster):
 
 def test_filters_and_attachments_are_the_clusters_own(live_cluster):
     names = [n for n in tc.list_filters("lo") if n.startswith(f"ffs:{live_cluster.name}:")]
-    assert sorted(names) == [f"ffs:{live_cluster.name}:{n.index}" for n in live_cluster.nodes]
+    assert sorted(names) == [f"ffs:{live_cluster.name}:{n.index}:lo:egress" for n in live_cluster.nodes]
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
     for node in live_cluster.nodes:
         assert f"fasterfs-{live_cluster.name}/node-{node.index}" in tree

@@ -1,7 +1,13 @@
-"""The lab: hosts in network namespaces with their own addresses and bandwidth; up/down
-leave nothing behind (also after a failure half-way); data read across hosts is right;
-the reader's host caches what it made hot."""
+"""The share-nothing lab: hosts in network and mount namespaces of their own, sharing only
+the network and the installed software. Every multi-host behaviour is tested here: no host
+sees another's files; the cluster's facts reach every host through Ray; data read across
+hosts is right and cached on the reader's host; a write from anywhere invalidates every
+host's cache; node ids follow the disks; any host can drive; up/down leave nothing."""
+import json
+import os
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -9,70 +15,172 @@ import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, lab
+from fasterfs import cluster, config, identity, lab, registry, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
-from conftest import assert_nothing_left, cluster_overrides, data_overrides, mounts_under
+from conftest import assert_nothing_left, cluster_overrides, data_overrides, mounts_under, wait_until
 
 SUBNET = "198.18.7"
+PROJECT = config.PROJECT_DIR
 
 
 @pytest.fixture
 def lab_overrides(tmp_path_factory):
-    root = Path(str(tmp_path_factory.mktemp("lab"))[:60])
-    return cluster_overrides(root, "127.0.4.2", 3, nodes=2) + [f"lab.subnet={SUBNET}", "lab.link_mbit=100"]
+    root = Path(str(tmp_path_factory.mktemp("lab"))[:60])  # under /tmp: the hosts' own /tmp hides it from them
+    return cluster_overrides(root, "127.0.4.2", 3, nodes=3) + [f"lab.subnet={SUBNET}", "lab.link_mbit=200",
+                                                               "lab.disk_mbit=null"]
 
 
 def _in_ns(ns: str, *cmd: str) -> str:
     return subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, check=True).stdout
 
 
+def _on_host(state, index: int, *cmd: str) -> subprocess.CompletedProcess:
+    """A command run on a lab host as on that machine (`fasterfs lab exec`)."""
+    return subprocess.run(lab.exec_args(state, index, list(cmd)), capture_output=True, text=True, timeout=180,
+                          cwd=PROJECT)
+
+
+@ray.remote(num_cpus=0)
+def _look_around(root: str) -> dict:
+    """What a process on a host sees of the cluster's files, and which mount namespace it is in."""
+    import os
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "mnt": os.readlink("/proc/self/ns/mnt"),
+            "root": sorted(os.listdir(root)), "tmp_ray": os.path.isdir("/tmp/ray")}
+
+
 @ray.remote(num_cpus=0)
 def _read(root, ids):
     client = fasterfs.connect(root, ["cache.prefetch.enabled=false"])
-    out = []
-    for i in ids:
-        data = client.read_chunk(i)
-        out.append((xxh3(data), client.sources(i)[0]))
-    return ray.get_runtime_context().get_node_id(), out
+    return ray.get_runtime_context().get_node_id(), [(xxh3(client.read_chunk(i)), client.sources(i)[0]) for i in ids]
 
 
-def test_lab_up_reads_across_hosts_and_down_leaves_nothing(lab_overrides):
+def test_share_nothing_lab(lab_overrides):
     cfg = config.load(lab_overrides)
     state = lab.up(cfg)
     try:
-        assert [n.address for n in state.nodes] == [f"{SUBNET}.10", f"{SUBNET}.11"]
+        assert [n.address for n in state.nodes] == [f"{SUBNET}.{10 + i}" for i in range(3)]
         assert state.head_address == f"{SUBNET}.1"
         for n in state.nodes:
-            assert n.netns and n.kernel_mode == "real"
+            assert n.netns and n.kernel_mode == "real" and n.disk
             qdiscs = _in_ns(n.netns, "tc", "qdisc", "show")
-            assert "tbf" in qdiscs and "dev lo" in qdiscs and "dev lab0" in qdiscs
-            listening = _in_ns(n.netns, "ss", "-ltn")
-            assert f"{n.address}:{cfg.minio.port}" in listening  # MinIO bound to the host's own address
-        assert len({n.host_id for n in state.nodes}) == 2  # two hosts, two network namespaces
+            assert "tbf" in qdiscs and "dev lab0" in qdiscs
+            assert f"{n.address}:{cfg.minio.port}" in _in_ns(n.netns, "ss", "-ltn")  # MinIO on the host's address
+            filters = _in_ns(n.netns, "tc", "filter", "show", "dev", "lab0", "ingress") + \
+                _in_ns(n.netns, "tc", "filter", "show", "dev", "lab0", "egress") + \
+                _in_ns(n.netns, "tc", "filter", "show", "dev", "lo", "egress")
+            for name in ("lo:egress", "lab0:egress", "lab0:ingress"):  # its own kernel state, on its own host
+                assert f"ffs:{state.name}:{n.index}:{name}" in filters
+        assert len({n.host_id for n in state.nodes}) == 3
+
+        # -- no host process can see another host's cluster root (nor the head's)
+        seen = ray.get([_look_around.options(**cluster.pinned(n)).remote(state.root) for n in state.nodes])
+        head_mnt = os.readlink("/proc/self/ns/mnt")
+        assert len({s["mnt"] for s in seen} | {head_mnt}) == 4, "every host has a mount namespace of its own"
+        for n, s in zip(state.nodes, seen):
+            assert s["node_id"] == n.ray_node_id
+            nodes_seen = [d for d in s["root"] if d.startswith("node-")]
+            assert nodes_seen == [f"node-{n.index}"], f"host {n.address} sees {s['root']}"
+            assert not {"cluster.json", "credentials.json", "manifest.json", "lab-disks"} & set(s["root"])
+            assert s["tmp_ray"]  # its own Ray session directory, on its own /tmp
+        for n in state.nodes:  # and from a shell on the host, as a user would look
+            listing = _on_host(state, n.index, "ls", "-a", state.root).stdout.split()
+            assert f"node-{n.index}" in listing and "credentials.json" not in listing
+            assert not [d for d in listing if d.startswith("node-") and d != f"node-{n.index}"]
+
+        # -- ingest from the head; reads across hosts right; the reader's host caches what it made hot
         manifest = ingest(config.load(lab_overrides + data_overrides()))
         remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
-        node_id, got = ray.get(_read.options(**cluster.pinned(state.nodes[0])).remote(state.root, remote + remote))
-        assert node_id == state.nodes[0].ray_node_id
-        assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]  # a chunk read across hosts equals its source
+        node_id, got = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote + remote))
+        assert node_id == state.node(0).ray_node_id
+        assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
         assert all(src == 1 for _, src in got)
         actors = cluster.storage_nodes(state)
         kernel = ray.get([a.kernel_status.remote() for a in actors])
-        assert kernel[0]["counters"]["hot_events"] == len(remote)  # the reader's host saw them hot
-        assert kernel[1]["counters"].get("hot_events", 0) == 0
+        assert kernel[0]["counters"]["hot_events"] == len(remote)  # seen leaving host 0 on lab0
+        assert kernel[1]["counters"].get("hot_events", 0) == 0  # host 1 served them: its ingress counts no GETs
+        wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
+        # readers' statistics are summed by their own host's StorageNode
+        readers0 = ray.get(actors[0].cache_status.remote())["readers"]
+        assert readers0["misses"] >= len(remote) and readers0["hits"] >= len(remote)
+
+        # -- a write from anywhere invalidates every host: cache chunk X on all three hosts, overwrite it
+        # from the head (a fourth machine with no StorageNode); no host serves the old bytes afterwards
+        x = manifest.chunk(remote[0])
+        for n in state.nodes:
+            ray.get(_read.options(**cluster.pinned(n)).remote(state.root, [x.id, x.id]))
+        wait_until(lambda: all(ray.get(a.cache_contains.remote(x.key)) for a in actors), 30, "X cached on 3 hosts")
+        creds = registry.fetch_credentials(state.name)
+        new = b"new bytes of chunk X\n" * 1000
+        holder = s3.client(state.node(x.nodes[0]).endpoint, creds)
+        t_put = time.time()
+        holder.put_object(Bucket=manifest.bucket, Key=x.key, Body=new)
+        t_done = time.time()
+        got = ray.get([_read_raw.options(**cluster.pinned(n)).remote(x.id) for n in state.nodes])
+        assert [h for h, _ in got] == [xxh3(new)] * 3, "a host served the old bytes after the overwrite"
+        # when each host learnt of the write, measured against the PUT (same machine clock)
+        heard = ray.get([a.cache_status.remote() for a in actors])
+        for row in heard:
+            assert row["last_invalidation"] is not None and row["last_invalidation"] >= t_put
+        lag = [round((r["last_invalidation"] - t_done) * 1e3, 1) for r in heard]
+        print(f"invalidation after the PUT returned (ms, per host): {lag}; PUT took {(t_done - t_put) * 1e3:.1f} ms")
+
+        # -- any host can drive: the CLI and a job from a shell on host 2, given only the Ray address
+        address = [f"cluster.ray_address={state.ray_address}"]
+        out = _on_host(state, 2, str(PROJECT / ".venv/bin/fasterfs"), "status", *lab_overrides, *address)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert all(n.address in out.stdout for n in state.nodes)
+        job = _on_host(state, 2, str(PROJECT / ".venv/bin/python"), "jobs/readback.py", *lab_overrides, *address)
+        assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+        # its report, written on host 2, is where the head's dashboard serves it
+        outputs = Path(state.config["output_dir"])
+        runs = [d for d in outputs.iterdir() if d.name.startswith("readback-")] if outputs.is_dir() else []
+        assert runs and json.loads((runs[-1] / "readback.json").read_text())["chunks"] == len(manifest)
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
     assert lab.leftovers(cfg.cluster.name) == []
 
 
+@ray.remote(num_cpus=0)
+def _read_raw(i):
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"])
+    return xxh3(client.read_chunk(i)), client.local_node
+
+
+def test_node_ids_follow_the_disks(lab_overrides):
+    """Stop the lab, start it with the disks on other hosts and one host more: every node keeps
+    its id (its data), the new host gets a new one, and everything reads back."""
+    cfg = config.load(lab_overrides + ["nodes=2"])
+    state = lab.up(cfg)
+    try:
+        manifest = ingest(config.load(lab_overrides + ["nodes=2"] + data_overrides()))
+    finally:
+        cluster.down(cfg)
+    assert [(n.index, n.address) for n in state.nodes] == [(0, f"{SUBNET}.10"), (1, f"{SUBNET}.11")]
+    cfg = config.load(lab_overrides + ["nodes=3", "lab.disks=[disk1,disk0,disk2]"])
+    state = lab.up(cfg)
+    try:
+        assert [(n.index, n.address) for n in state.nodes] == [(0, f"{SUBNET}.11"), (1, f"{SUBNET}.10"),
+                                                                 (2, f"{SUBNET}.12")]
+        ids = list(range(len(manifest)))
+        for n in state.nodes:  # every host reads everything back through the new addresses
+            _, got = ray.get(_read.options(**cluster.pinned(n)).remote(state.root, ids))
+            assert [h for h, _ in got] == [c.xxh3 for c in manifest.chunks]
+            assert [src for _, src in got] == [c.nodes[0] for c in manifest.chunks]  # from the holder by id
+    finally:
+        cluster.down(cfg)
+    assert_nothing_left(state)
+
+
 def test_failed_lab_up_leaves_nothing(lab_overrides, tmp_path):
     fake = tmp_path / "minio"
     fake.write_text("#!/bin/sh\nexit 3\n")  # MinIO that dies: the network and Ray nodes are up by then
     fake.chmod(0o755)
-    cfg = config.load(lab_overrides + [f"minio.binary={fake}", "cluster.start_timeout_s=60"])
-    with pytest.raises(FasterFSError, match="StorageNode failed to start"):
+    cfg = config.load(lab_overrides + [f"minio.binary={fake}", "cluster.start_timeout_s=60", "nodes=2"])
+    with pytest.raises(FasterFSError, match=f"StorageNode failed to start on host {re.escape(SUBNET)}\\.1[01] "):
         lab.up(cfg)
     assert lab.leftovers(cfg.cluster.name) == []
     assert not config.Layout.of(cfg).paths.state_file.exists()
@@ -100,3 +208,35 @@ def test_leftovers_of_a_crashed_lab_are_removed(lab_overrides):
     assert lab.leftovers(cfg.cluster.name)
     report = lab.down(cfg)  # no state file: `lab down` still removes what is left
     assert report["lab_removed"] >= 2 and lab.leftovers(cfg.cluster.name) == []
+
+
+def test_bad_lab_disks_are_named(lab_overrides):
+    with pytest.raises(FasterFSError, match="lab.disks"):
+        lab.up(config.load(lab_overrides + ["lab.disks=[a,a,b]"]))
+    assert lab.leftovers(config.load(lab_overrides).cluster.name) == []
+
+
+# -- node identity, decided from what the disks record (no cluster needed) ---------------------
+
+
+def _host(address, *ids_at):
+    return {"address": address, "identities": [{"node": i, "address": a} for i, a in ids_at]}
+
+
+def test_identity_keeps_ids_by_address_then_by_disk():
+    shared = [(0, "a"), (1, "b")]  # a one-machine cluster: every node sees every identity
+    assert identity.assign([_host("a", *shared), _host("b", *shared), _host("c", *shared)]) == {"a": 0, "b": 1, "c": 2}
+    # disks moved to other addresses, one new empty host
+    assert identity.assign([_host("x", (1, "b")), _host("y", (0, "a")), _host("z")]) == {"x": 1, "y": 0, "z": 2}
+    # a host left: the others keep their ids
+    assert identity.assign([_host("a", (0, "a")), _host("c", (2, "c"))]) == {"a": 0, "c": 2}
+
+
+def test_identity_refuses_an_id_on_two_hosts():
+    with pytest.raises(FasterFSError, match="node id 1 is recorded on two hosts"):
+        identity.assign([_host("a", (1, "a")), _host("b", (1, "b"))])
+
+
+def test_identity_refuses_another_version():
+    with pytest.raises(FasterFSError, match="host h2 runs FasterFS 0.0.1"):
+        identity.check_versions([{"address": "h2", "version": "0.0.1"}])

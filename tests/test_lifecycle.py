@@ -68,7 +68,7 @@ def test_failed_actor_start_tears_everything_down(own, tmp_path):
     assert not layout.paths.state_file.exists()
     assert not Path(cgroup2_mount(), f"fasterfs-{cfg.cluster.name}").exists()
     assert not mounts_under(layout.paths.root)  # its bpffs too
-    assert not any(cluster._is_ray_start(int(p.name)) and str(layout.paths.root).encode() in
+    assert not any(cluster.is_ray_start(int(p.name)) and str(layout.paths.root).encode() in
                    (p / "cmdline").read_bytes() for p in Path("/proc").iterdir() if p.name.isdigit())
 
 
