@@ -178,7 +178,8 @@ class StorageNode:
         self._cluster_state(refresh=True)  # a new generation may place data on nodes that joined since
         return len(manifest.chunks)
 
-    def _resolve(self, key: int) -> str | None:
+    def resolve(self, key: int) -> str | None:
+        """The chunk a key hash names in the current generation, or None."""
         chunk = self._names["hashes"].get(key)
         return chunk and f"chunk {chunk.id} ({chunk.key})"
 
@@ -236,7 +237,7 @@ class StorageNode:
                 "kernel_mode": self.kernel.mode}
 
     def kernel_status(self, top: int = 10) -> dict:
-        snap = self.kernel.snapshot(top, resolve=self._resolve)
+        snap = self.kernel.snapshot(top, resolve=self.resolve)
         snap.update(index=self.index, address=self.address)
         chunks = self._names["hashes"]
         for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?

@@ -10,7 +10,7 @@ import ray
 from botocore.exceptions import ClientError
 from xxhash import xxh3_64_intdigest as xxh3
 
-from fasterfs import cluster, config, credentials, lobster, s3
+from fasterfs import cluster, config, credentials, lobster, registry, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import load_source
 from fasterfs.minio_server import MinioServer, _cmdline
@@ -230,3 +230,30 @@ def test_minio_etag_modes(tmp_path, md5_etags):
     finally:
         server.stop()
     assert not server.alive()
+
+
+def test_registry_restarts_knowing_the_cluster(ingest_as, live_cluster, client_for):
+    """The Registry keeps its facts on the head's disk: killed, it comes back with them."""
+    manifest = ingest_as("csv")
+    cluster.connect_ray(live_cluster)
+    ray.kill(registry.handle(live_cluster.name), no_restart=False)
+    client = client_for()  # state, keys and manifest from the restarted Registry
+    assert client.manifest.generation == manifest.generation
+    assert xxh3(client.read_chunk(0)) == manifest.chunk(0).xxh3
+
+
+def test_a_cluster_without_registry_is_a_clear_error(live_cluster):
+    cluster.connect_ray(live_cluster)
+    with pytest.raises(FasterFSError, match="no FasterFS registry for cluster 'nosuch'"):
+        registry.find_in_ray("nosuch")
+
+
+def test_new_manifest_reaches_every_storage_node(ingest_as, live_cluster):
+    old = ingest_as("csv")
+    manifest = ingest_as("csv")  # a new generation, pushed by the Registry before ingest returns
+    assert manifest.generation != old.generation
+    # every node holds the new generation: it resolves the new keys to chunk names
+    from fasterfs.bpf.events import key_hash
+    key = key_hash(f"/{manifest.bucket}/{manifest.chunk(0).key}")
+    names = ray.get([a.resolve.remote(key) for a in cluster.storage_nodes(live_cluster)])
+    assert names == [f"chunk 0 ({manifest.chunk(0).key})"] * len(live_cluster.nodes)

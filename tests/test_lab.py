@@ -102,9 +102,12 @@ def test_share_nothing_lab(lab_overrides):
         assert kernel[0]["counters"]["hot_events"] == len(remote)  # seen leaving host 0 on lab0
         assert kernel[1]["counters"].get("hot_events", 0) == 0  # host 1 served them: its ingress counts no GETs
         wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
-        # readers' statistics are summed by their own host's StorageNode
+        _, again = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote))
+        assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
+        # readers' statistics are summed by their own host's StorageNode: 6 misses, then 3 hits
         readers0 = ray.get(actors[0].cache_status.remote())["readers"]
-        assert readers0["misses"] >= len(remote) and readers0["hits"] >= len(remote)
+        assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
+        assert ray.get(actors[1].cache_status.remote())["readers"]["misses"] == 0  # not host 1's readers
 
         # -- a write from anywhere invalidates every host: cache chunk X on all three hosts, overwrite it
         # from the head (a fourth machine with no StorageNode); no host serves the old bytes afterwards
