@@ -15,6 +15,8 @@ credentials file, the manifest), so a restarted Registry knows everything again.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 from pathlib import Path
 
@@ -107,7 +109,7 @@ def handle(cluster_name: str):
 
 def find(cfg, root=None) -> ClusterState:
     """The running cluster, from any host: inside a Ray task or actor, the cluster it runs in
-    (its Ray namespace names it); elsewhere the one at cluster.ray_address, or else the one
+    (its Ray namespace names it); elsewhere the one at cluster.ray_address (or RAY_ADDRESS), or else the one
     whose head state file is under `root` (this is the head). Joins it and asks its Registry."""
     import ray
 
@@ -116,14 +118,21 @@ def find(cfg, root=None) -> ClusterState:
     if in_ray_worker():
         ns = ray.get_runtime_context().namespace or ""
         name = ns[len(namespace("")):] if ns.startswith(namespace("")) else cfg.cluster.name
-    elif cfg.cluster.ray_address:
+    elif _ray_address(cfg):
         name = cfg.cluster.name
-        join(cfg.cluster.ray_address, name)
+        join(_ray_address(cfg), name)
     else:
         head = ClusterState.load(Path(root or cfg.cluster.root))
         name = head.name
         join(head.ray_address, name)
     return find_in_ray(name)
+
+
+def _ray_address(cfg) -> str | None:
+    """cluster.ray_address, else RAY_ADDRESS as Ray sets it for a `ray job submit` driver
+    (<host>:<port>; not "auto" nor a dashboard URL)."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    return cfg.cluster.ray_address or (env if re.fullmatch(r"[\w.-]+:\d+", env) else None)
 
 
 def _ask(cluster_name: str, what: str, *args):

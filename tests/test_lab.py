@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,11 @@ from fasterfs import cluster, config, identity, lab, registry, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
-from conftest import assert_nothing_left, cluster_overrides, data_overrides, mounts_under, wait_until
+from conftest import assert_nothing_left, cluster_overrides, data_overrides, load_job, mounts_under, wait_until
 
 SUBNET = "198.18.7"
 PROJECT = config.PROJECT_DIR
+SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8]]"]
 
 
 @pytest.fixture
@@ -141,6 +143,23 @@ def test_share_nothing_lab(lab_overrides):
         outputs = Path(state.config["output_dir"])
         runs = [d for d in outputs.iterdir() if d.name.startswith("readback-")] if outputs.is_dir() else []
         assert runs and json.loads((runs[-1] / "readback.json").read_text())["chunks"] == len(manifest)
+        snap = json.loads(urllib.request.urlopen(f"{state.web_url}/api/snapshot", timeout=30).read())
+        assert [(n["index"], n["status"]["healthy"], n["kernel"]["mode"]) for n in snap["nodes"]] == \
+            [(n.index, True, "real") for n in state.nodes]  # the dashboard on the head sees every host
+        assert runs[-1].name in [r["run"] for r in json.loads(urllib.request.urlopen(
+            f"{state.web_url}/api/runs", timeout=30).read())]
+
+        # -- the jobs, small, on share-nothing hosts: Demo B, the backtest, GraySort
+        demo_b = load_job("demo_b").main(lab_overrides + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
+                                                          "demo_b.replicated=false"])
+        assert demo_b["all_tasks_on_their_nodes"] and demo_b["remote_reads"] == 0
+        assert all(0 <= p["cpu_busy"] <= 1 and p["host_cores"] >= 1 for r in demo_b["runs"] for p in r["per_node"])
+        backtest = load_job("backtest").main(lab_overrides + SMALL_BACKTEST)
+        assert backtest["pnl_equal"] and backtest["modes"]["FasterFS"]["on_home_nodes"]
+        assert backtest["modes"]["FasterFS"]["cache_hits"] > 0  # replays served from the hosts' own caches
+        sort = load_job("graysort").main(lab_overrides + ["size=3MB", "graysort.reference_mb=1"])
+        assert sort["records"] == 30_000 and sort["tasks_on_their_nodes"]
+        assert sort["reference"]["cores"] >= 1  # counted on the hosts
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
