@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 
-from fasterfs import cluster, config, registry, report
+from fasterfs import config, registry, report
 from fasterfs.errors import FasterFSError
 
 PATHS = ("/api/snapshot", "/", "/metrics")

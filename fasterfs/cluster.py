@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -10,7 +10,6 @@ import ipaddress
 import os
 import struct
 
-from ..errors import FasterFSError
 from .libbpf import lib
 
 
