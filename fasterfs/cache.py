@@ -5,11 +5,15 @@ Two sides use it. Readers (any process on the machine) look entries up with
 The owner (the node's StorageNode, alone) writes, evicts and accounts with
 `ChunkCache`, so capacity is counted in one place.
 
-An entry is a 64-byte header (magic, size, xxh3 checksum, ETag, fill time) and the
-object's bytes. It is written to a temporary name and renamed into place, so a reader
-sees a whole entry or none; a reader that finds a bad header, a short file or (with
-verification) a checksum mismatch drops the entry and reads from MinIO instead.
-Readers touch an entry's mtime on each hit: the owner evicts the oldest first.
+An entry is a 72-byte header (magic, size, xxh3 checksum, ETag, fill time, boot) and the
+object's bytes. It is written to a temporary name, fsynced, renamed into place and the
+directory fsynced, so a reader sees a whole entry or none, also after a crash; a reader
+that finds a bad header, a size that disagrees with the file, or (with verification) a
+checksum mismatch drops the entry and reads from MinIO instead. Fill times are on the
+kernel's clock (CLOCK_MONOTONIC, like the stale marks) and qualified by the boot they
+were taken in: an entry from an earlier boot cannot be compared with this boot's marks,
+so it is treated as stale. Readers touch an entry's mtime on each hit: the owner evicts
+the oldest first.
 """
 from __future__ import annotations
 
@@ -26,10 +30,22 @@ from typing import Callable
 import xxhash
 
 log = logging.getLogger("fasterfs.cache")
-MAGIC = b"FFSCACHE"
-HEADER = struct.Struct("<8sQQ32sQ")  # magic, size, xxh3_64, etag, fetched_ns (CLOCK_MONOTONIC)
-assert HEADER.size == 64
+MAGIC = b"FFSCACH2"
+HEADER = struct.Struct("<8sQQ32sQQ")  # magic, size, xxh3_64, etag, fetched_ns (CLOCK_MONOTONIC), boot
+assert HEADER.size == 72
 SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
+CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
+
+
+def _boot_id() -> int:
+    try:
+        raw = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return 0
+    return xxhash.xxh3_64_intdigest(raw.encode())
+
+
+BOOT = _boot_id()
 
 
 def entry_name(key: str) -> str:
@@ -42,31 +58,38 @@ class Header:
     checksum: int
     etag: str
     fetched_ns: int  # when the fill's GET began, on the kernel's clock: compared with stale marks
+    boot: int        # the boot fetched_ns belongs to
 
     @classmethod
-    def parse(cls, raw: bytes) -> "Header | None":
+    def parse(cls, raw: bytes, file_size: int) -> "Header | None":
+        """None unless `raw` is a header whose size agrees with the file's."""
         if len(raw) != HEADER.size:
             return None
-        magic, size, checksum, etag, filled = HEADER.unpack(raw)
-        if magic != MAGIC:
+        magic, size, checksum, etag, filled, boot = HEADER.unpack(raw)
+        if magic != MAGIC or HEADER.size + size != file_size:
             return None
-        return cls(size, checksum, etag.rstrip(b"\0").decode(errors="replace"), filled)
+        return cls(size, checksum, etag.rstrip(b"\0").decode(errors="replace"), filled, boot)
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, self.size, self.checksum, self.etag.encode()[:32], self.fetched_ns, self.boot)
 
 
 DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found bad and dropped
 STALE = "stale"      # ... for an entry fetched before the kernel last saw its key written (dropped)
 
 
-def _verdict(path: Path, fd: int, header: Header | None, data, verify: bool, stale_mark: int) -> str | None:
+def _verdict(path: Path, fd: int, header: Header | None, data, verify: bool, stale_mark: int,
+             touch: bool = True) -> str | None:
     """None if the entry is good and fresh (then it is touched: LRU); else drop it, unless a
     fresh fill has already replaced it at `path`, and say why: STALE or DAMAGED."""
-    if header is not None and header.fetched_ns < stale_mark:
+    if header is not None and (header.fetched_ns < stale_mark or header.boot != BOOT):
         verdict = STALE
     elif header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
         log.warning("dropping damaged cache entry %s", path)
         verdict = DAMAGED
     else:
-        os.utime(fd)
+        if touch:
+            os.utime(fd)
         return None
     try:
         if os.stat(path).st_ino == os.fstat(fd).st_ino:
@@ -76,17 +99,18 @@ def _verdict(path: Path, fd: int, header: Header | None, data, verify: bool, sta
     return verdict
 
 
-def read_entry(path: Path, verify: bool = True, stale_mark: int = 0) -> bytes | str | None:
+def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool = True) -> bytes | str | None:
     """An entry's bytes; None if absent; DAMAGED if it was bad, STALE if fetched before
-    `stale_mark` (the kernel's last write of the key) — either way it is now dropped."""
+    `stale_mark` (the kernel's last write of the key) or in another boot — either way it is
+    now dropped. touch=False leaves the LRU order alone (the owner's scrub)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        header = Header.parse(os.pread(fd, HEADER.size, 0))
+        header = Header.parse(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
         data = os.pread(fd, header.size, HEADER.size) if header else b""
-        return _verdict(path, fd, header, data, verify, stale_mark) or data
+        return _verdict(path, fd, header, data, verify, stale_mark, touch) or data
     finally:
         os.close(fd)
 
@@ -105,7 +129,7 @@ def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):
     try:
         size = os.fstat(fd).st_size
         mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
-        header = Header.parse(bytes(mapped[:HEADER.size]))
+        header = Header.parse(bytes(mapped[:HEADER.size]), size)
         data = pa.py_buffer(mapped).slice(HEADER.size) if header else b""  # the buffer keeps the map alive
         return _verdict(path, fd, header, memoryview(data) if header else data, verify, stale_mark) or data
     finally:
@@ -126,14 +150,20 @@ class ChunkCache:
         self.used = 0
         self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
                          "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
-                         "scrubs": 0, "scrub_dropped": 0, "no_room": 0}
+                         "scrubs": 0, "scrub_dropped": 0, "no_room": 0,
+                         "foreign_files": 0}
         self.rebuild()
 
     def path(self, key: str) -> Path:
         return self.dir / entry_name(key)
 
     def rebuild(self) -> None:
-        """Index what is on disk: keep valid entries, remove temp files and invalid ones."""
+        """Index what is on disk: keep valid entries of this boot, remove temp files and the
+        rest. After an unclean stop (no CLEAN marker) every entry's checksum is verified:
+        a crash must not leave a damaged entry to be served."""
+        clean = self.dir / CLEAN
+        verify = not clean.exists()
+        clean.unlink(missing_ok=True)
         with self._lock:
             self._sizes.clear()
             self.used = 0
@@ -143,14 +173,18 @@ class ChunkCache:
                     self.counters["stray_temp_removed"] += 1
                     continue
                 if not f.name.endswith(SUFFIX):
+                    log.warning("cache directory %s: ignoring %s, which is not a cache entry", self.dir, f.name)
+                    self.counters["foreign_files"] += 1
                     continue
                 try:
                     with open(f, "rb") as fh:
-                        header = Header.parse(fh.read(HEADER.size))
-                    size = f.stat().st_size
+                        size = os.fstat(fh.fileno()).st_size
+                        header = Header.parse(fh.read(HEADER.size), size)
+                        damaged = header is not None and verify and \
+                            xxhash.xxh3_64_intdigest(fh.read(header.size)) != header.checksum
                 except OSError:
                     continue
-                if header is None or size != HEADER.size + header.size:
+                if header is None or damaged or header.boot != BOOT:
                     f.unlink(missing_ok=True)
                     self.counters["invalid_removed"] += 1
                     continue
@@ -171,9 +205,10 @@ class ChunkCache:
             names = list(self._sizes)
         dropped = 0
         for name in names:
-            if read_entry(self.dir / name, verify=True) is DAMAGED:
+            if read_entry(self.dir / name, verify=True, touch=False) in (DAMAGED, STALE):
                 with self._lock:
-                    self._forget(name)
+                    if name not in self._writing:  # a refill under way keeps its reservation
+                        self._forget(name)
                 dropped += 1
         self.counters["scrubs"] += 1
         self.counters["scrub_dropped"] += dropped
@@ -182,6 +217,8 @@ class ChunkCache:
     def contains(self, key: str) -> bool:
         name = entry_name(key)
         with self._lock:
+            if name in self._writing:  # a fill under way holds its reservation: not cached yet
+                return False
             if name in self._sizes and (self.dir / name).exists():
                 return True
             if name in self._sizes:  # a reader dropped it as damaged
@@ -196,8 +233,8 @@ class ChunkCache:
             self.counters["too_large"] += 1
             return False
         name = entry_name(key)
-        header = HEADER.pack(MAGIC, len(data), xxhash.xxh3_64_intdigest(data), etag.encode()[:32],
-                             time.monotonic_ns() if fetched_ns is None else fetched_ns)
+        header = Header(len(data), xxhash.xxh3_64_intdigest(data), etag,
+                        time.monotonic_ns() if fetched_ns is None else fetched_ns, BOOT).pack()
         with self._lock:
             if name in self._writing:
                 return False  # another fill of the same key is under way
@@ -214,7 +251,10 @@ class ChunkCache:
             with open(tmp, "wb") as f:
                 f.write(header)
                 f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # durable before visible: a crash leaves no entry or a whole one
             os.replace(tmp, self.dir / name)
+            self._sync_dir()
         except BaseException:
             tmp.unlink(missing_ok=True)
             with self._lock:
@@ -231,6 +271,32 @@ class ChunkCache:
         self.counters["fills"] += 1
         self.counters["fill_bytes"] += len(data)
         return True
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """A clean stop: the next rebuild may trust sizes instead of verifying every entry."""
+        with self._lock:
+            if not self._writing:
+                (self.dir / CLEAN).touch()
+
+    def retain(self, keys) -> int:
+        """Drop every entry whose key is not in `keys` (a replaced generation's chunks)."""
+        keep = {entry_name(k) for k in keys}
+        with self._lock:
+            doomed = [n for n in self._sizes if n not in keep]
+            self._cancelled |= {n for n in self._writing if n not in keep}
+            for name in doomed:
+                self._forget(name)
+        for name in doomed:
+            (self.dir / name).unlink(missing_ok=True)
+        self.counters["removed"] += len(doomed)
+        return len(doomed)
 
     def remove(self, key: str) -> bool:
         name = entry_name(key)

@@ -47,7 +47,7 @@ class CacheFiller:
             if reason == "prefetch" and len(self._inflight) >= self.max_queue:
                 self.counters["prefetch_shed"] += 1  # under load: the reader's own GETs come first
                 return None
-            future = self._pool.submit(self._fill, key, reason, self._stale_seq[key])
+            future = self._pool.submit(self._fill, key, reason, self._stale_seq.get(key, 0))
             self._inflight[key] = future
             self.counters[f"{reason}_requested"] += 1
         return future
@@ -57,31 +57,36 @@ class CacheFiller:
             fetched = time.monotonic_ns()  # before the GET: a write after this makes the bytes stale
             data, etag = self.getter_for(key).get(self.bucket, key)
             with self._lock:
-                if self._stale_seq[key] != seq:  # written while we fetched: these bytes may be old
+                if self._stale_seq.get(key, 0) != seq:  # written while we fetched: these bytes may be old
                     self.counters["fills_discarded_stale"] += 1
                     return False
             stored = self.cache.put(key, data, etag, fetched)
             with self._lock:
-                if self._stale_seq[key] != seq:
+                if self._stale_seq.get(key, 0) != seq:
                     self.cache.remove(key)
                     self.counters["fills_discarded_stale"] += 1
                     return False
             if stored:
-                self.counters[f"{reason}_fills"] += 1
+                with self._lock:
+                    self.counters[f"{reason}_fills"] += 1
             return stored
         except Exception as e:
-            self.counters["fill_errors"] += 1
+            with self._lock:
+                self.counters["fill_errors"] += 1
             log.warning("fill of %s failed: %s", key, e)
             return False
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
+                self._stale_seq.pop(key, None)  # only fills in flight need it: bounded by them
 
     def mark_stale(self, key: str) -> None:
         with self._lock:
-            self._stale_seq[key] += 1
+            if key in self._inflight:
+                self._stale_seq[key] += 1
         if self.cache.remove(key):
-            self.counters["stale_dropped"] += 1
+            with self._lock:
+                self.counters["stale_dropped"] += 1
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

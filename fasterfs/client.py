@@ -54,6 +54,8 @@ class Client:
         self._in_order = 0
         self._prefetched_to = -1
         self._hints: queue.SimpleQueue | None = None
+        self.hints_dropped = 0               # hints made while not connected to Ray
+        self.hint_errors: list[str] = []     # the latest hints that failed, and why
 
     def _local_node(self) -> int | None:
         """The node this process runs on, when it runs inside a Ray worker of the cluster."""
@@ -194,6 +196,10 @@ class Client:
             if self.state.node(node).kernel_mode == "simulated":
                 self._hint(node, "observe", "GET", f"/{self.manifest.bucket}/{chunk.key}")
             return body
+        if errors and all("NoSuchKey" in e for e in errors):
+            raise FasterFSError(f"chunk {i} ({chunk.key}) of generation {self.manifest.generation} is gone from every "
+                                f"holder: dataset {self.manifest.dataset} was re-ingested more than ingest.keep_old_s "
+                                "ago; connect() again to read the current generation")
         raise FasterFSError(f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(errors))
 
     # -- hints to the nodes, off the reader's thread ---------------------------------------
@@ -224,17 +230,26 @@ class Client:
         self._hints.put((node, method, args))
 
     def _send_hints(self) -> None:
-        from .state import storage_nodes
+        """Never joins or leaves Ray itself (that is the application's, on its own thread): a
+        hint made while this process is not connected is counted as dropped."""
+        import ray
 
-        actors = None
+        from .state import actor_name
+
+        actors: dict = {}
         while True:
             node, method, args = self._hints.get()
+            if not ray.is_initialized():
+                self.hints_dropped += 1
+                continue
             try:
-                if actors is None:
-                    actors = dict(zip((n.index for n in self.state.nodes), storage_nodes(self.state)))
+                if node not in actors:
+                    actors[node] = ray.get_actor(actor_name(node), namespace=self.state.namespace)
                 getattr(actors[node], method).remote(*args)  # fire and forget
-            except Exception:
-                actors = None  # the cluster restarted an actor: look them up again next time
+            except Exception as e:
+                self.hint_errors.append(f"{method} to node {node}: {type(e).__name__}: {e}"[:200])
+                del self.hint_errors[:-20]  # the latest few, for whoever asks
+                actors.pop(node, None)  # the cluster restarted an actor: look it up again next time
 
 
 def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True) -> Client:

@@ -351,8 +351,11 @@ def teardown(state: ClusterState) -> dict:
     deadline = time.monotonic() + 15  # the nodes' own processes finish exiting a moment later
     while cgroup.pids() and time.monotonic() < deadline:
         time.sleep(0.1)
-    report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
-    cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
+    try:  # a cgroup that will not go must not keep the filters, the bpffs and the lab behind
+        report["processes_killed"] = cgroup.kill_all() if cgroup.path else 0
+        cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
+    except (OSError, FasterFSError) as e:
+        report["actor_errors"].append(f"cgroup {cgroup.path}: {e}"[:300])
     spill = state.config.get("cluster", {}).get("spill_dir")
     if spill and not state.attached:  # spilled objects die with the cluster, on the head and lab disks
         shutil.rmtree(spill, ignore_errors=True)
@@ -401,7 +404,7 @@ def _remove_tc_filters(state: ClusterState) -> int:
         return 0
     from .bpf import tc
 
-    return tc.remove(state.config["kernel"]["interface"], filter_prefix(state.name))
+    return tc.remove(state.config["kernel"]["interface"], filter_prefix(state.name), drop_qdisc=True)
 
 
 def _wait_gone(pid: int, timeout: float) -> None:

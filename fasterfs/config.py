@@ -69,6 +69,8 @@ def validate(cfg: DictConfig) -> None:
         bad("cache.capacity_mb", "must be a number of megabytes >= 0")
     if not isinstance(cfg.cache.prefetch.window, int) or cfg.cache.prefetch.window < 0:
         bad("cache.prefetch.window", "must be a whole number >= 0")
+    if not isinstance(cfg.ingest.keep_old_s, (int, float)) or cfg.ingest.keep_old_s < 0:
+        bad("ingest.keep_old_s", "must be a number of seconds >= 0")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:
         bad("dashboard.refresh_s", "must be a number of seconds >= 0.5")
     if cfg.kernel.watch not in ("own", "any"):

@@ -22,6 +22,7 @@ import functools
 import math
 import os
 import re
+import secrets
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -116,7 +117,8 @@ def plan(cfg, cluster_nodes: int, nodes: int | None = None) -> SortPlan:
     if not isinstance(per_node, int) or per_node < 1:
         raise FasterFSError(f"option graysort.partitions_per_node={per_node!r}: a whole number >= 1, or auto")
     return SortPlan(nodes, size, fmt.name, float(g.skew), per_node, int(g.seed), int(g.max_inflight) or 2 * nodes,
-                    cfg.minio.bucket, time.strftime("%Y%m%d-%H%M%S"))
+                    cfg.minio.bucket,
+                    time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4))  # unique even within a second
 
 
 # -- tasks (each pinned to the node whose data it touches) -----------------------------------

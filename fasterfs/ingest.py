@@ -36,6 +36,7 @@ def load_source(cfg) -> lobster.Pair:
 
 def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int | None = None) -> Manifest:
     """Ingest the configured data source into the running cluster; returns the new manifest.
+    A failed ingest removes what it wrote; the previous generation stays current.
     `nodes` places the data on the first N nodes only (Demo B's scaling sweep)."""
     cfg = as_cfg(cfg)
     state = registry.find(cfg)
@@ -84,8 +85,12 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
                         replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
                         chunks=chunks)
     registry.publish_manifest(state.name, manifest)  # the head keeps it; every StorageNode gets it
-    # the dataset's earlier generations are unreachable now
-    _delete_objects(clients.values(), bucket, f"{dataset}/", lambda key: not key.startswith(f"{dataset}/{generation}/"))
+    # Readers holding an earlier manifest keep reading their generation: it is deleted only once
+    # it has been replaced for ingest.keep_old_s. Generations no manifest ever named (a crashed
+    # ingest's) go at once.
+    kept = set(registry.generations(state.name, dataset, cfg.ingest.keep_old_s))
+    _delete_objects(clients.values(), bucket, f"{dataset}/",
+                    lambda key: key.split("/")[1] not in kept if key.count("/") >= 2 else False)
     return manifest
 
 

@@ -18,12 +18,13 @@ import logging
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 from . import credentials
 from .config import Paths
 from .errors import FasterFSError
-from .fsutil import atomic_write
+from .fsutil import atomic_write, atomic_write_json, read_json
 from .manifest import Manifest
 from .state import ClusterState, actor_name, host_id, join, namespace
 
@@ -38,6 +39,9 @@ class Registry:
         self.cluster = ClusterState.load(self.paths.root)
         self.creds = credentials.load(self.paths.credentials_file)
         self._manifest = Manifest.load(self.paths.manifest_file) if self.paths.manifest_file.exists() else None
+        # every generation a manifest named: {dataset, generation, replaced: time or None}
+        self._history_file = self.paths.root / "generations.json"
+        self._history = read_json(self._history_file, "generation history") if self._history_file.exists() else []
         self._lock = threading.Lock()
 
     def ready(self) -> str:
@@ -60,6 +64,12 @@ class Registry:
 
         with self._lock:
             self.state()
+            now = time.time()
+            for g in self._history:
+                if g["dataset"] == manifest.dataset and g["replaced"] is None:
+                    g["replaced"] = now
+            self._history.append({"dataset": manifest.dataset, "generation": manifest.generation, "replaced": None})
+            atomic_write_json(self._history_file, self._history)
             manifest.save(self.paths.manifest_file)
             self._manifest = manifest
             refs = {}
@@ -71,6 +81,18 @@ class Registry:
                     log.warning("node %d has no StorageNode to take the new manifest", n.index)
             done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
             return [i for i, ref in refs.items() if ref in done]
+
+    def generations(self, dataset: str, keep_old_s: float) -> list[str]:
+        """The dataset's generations to keep: the current one and those replaced less than
+        keep_old_s ago (readers may still hold their manifests). Forgets the others."""
+        with self._lock:
+            now = time.time()
+            keep = [g for g in self._history if g["dataset"] != dataset or g["replaced"] is None
+                    or now - g["replaced"] < keep_old_s]
+            if len(keep) != len(self._history):
+                self._history = keep
+                atomic_write_json(self._history_file, keep)
+            return [g["generation"] for g in keep if g["dataset"] == dataset]
 
     def put_report(self, run: str, name: str, data: bytes) -> str:
         """Store a job report file (written on any host) where the dashboard serves it."""
@@ -155,6 +177,10 @@ def fetch_manifest(cluster_name: str) -> Manifest | None:
 
 def publish_manifest(cluster_name: str, manifest: Manifest) -> list[int]:
     return _ask(cluster_name, "publish_manifest", manifest)
+
+
+def generations(cluster_name: str, dataset: str, keep_old_s: float) -> list[str]:
+    return _ask(cluster_name, "generations", dataset, keep_old_s)
 
 
 def put_report(cluster_name: str, run: str, name: str, data: bytes) -> str:

@@ -53,14 +53,15 @@ class StorageNode:
         self._cluster: ClusterState | None = None
         self._peers: dict[int, object] = {}
         self.last_invalidation: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
-        # The cache index is rebuilt from the directory: entries survive a restart, temp files do not.
-        self.cache = ChunkCache(paths.cache_dir(index), int(self.cfg.cache.capacity_mb * 1_000_000),
-                                on_evict=self._on_evict)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
         self._own_bpffs = False
         self.kernel = self._load_kernel()  # before MinIO, so its first connections are tuned too
+        # The cache index is rebuilt from the directory: entries survive a restart, temp files do
+        # not. After the kernel programs: a smaller capacity evicts, which resets kernel counts.
+        self.cache = ChunkCache(paths.cache_dir(index), int(self.cfg.cache.capacity_mb * 1_000_000),
+                                on_evict=self._on_evict)
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
@@ -87,7 +88,8 @@ class StorageNode:
             programs.attach_tc(k.interface, f"{prefix}{k.interface}:egress")
             if k.host_interface:
                 for direction in ("egress", "ingress"):
-                    programs.attach_tc(k.host_interface, f"{prefix}{k.host_interface}:{direction}", direction)
+                    programs.attach_tc(k.host_interface, f"{prefix}{k.host_interface}:{direction}", direction,
+                                       sole_owner=True)  # one StorageNode per host
             if programs.mode == "real":  # this host's own bpffs, so its readers see its stale marks
                 try:
                     self._own_bpffs = mount_bpffs(self.paths.bpffs)
@@ -175,6 +177,7 @@ class StorageNode:
         self._names = {"hashes": {key_hash(f"/{manifest.bucket}/{c.key}"): c for c in manifest.chunks},
                        "entries": {entry_name(c.key): c.key for c in manifest.chunks},
                        "holders": {c.key: c.nodes for c in manifest.chunks}}
+        self.cache.retain(self._names["holders"])  # a replaced generation's entries would only take room
         self._cluster_state(refresh=True)  # a new generation may place data on nodes that joined since
         return len(manifest.chunks)
 
@@ -321,6 +324,7 @@ class StorageNode:
         self._stopping.set()
         self.kernel.close()
         self.filler.close()
+        self.cache.close()
         for getter in self._getters.values():
             getter.close()
         with self._lock:

@@ -26,7 +26,7 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
             f"cluster.ray_port={6400 + port_offset}", f"cluster.dashboard_port={8300 + port_offset}",
             f"cluster.client_port={7100 + port_offset}", f"cluster.agent_port={52400 + 10 * port_offset}",
             f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}",
-            f"dashboard.port={8400 + port_offset}"]
+            f"dashboard.port={8400 + port_offset}", "kernel.mode=real"]  # never the simulation, unless a test says so
 
 
 def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:
@@ -131,3 +131,16 @@ def client_for(live_cluster, cluster_root):
 
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+MISSING_SAMPLE = (f"THE LOBSTER SAMPLE IS MISSING ({LOBSTER}): the data tests ran on generated LOBSTER-format "
+                  "data instead; put the AAPL sample there (or set FASTERFS_LOBSTER_DIR) to test on the real one")
+
+
+def pytest_report_header(config):
+    return None if HAVE_SAMPLE else MISSING_SAMPLE
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not HAVE_SAMPLE:
+        terminalreporter.section("missing data", sep="!", red=True, bold=True)
+        terminalreporter.write_line(MISSING_SAMPLE, red=True, bold=True)

@@ -12,7 +12,7 @@ from xxhash import xxh3_64_intdigest as xxh3
 
 from fasterfs import cluster, config, credentials, lobster, registry, s3
 from fasterfs.errors import FasterFSError
-from fasterfs.ingest import load_source
+from fasterfs.ingest import ingest, load_source
 from fasterfs.minio_server import MinioServer, _cmdline
 
 from conftest import data_overrides, load_job, wait_until
@@ -92,18 +92,40 @@ def test_time_window_equals_source_rows(ingest_as, client_for, overrides, fmt):
 
 def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
     manifest = ingest_as("csv")
-    rows = statuses(live_cluster)
-    for row in rows:
-        assert row["objects"] == len(manifest.on_node(row["index"]))
-    assert 1 <= min(r["objects"] for r in rows)
-    assert sum(r["objects"] for r in rows) == len(manifest)
+    creds = registry.fetch_credentials(live_cluster.name)
+    prefix = f"{manifest.dataset}/{manifest.generation}/"
+    held = {n.index: sorted(o["Key"] for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2")
+                            .paginate(Bucket=manifest.bucket, Prefix=prefix) for o in page.get("Contents", []))
+            for n in live_cluster.nodes}
+    for node, keys in held.items():
+        assert keys == sorted(c.key for c in manifest.on_node(node))
+    assert 1 <= min(len(k) for k in held.values())
 
 
-def test_reingest_replaces_previous_generation(ingest_as, live_cluster, client_for):
+def _generations(state, dataset: str) -> dict[str, int]:
+    """Objects per generation of `dataset`, over every node's MinIO."""
+    creds = registry.fetch_credentials(state.name)
+    out: dict[str, int] = {}
+    for n in state.nodes:
+        for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
+                Bucket=state.config["minio"]["bucket"], Prefix=f"{dataset}/"):
+            for o in page.get("Contents", []):
+                g = o["Key"].split("/")[1]
+                out[g] = out.get(g, 0) + 1
+    return out
+
+
+def test_reingest_keeps_the_replaced_generation_for_its_grace(ingest_as, live_cluster, client_for, overrides):
     first = ingest_as("csv")
+    creds = registry.fetch_credentials(live_cluster.name)
+    orphan = f"{first.dataset}/g-crashed-ingest/chunk-00000.csv"  # written by an ingest that never published
+    s3.client(live_cluster.nodes[0].endpoint, creds).put_object(Bucket=first.bucket, Key=orphan, Body=b"x")
     second = ingest_as("csv")
-    assert first.generation != second.generation
-    assert sum(r["objects"] for r in statuses(live_cluster)) == len(second)  # old objects gone
+    held = _generations(live_cluster, first.dataset)
+    assert held[first.generation] == held[second.generation] == len(second)  # readers of the first still read
+    assert "g-crashed-ingest" not in held  # no manifest ever named it: gone at once
+    third = ingest(config.load(overrides + data_overrides() + ["ingest.keep_old_s=0"]))
+    assert _generations(live_cluster, first.dataset) == {third.generation: len(third)}  # grace over: replaced ones go
     client_for().read_chunk(0)
 
 
@@ -257,3 +279,69 @@ def test_new_manifest_reaches_every_storage_node(ingest_as, live_cluster):
     key = key_hash(f"/{manifest.bucket}/{manifest.chunk(0).key}")
     names = ray.get([a.resolve.remote(key) for a in cluster.storage_nodes(live_cluster)])
     assert names == [f"chunk 0 ({manifest.chunk(0).key})"] * len(live_cluster.nodes)
+
+
+@ray.remote(num_cpus=0)
+def _loop_reads(root: str, rounds: int) -> tuple[str, list[int], int]:
+    """A reader that holds its manifest: reads the whole dataset `rounds` times."""
+    import fasterfs
+
+    client = fasterfs.connect(root)
+    seen, failures = [], 0
+    for _ in range(rounds):
+        for i in range(len(client)):
+            try:
+                seen.append(xxh3(client.read_chunk(i)) == client.manifest.chunk(i).xxh3)
+            except Exception:
+                failures += 1
+    return client.manifest.generation, [sum(seen), len(seen)], failures
+
+
+def test_readers_keep_their_generation_through_reingest(ingest_as, live_cluster, cluster_root, overrides):
+    """Readers looping over the dataset while it is ingested again: every read right, none
+    failed, each reader on the generation it connected to; a new connect() sees the new one."""
+    import fasterfs
+
+    first = ingest_as("csv")
+    readers = [_loop_reads.options(**cluster.pinned(n)).remote(str(cluster_root), 3) for n in live_cluster.nodes]
+    second = ingest_as("csv")
+    for generation, (right, reads), failures in ray.get(readers):
+        assert failures == 0 and right == reads and reads == 3 * len(first)
+        assert generation in (first.generation, second.generation)
+    assert fasterfs.connect(cluster_root).manifest.generation == second.generation
+    # an old reader still reads its generation, whole and unmixed
+    old = fasterfs.connect(cluster_root)
+    third = ingest_as("csv")
+    assert [xxh3(old.read_chunk(i)) for i in range(len(old))] == [c.xxh3 for c in second.chunks]
+    # once a replaced generation's grace is over, the next ingest deletes it: a clear error, not a mix
+    ingest(config.load(overrides + data_overrides() + ["ingest.keep_old_s=0"]))
+    with pytest.raises(FasterFSError, match=f"generation {second.generation} is gone .* connect\\(\\) again"):
+        old.read_chunk(0)
+    assert third.generation != second.generation
+
+
+def test_a_new_generation_drops_the_old_ones_cache_entries(ingest_as, live_cluster, client_for):
+    first = ingest_as("csv")
+    client = client_for()
+    for _ in range(2):
+        for i in range(4):
+            client.read_chunk(i)
+    actors = cluster.storage_nodes(live_cluster)
+    wait_until(lambda: sum(r["entries"] for r in ray.get([a.cache_status.remote() for a in actors])) >= 4, 30,
+               "fills of the first generation")
+    second = ingest_as("csv")
+    entries = sum(r["entries"] for r in ray.get([a.cache_status.remote() for a in actors]))
+    assert entries == 0  # none of the first generation's chunks is in the second
+    assert not any(ray.get([a.cache_contains.remote(first.chunk(i).key) for a in actors for i in range(4)]))
+    assert second.generation != first.generation
+
+
+def test_hints_never_join_ray(ingest_as, client_for):
+    """The client's hint thread must not ray.init (or shutdown) behind the application's back."""
+    ingest_as("csv")
+    client = client_for()
+    ray.shutdown()
+    for i in range(6):  # in order: the prefetcher hints
+        client.read_chunk(i)
+    wait_until(lambda: client.hints_dropped > 0, 10, "a dropped hint")
+    assert not ray.is_initialized()

@@ -168,3 +168,9 @@ def test_records_depend_only_on_seed_and_index():
     assert not (records.generate(fmt, 6, 0, 1000) == whole).all()
     import zlib
     assert records.checksum(whole) == sum(zlib.crc32(bytes(r)) for r in whole)
+
+
+def test_two_runs_in_one_second_get_their_own_objects(overrides):
+    """delete_run removes graysort/<run>/: two runs must never share a run id."""
+    plans = [graysort.plan(sort_cfg(overrides, "size=2MB"), 2) for _ in range(20)]  # well within a second or two
+    assert len({p.run for p in plans}) == 20

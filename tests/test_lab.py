@@ -17,6 +17,7 @@ from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
 from fasterfs import cluster, config, identity, lab, registry, s3
+from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
@@ -206,7 +207,7 @@ def test_failed_lab_up_leaves_nothing(lab_overrides, tmp_path):
         lab.up(cfg)
     assert lab.leftovers(cfg.cluster.name) == []
     assert not config.Layout.of(cfg).paths.state_file.exists()
-    assert not Path("/sys/fs/cgroup/unified", f"fasterfs-{cfg.cluster.name}").exists()
+    assert not Path(cgroup2_mount(), f"fasterfs-{cfg.cluster.name}").exists()
     assert not mounts_under(cfg.cluster.root)  # its bpffs too
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).find(str(cfg.cluster.root)) >= 0]
     assert not left

@@ -111,3 +111,24 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory):
         head.send_signal(signal.SIGTERM)
         head.wait(60)
         outside.remove()
+
+
+def test_up_with_a_smaller_cache_than_the_disk_holds(own):
+    """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node."""
+    from fasterfs.cache import ChunkCache
+
+    cfg = config.load(own + ["cache.capacity_mb=1"])
+    cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
+    before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
+    for i in range(4):
+        before.put(f"ds/g/chunk-{i}", bytes([i]) * 1_000_000)
+    before.close()
+    state = cluster.up(cfg)
+    try:
+        import ray
+
+        row = ray.get(cluster.storage_nodes(state)[0].cache_status.remote())
+        assert row["bytes"] <= 1_000_000 and row["evictions"] >= 3
+    finally:
+        cluster.down(cfg)
+    assert_nothing_left(state)

@@ -27,7 +27,9 @@ def test_quickstart_notebook_executes(ingest_as, cluster_root):
     assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in text
     assert "kernel mode real" in text and "FasterFS dashboard: http://127.0.1.2:" in text
     status_html = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
-    assert "true" in status_html  # the nodes' health column
+    for address in ("127.0.1.2", "127.0.1.3"):  # each node's row says healthy
+        row = next(line for line in status_html.splitlines() if f"┆ {address} ┆" in line)
+        assert row.split("┆")[3].strip() == "true", row
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the mid-price chart
 
 

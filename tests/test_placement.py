@@ -31,8 +31,16 @@ def test_replicas_distinct_and_full_copy():
     assert all(sorted(o) == [0, 1, 2] for o in place(KEYS, 3, replicas=3))  # read-mostly: every node
 
 
-def test_deterministic():
-    assert place(KEYS, 3) == place(KEYS, 3)
+def test_same_placement_in_every_process():
+    """Every host computes placement itself: it must not depend on the process (hash seeds)."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import json; from fasterfs.placement import place; print(json.dumps(place(%r, 3)))" % KEYS
+    got = [json.loads(subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed},
+                                     capture_output=True, text=True, check=True).stdout) for seed in ("1", "2")]
+    assert got[0] == got[1] == place(KEYS, 3)
 
 
 def test_bad_arguments():

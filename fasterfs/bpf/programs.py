@@ -23,6 +23,7 @@ from . import events as ev
 from . import tc
 
 log = logging.getLogger("fasterfs.bpf")
+MAX_NAMES = 65536
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("requests.bpf.c", "sockops.bpf.c")
 QUICKACK_NOTE = ("TCP_QUICKACK cannot be set from BPF (the kernel answers -EINVAL); delayed ACKs are "
@@ -107,10 +108,13 @@ class KernelPrograms:
 
     # -- attachment ----------------------------------------------------------------------
 
-    def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None) -> None:
+    def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None,
+                  sole_owner: bool = False) -> None:
+        """sole_owner: no other StorageNode attaches to this interface (a host's own NIC), so
+        the clsact qdisc can go with this node's last filter."""
         tc.remove(interface, name, netns, exact=True)  # a crashed earlier owner's filter of the same name
         tc.attach(self.tc_fns[direction].fd, interface, name, direction, netns)
-        self.tc_attachments.append((interface, name, netns, direction))
+        self.tc_attachments.append((interface, name, netns, direction, sole_owner))
 
     def attach_sockops(self, cgroup_path: str) -> None:
         from bcc import BPFAttachType
@@ -144,6 +148,8 @@ class KernelPrograms:
         event = ct.cast(data, ct.POINTER(ev.Event)).contents.to_dict()
         with self._lock:
             self.names[event["key"]] = event["path"]
+            if len(self.names) > MAX_NAMES:  # as many as the kernel tracks keys
+                self.names.pop(next(iter(self.names)))
             self.recent.append(event)
             self.received[event["type"]] += 1
         if self.on_event:
@@ -172,9 +178,9 @@ class KernelPrograms:
 
     def close_attachments(self) -> None:
         """Detach the TC filters and the SOCK_OPS program; the maps and their counts stay."""
-        for interface, name, netns, _ in self.tc_attachments:
+        for interface, name, netns, _, sole_owner in self.tc_attachments:
             try:
-                tc.remove(interface, name, netns, exact=True)
+                tc.remove(interface, name, netns, exact=True, drop_qdisc=sole_owner)
             except Exception:
                 log.exception("removing TC filter %s from %s", name, interface)
         self.tc_attachments = []
@@ -220,7 +226,7 @@ class KernelPrograms:
         sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b[b"sock_counters"].items()}
         return {
             "mode": self.mode, "hot_threshold": self.hot_threshold, "epoch": self.epoch,
-            "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d} for i, n, ns, d in self.tc_attachments],
+            "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d} for i, n, ns, d, _ in self.tc_attachments],
             "sockops_cgroup": self.cgroup_path,
             "counters": counters, "keys_tracked": len(keys), "top_keys": top_keys, "ports": ports,
             "events_received": received, "recent_events": recent,

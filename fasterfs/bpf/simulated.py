@@ -11,6 +11,7 @@ from typing import Callable
 
 from . import events as ev
 
+MAX_NAMES = 65536
 METHOD_IDS = {v: k for k, v in ev.METHODS.items()}
 
 
@@ -48,7 +49,8 @@ class SimulatedPrograms:
     def mark_stale(self, key: int) -> None:
         pass  # no pinned marks: the STALE callback drops the entry
 
-    def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None) -> None:
+    def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None,
+                  sole_owner: bool = False) -> None:
         pass  # nothing to attach: requests arrive through observe()
 
     def attach_sockops(self, cgroup_path: str) -> None:
@@ -70,6 +72,8 @@ class SimulatedPrograms:
         with self._lock:
             self.counters["requests"] += 1
             self.names[key] = path
+            if len(self.names) > MAX_NAMES:  # as many as the kernel tracks keys
+                self.names.pop(next(iter(self.names)))
             if method == "GET":
                 self.counts[key] += 1
                 if self.counts[key] == self.hot_threshold:
@@ -97,4 +101,6 @@ class SimulatedPrograms:
                               or self.names.get(k)} for k, c in keys],
                 "ports": {}, "events_received": dict(self.received), "recent_events": list(self.recent)[-10:],
                 "sockops": {"note": "SIMULATED mode: no TCP tuning"},
+                "stale_source": "none: SIMULATED mode counts the client's reads only and sees no PUT or DELETE, "
+                                "so an overwritten object stays cached until evicted, cleared or scrubbed",
             }

@@ -2,7 +2,7 @@
 
 Filters outlive the process that attached them, so each carries a name
 (`ffs:<cluster>:<node>:<interface>:<direction>`) by which a restarted owner or `fasterfs down` finds and
-removes it. The clsact qdisc is removed with the last filter on it.
+removes it. The clsact qdisc is removed by its sole owner (or `down`) with the last filter.
 """
 from __future__ import annotations
 
@@ -58,9 +58,12 @@ def attach(prog_fd: int, interface: str, name: str, direction: str = "egress", n
     raise FasterFSError(f"no free TC priority for filter {name} on {interface}")
 
 
-def remove(interface: str, prefix: str, netns: str | None = None, exact: bool = False) -> int:
-    """Delete every BPF filter whose name starts with `prefix` (is `prefix`, if exact); drop
-    clsact if it is then empty. Returns how many filters were removed."""
+def remove(interface: str, prefix: str, netns: str | None = None, exact: bool = False,
+           drop_qdisc: bool = False) -> int:
+    """Delete every BPF filter whose name starts with `prefix` (is `prefix`, if exact); with
+    drop_qdisc, also clsact if it is then empty. Only a sole owner of the interface may drop
+    it: on a shared one (lo of a one-machine cluster) a sibling may be attaching right now.
+    Returns how many filters were removed."""
     removed = 0
     with _ipr(netns) as ipr:
         found = ipr.link_lookup(ifname=interface)
@@ -86,7 +89,7 @@ def remove(interface: str, prefix: str, netns: str | None = None, exact: bool = 
                             raise
                 else:
                     remaining += 1
-        if remaining == 0:
+        if drop_qdisc and remaining == 0:
             try:
                 ipr.tc("del", "clsact", idx)
             except NetlinkError:

@@ -1,0 +1,241 @@
+"""The fault harness: readers on every node check every read against the source while the
+cluster is hurt on purpose — MinIO servers, StorageNodes and readers SIGKILLed, objects
+rewritten, the dataset re-ingested, caches filled past a small capacity, the nodes polled
+like an open dashboard. Seeded and bounded in time.
+
+    python jobs/faults.py [faults.duration_s=120 faults.seed=7 ...]      (on `fasterfs up`)
+
+Prints and writes (faults.json) reads checked, writes, kills, wrong reads, failed reads and
+the peak cache bytes against the capacity. Exits 1 unless every read was right, none failed
+and no cache ever exceeded its capacity. It ingests with replicas=2, so that a killed MinIO
+leaves a copy to read; it leaves the dataset ingested and the caches at their capacity.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+from rich.table import Table
+from xxhash import xxh3_64_intdigest
+
+import fasterfs
+from fasterfs import cluster, config, registry, report, s3
+from fasterfs.errors import FasterFSError
+from fasterfs.ingest import ingest
+
+ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "rewrite", "reingest")
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Reader:
+    """Reads random chunks until told to stop, checking each against the source's checksum
+    (the manifest it connected with); reconnects now and then to follow new generations."""
+
+    def __init__(self, root: str, seed: int):
+        self.root, self.rng = root, random.Random(seed)
+        self.counts = {"reads": 0, "wrong": 0, "failed": 0, "generations": 0}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, seconds: float, reconnect_every: int) -> dict:
+        deadline = time.monotonic() + seconds
+        client, seen, n = None, set(), 0
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if n % reconnect_every == 0:
+                client = fasterfs.connect(self.root)
+                seen.add(client.manifest.generation)
+            n += 1
+            i = self.rng.randrange(len(client))
+            try:
+                data = client.read_chunk(i)
+            except Exception as e:
+                self.counts["failed"] += 1
+                self.errors.append(f"chunk {i}: {type(e).__name__}: {e}"[:300])
+                continue
+            self.counts["reads"] += 1
+            if xxh3_64_intdigest(data) != client.manifest.chunk(i).xxh3:
+                self.counts["wrong"] += 1
+                self.errors.append(f"wrong bytes for chunk {i} of generation {client.manifest.generation}")
+        self.counts["generations"] = len(seen)
+        return {**self.counts, "errors": self.errors[-10:]}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Harness:
+    def __init__(self, cfg, argv: list[str]):
+        self.cfg, self.argv = cfg, argv
+        f = cfg.faults
+        self.rng = random.Random(f.seed)
+        self.duration, self.every = float(f.duration_s), float(f.every_s)
+        self.capacity = int(f.cache_mb * 1_000_000)
+        self.ingest_cfg = config.load(argv + [f"replicas={min(2, cfg.nodes)}"])
+        self.manifest = ingest(self.ingest_cfg)
+        self.client = fasterfs.connect(overrides=argv)
+        self.state = self.client.state
+        self.actors = cluster.storage_nodes(self.state)
+        self.counts = {"writes": 0, "kills": 0, "reingests": 0, "polls": 0, **{a: 0 for a in ACTIONS}}
+        self.peak = {n.index: 0 for n in self.state.nodes}
+        self.over_capacity = 0
+        self._stop = threading.Event()
+        self.readers: dict[int, list] = {}
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def start_reader(self, node, seconds: float):
+        reader = Reader.options(**cluster.pinned(node)).remote(self.state.root, self.rng.randrange(1 << 30))
+        ref = reader.run.remote(seconds, int(self.cfg.faults.reconnect_every))
+        self.readers.setdefault(node.index, []).append((reader, ref))
+
+    # -- watching, like an open dashboard ---------------------------------------------------
+
+    def watch(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                rows = ray.get([a.cache_status.remote() for a in self.actors], timeout=30)
+                ray.get([a.kernel_status.remote() for a in self.actors], timeout=30)
+                keys = [c.key for c in self.client.manifest.chunks[:20]]
+                ray.get([a.cache_contains.remote(k) for a in self.actors for k in keys], timeout=30)
+            except Exception:
+                continue  # a node being killed right now: the next poll
+            self.counts["polls"] += 1
+            for node, row in zip(self.state.nodes, rows):
+                on_disk = _disk_bytes(config.Paths(Path(self.state.root)).cache_dir(node.index))
+                used = max(row["bytes"], on_disk)
+                self.peak[node.index] = max(self.peak[node.index], used)
+                self.over_capacity += used > row["capacity"]
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def act(self, action: str, node) -> str:
+        actor = self.actors[self.state.nodes.index(node)]
+        if action == "kill_minio":
+            os.kill(ray.get(actor.status.remote(), timeout=60)["minio_pid"], signal.SIGKILL)
+        elif action == "kill_storage_node":
+            os.kill(ray.get(actor.status.remote(), timeout=60)["actor_pid"], signal.SIGKILL)
+            _wait_back(actor)
+            ray.get(actor.cache_resize.remote(self.capacity), timeout=60)  # a new incarnation has the configured one
+        elif action == "kill_reader":
+            reader, _ = self.readers[node.index][-1]
+            os.kill(ray.get(reader.pid.remote(), timeout=60), signal.SIGKILL)
+            self.start_reader(node, max(1.0, self.deadline - time.monotonic()))
+        elif action == "rewrite":  # the same bytes written again: every cached copy must go and come back right
+            m = registry.fetch_manifest(self.state.name)
+            chunk = m.chunk(self.rng.randrange(len(m)))
+            creds = registry.fetch_credentials(self.state.name)
+            for holder in chunk.nodes:
+                c = s3.client(self.state.node(holder).endpoint, creds)
+                body = c.get_object(Bucket=m.bucket, Key=chunk.key)["Body"].read()
+                c.put_object(Bucket=m.bucket, Key=chunk.key, Body=body, Metadata={"xxh3": str(chunk.xxh3)})
+                self.counts["writes"] += 1
+            return f"rewrote chunk {chunk.id} on nodes {chunk.nodes}"
+        elif action == "reingest":
+            ingest(self.ingest_cfg)
+            self.counts["reingests"] += 1
+            return "re-ingested"
+        self.counts["kills"] += action.startswith("kill")
+        return f"{action} on node {node.index}"
+
+    def run(self) -> dict:
+        ray.get([a.cache_resize.remote(self.capacity) for a in self.actors])
+        self.deadline = time.monotonic() + self.duration
+        for node in self.state.nodes:
+            for _ in range(int(self.cfg.faults.readers_per_node)):
+                self.start_reader(node, self.duration)
+        watcher = threading.Thread(target=self.watch, daemon=True)
+        watcher.start()
+        log = []
+        try:
+            plan: list[str] = []
+            while time.monotonic() + self.every < self.deadline:
+                time.sleep(self.every)
+                if not plan:  # every kind of fault once per round, in a seeded order
+                    plan = self.rng.sample(ACTIONS, len(ACTIONS))
+                action, node = plan.pop(), self.rng.choice(self.state.nodes)
+                self.counts[action] += 1
+                log.append(f"{time.monotonic() - self.deadline + self.duration:6.1f} s  {self.act(action, node)}")
+            totals = {"reads": 0, "wrong": 0, "failed": 0, "readers_killed": 0}
+            errors = []
+            for runs in self.readers.values():
+                for _, ref in runs:
+                    try:
+                        r = ray.get(ref, timeout=self.duration + 120)
+                    except ray.exceptions.RayActorError:
+                        totals["readers_killed"] += 1  # its reads died with it; not a failed read
+                        continue
+                    for k in ("reads", "wrong", "failed"):
+                        totals[k] += r[k]
+                    errors += r["errors"]
+        finally:
+            self._stop.set()
+            watcher.join(5)
+            ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
+        return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
+                "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
+                "polls_over_capacity": self.over_capacity, "errors": errors[:20], "log": log}
+
+
+def _disk_bytes(directory) -> int:
+    total = 0
+    try:
+        for f in os.scandir(directory):
+            try:
+                total += f.stat().st_size if f.is_file() else 0
+            except FileNotFoundError:
+                pass
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+def _wait_back(actor, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.status.remote(), timeout=10)
+            return
+        except Exception:
+            time.sleep(0.5)
+    raise FasterFSError(f"a killed StorageNode did not come back within {timeout:.0f} s")
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    f = cfg.faults
+    if f.duration_s <= 0 or f.every_s <= 0 or f.cache_mb <= 0 or f.readers_per_node < 1:
+        raise FasterFSError("options faults.duration_s, faults.every_s and faults.cache_mb must be > 0, "
+                            "faults.readers_per_node >= 1")
+    result = Harness(cfg, argv).run()
+    result["passed"] = result["wrong"] == 0 and result["failed"] == 0 and result["polls_over_capacity"] == 0
+    table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
+    for col in ("reads checked", "wrong", "failed", "writes", "kills", "re-ingests", "polls", "peak cache / capacity"):
+        table.add_column(col)
+    peak = max(result["peak_cache_bytes"].values())
+    table.add_row(str(result["reads"]), str(result["wrong"]), str(result["failed"]), str(result["writes"]),
+                  str(result["kills"]), str(result["reingests"]), str(result["polls"]),
+                  f"{report.fmt_bytes(peak)} / {report.fmt_bytes(result['cache_capacity'])}")
+    console = report.console()
+    console.print(table)
+    for line in result["log"]:
+        console.print("  " + line)
+    for e in result["errors"]:
+        console.print(f"  [red]{e}[/]")
+    result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "failed": result["failed"],
+                          "kills": result["kills"], "peak cache vs capacity": f"{peak / result['cache_capacity']:.0%}"}
+    out = report.write_json(report.run_dir(cfg, "faults"), "faults.json", result)
+    console.print(f"{'PASSED' if result['passed'] else 'FAILED'}; report: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main(sys.argv[1:])["passed"] else 1)

@@ -1,0 +1,153 @@
+"""ChunkCache on its own: no root, no Ray, no kernel. LRU order, capacity under concurrent
+fills, damaged and foreign files, crash consistency, reservations of fills in flight."""
+import os
+import threading
+import time
+
+import pytest
+
+from fasterfs import cache
+from fasterfs.cache import HEADER, ChunkCache, Header
+
+
+def _touch_later(c: ChunkCache, key: str, seconds: float) -> None:
+    t = time.time() + seconds
+    os.utime(c.path(key), (t, t))
+
+
+def test_lru_evicts_the_least_recently_read(tmp_path):
+    c = ChunkCache(tmp_path, capacity=3 * (HEADER.size + 100))
+    for k in ("a", "b", "c"):
+        assert c.put(k, k.encode() * 100)
+    _touch_later(c, "a", 10)  # a was read last (readers touch on a hit)
+    assert cache.read_entry(c.path("b"), stale_mark=0) == b"b" * 100
+    _touch_later(c, "b", 20)
+    assert c.put("d", b"d" * 100)
+    assert [c.contains(k) for k in "abcd"] == [True, True, False, True]  # c was the oldest
+
+
+def test_scrub_keeps_the_lru_order(tmp_path):
+    c = ChunkCache(tmp_path, capacity=10_000)
+    c.put("a", b"x" * 100)
+    before = os.stat(c.path("a")).st_mtime_ns
+    time.sleep(0.02)
+    assert c.scrub() == 0
+    assert os.stat(c.path("a")).st_mtime_ns == before  # verifying is not reading
+
+
+def test_capacity_holds_under_concurrent_fills(tmp_path):
+    cap = 10 * (HEADER.size + 1000)
+    c = ChunkCache(tmp_path, capacity=cap)
+    peak, errors = [0], []
+
+    def on_disk() -> int:
+        total = 0
+        for f in tmp_path.iterdir():
+            try:
+                total += f.stat().st_size
+            except FileNotFoundError:  # renamed or evicted while we looked
+                pass
+        return total
+
+    def fill(t):
+        try:
+            for i in range(50):
+                c.put(f"{t}-{i}", bytes([i % 256]) * 1000)
+                peak[0] = max(peak[0], on_disk())
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=fill, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert c.used <= cap and peak[0] <= cap
+    assert c.used == sum(f.stat().st_size for f in tmp_path.glob("*" + cache.SUFFIX))
+
+
+def test_contains_keeps_a_fill_in_flights_reservation(tmp_path):
+    """Asking about a key being filled (the dashboard does) must not uncount the fill."""
+    c = ChunkCache(tmp_path, capacity=100_000)
+    name = cache.entry_name("k")
+    with c._lock:  # a fill that has reserved its space and is writing
+        c._sizes[name] = HEADER.size + 10
+        c.used += HEADER.size + 10
+        c._writing.add(name)
+    assert not c.contains("k")
+    assert c.used == HEADER.size + 10 and name in c._sizes
+
+
+@pytest.mark.parametrize("damage", ["truncated header", "size of 1 TB", "short body", "foreign magic"])
+def test_damaged_entries_are_named_and_dropped(tmp_path, damage):
+    c = ChunkCache(tmp_path, capacity=100_000)
+    c.put("k", b"y" * 500)
+    path = c.path("k")
+    raw = bytearray(path.read_bytes())
+    if damage == "truncated header":
+        raw = raw[:30]
+    elif damage == "size of 1 TB":
+        raw[8:16] = (10**12).to_bytes(8, "little")
+    elif damage == "short body":
+        raw = raw[:-7]
+    else:
+        raw[:8] = b"NOTMINE!"
+    path.write_bytes(bytes(raw))
+    assert cache.read_entry(path, verify=False) is cache.DAMAGED  # never a crash, never a wrong byte
+    assert not path.exists()
+    path.write_bytes(bytes(raw))
+    c.rebuild()  # a node starting on such a directory drops it too
+    assert not path.exists() and c.counters["invalid_removed"] >= 1
+
+
+def test_rebuild_after_an_unclean_stop_verifies_every_entry(tmp_path):
+    c = ChunkCache(tmp_path, capacity=100_000)
+    c.put("k", b"z" * 500)
+    c.put("j", b"w" * 500)
+    path = c.path("k")
+    raw = bytearray(path.read_bytes())
+    raw[HEADER.size:] = bytes(500)  # a crash left zeros where the bytes should be; header and size fine
+    path.write_bytes(bytes(raw))
+    ChunkCache(tmp_path, capacity=100_000)  # no clean-shutdown marker: verified
+    assert not path.exists() and c.path("j").exists()
+    # after a clean stop, sizes are trusted (fast start) and the scrub catches the rest
+    c2 = ChunkCache(tmp_path, capacity=100_000)
+    c2.close()
+    assert (tmp_path / cache.CLEAN).exists()
+    ChunkCache(tmp_path, capacity=100_000)
+    assert not (tmp_path / cache.CLEAN).exists()  # consumed: a crash from now on verifies again
+
+
+def test_entries_of_another_boot_are_stale(tmp_path):
+    c = ChunkCache(tmp_path, capacity=100_000)
+    c.put("k", b"v" * 100)
+    path = c.path("k")
+    raw = path.read_bytes()
+    h = Header.parse(raw[:HEADER.size], len(raw))
+    path.write_bytes(Header(h.size, h.checksum, h.etag, h.fetched_ns, h.boot ^ 1).pack() + raw[HEADER.size:])
+    assert cache.read_entry(path) is cache.STALE  # its fill time cannot be compared with this boot's marks
+
+
+def test_foreign_files_are_named_and_left_alone(tmp_path, caplog):
+    (tmp_path / "notes.txt").write_text("mine")
+    c = ChunkCache(tmp_path, capacity=100_000)
+    assert (tmp_path / "notes.txt").exists() and c.counters["foreign_files"] == 1
+    assert "notes.txt" in caplog.text
+
+
+def test_retain_drops_other_generations(tmp_path):
+    c = ChunkCache(tmp_path, capacity=100_000)
+    for k in ("d/g1/a", "d/g1/b", "d/g2/a"):
+        c.put(k, b"q" * 10)
+    assert c.retain(["d/g2/a"]) == 2
+    assert [c.contains(k) for k in ("d/g1/a", "d/g1/b", "d/g2/a")] == [False, False, True]
+    assert c.used == HEADER.size + 10
+
+
+def test_a_killed_fill_leaves_no_entry(tmp_path):
+    """SIGKILL during a fill: the temp file is all that can be left, and the next start removes it."""
+    c = ChunkCache(tmp_path, capacity=100_000)
+    (tmp_path / f"{cache.TMP_PREFIX}{cache.entry_name('k')}.123.456").write_bytes(b"partial")
+    c = ChunkCache(tmp_path, capacity=100_000)
+    assert list(tmp_path.iterdir()) == [] and not c.contains("k")
