@@ -264,9 +264,10 @@ class ChunkCache:
             raise
         with self._lock:
             self._writing.discard(name)
-            if name in self._cancelled:  # removed (stale, cleared) while we wrote
+            if name in self._cancelled:  # removed (stale, cleared) while we wrote: only now is the room free
                 self._cancelled.discard(name)
                 (self.dir / name).unlink(missing_ok=True)
+                self._forget(name)
                 return False
         self.counters["fills"] += 1
         self.counters["fill_bytes"] += len(data)
@@ -288,35 +289,29 @@ class ChunkCache:
     def retain(self, keys) -> int:
         """Drop every entry whose key is not in `keys` (a replaced generation's chunks)."""
         keep = {entry_name(k) for k in keys}
-        with self._lock:
-            doomed = [n for n in self._sizes if n not in keep]
-            self._cancelled |= {n for n in self._writing if n not in keep}
-            for name in doomed:
-                self._forget(name)
-        for name in doomed:
-            (self.dir / name).unlink(missing_ok=True)
-        self.counters["removed"] += len(doomed)
-        return len(doomed)
+        return self._drop(lambda name: name not in keep)
 
     def remove(self, key: str) -> bool:
         name = entry_name(key)
-        with self._lock:
-            if name in self._writing:
-                self._cancelled.add(name)
-            existed = self._forget(name)
-        (self.dir / name).unlink(missing_ok=True)
-        if existed:
-            self.counters["removed"] += 1
-        return existed
+        return self._drop(lambda n: n == name) > 0
 
     def clear(self) -> int:
+        return self._drop(lambda name: True)
+
+    def _drop(self, doomed: Callable[[str], bool]) -> int:
+        """Remove the entries `doomed` names. A fill under way is cancelled but keeps its
+        reservation until its write ends: its bytes are on disk until then."""
         with self._lock:
-            names = list(self._sizes)
-            self._cancelled |= self._writing
+            names = [n for n in self._sizes if doomed(n)]
             for name in names:
-                self._forget(name)
+                if name in self._writing:
+                    self._cancelled.add(name)
+                else:
+                    self._forget(name)
         for name in names:
-            (self.dir / name).unlink(missing_ok=True)
+            if name not in self._cancelled:
+                (self.dir / name).unlink(missing_ok=True)
+        self.counters["removed"] += len(names)
         return len(names)
 
     def _forget(self, name: str) -> bool:

@@ -48,6 +48,7 @@ class Client:
         self._cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
         self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
         self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
+        self._bucket_hash = key_hash(f"/{manifest.bucket}")
         self._marks: dict[int, object] = {}
         self._stats: dict[int, reader_stats.ReaderStats] = {}
         self._last_read: int | None = None
@@ -163,7 +164,10 @@ class Client:
 
             self._marks[node] = open_marks(str(self.paths.stale_pin(node)))
         marks = self._marks[node]
-        return marks.mark(self._key_hashes[i]) if marks is not None else 0
+        if marks is None:
+            return 0
+        # a bucket-wide write (DeleteObjects) marks "/bucket": it covers every key
+        return max(marks.mark(self._key_hashes[i]), marks.mark(self._bucket_hash))
 
     def _damaged(self, node: int, i: int) -> None:
         """The entry was dropped; this read goes to MinIO, and the node fetches a good copy."""

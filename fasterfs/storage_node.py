@@ -110,29 +110,36 @@ class StorageNode:
         return programs
 
     def _on_kernel_event(self, event: dict) -> None:
-        """HOT: fill the cache with the chunk. STALE: drop it, let the key become hot anew,
-        and tell every other host, whose caches may hold a copy too."""
-        prefix = f"/{self.bucket}/"
-        if not event["path"].startswith(prefix):
-            return
-        key = event["path"][len(prefix):]
-        if event["key"] != key_hash(event["path"]):
-            return  # path cut at the kernel's bound: not one of ours to resolve
+        """HOT: fill the cache with the chunk. STALE / COMMITTED (a write's request / its
+        completion): drop it, let the key become hot anew, and tell every other host, whose
+        caches may hold a copy too."""
+        if event["path"] == f"/{self.bucket}" and event["method"] == "POST":
+            key = None  # DeleteObjects: its keys are in the body, so every entry of the bucket goes
+        elif event["path"].startswith(f"/{self.bucket}/") and event["key"] == key_hash(event["path"]):
+            key = event["path"][len(self.bucket) + 2:]
+        else:
+            return  # another bucket, or a path cut at the kernel's bound: not one of ours to resolve
         if event["type"] == "HOT":
             self.filler.request(key, "hot")
-        else:
-            self._forget(event["key"], key)
-            for peer in self._peer_actors():
-                peer.invalidate.remote(event["key"], key)  # fire and forget: a dead peer has no cache to serve
+            return
+        # STALE at the request line, COMMITTED when the write is done: both drop and tell
+        self._forget(event["key"], key)
+        for peer in self._peer_actors():
+            peer.invalidate.remote(event["key"], key)  # fire and forget: a dead peer has no cache to serve
 
-    def _forget(self, key_hash_: int, key: str) -> None:
-        self.filler.mark_stale(key)
-        self.kernel.reset_key(key_hash_)
+    def _forget(self, key_hash_: int, key: str | None) -> None:
+        """Drop `key` (None: every entry) and let it become hot anew."""
+        if key is None:
+            self.cache.clear()
+            self.kernel.new_epoch()
+        else:
+            self.filler.mark_stale(key)
+            self.kernel.reset_key(key_hash_)
         self.last_invalidation = time.time()
 
-    def invalidate(self, key_hash_: int, key: str) -> None:
-        """Another host's kernel saw `key` written: mark it stale here too (readers check the
-        pinned mark on every hit) and drop the cached copy."""
+    def invalidate(self, key_hash_: int, key: str | None) -> None:
+        """Another host's kernel saw `key` (None: the bucket) written: mark it stale here too
+        (readers check the pinned mark on every hit) and drop the cached copy."""
         self.kernel.mark_stale(key_hash_)
         self._forget(key_hash_, key)
 

@@ -151,3 +151,26 @@ def test_a_killed_fill_leaves_no_entry(tmp_path):
     (tmp_path / f"{cache.TMP_PREFIX}{cache.entry_name('k')}.123.456").write_bytes(b"partial")
     c = ChunkCache(tmp_path, capacity=100_000)
     assert list(tmp_path.iterdir()) == [] and not c.contains("k")
+
+
+def test_a_cancelled_fill_keeps_its_room_until_its_write_ends(tmp_path, monkeypatch):
+    """clear() during a fill: the fill's bytes are on disk until its write ends, so its
+    reservation must stand until then, or another fill could take the room twice."""
+    c = ChunkCache(tmp_path, capacity=100_000)
+    writing, release = threading.Event(), threading.Event()
+    real_replace = os.replace
+
+    def slow_replace(src, dst):
+        writing.set()
+        release.wait(10)
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(cache.os, "replace", slow_replace)
+    t = threading.Thread(target=c.put, args=("k", b"p" * 1000))
+    t.start()
+    assert writing.wait(10)
+    assert c.clear() == 1
+    assert c.used == HEADER.size + 1000  # still reserved: the temp file is on disk
+    release.set()
+    t.join(10)
+    assert c.used == 0 and not c.path("k").exists() and not list(tmp_path.iterdir())

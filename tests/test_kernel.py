@@ -129,6 +129,31 @@ def test_put_and_delete_mark_stale(programs):
     assert programs.key_count(ev.key_hash("/b/stale/k")) == 0  # writes do not make a key hot
 
 
+def test_posts_mark_stale_the_key_or_the_bucket(programs):
+    """CompleteMultipartUpload names its key; DeleteObjects names only the bucket."""
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/mp/k?uploadId=7", "POST")))
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40001, 9000, get("/b?delete", "POST")))
+    assert wait_until(lambda: len(programs.got) == 2)
+    assert [(e["type"], e["method"], e["path"]) for e in programs.got] == [("STALE", "POST", "/b/mp/k"),
+                                                                          ("STALE", "POST", "/b")]
+    for path in ("/b/mp/k", "/b"):
+        assert programs.bpf[b"stale_keys"][ct.c_uint64(ev.key_hash(path))].value > 0
+
+
+def test_a_writes_mark_moves_to_its_commit(programs):
+    """The mark taken at the request line moves to the response: a fill that began while the
+    upload ran saw the old bytes, and its fill time is before the commit."""
+    key = ct.c_uint64(ev.key_hash("/b/commit/k"))
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/b/commit/k", "PUT")))
+    at_request = programs.bpf[b"stale_keys"][key].value
+    fill_began = time.monotonic_ns()  # a fill starting during the upload
+    run(programs, testrun.tcp_packet("127.0.0.2", "127.0.0.9", 9000, 40000, b"HTTP/1.1 200 OK\r\n\r\n"))
+    at_commit = programs.bpf[b"stale_keys"][key].value
+    assert at_request < fill_began < at_commit
+    assert wait_until(lambda: [e["type"] for e in programs.got] == ["STALE", "COMMITTED"])
+    assert programs.got[1]["path"] == "/b/commit/k" and programs.snapshot()["counters"]["writes_committed"] == 1
+
+
 def test_ingress_counts_writes_but_not_gets(programs):
     """On a host's own interface, ingress carries other hosts' requests: their writes mark the
     key stale here, their GETs are the reading host's to count."""

@@ -18,10 +18,10 @@ LAT_SLOTS = _define("FFS_LAT_SLOTS")
 FNV_OFFSET = _define("FFS_FNV_OFFSET")
 FNV_PRIME = _define("FFS_FNV_PRIME")
 
-EVENT_HOT, EVENT_STALE = 1, 2
-METHODS = {1: "GET", 2: "PUT", 3: "DELETE"}
+EVENT_TYPES = {1: "HOT", 2: "STALE", 3: "COMMITTED"}
+METHODS = {1: "GET", 2: "PUT", 3: "DELETE", 4: "POST"}
 COUNTERS = ["packets", "requests", "not_request", "truncated", "hot_events", "stale_marks", "filler_skipped",
-            "ringbuf_drops", "responses"]
+            "ringbuf_drops", "responses", "writes_committed"]
 SOCKOPTS = ["TCP_NODELAY", "TCP_BPF_DELACK_MAX"]
 SOCK_COUNTERS = ["connections_seen", "connections_matched"]
 
@@ -74,5 +74,5 @@ class Event(ct.Structure):
         return bytes(self.path[: self.path_len]).decode(errors="replace")
 
     def to_dict(self) -> dict:
-        return {"type": "HOT" if self.type == EVENT_HOT else "STALE", "method": METHODS.get(self.method, "?"),
+        return {"type": EVENT_TYPES.get(self.type, "?"), "method": METHODS.get(self.method, "?"),
                 "key": self.key, "path": self.path_str, "count": self.count, "port": self.port, "ts_ns": self.ts_ns}

@@ -9,8 +9,11 @@
 #define FFS_FNV_OFFSET 0xcbf29ce484222325ULL
 #define FFS_FNV_PRIME 0x100000001b3ULL
 
-enum ffs_event_type { FFS_EVENT_HOT = 1, FFS_EVENT_STALE = 2 };
-enum ffs_method { FFS_GET = 1, FFS_PUT = 2, FFS_DELETE = 3 };
+/* STALE: a write's request line was seen; COMMITTED: its response left MinIO (the write is
+ * done, so a fill that began before this saw the old bytes). */
+enum ffs_event_type { FFS_EVENT_HOT = 1, FFS_EVENT_STALE = 2, FFS_EVENT_COMMITTED = 3 };
+/* POST: CompleteMultipartUpload (/bucket/key?uploadId=) and DeleteObjects (/bucket?delete). */
+enum ffs_method { FFS_GET = 1, FFS_PUT = 2, FFS_DELETE = 3, FFS_POST = 4 };
 
 /* Global counters (array map `counters`). */
 enum ffs_counter {
@@ -23,6 +26,7 @@ enum ffs_counter {
     FFS_C_FILLER,          /* requests of the cache filler (socket mark), skipped */
     FFS_C_RINGBUF_DROPS,   /* events lost because the ring buffer was full */
     FFS_C_RESPONSES,       /* first response packets matched to a request */
+    FFS_C_COMMITS,         /* responses to writes: stale marks moved to the commit */
     FFS_C_MAX,
 };
 
@@ -72,6 +76,13 @@ struct ffs_conn {           /* client -> server direction */
     __u32 saddr[4];
     __u16 cport;
     __u16 sport;
+};
+
+struct ffs_inflight {       /* a request waiting for its first response byte */
+    __u64 start_ns;
+    __u64 key;
+    __u32 method;
+    __u32 pad;
 };
 
 struct ffs_opt_stats {

@@ -147,6 +147,8 @@ class KernelPrograms:
     def _on_ring_event(self, ctx, data, size) -> int:
         event = ct.cast(data, ct.POINTER(ev.Event)).contents.to_dict()
         with self._lock:
+            if event["type"] == "COMMITTED":  # carries no path: it is the write's, seen at its request line
+                event["path"] = self.names.get(event["key"], "")
             self.names[event["key"]] = event["path"]
             if len(self.names) > MAX_NAMES:  # as many as the kernel tracks keys
                 self.names.pop(next(iter(self.names)))

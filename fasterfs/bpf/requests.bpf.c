@@ -28,7 +28,7 @@ BPF_HASH(endpoints, struct ffs_endpoint, u8, 256);
 BPF_TABLE("lru_hash", u64, struct ffs_key_stat, key_counts, 65536);
 BPF_HASH(port_stats, u16, struct ffs_port_stats, 256);
 BPF_HASH(latency_hist, struct ffs_lat_key, u64, 256 * FFS_LAT_SLOTS);
-BPF_TABLE("lru_hash", struct ffs_conn, u64, inflight, 16384);
+BPF_TABLE("lru_hash", struct ffs_conn, struct ffs_inflight, inflight, 16384);
 /* key -> time of its last PUT/DELETE (CLOCK_MONOTONIC ns). Pinned, so readers check it on
  * every cache hit: an entry filled before that time is stale, even before the STALE event
  * has reached user space. */
@@ -68,8 +68,9 @@ static __always_inline void emit(u32 type, u32 method, u64 key, u64 count, u16 p
     e->port = port;
     e->path_len = len;
     e->pad = 0;
-    /* start is 4 ("GET ", "PUT ") or 7 ("DELETE "): constant offsets keep the copy simple */
+    /* start is 4 ("GET ", "PUT "), 5 ("POST ") or 7 ("DELETE "): constant offsets keep the copy simple */
     if (start == 4) __builtin_memcpy(e->path, &line->b[4], FFS_MAX_PATH);
+    else if (start == 5) __builtin_memcpy(e->path, &line->b[5], FFS_MAX_PATH);
     else __builtin_memcpy(e->path, &line->b[7], FFS_MAX_PATH);
     events.ringbuf_submit(e, 0);
 }
@@ -102,6 +103,8 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
         method = FFS_GET; start = 4;
     } else if (line->b[0] == 'P' && line->b[1] == 'U' && line->b[2] == 'T' && line->b[3] == ' ') {
         method = FFS_PUT; start = 4;
+    } else if (line->b[0] == 'P' && line->b[1] == 'O' && line->b[2] == 'S' && line->b[3] == 'T' && line->b[4] == ' ') {
+        method = FFS_POST; start = 5;
     } else if (line->b[0] == 'D' && line->b[1] == 'E' && line->b[2] == 'L' && line->b[3] == 'E' &&
                line->b[4] == 'T' && line->b[5] == 'E' && line->b[6] == ' ') {
         method = FFS_DELETE; start = 7;
@@ -134,7 +137,9 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
     }
     u32 len = *plen;
     if (len < FFS_MAX_PATH && *pend == 0) { bump(FFS_C_TRUNCATED); return; }  /* packet ends mid-path */
-    if (line->b[start & (FFS_LINE - 1)] != '/' || *slashes < 2 || *after_second == 0) {
+    /* a POST to the bucket itself is DeleteObjects (keys in its body): a mark on "/bucket" */
+    int bucket_write = method == FFS_POST && *slashes == 1;
+    if (line->b[start & (FFS_LINE - 1)] != '/' || ((*slashes < 2 || *after_second == 0) && !bucket_write)) {
         bump(FFS_C_NOT_REQUEST);  /* bucket-level or service request, not an object */
         return;
     }
@@ -146,14 +151,15 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
     }
     bump(FFS_C_REQUESTS);
     u64 now = bpf_ktime_get_ns();
-    inflight.update(conn, &now);
+    struct ffs_inflight req = {.start_ns = now, .key = h, .method = method};
+    inflight.update(conn, &req);
     struct ffs_port_stats *ps = port_entry(port);
     if (ps) __sync_fetch_and_add(&ps->requests, 1);
 
     if (method != FFS_GET) {
         if (ps) {
-            if (method == FFS_PUT) __sync_fetch_and_add(&ps->puts, 1);
-            else __sync_fetch_and_add(&ps->deletes, 1);
+            if (method == FFS_DELETE) __sync_fetch_and_add(&ps->deletes, 1);
+            else __sync_fetch_and_add(&ps->puts, 1);  /* PUT, or POST (multipart completion, DeleteObjects) */
         }
         stale_keys.update(&h, &now);
         bump(FFS_C_STALE);
@@ -178,11 +184,30 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
 }
 
 static __always_inline void on_response(struct ffs_conn *conn, u16 port) {
-    u64 *start = inflight.lookup(conn);
-    if (!start) return;
-    u64 delta = bpf_ktime_get_ns() - *start;
+    struct ffs_inflight *req = inflight.lookup(conn);
+    if (!req) return;
+    u64 now = bpf_ktime_get_ns();
+    u64 delta = now - req->start_ns;
+    u64 key = req->key;
+    u32 method = req->method;
     inflight.delete(conn);
     bump(FFS_C_RESPONSES);
+    if (method != FFS_GET) {  /* the write is done: bytes fetched before now are old */
+        stale_keys.update(&key, &now);
+        bump(FFS_C_COMMITS);
+        struct ffs_event *e = events.ringbuf_reserve(sizeof(struct ffs_event));
+        if (e) {
+            __builtin_memset(e, 0, sizeof(*e));
+            e->ts_ns = now;
+            e->key = key;
+            e->type = FFS_EVENT_COMMITTED;
+            e->method = method;
+            e->port = port;
+            events.ringbuf_submit(e, 0);
+        } else {
+            bump(FFS_C_RINGBUF_DROPS);
+        }
+    }
     struct ffs_port_stats *ps = port_entry(port);
     if (ps) {
         __sync_fetch_and_add(&ps->lat_sum_ns, delta);
