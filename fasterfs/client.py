@@ -158,14 +158,13 @@ class Client:
         return None
 
     def _stale_mark(self, node: int, i: int) -> int:
-        """When the node's kernel last saw chunk i written (0: never, or no pinned marks)."""
+        """When the node's kernel last saw chunk i written (0: never, or no pinned marks); the
+        pin is followed across StorageNode restarts."""
         if node not in self._marks:
             from .bpf.pinned import open_marks
 
             self._marks[node] = open_marks(str(self.paths.stale_pin(node)))
         marks = self._marks[node]
-        if marks is None:
-            return 0
         # a bucket-wide write (DeleteObjects) marks "/bucket": it covers every key
         return max(marks.mark(self._key_hashes[i]), marks.mark(self._bucket_hash))
 

@@ -4,9 +4,10 @@ lab can still be removed. (fasterfs.lab starts a cluster on it.)"""
 from __future__ import annotations
 
 import errno
+import subprocess
 import zlib
 
-from pyroute2 import IPRoute, NetNS, netns
+from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from .errors import FasterFSError
@@ -24,8 +25,18 @@ def names(cluster_name: str, hosts: int) -> dict:
                                               for i in range(hosts)]}
 
 
-def _tbf(ipr, index: int, mbit: int, burst_kb: int) -> None:
-    ipr.tc("add", "tbf", index, handle=0x10000, rate=f"{mbit}mbit", burst=burst_kb * 1024, latency="50ms")
+def _ip(*args: str) -> None:
+    """`ip ...`: inside a namespace with `-n`. A subprocess, never a fork of this process:
+    pyroute2's NetNS and netns.create fork the caller, which can deadlock a multi-threaded one
+    (a Ray driver) on a lock another thread held — seen here as a hung `lab up`."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise FasterFSError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+
+
+def _tbf(ns: str, device: str, mbit: int, burst_kb: int) -> None:
+    _ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "tbf",
+        "rate", f"{mbit}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
 
 
 def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list[Host]]:
@@ -48,20 +59,17 @@ def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list
                 address = f"{lab.subnet}.{10 + i}"
                 if h["netns"] in netns.listnetns():
                     raise FasterFSError(f"network namespace {h['netns']} already exists: run `fasterfs lab down`")
-                netns.create(h["netns"])
-                ipr.link("add", ifname=h["veth"], kind="veth", peer={"ifname": LINK, "net_ns_fd": h["netns"]})
+                _ip("netns", "add", h["netns"])
+                _ip("link", "add", h["veth"], "type", "veth", "peer", "name", LINK, "netns", h["netns"])
                 veth = ipr.link_lookup(ifname=h["veth"])[0]
                 ipr.link("set", index=veth, master=br, state="up")
-                with NetNS(h["netns"]) as ns:
-                    link = ns.link_lookup(ifname=LINK)[0]
-                    lo = ns.link_lookup(ifname="lo")[0]
-                    ns.addr("add", index=link, address=address, prefixlen=24)
-                    ns.link("set", index=link, state="up")
-                    ns.link("set", index=lo, state="up")
-                    if lab.disk_mbit:
-                        _tbf(ns, lo, lab.disk_mbit, lab.burst_kb)
-                    if lab.link_mbit:
-                        _tbf(ns, link, lab.link_mbit, lab.burst_kb)
+                _ip("-n", h["netns"], "addr", "add", f"{address}/24", "dev", LINK)
+                _ip("-n", h["netns"], "link", "set", LINK, "up")
+                _ip("-n", h["netns"], "link", "set", "lo", "up")
+                if lab.disk_mbit:
+                    _tbf(h["netns"], "lo", lab.disk_mbit, lab.burst_kb)
+                if lab.link_mbit:
+                    _tbf(h["netns"], LINK, lab.link_mbit, lab.burst_kb)
                 out.append(Host(address, h["netns"]))
     except BaseException:
         destroy_network(record)
@@ -76,7 +84,7 @@ def destroy_network(record: dict) -> int:
     existing = set(netns.listnetns())
     for h in record["hosts"]:
         if h["netns"] in existing:
-            netns.remove(h["netns"])
+            _ip("netns", "del", h["netns"])
             removed += 1
     with IPRoute() as ipr:
         for name in [h["veth"] for h in record["hosts"]] + [record["bridge"]]:

@@ -294,3 +294,24 @@ def test_filters_and_attachments_are_the_clusters_own(live_cluster):
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
     for node in live_cluster.nodes:
         assert f"fasterfs-{live_cluster.name}/node-{node.index}" in tree
+
+
+def test_removing_a_filter_leaves_a_shared_clsact(programs):
+    """A node removing its filter must not take the clsact its siblings attach under;
+    only its sole owner (or `down`) drops it."""
+    link = "ffs-t-clsact"
+    subprocess.run(["ip", "link", "add", link, "type", "dummy"], check=True)
+    try:
+        programs.attach_tc(link, "ffs:t:0:x:egress")
+        assert tc.remove(link, "ffs:t:0:x:egress", exact=True) == 1
+        assert "clsact" in subprocess.run(["tc", "qdisc", "show", "dev", link], capture_output=True, text=True).stdout
+        programs.attach_tc(link, "ffs:t:0:x:egress", sole_owner=True)
+        programs.close_attachments()
+        assert "clsact" not in subprocess.run(["tc", "qdisc", "show", "dev", link], capture_output=True,
+                                              text=True).stdout
+    finally:
+        subprocess.run(["ip", "link", "del", link], check=True)
+
+
+def test_simulated_mode_says_it_sees_no_writes():
+    assert "sees no PUT or DELETE" in bpf.load("simulated").snapshot()["stale_source"]

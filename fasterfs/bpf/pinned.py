@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from .libbpf import lib as _libbpf
@@ -58,14 +59,41 @@ class StaleMarks:
             self.fd = -1
 
 
-def open_marks(path: str) -> StaleMarks | None:
-    """None where there is nothing to read (no pin: simulated mode, or no bpffs)."""
-    if not os.path.exists(path):
-        return None
-    try:
-        return StaleMarks(path)
-    except OSError:
-        return None
+class FollowedMarks:
+    """The marks pinned at `path`, followed across re-pins: a restarted StorageNode pins a new
+    map there, so at most once a second the pin is looked at again (a stat) and reopened if
+    it is another map. 0 where there is nothing to read (no pin: simulated mode, no bpffs)."""
+
+    RECHECK_S = 1.0
+
+    def __init__(self, path: str):
+        self.path, self._marks, self._ino, self._checked = path, None, None, float("-inf")
+
+    def _follow(self) -> StaleMarks | None:
+        now = time.monotonic()
+        if now - self._checked >= self.RECHECK_S:
+            self._checked = now
+            try:
+                ino = os.stat(self.path).st_ino
+            except FileNotFoundError:
+                ino = None
+            if ino != self._ino:
+                if self._marks is not None:
+                    self._marks.close()
+                try:
+                    self._marks = StaleMarks(self.path) if ino is not None else None
+                except OSError:
+                    self._marks = None
+                self._ino = ino
+        return self._marks
+
+    def mark(self, key: int) -> int:
+        marks = self._follow()
+        return marks.mark(key) if marks is not None else 0
+
+
+def open_marks(path: str) -> FollowedMarks:
+    return FollowedMarks(path)
 
 
 def mounted(path: str | os.PathLike) -> bool:
