@@ -230,7 +230,8 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     ray.get(actors[0].cache_warm.remote([manifest.chunk(i).key for i in ids]))
     stray = Paths(cluster_root).cache_dir(0) / f"{cache.TMP_PREFIX}leftover.123"
     stray.write_bytes(b"half a fill")
-    assert client._stale_mark(0, ids[0]) == 0  # the client has this incarnation's pinned marks open
+    at_ingest = client._stale_mark(0, ids[0])  # the client has this incarnation's pinned marks open
+    assert at_ingest > 0  # the ingest's PUT
     before = ray.get(actors[0].status.remote())
     os.kill(before["actor_pid"], signal.SIGKILL)
 
@@ -247,7 +248,7 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
         assert cache.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
     ray.get(actors[0].invalidate.remote(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key))
-    wait_until(lambda: client._stale_mark(0, ids[0]) > 0, timeout=5, what="the client to follow the new pin")
+    wait_until(lambda: client._stale_mark(0, ids[0]) > at_ingest, timeout=5, what="the client to follow the new pin")
 
 
 def test_prefetch_during_sequential_scan_not_random(fresh, cluster_root):

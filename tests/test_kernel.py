@@ -243,10 +243,11 @@ def test_real_gets_counted_exactly_and_hot_once(live_cluster):
 
     def events():
         return [e for e in ray.get(actor.kernel_status.remote(top=50))["recent_events"] if e["path"] == path]
-    assert wait_until(lambda: len(events()) == 2)
+    assert wait_until(lambda: len(events()) == 3)
     time.sleep(0.3)
     kinds = sorted((e["type"], e["count"]) for e in events())
-    assert kinds == [("HOT", 2), ("STALE", 0)]  # the PUT, then exactly one HOT at the threshold
+    # the PUT's request line and its completion, then exactly one HOT at the threshold
+    assert kinds == [("COMMITTED", 0), ("HOT", 2), ("STALE", 0)]
     status = ray.get(actor.kernel_status.remote(top=50))
     port = status["ports"][live_cluster.config["minio"]["port"]]
     assert port["latency_count"] > 0 and port["latency_avg_us"] > 0
@@ -300,7 +301,7 @@ def test_removing_a_filter_leaves_a_shared_clsact(programs):
     """A node removing its filter must not take the clsact its siblings attach under;
     only its sole owner (or `down`) drops it."""
     link = "ffs-t-clsact"
-    subprocess.run(["ip", "link", "add", link, "type", "dummy"], check=True)
+    subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", "ffs-t-peer"], check=True)
     try:
         programs.attach_tc(link, "ffs:t:0:x:egress")
         assert tc.remove(link, "ffs:t:0:x:egress", exact=True) == 1
