@@ -23,6 +23,7 @@ from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
 from .credentials import Credentials
 from .errors import FasterFSError
+from .fsutil import atomic_write
 from .manifest import Manifest
 from .minio_server import MinioServer
 from .state import ClusterState, actor_name, filter_prefix, host_id
@@ -60,8 +61,7 @@ class StorageNode:
         self.kernel = self._load_kernel()  # before MinIO, so its first connections are tuned too
         # The cache index is rebuilt from the directory: entries survive a restart, temp files do
         # not. After the kernel programs: a smaller capacity evicts, which resets kernel counts.
-        self.cache = ChunkCache(paths.cache_dir(index), int(self.cfg.cache.capacity_mb * 1_000_000),
-                                on_evict=self._on_evict)
+        self.cache = ChunkCache(paths.cache_dir(index), self._capacity(), on_evict=self._on_evict)
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
@@ -297,8 +297,21 @@ class StorageNode:
         """Queue fills ahead of a sequential reader; sheds them under load. Returns how many were queued."""
         return sum(self.filler.request(k, "prefetch") is not None for k in keys)
 
+    def _capacity(self) -> int:
+        """The configured capacity; after a crash, the one set at run time (cache_resize) if any:
+        a restarted node must not grow its cache back behind the operator's back."""
+        import ray
+
+        override = self.paths.node_dir(self.index) / "cache-capacity"
+        if not ray.get_runtime_context().was_current_actor_reconstructed:
+            override.unlink(missing_ok=True)  # a new `up`: its configuration counts
+        elif override.exists():
+            return int(override.read_text())
+        return int(self.cfg.cache.capacity_mb * 1_000_000)
+
     def cache_resize(self, capacity_bytes: int) -> dict:
         self.cache.resize(capacity_bytes)
+        atomic_write(self.paths.node_dir(self.index) / "cache-capacity", str(int(capacity_bytes)).encode())
         return self.cache.stats()
 
     def heal(self, key: str) -> None:

@@ -1,8 +1,7 @@
 """The fault harness: readers on every node check every read against the source while the
 cluster is hurt on purpose — MinIO servers, StorageNodes and readers SIGKILLed, objects
 rewritten, the dataset re-ingested, caches filled past a small capacity, the nodes polled
-like an open dashboard. Seeded and bounded in time. (A restarted StorageNode starts with
-the configured capacity until the harness shrinks it again: the peak is judged against the
+like an open dashboard. Seeded and bounded in time. (The peak is judged against the
 capacity each node reported at that moment.)
 
     python jobs/faults.py [faults.duration_s=120 faults.seed=7 ...]      (on `fasterfs up`)
@@ -124,8 +123,7 @@ class Harness:
             os.kill(ray.get(actor.status.remote(), timeout=60)["minio_pid"], signal.SIGKILL)
         elif action == "kill_storage_node":
             os.kill(ray.get(actor.status.remote(), timeout=60)["actor_pid"], signal.SIGKILL)
-            _wait_back(actor)
-            ray.get(actor.cache_resize.remote(self.capacity), timeout=60)  # a new incarnation has the configured one
+            _wait_back(actor)  # it comes back with the capacity the harness set (kept across a crash)
         elif action == "kill_reader":
             pid, _ = self.readers[node.index][-1]
             os.kill(pid, signal.SIGKILL)

@@ -232,6 +232,8 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     stray.write_bytes(b"half a fill")
     at_ingest = client._stale_mark(0, ids[0])  # the client has this incarnation's pinned marks open
     assert at_ingest > 0  # the ingest's PUT
+    configured = ray.get(actors[0].cache_status.remote())["capacity"]
+    ray.get(actors[0].cache_resize.remote(configured - 1_000_000))  # set at run time: kept across the crash
     before = ray.get(actors[0].status.remote())
     os.kill(before["actor_pid"], signal.SIGKILL)
 
@@ -244,6 +246,8 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     st = ray.get(actors[0].cache_status.remote())
     assert st["entries"] == len(ids) and st["rebuilt_entries"] == len(ids)
     assert st["stray_temp_removed"] >= 1 and not stray.exists()
+    assert st["capacity"] == configured - 1_000_000
+    ray.get(actors[0].cache_resize.remote(configured))
     for i in ids:
         assert cache.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
