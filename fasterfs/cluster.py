@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import credentials, identity, registry
 from .cgroup import ProjectCgroup
-from .config import Layout, Paths, as_cfg, minio_binary, to_dict
+from .config import PROJECT_DIR, Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
 from .bpf.pinned import unmount_bpffs
 from .minio_server import check_port_free
@@ -43,14 +43,34 @@ def _ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
-# A lab host shares nothing but the network with the others: its own mount namespace, in
-# which its disk is its cluster root and /tmp (Ray's session directory) and /dev/shm (the
-# object store's files) are its own. Every exec keeps the PID, so the PID FasterFS records
-# is the `ray start` process itself.
-# The disk is entered first (`cd`): it may lie under /tmp, which the new /tmp then hides.
-_PRIVATE_HOST = ('mount --make-rprivate / && cd "$2" && mount -t tmpfs -o mode=1777 ffs-tmp /tmp && '
-                 'mount -t tmpfs -o mode=1777 ffs-shm /dev/shm && mkdir -p "$1" && mount --no-canonicalize --bind . "$1" && cd / && '
-                 'shift 2 && exec "$@"')
+# A lab host shares nothing but the network (and the installed software) with the others: its
+# own mount namespace, in which its disk is its cluster root and /tmp (Ray's session directory)
+# and /dev/shm (the object store's files) are its own. The disk, and the software when it lies
+# under /tmp (a checkout there), are opened before the new /tmp hides them and bound back from
+# their file descriptors. The final exec keeps the PID, so the PID FasterFS records is the
+# `ray start` process itself.
+_PRIVATE_HOST = r"""
+import os, subprocess, sys
+root, disk, keep, cmd = sys.argv[1], sys.argv[2], [p for p in sys.argv[3].split(":") if p], sys.argv[4:]
+fds = {p: os.open(p, os.O_PATH) for p in [disk, *keep]}
+def mount(*args):
+    subprocess.run(["mount", "--no-canonicalize", *args], check=True, pass_fds=tuple(fds.values()))
+mount("--make-rprivate", "/")
+mount("-t", "tmpfs", "-o", "mode=1777", "ffs-tmp", "/tmp")
+mount("-t", "tmpfs", "-o", "mode=1777", "ffs-shm", "/dev/shm")
+for path in [*keep, root]:
+    os.makedirs(path, exist_ok=True)
+    mount("--bind", f"/proc/self/fd/{fds[disk if path == root else path]}", path)
+os.chdir("/")
+os.execvp(cmd[0], cmd)
+"""
+
+
+def _software_under_tmp() -> list[str]:
+    """This checkout and its virtualenv, where a host's own /tmp would hide them."""
+    paths = sorted({str(PROJECT_DIR), str(Path(sys.prefix).resolve())})
+    under = [p for p in paths if p.startswith(("/tmp/", "/dev/shm/"))]
+    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
 def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
@@ -72,8 +92,8 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
     else:
         args += [f"--address={head.address}:{c.ray_port}"]
     if host.disk:
-        args = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _PRIVATE_HOST, "ffs-host",
-                str(c.root), host.disk, *args]
+        args = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-c", _PRIVATE_HOST,
+                str(c.root), host.disk, ":".join(_software_under_tmp()), *args]
     # nsenter switches only the network namespace; `ip netns exec` would also remount /sys
     # and hide the cgroup2 hierarchy the node's SOCK_OPS program attaches to.
     return (["nsenter", f"--net=/run/netns/{host.netns}", "--"] if host.netns else []) + args
