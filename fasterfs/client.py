@@ -166,7 +166,7 @@ class Client:
             self._marks[node] = open_marks(str(self.paths.stale_pin(node)))
         marks = self._marks[node]
         # a bucket-wide write (DeleteObjects) marks "/bucket": it covers every key
-        return max(marks.mark(self._key_hashes[i]), marks.mark(self._bucket_hash))
+        return marks.mark(self._key_hashes[i], self._bucket_hash)
 
     def _damaged(self, node: int, i: int) -> None:
         """The entry was dropped; this read goes to MinIO, and the node fetches a good copy."""

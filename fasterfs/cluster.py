@@ -26,14 +26,10 @@ from .bpf.pinned import unmount_bpffs
 from .minio_server import check_port_free
 from .state import (ClusterState, Host, NodeState, actor_name, connect_ray, filter_prefix, is_ray_start, join,
                     storage_nodes)
-from .state import pinned as state_pinned
+from .state import pinned  # noqa: F401  (jobs and notebooks call cluster.pinned)
 from .storage_node import StorageNode
 
 log = logging.getLogger("fasterfs.cluster")
-
-
-def pinned(node: NodeState) -> dict:  # kept here too: jobs and notebooks call cluster.pinned
-    return state_pinned(node)
 
 
 # -- up -------------------------------------------------------------------------------
@@ -257,7 +253,7 @@ def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credential
     actor_cls = ray.remote(StorageNode)
     actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
-        max_restarts=-1, max_task_retries=3, num_cpus=0, **state_pinned(node),
+        max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
     ).remote(node.index, node.address, state.config, creds) for node in state.nodes}
     refs = {i: a.ready.remote() for i, a in actors.items()}
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)

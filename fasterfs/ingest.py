@@ -7,6 +7,7 @@ ingest deletes what it wrote and leaves the previous dataset untouched.
 """
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
 from .placement import place
 
+log = logging.getLogger("fasterfs.ingest")
 EXTENSIONS = {"csv": "csv", "arrow": "arrow"}
 
 
@@ -84,7 +86,10 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
     manifest = Manifest(dataset=dataset, format=fmt, level=pair.level, rows_per_chunk=rpc, rows=pair.rows,
                         replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
                         chunks=chunks)
-    registry.publish_manifest(state.name, manifest)  # the head keeps it; every StorageNode gets it
+    took = registry.publish_manifest(state.name, manifest)  # the head keeps it; every StorageNode gets it
+    missed = sorted({n.index for n in state.nodes} - set(took))
+    if missed:  # readers still see it (they ask the Registry); those nodes learn it when they restart
+        log.warning("nodes %s did not take generation %s of %s in time", missed, generation, dataset)
     # Readers holding an earlier manifest keep reading their generation: it is deleted only once
     # it has been replaced for ingest.keep_old_s. Generations no manifest ever named (a crashed
     # ingest's) go at once.

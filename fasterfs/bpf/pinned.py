@@ -87,9 +87,10 @@ class FollowedMarks:
                 self._ino = ino
         return self._marks
 
-    def mark(self, key: int) -> int:
+    def mark(self, *keys: int) -> int:
+        """The latest mark of any of `keys` (one look at the pin, one lookup per key)."""
         marks = self._follow()
-        return marks.mark(key) if marks is not None else 0
+        return max(marks.mark(k) for k in keys) if marks is not None else 0
 
 
 def open_marks(path: str) -> FollowedMarks:

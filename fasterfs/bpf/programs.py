@@ -149,7 +149,8 @@ class KernelPrograms:
         with self._lock:
             if event["type"] == "COMMITTED":  # carries no path: it is the write's, seen at its request line
                 event["path"] = self.names.get(event["key"], "")
-            self.names[event["key"]] = event["path"]
+            if event["path"]:
+                self.names[event["key"]] = event["path"]
             if len(self.names) > MAX_NAMES:  # as many as the kernel tracks keys
                 self.names.pop(next(iter(self.names)))
             self.recent.append(event)
