@@ -8,11 +8,20 @@ try:
 except PackageNotFoundError:  # a checkout run without installing it
     __version__ = "0+unknown"
 
-__all__ = ["connect", "FasterFSError"]
+__all__ = ["connect", "data", "FasterFSError"]
 
 
-def connect(root=None, overrides=(), use_cache: bool = True):
-    """A client for the running cluster (see fasterfs.client.Client)."""
+def connect(root=None, overrides=(), use_cache: bool = True, dataset: str | None = None):
+    """A client of a dataset (default: the one ingested last) or a file of the running
+    cluster (see fasterfs.client.Client)."""
     from .client import connect as _connect
 
-    return _connect(root, overrides, use_cache)
+    return _connect(root, overrides, use_cache, dataset)
+
+
+def __getattr__(name):  # fasterfs.data (Ray Data), imported when first used
+    if name == "data":
+        import importlib
+
+        return importlib.import_module(".data", __name__)
+    raise AttributeError(name)

@@ -115,6 +115,18 @@ def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool
         os.close(fd)
 
 
+def entry_header(path, stale_mark: int = 0) -> Header | None:
+    """The header of a whole, fresh entry at `path` (nothing dropped, nothing touched); else None."""
+    try:
+        with open(path, "rb") as fh:
+            header = Header.parse(fh.read(HEADER.size), os.fstat(fh.fileno()).st_size)
+    except OSError:
+        return None
+    if header is None or header.fetched_ns < stale_mark or header.boot != BOOT:
+        return None
+    return header
+
+
 def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):
     """An entry's bytes as a read-only pyarrow buffer over a memory map of the file (no copy);
     None, DAMAGED or STALE as for read_entry."""
@@ -151,7 +163,7 @@ class ChunkCache:
         self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
                          "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
                          "scrubs": 0, "scrub_dropped": 0, "no_room": 0,
-                         "foreign_files": 0}
+                         "foreign_files": 0, "changed_at_source": 0}
         self.rebuild()
 
     def path(self, key: str) -> Path:
@@ -285,6 +297,28 @@ class ChunkCache:
         with self._lock:
             if not self._writing:
                 (self.dir / CLEAN).touch()
+
+    def etags(self) -> dict[str, str]:
+        """Entry name -> the ETag of the object it was filled from, for every entry on disk."""
+        with self._lock:
+            names = [n for n in self._sizes if n not in self._writing]
+        out = {}
+        for name in names:
+            try:
+                with open(self.dir / name, "rb") as fh:
+                    header = Header.parse(fh.read(HEADER.size), os.fstat(fh.fileno()).st_size)
+            except OSError:
+                continue
+            if header is not None:
+                out[name] = header.etag
+        return out
+
+    def drop_changed(self, names) -> int:
+        """Drop entries whose object has changed at its source since they were filled."""
+        doomed = set(names)
+        dropped = self._drop(lambda n: n in doomed)
+        self.counters["changed_at_source"] += dropped
+        return dropped
 
     def retain(self, keys) -> int:
         """Drop every entry whose key is not in `keys` (a replaced generation's chunks)."""

@@ -203,6 +203,106 @@ def cmd_cache_clear(cfg) -> None:
                   "kernel counts start over")
 
 
+def _one_node_per_host(state) -> list:
+    """A StorageNode actor on each host of the cluster (a one-machine cluster is one host)."""
+    seen, out = set(), []
+    for node, actor in zip(state.nodes, cluster.storage_nodes(state)):
+        if node.host_id not in seen:
+            seen.add(node.host_id)
+            out.append((node, actor))
+    return out
+
+
+def cmd_mount(cfg, mountpoint: str) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    done = []
+    try:
+        for node, actor in _one_node_per_host(state):
+            done.append((node, actor, ray.get(actor.mount.remote(mountpoint))))
+    except ray.exceptions.RayTaskError as e:
+        for _, actor, path in done:  # all hosts or none
+            ray.get(actor.umount.remote(path))
+        raise e.as_instanceof_cause() from None
+    console.print(f"[green]mounted[/] the namespace read-only at {mountpoint} on "
+                  f"{len(done)} host{'s' if len(done) > 1 else ''} (nodes {', '.join(str(n.index) for n, _, _ in done)})")
+
+
+def cmd_umount(cfg, mountpoint: str) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    hosts = sum(ray.get([a.umount.remote(mountpoint) for a in cluster.storage_nodes(state)]))
+    if not hosts:
+        raise FasterFSError(f"{mountpoint} is not a FasterFS mount of cluster {state.name!r}")
+    console.print(f"unmounted {mountpoint} on {hosts} host{'s' if hosts > 1 else ''}")
+
+
+def cmd_put(cfg, *paths: str, force: bool = False) -> None:
+    from .ingest import put
+
+    if len(paths) < 2:
+        raise FasterFSError("usage: fasterfs put LOCAL... DEST (DEST ending in '/' or several LOCALs: a directory)")
+    *sources, dest = paths
+    into_dir = dest.endswith("/") or len(sources) > 1
+    for src in sources:
+        name = f"{dest.rstrip('/')}/{src.rstrip('/').rsplit('/', 1)[-1]}" if into_dir else dest
+        from rich.progress import Progress
+
+        with Progress(console=console) as bar:
+            task = bar.add_task(f"put {src} -> {name}", total=None)
+            m = put(cfg, src, name, force, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        console.print(f"[green]stored[/] {name}: {report.fmt_bytes(m.total_bytes)} in {len(m)} chunks, "
+                      f"replicas={m.replicas}")
+
+
+def _namespace(cfg):
+    from .reader import Namespace
+
+    return Namespace(cfg)
+
+
+def cmd_ls(cfg, path: str = "") -> None:
+    ns = _namespace(cfg)
+    try:
+        entry = ns.lookup(path)
+        entries = ns.listdir(path) if entry.is_dir else [entry]
+    except FileNotFoundError as e:
+        raise FasterFSError(str(e)) from None
+    import time
+
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime)) if e.mtime else "-"
+        kind = "dir " if e.is_dir else (e.manifest.kind if e.manifest else "")
+        console.print(f"{kind:8s} {report.fmt_bytes(e.size) if not e.is_dir else '':>10s}  {when}  "
+                      f"{e.path + ('/' if e.is_dir else '')}", highlight=False)
+
+
+def cmd_cat(cfg, path: str) -> None:
+    ns = _namespace(cfg)
+    try:
+        f = ns.open(path)
+    except (FileNotFoundError, IsADirectoryError) as e:
+        raise FasterFSError(str(e)) from None
+    out = sys.stdout.buffer
+    step = 4 * 1024 * 1024
+    for offset in range(0, f.entry.size, step):
+        out.write(f.read(offset, step))
+    out.flush()
+
+
+def cmd_rm(cfg, *names: str) -> None:
+    from .ingest import remove
+
+    if not names:
+        raise FasterFSError("usage: fasterfs rm NAME... (a dataset's name or a file's path)")
+    for name in names:
+        m = remove(cfg, name)
+        console.print(f"removed {m.kind} {m.name} ({report.fmt_bytes(m.total_bytes)}); readers holding it keep "
+                      f"reading it for ingest.keep_old_s={cfg.ingest.keep_old_s:g} s")
+
+
 COMMANDS = {
     "up": (cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO"),
     "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
@@ -215,8 +315,18 @@ COMMANDS = {
     "lab down": (cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
     "lab exec": (cmd_lab_exec, "run a command on a lab host: `fasterfs lab exec 1 -- fasterfs status "
                               "cluster.ray_address=<head>:<port>`"),
+    "put": (cmd_put, "store files in the namespace: `fasterfs put book.parquet research/book.parquet` "
+                     "(--force replaces)"),
+    "ls": (cmd_ls, "list the namespace: datasets, their chunks, stored files"),
+    "cat": (cmd_cat, "write a dataset's or file's bytes to stdout"),
+    "rm": (cmd_rm, "remove datasets or files from the namespace"),
+    "mount": (cmd_mount, "mount the namespace read-only with FUSE on every host: `fasterfs mount /mnt/ffs`"),
+    "umount": (cmd_umount, "unmount it everywhere"),
     "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
+
+
+POSITIONAL = {"cache warm": 1, "lab exec": 1, "put": 10_000, "ls": 1, "cat": 1, "rm": 10_000, "mount": 1, "umount": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             p = sub.add_parser(name, help=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
         p.add_argument("--nodes", type=int, help="shorthand for the override nodes=N")
+        if name == "put":
+            p.add_argument("--force", action="store_true", help="replace a file of the same name")
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else []  # `lab exec N -- COMMAND...`
     argv = argv[:argv.index("--")] if "--" in argv else argv
@@ -247,12 +359,17 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ([f"nodes={args.nodes}"] if args.nodes else []) + [o for o in args.overrides if "=" in o]
         positional = [o for o in args.overrides if "=" not in o]
         cfg = config.load(overrides)
-        if positional and args.command not in ("cache warm", "lab exec"):
-            raise FasterFSError(f"unexpected argument {positional[0]!r}: overrides look like key=value")
+        takes = POSITIONAL.get(args.command, 0)
+        if len(positional) > takes:
+            raise FasterFSError(f"unexpected argument {positional[takes]!r}: overrides look like key=value")
         if args.command == "lab exec":
             cmd_lab_exec(cfg, *positional[:1], command=command)
+        elif args.command in ("mount", "umount", "cat") and len(positional) != 1:
+            raise FasterFSError(f"usage: fasterfs {args.command} PATH")
+        elif args.command == "put":
+            cmd_put(cfg, *positional, force=args.force)
         else:
-            COMMANDS[args.command][0](cfg, *positional[:1])
+            COMMANDS[args.command][0](cfg, *positional)
     except FasterFSError as e:
         if args.verbose:
             raise

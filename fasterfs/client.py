@@ -10,6 +10,8 @@ SIMULATED mode only, reports reads to the node's user-space counter.
 """
 from __future__ import annotations
 
+import collections
+import copy
 import queue
 import threading
 from pathlib import Path
@@ -42,21 +44,31 @@ class Client:
                     for n in state.nodes}
         self._here = host_id()
         self.local_node = self._local_node()
-        # Derived once per client, so a hit costs only the file read.
-        self._sources = [self._order(c.nodes) for c in manifest.chunks]
-        self._caches = [self._cache_nodes(c.nodes) for c in manifest.chunks]
         self._cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
-        self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
-        self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
-        self._bucket_hash = key_hash(f"/{manifest.bucket}")
+        self._bind(manifest)
         self._marks: dict[int, object] = {}
         self._stats: dict[int, reader_stats.ReaderStats] = {}
-        self._last_read: int | None = None
-        self._in_order = 0
-        self._prefetched_to = -1
+        self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self._hints: queue.SimpleQueue | None = None
         self.hints_dropped = 0               # hints made while not connected to Ray
         self.hint_errors: list[str] = []     # the latest hints that failed, and why
+
+    def _bind(self, manifest: Manifest) -> None:
+        """Derived once per manifest, so a hit costs only the file read."""
+        self.manifest = manifest
+        self._sources = [self._order(c.nodes) for c in manifest.chunks]
+        self._caches = [self._cache_nodes(c.nodes) for c in manifest.chunks]
+        self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
+        self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
+        self._bucket_hash = key_hash(f"/{manifest.bucket}")
+        self._last_read, self._in_order, self._prefetched_to = None, 0, -1
+
+    def sibling(self, manifest: Manifest) -> "Client":
+        """A client of another dataset or file of the namespace, sharing this one's connections,
+        counters, stale marks and hint thread."""
+        other = copy.copy(self)
+        other._bind(manifest)
+        return other
 
     def _local_node(self) -> int | None:
         """The node this process runs on, when it runs inside a Ray worker of the cluster."""
@@ -193,6 +205,7 @@ class Client:
             if self.verify and stored is not None and xxhash.xxh3_64_intdigest(body) != int(stored):
                 errors.append(f"node {node}: {chunk.key} does not match its stored checksum")
                 continue
+            self.served_by[node] += 1
             st = self.stats(node)
             st.add(MISSES)
             st.add(BYTES_MINIO, len(body))
@@ -255,14 +268,17 @@ class Client:
                 actors.pop(node, None)  # the cluster restarted an actor: look it up again next time
 
 
-def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True) -> Client:
-    """A client for the running cluster, from any host: inside a Ray task or actor, the
-    cluster it runs in; elsewhere the one at cluster.ray_address, or the one whose head
-    state file is under `root` (default cluster.root). Everything it needs comes from the
-    cluster's Registry. use_cache=False reads from MinIO only (baselines)."""
+def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True, dataset: str | None = None) -> Client:
+    """A client of `dataset` (default: the one ingested last; or a file's path) in the running
+    cluster, from any host: inside a Ray task or actor, the cluster it runs in; elsewhere
+    the one at cluster.ray_address, or the one whose head state file is under `root`
+    (default cluster.root). Everything it needs comes from the cluster's Registry.
+    use_cache=False reads from MinIO only (baselines)."""
     cfg = config.load(overrides)
     state = registry.find(cfg, root)
-    manifest = registry.fetch_manifest(state.name)
+    manifest = registry.fetch_manifest(state.name, dataset)
     if manifest is None:
-        raise FasterFSError(f"no dataset has been ingested into cluster {state.name!r}: run `fasterfs ingest`")
+        if dataset is None:
+            raise FasterFSError(f"no dataset has been ingested into cluster {state.name!r}: run `fasterfs ingest`")
+        raise FasterFSError(f"{dataset!r}: no such dataset or file in cluster {state.name!r} (`fasterfs ls`)")
     return Client(state, registry.fetch_credentials(state.name), manifest, cfg, use_cache)

@@ -1,4 +1,7 @@
-"""Ingest: source -> chunks -> placement -> each holding node's MinIO -> manifest.
+"""Ingest and put: source -> chunks -> placement -> each holding node's MinIO -> manifest.
+
+A LOBSTER pair becomes a dataset (`ingest`), any file becomes a file of the namespace
+(`put`); both take the same write path.
 
 Objects of a new ingest go under a fresh generation prefix, so until the new
 manifest replaces the old one (atomically, last) readers keep reading the old,
@@ -11,6 +14,7 @@ import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Callable
 
 import xxhash
@@ -19,6 +23,7 @@ from . import lobster, registry, s3
 from .config import as_cfg
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
+from .namespace import Tree, check_dataset_name, check_path
 from .placement import place
 
 log = logging.getLogger("fasterfs.ingest")
@@ -37,75 +42,162 @@ def load_source(cfg) -> lobster.Pair:
 
 
 def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int | None = None) -> Manifest:
-    """Ingest the configured data source into the running cluster; returns the new manifest.
-    A failed ingest removes what it wrote; the previous generation stays current.
-    `nodes` places the data on the first N nodes only (Demo B's scaling sweep)."""
+    """Ingest the configured LOBSTER source into the running cluster as the dataset of its
+    name (replacing only a dataset of that name); returns the new manifest. A failed ingest
+    removes what it wrote; the previous generation stays current. `nodes` places the data
+    on the first N nodes only (Demo B's scaling sweep)."""
     cfg = as_cfg(cfg)
+    pair = load_source(cfg)
+    name = check_dataset_name(pair.name)
+    fmt, rpc = cfg.data.format, cfg.data.rows_per_chunk
+    starts = list(range(0, pair.rows, rpc))
+    time_col = pair.frame["Time"].to_numpy()
+
+    def chunk(i: int) -> tuple[bytes, dict]:
+        start, stop = starts[i], min(starts[i] + rpc, pair.rows)
+        return lobster.encode_chunk(pair, start, stop, fmt), {
+            "rows": stop - start, "first_row": start, "first_time": float(time_col[start]),
+            "last_time": float(time_col[stop - 1])}
+
+    def manifest(**common) -> Manifest:
+        return Manifest(dataset=name, format=fmt, level=pair.level, rows_per_chunk=rpc, rows=pair.rows, **common)
+    return _write(cfg, name, "dataset", len(starts), lambda i: f"chunk-{i:05d}.{EXTENSIONS[fmt]}", chunk, manifest,
+                  progress, nodes)
+
+
+def put(cfg, local: str | Path, dest: str, force: bool = False,
+        progress: Callable[[int, int], None] | None = None) -> Manifest:
+    """Store any file at `dest` in the namespace, as files.chunk_mb chunks placed and
+    replicated like a dataset's. An existing file of that name is replaced only with `force`."""
+    cfg = as_cfg(cfg)
+    dest = check_path(dest)
+    local = Path(local)
+    try:
+        size = local.stat().st_size
+        with open(local, "rb"):
+            pass
+    except OSError as e:
+        raise FasterFSError(f"cannot read {local}: {e.strerror}") from None
+    if not local.is_file():
+        raise FasterFSError(f"{local} is not a regular file")
+    chunk_size = int(cfg.files.chunk_mb * 1024 * 1024)
+    if chunk_size <= 0:
+        raise FasterFSError(f"option files.chunk_mb={cfg.files.chunk_mb}: must be > 0")
+    if not force:
+        state = registry.find(cfg)
+        if registry.fetch_manifest(state.name, dest) is not None:
+            raise FasterFSError(f"{dest} already exists in the namespace: `fasterfs rm {dest}` first, or --force")
+
+    def chunk(i: int) -> tuple[bytes, dict]:
+        with open(local, "rb") as f:  # each worker its own handle: chunks are read in parallel
+            f.seek(i * chunk_size)
+            body = f.read(chunk_size)
+        return body, {"rows": 0, "first_row": 0, "first_time": 0.0, "last_time": 0.0}
+
+    def manifest(**common) -> Manifest:
+        return Manifest(dataset=dest, format="bytes", level=0, rows_per_chunk=0, rows=0, kind="file", **common)
+    count = max(1, -(-size // chunk_size))  # an empty file is one empty chunk
+    return _write(cfg, dest, "file", count, lambda i: f"part-{i:05d}", chunk, manifest, progress)
+
+
+def remove(cfg, name: str) -> Manifest:
+    """Take a dataset or file out of the namespace. Readers that hold it keep reading it
+    until ingest.keep_old_s has passed; its objects go then (at a later write)."""
+    cfg = as_cfg(cfg)
+    state = registry.find(cfg)
+    manifest = registry.remove(state.name, name.strip("/"))
+    _collect_garbage(cfg, state)
+    return manifest
+
+
+def object_prefix(name: str, kind: str) -> str:
+    """Where the objects of `name` live: a dataset under its name, a file under a hash of
+    its path (paths may hold characters a key should not)."""
+    return f"{name}/" if kind == "dataset" else f"files/{xxhash.xxh3_64_hexdigest(name.encode())}/"
+
+
+def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], str],
+           chunk: Callable[[int], tuple[bytes, dict]], manifest: Callable[..., Manifest],
+           progress: Callable[[int, int], None] | None, nodes: int | None = None) -> Manifest:
+    """The one write path: chunks -> placement -> each holder's MinIO -> the manifest,
+    published last under a fresh generation; then old generations' objects go."""
     state = registry.find(cfg)
     n_nodes = nodes or len(state.nodes)
     if n_nodes > len(state.nodes):
         raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
     if cfg.replicas > n_nodes:
         raise FasterFSError(f"option replicas={cfg.replicas}: the running cluster has only {n_nodes} nodes")
-    pair = load_source(cfg)
-    fmt, rpc = cfg.data.format, cfg.data.rows_per_chunk
-    starts = list(range(0, pair.rows, rpc))
-    dataset = pair.name
+    _, current = registry.fetch_manifests(state.name)
+    why = Tree(current).conflict(name, kind)
+    if why:
+        raise FasterFSError(f"cannot store {kind} {name!r} in the namespace: {why}")
     ids = [n.index for n in state.nodes[:n_nodes]]  # placement picks among positions; nodes keep their ids
     placement = [[ids[p] for p in holders] for holders in place(
-        [f"{dataset}/chunk-{i:05d}" for i in range(len(starts))], n_nodes, cfg.replicas, cfg.placement.load_slack)]
-    generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(2)
+        [f"{name}/chunk-{i:05d}" for i in range(count)], n_nodes, cfg.replicas, cfg.placement.load_slack)]
+    generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
+    prefix = object_prefix(name, kind)
     bucket = state.config["minio"]["bucket"]
     creds = registry.fetch_credentials(state.name)
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}  # all: old generations go everywhere
-    time_col = pair.frame["Time"].to_numpy()
 
     def store(i: int) -> ChunkInfo:
-        start, stop = starts[i], min(starts[i] + rpc, pair.rows)
-        body = lobster.encode_chunk(pair, start, stop, fmt)
-        key = f"{dataset}/{generation}/chunk-{i:05d}.{EXTENSIONS[fmt]}"
+        body, info = chunk(i)
+        key = f"{prefix}{generation}/{chunk_name(i)}"
         digest = xxhash.xxh3_64_intdigest(body)
         for node in placement[i]:
             try:
                 clients[node].put_object(Bucket=bucket, Key=key, Body=body, Metadata={"xxh3": str(digest)})
             except Exception as e:
                 raise FasterFSError(f"storing {key} on node {node} ({state.node(node).endpoint}) failed: {e}") from e
-        return ChunkInfo(i, key, placement[i], len(body), stop - start, start, float(time_col[start]),
-                         float(time_col[stop - 1]), digest)
+        return ChunkInfo(i, key, placement[i], len(body), xxh3=digest, **info)
 
     chunks: list[ChunkInfo] = []
     try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            for info in pool.map(store, range(len(starts))):
+        with ThreadPoolExecutor(max_workers=8) as pool:  # at most 8 chunks in memory
+            for info in pool.map(store, range(count)):
                 chunks.append(info)
                 if progress:
-                    progress(len(chunks), len(starts))
+                    progress(len(chunks), count)
     except BaseException:
-        _delete_objects(clients.values(), bucket, f"{dataset}/", lambda key: key.startswith(f"{dataset}/{generation}/"))
+        _delete_objects(clients.values(), bucket, f"{prefix}{generation}/", lambda key: True)
         raise
-    manifest = Manifest(dataset=dataset, format=fmt, level=pair.level, rows_per_chunk=rpc, rows=pair.rows,
-                        replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
-                        chunks=chunks)
-    took = registry.publish_manifest(state.name, manifest)  # the head keeps it; every StorageNode gets it
+    new = manifest(replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation, chunks=chunks)
+    took = registry.publish_manifest(state.name, new, prefix)  # the head keeps it; every StorageNode gets it
     missed = sorted({n.index for n in state.nodes} - set(took))
     if missed:  # readers still see it (they ask the Registry); those nodes learn it when they restart
-        log.warning("nodes %s did not take generation %s of %s in time", missed, generation, dataset)
-    # Readers holding an earlier manifest keep reading their generation: it is deleted only once
-    # it has been replaced for ingest.keep_old_s. Generations no manifest ever named (a crashed
-    # ingest's) go at once.
-    kept = set(registry.generations(state.name, dataset, cfg.ingest.keep_old_s))
-    _delete_objects(clients.values(), bucket, f"{dataset}/",
-                    lambda key: key.split("/")[1] not in kept if key.count("/") >= 2 else False)
-    return manifest
+        log.warning("nodes %s did not take generation %s of %s in time", missed, generation, name)
+    # Generations no manifest ever named (a crashed write's) go at once
+    kept = set(registry.generations(state.name, name))
+    _delete_objects(clients.values(), bucket, prefix,
+                    lambda key: key[len(prefix):].split("/")[0] not in kept if "/" in key[len(prefix):] else False)
+    _collect_garbage(cfg, state, clients)
+    return new
+
+
+def _collect_garbage(cfg, state, clients=None) -> None:
+    """Delete the objects of generations replaced or removed more than ingest.keep_old_s ago:
+    readers holding their manifests have had that long."""
+    gone = registry.expired(state.name, cfg.ingest.keep_old_s)
+    if not gone:
+        return
+    if clients is None:
+        creds = registry.fetch_credentials(state.name)
+        clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
+    bucket = state.config["minio"]["bucket"]
+    for g in gone:
+        prefix = g.get("prefix") or f"{g['dataset']}/"  # history from before the namespace
+        _delete_objects(clients.values(), bucket, f"{prefix}{g['generation']}/", lambda key: True)
 
 
 def _delete_objects(clients, bucket: str, prefix: str, doomed: Callable[[str], bool]) -> None:
-    """Best effort: remove matching objects from every node (a dead node keeps its orphans)."""
+    """Best effort: remove matching objects from every node (a dead node keeps its orphans).
+    One DELETE per key, not DeleteObjects: the kernel sees each key, and marks only it stale
+    (DeleteObjects names its keys in the body, so it would mark the whole bucket)."""
     for c in clients:
         try:
             for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                keys = [{"Key": o["Key"]} for o in page.get("Contents", []) if doomed(o["Key"])]
-                if keys:
-                    c.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                for o in page.get("Contents", []):
+                    if doomed(o["Key"]):
+                        c.delete_object(Bucket=bucket, Key=o["Key"])
         except Exception:
             pass

@@ -1,4 +1,5 @@
-"""The manifest: which chunks a dataset has, where each one lives, and how to check it.
+"""The manifest: which chunks a dataset (or a file stored with `put`) has, where each one
+lives, and how to check it. One manifest per name in the cluster's namespace.
 
 It is small (one entry per chunk) and derived entirely from the ingest, so there
 is no namespace service to become a bottleneck. Ingest writes it last, atomically:
@@ -20,7 +21,7 @@ class ChunkInfo:
     key: str            # object key in every holding node's bucket
     nodes: list[int]    # holding nodes, preferred owner first
     bytes: int
-    rows: int
+    rows: int           # LOBSTER rows (0 for a file's chunks)
     first_row: int
     first_time: float
     last_time: float
@@ -29,8 +30,8 @@ class ChunkInfo:
 
 @dataclass
 class Manifest:
-    dataset: str
-    format: str
+    dataset: str        # its name in the namespace: a dataset's name, or a file's path
+    format: str         # csv | arrow (LOBSTER datasets) | bytes (files)
     level: int
     rows_per_chunk: int
     rows: int
@@ -40,6 +41,11 @@ class Manifest:
     generation: str
     chunks: list[ChunkInfo]
     created: float = field(default_factory=time.time)
+    kind: str = "dataset"  # dataset (LOBSTER rows) | file (any bytes, stored with `put`)
+
+    @property
+    def name(self) -> str:
+        return self.dataset
 
     def chunk(self, i: int) -> ChunkInfo:
         if not isinstance(i, int) or not 0 <= i < len(self.chunks):
@@ -53,6 +59,13 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(c.bytes for c in self.chunks)
+
+    def offsets(self) -> list[int]:
+        """Where each chunk starts in the whole (the chunks concatenated), and the total last."""
+        out = [0]
+        for c in self.chunks:
+            out.append(out[-1] + c.bytes)
+        return out
 
     def on_node(self, index: int) -> list[ChunkInfo]:
         return [c for c in self.chunks if index in c.nodes]

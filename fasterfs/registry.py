@@ -1,7 +1,8 @@
 """The Registry: the cluster's facts, held in Ray so that every host finds them there.
 
 One named, detached actor pinned to the head node holds the cluster state (nodes, their
-ids and addresses, configuration), the MinIO credentials and the dataset's manifest, and
+ids and addresses, configuration), the MinIO credentials and the namespace (one manifest per
+dataset or file, `fasterfs.namespace`), and
 takes job reports for the dashboard. Any process that can reach Ray asks it; no host
 reads another host's files.
 
@@ -10,7 +11,7 @@ Why an actor rather than Ray's GCS key-value store: the KV store is an internal 
 StorageNodes, and keeps nothing once the GCS restarts without Redis. The actor has a
 narrow public surface, pushes each new manifest generation to every StorageNode before
 ingest returns, and keeps its facts on the head's own disk (the state file, the 0600
-credentials file, the manifest), so a restarted Registry knows everything again.
+credentials file, one manifest file per name), so a restarted Registry knows everything again.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from . import credentials
 from .config import Paths
@@ -38,8 +40,14 @@ class Registry:
         self.paths = Paths(Path(root))
         self.cluster = ClusterState.load(self.paths.root)
         self.creds = credentials.load(self.paths.credentials_file)
-        self._manifest = Manifest.load(self.paths.manifest_file) if self.paths.manifest_file.exists() else None
-        # every generation a manifest named: {dataset, generation, replaced: time or None}
+        self._names_dir = self.paths.root / "namespace"
+        self._names_dir.mkdir(exist_ok=True)
+        self._entries = {m.name: m for m in map(Manifest.load, sorted(self._names_dir.glob("*.json")))}
+        if not self._entries and self.paths.manifest_file.exists():  # a root from before the namespace
+            legacy = Manifest.load(self.paths.manifest_file)
+            self._entries[legacy.name] = legacy
+        self.version = 0  # bumped on every change: mounts and filesystems poll it
+        # every generation a manifest named: {dataset, generation, prefix, replaced: time or None}
         self._history_file = self.paths.root / "generations.json"
         self._history = read_json(self._history_file, "generation history") if self._history_file.exists() else []
         self._lock = threading.Lock()
@@ -54,45 +62,87 @@ class Registry:
     def credentials(self) -> credentials.Credentials:
         return self.creds
 
-    def manifest(self) -> Manifest | None:
-        return self._manifest
+    def manifest(self, name: str | None = None) -> Manifest | None:
+        """The manifest of `name`; None: the dataset ingested last (what `connect()` reads)."""
+        if name is not None:
+            return self._entries.get(name)
+        datasets = [m for m in self._entries.values() if m.kind == "dataset"]
+        return max(datasets, key=lambda m: m.created) if datasets else None
 
-    def publish_manifest(self, manifest: Manifest, timeout: float = 60.0) -> list[int]:
-        """Make `manifest` the dataset's current generation: kept on the head's disk, then
-        pushed to every StorageNode. Returns the nodes that took it."""
+    def manifests(self) -> tuple[int, dict[str, Manifest]]:
+        """The whole namespace and its version."""
+        return self.version, dict(self._entries)
+
+    def namespace_version(self) -> int:
+        return self.version
+
+    def _file(self, name: str) -> Path:
+        return self._names_dir / (quote(name, safe="") + ".json")
+
+    def _retire(self, name: str, now: float) -> None:
+        for g in self._history:
+            if g["dataset"] == name and g["replaced"] is None:
+                g["replaced"] = now
+
+    def publish_manifest(self, manifest: Manifest, prefix: str, timeout: float = 60.0) -> list[int]:
+        """Make `manifest` the current generation of its name (its objects under `prefix`):
+        kept on the head's disk, then pushed to every StorageNode. Returns the nodes that took it."""
+        with self._lock:
+            self._retire(manifest.name, time.time())
+            self._history.append({"dataset": manifest.name, "generation": manifest.generation, "prefix": prefix,
+                                  "replaced": None})
+            atomic_write_json(self._history_file, self._history)
+            manifest.save(self._file(manifest.name))
+            self._entries[manifest.name] = manifest
+            self.version += 1
+            return self._push("set_manifest", manifest, timeout)
+
+    def remove(self, name: str, timeout: float = 60.0) -> Manifest:
+        """Take `name` out of the namespace. Its objects stay for readers that hold its
+        manifest until ingest.keep_old_s has passed (`expired` then names them)."""
+        with self._lock:
+            manifest = self._entries.pop(name, None)
+            if manifest is None:
+                raise FasterFSError(f"{name!r}: no such dataset or file in cluster {self.cluster.name!r}")
+            self._retire(name, time.time())
+            atomic_write_json(self._history_file, self._history)
+            self._file(name).unlink(missing_ok=True)
+            if self.paths.manifest_file.exists() and Manifest.load(self.paths.manifest_file).name == name:
+                self.paths.manifest_file.unlink()
+            self.version += 1
+            self._push("drop_manifest", name, timeout)
+            return manifest
+
+    def _push(self, method: str, arg, timeout: float) -> list[int]:
         import ray
 
-        with self._lock:
-            self.state()
-            now = time.time()
-            for g in self._history:
-                if g["dataset"] == manifest.dataset and g["replaced"] is None:
-                    g["replaced"] = now
-            self._history.append({"dataset": manifest.dataset, "generation": manifest.generation, "replaced": None})
-            atomic_write_json(self._history_file, self._history)
-            manifest.save(self.paths.manifest_file)
-            self._manifest = manifest
-            refs = {}
-            for n in self.cluster.nodes:
-                try:
-                    refs[n.index] = ray.get_actor(actor_name(n.index), namespace=self.cluster.namespace) \
-                        .set_manifest.remote(manifest)
-                except ValueError:
-                    log.warning("node %d has no StorageNode to take the new manifest", n.index)
-            done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
-            return [i for i, ref in refs.items() if ref in done]
+        self.state()
+        refs = {}
+        for n in self.cluster.nodes:
+            try:
+                refs[n.index] = getattr(ray.get_actor(actor_name(n.index), namespace=self.cluster.namespace),
+                                        method).remote(arg)
+            except ValueError:
+                log.warning("node %d has no StorageNode to take the namespace change", n.index)
+        done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        return [i for i, ref in refs.items() if ref in done]
 
-    def generations(self, dataset: str, keep_old_s: float) -> list[str]:
-        """The dataset's generations to keep: the current one and those replaced less than
-        keep_old_s ago (readers may still hold their manifests). Forgets the others."""
+    def expired(self, keep_old_s: float) -> list[dict]:
+        """Generations replaced (or removed) more than keep_old_s ago, forgotten here: their
+        objects can go. Each as {dataset, generation, prefix}."""
         with self._lock:
             now = time.time()
-            keep = [g for g in self._history if g["dataset"] != dataset or g["replaced"] is None
-                    or now - g["replaced"] < keep_old_s]
-            if len(keep) != len(self._history):
-                self._history = keep
-                atomic_write_json(self._history_file, keep)
-            return [g["generation"] for g in keep if g["dataset"] == dataset]
+            gone = [g for g in self._history if g["replaced"] is not None and now - g["replaced"] >= keep_old_s]
+            if gone:
+                self._history = [g for g in self._history if g not in gone]
+                atomic_write_json(self._history_file, self._history)
+            return gone
+
+    def generations(self, dataset: str) -> list[str]:
+        """The generations of `dataset` whose objects are kept: the current one and those
+        not yet expired (readers may still hold their manifests)."""
+        with self._lock:
+            return [g["generation"] for g in self._history if g["dataset"] == dataset]
 
     def put_report(self, run: str, name: str, data: bytes) -> str:
         """Store a job report file (written on any host) where the dashboard serves it."""
@@ -171,16 +221,32 @@ def fetch_credentials(cluster_name: str) -> credentials.Credentials:
     return _ask(cluster_name, "credentials")
 
 
-def fetch_manifest(cluster_name: str) -> Manifest | None:
-    return _ask(cluster_name, "manifest")
+def fetch_manifest(cluster_name: str, name: str | None = None) -> Manifest | None:
+    return _ask(cluster_name, "manifest", name)
 
 
-def publish_manifest(cluster_name: str, manifest: Manifest) -> list[int]:
-    return _ask(cluster_name, "publish_manifest", manifest)
+def fetch_manifests(cluster_name: str) -> tuple[int, dict[str, Manifest]]:
+    return _ask(cluster_name, "manifests")
 
 
-def generations(cluster_name: str, dataset: str, keep_old_s: float) -> list[str]:
-    return _ask(cluster_name, "generations", dataset, keep_old_s)
+def namespace_version(cluster_name: str) -> int:
+    return _ask(cluster_name, "namespace_version")
+
+
+def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list[int]:
+    return _ask(cluster_name, "publish_manifest", manifest, prefix)
+
+
+def remove(cluster_name: str, name: str) -> Manifest:
+    return _ask(cluster_name, "remove", name)
+
+
+def expired(cluster_name: str, keep_old_s: float) -> list[dict]:
+    return _ask(cluster_name, "expired", keep_old_s)
+
+
+def generations(cluster_name: str, dataset: str) -> list[str]:
+    return _ask(cluster_name, "generations", dataset)
 
 
 def put_report(cluster_name: str, run: str, name: str, data: bytes) -> str:

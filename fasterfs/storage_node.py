@@ -26,6 +26,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write
 from .manifest import Manifest
 from .minio_server import MinioServer
+from .mount_supervisor import Mounts
 from .state import ClusterState, actor_name, filter_prefix, host_id
 
 log = logging.getLogger("fasterfs.storage_node")
@@ -50,6 +51,7 @@ class StorageNode:
         self._stopping = threading.Event()
 
         self.paths = paths
+        self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
         self._names: dict = {"hashes": {}, "entries": {}, "holders": {}}
         self._cluster: ClusterState | None = None
         self._peers: dict[int, object] = {}
@@ -68,11 +70,14 @@ class StorageNode:
         self._getters: dict[str, s3.MarkedGetter] = {}
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
                                   self.cfg.cache.prefetch.max_queue)
-        manifest = registry.fetch_manifest(self.cfg.cluster.name)  # a restarted node learns the current one
-        if manifest is not None:
-            self.set_manifest(manifest)
+        _, manifests = registry.fetch_manifests(self.cfg.cluster.name)  # a restarted node learns the current ones
+        self._manifests = manifests
+        self._derive_names()
+        self._revalidate()
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
+        self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, self._mount_overrides())
+        threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
         self._supervisor.start()
 
@@ -179,14 +184,59 @@ class StorageNode:
             self.kernel.reset_key(key_hash(f"/{self.bucket}/{key}"))
 
     def set_manifest(self, manifest: Manifest) -> int:
-        """The dataset's current generation (pushed by the Registry when ingest switches to
-        it): lookups derived from it, key hash -> chunk, cache entry -> key, key -> holders."""
-        self._names = {"hashes": {key_hash(f"/{manifest.bucket}/{c.key}"): c for c in manifest.chunks},
-                       "entries": {entry_name(c.key): c.key for c in manifest.chunks},
-                       "holders": {c.key: c.nodes for c in manifest.chunks}}
-        self.cache.retain(self._names["holders"])  # a replaced generation's entries would only take room
+        """A name's new current generation (pushed by the Registry when a write switches to it)."""
+        self._manifests[manifest.name] = manifest
+        self._derive_names()
         self._cluster_state(refresh=True)  # a new generation may place data on nodes that joined since
         return len(manifest.chunks)
+
+    def drop_manifest(self, name: str) -> None:
+        """`name` left the namespace: its entries go from the cache."""
+        self._manifests.pop(name, None)
+        self._derive_names()
+
+    def _derive_names(self) -> None:
+        """Lookups over the whole namespace: key hash -> chunk, cache entry -> key, key -> holders;
+        entries of replaced generations and removed names would only take room."""
+        chunks = [(m.bucket, c) for m in self._manifests.values() for c in m.chunks]
+        self._names = {"hashes": {key_hash(f"/{bucket}/{c.key}"): c for bucket, c in chunks},
+                       "entries": {entry_name(c.key): c.key for _, c in chunks},
+                       "holders": {c.key: c.nodes for _, c in chunks}}
+        self.cache.retain(self._names["holders"])
+
+    def _revalidate(self) -> int:
+        """Drop cached entries whose object changed while this StorageNode was not running:
+        no kernel event and no peer's invalidation reached it then (or the directory holds
+        another cluster's entries under this cluster's keys). One HEAD per entry, to the
+        chunk's holders; an entry no holder can vouch for is kept (it may be the only copy
+        readable) and logged."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        etags = self.cache.etags()
+        if not etags:
+            return 0
+        clients = {n.index: s3.client(n.endpoint, self.minio.creds, 1.0, 5.0) for n in self._cluster_state().nodes}
+
+        def current(name: str):
+            key = self._names["entries"].get(name)
+            for node in self._names["holders"].get(key, []) if key else []:
+                try:
+                    return key, clients[node].head_object(Bucket=self.bucket, Key=key)["ETag"].strip('"')
+                except Exception:  # holder down or gone from the cluster: ask the next
+                    continue
+            return key, None
+
+        with ThreadPoolExecutor(8) as pool:
+            found = dict(zip(etags, pool.map(current, etags)))
+        changed = [name for name, (key, now) in found.items() if now is not None and now != etags[name]]
+        unverified = [key for key, now in found.values() if key and now is None]
+        for name in changed:
+            log.warning("cache entry for %s was filled from ETag %s; its holders now have %s: written while this "
+                        "node was down, or another cluster's entry; dropped", found[name][0], etags[name],
+                        found[name][1])
+        if unverified:
+            log.warning("%d cache entries kept unverified (no holder answered), e.g. %s", len(unverified), unverified[0])
+        return self.cache.drop_changed(changed)
 
     def resolve(self, key: int) -> str | None:
         """The chunk a key hash names in the current generation, or None."""
@@ -207,8 +257,18 @@ class StorageNode:
         except self._s3.exceptions.ClientError:
             self._s3.create_bucket(Bucket=self.bucket)
 
+    def _mount_overrides(self) -> list[str]:
+        """What a FUSE daemon on this host needs to find the cluster (its facts then come from the Registry)."""
+        import ray
+
+        return [f"cluster.name={self.cfg.cluster.name}", f"cluster.ray_address={ray.get_runtime_context().gcs_address}"]
+
     def _supervise(self) -> None:
         while not self._stopping.wait(self.cfg.minio.supervise_interval_s):
+            try:
+                self.mounts.supervise()
+            except Exception:
+                log.exception("mount supervision failed")
             with self._lock:
                 if self._held or self._stopping.is_set() or self.minio.alive():
                     continue
@@ -340,8 +400,19 @@ class StorageNode:
                 self.minio.start(self.cfg.minio.health_timeout_s)
                 self._held = False
 
+    def mount(self, path: str) -> str:
+        """Mount the namespace read-only at `path` on this host (one daemon, supervised)."""
+        return self.mounts.mount(path)
+
+    def umount(self, path: str) -> bool:
+        return self.mounts.unmount(path)
+
+    def mount_status(self) -> list[dict]:
+        return self.mounts.status()
+
     def stop(self) -> None:
         self._stopping.set()
+        self.mounts.unmount_all()
         self.kernel.close()
         self.filler.close()
         self.cache.close()

@@ -53,11 +53,11 @@ def read_partition(root: str, node: int, plan: list[int], line) -> dict:
     client = fasterfs.connect(root, use_cache=False)
     go = ray.get(line.arrive.remote())
     start, busy0 = time.time(), cpu_busy()
-    size = remote = 0
+    size = 0
     for i in plan:
-        remote += client.sources(i)[0] != node
         size += len(client.read_chunk(i))  # verified against the object's stored xxh3
     end, busy1 = time.time(), cpu_busy()
+    remote = sum(n for k, n in client.served_by.items() if k != node)  # answered by another node's MinIO
     # CPU measured on this host, while it read (lab hosts on one machine share its kernel's count)
     return {"node": node, "ran_on": ray.get_runtime_context().get_node_id(), "bytes": size, "chunks": len(plan),
             "remote_reads": remote, "go": go, "start": start, "end": end,
@@ -76,6 +76,12 @@ def plan_reads(manifest, node: int, n: int, volume: int, replicated: bool) -> li
     return plan
 
 
+def kernel_requests(state, n: int) -> list[int | None]:
+    """Requests each node's kernel program has counted reaching its MinIO (None if simulated)."""
+    snaps = ray.get([a.kernel_status.remote(0) for a in cluster.storage_nodes(state)[:n]])
+    return [s["counters"].get("requests", 0) if s.get("mode") == "real" else None for s in snaps]
+
+
 def cpu_busy() -> tuple[int, int]:
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
     idle = fields[3] + fields[4]
@@ -87,15 +93,18 @@ def run_once(cfg, state, n: int, replicated: bool, volume: int) -> dict:
     manifest = ingest(config.as_cfg({**config.to_dict(cfg), "replicas": overrides_replicas}), nodes=n)
     plans = [plan_reads(manifest, k, n, volume, replicated) for k in range(n)]
     line = StartLine.remote(n)
+    before = kernel_requests(state, n)
     futures = [read_partition.options(**cluster.pinned(state.nodes[k])).remote(state.root, k, plans[k], line)
                for k in range(n)]
     results = ray.get(futures)
+    served = [after - b for after, b in zip(kernel_requests(state, n), before)]
     go = results[0]["go"]
     wall = max(r["end"] for r in results) - go  # from the common start; a reader that starts late counts
     total = sum(r["bytes"] for r in results)
     for r, k in zip(results, range(n)):
         r["on_own_node"] = r["ran_on"] == state.nodes[k].ray_node_id
         r["planned_bytes"] = sum(manifest.chunk(i).bytes for i in plans[k])
+        r["minio_requests"] = served[k]  # S3 requests the node's kernel program saw reach its MinIO
         r["mb_s"] = r["bytes"] / 1e6 / (r["end"] - r["start"])
     cpu = max(r["cpu_busy"] for r in results)  # the busiest host's own measurement
     return {"nodes": n, "layout": "replicated" if replicated else "partitioned", "wall_s": wall,

@@ -6,8 +6,13 @@ capacity each node reported at that moment.)
 
     python jobs/faults.py [faults.duration_s=120 faults.seed=7 ...]      (on `fasterfs up`)
 
-Prints and writes (faults.json) reads checked, writes, kills, wrong reads, failed reads and
-the peak cache bytes against the capacity. Exits 1 unless every read was right, none failed
+Overwrites put other bytes in a chunk's objects, let readers see them, and put the original
+back. Every read is checked after the run against the history of writes: it must return a
+version that was current at some moment while it ran (wrong: bytes no write ever stored;
+stale: a version replaced before the read began).
+
+Prints and writes (faults.json) reads checked, writes, kills, wrong, stale and failed reads
+and the peak cache bytes against the capacity. Exits 1 unless every read was right, none failed
 and no cache ever exceeded its capacity. It ingests with replicas=2, so that a killed MinIO
 leaves a copy to read; it leaves the dataset ingested and the caches at their capacity.
 """
@@ -30,18 +35,19 @@ from fasterfs import cluster, config, registry, report, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
-ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "rewrite", "reingest")
+ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reingest")
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Reader:
-    """Reads random chunks for a while, checking each against the source's checksum
-    (the manifest it connected with); reconnects now and then to follow new generations."""
+    """Reads random chunks for a while, recording what each read returned and when (checked
+    against the write history afterwards); reconnects now and then to follow new generations."""
 
     def __init__(self, root: str, seed: int):
         self.root, self.rng = root, random.Random(seed)
-        self.counts = {"reads": 0, "wrong": 0, "failed": 0, "generations": 0}
+        self.counts = {"failed": 0, "generations": 0}
         self.errors: list[str] = []
+        self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end), wall-clock
 
     def pid(self) -> int:
         return os.getpid()
@@ -55,18 +61,16 @@ class Reader:
                 seen.add(client.manifest.generation)
             n += 1
             i = self.rng.randrange(len(client))
+            start = time.time()
             try:
                 data = client.read_chunk(i)
             except Exception as e:
                 self.counts["failed"] += 1
                 self.errors.append(f"chunk {i}: {type(e).__name__}: {e}"[:300])
                 continue
-            self.counts["reads"] += 1
-            if xxh3_64_intdigest(data) != client.manifest.chunk(i).xxh3:
-                self.counts["wrong"] += 1
-                self.errors.append(f"wrong bytes for chunk {i} of generation {client.manifest.generation}")
+            self.reads.append((client.manifest.chunk(i).key, xxh3_64_intdigest(data), start, time.time()))
         self.counts["generations"] = len(seen)
-        return {**self.counts, "errors": self.errors[-10:]}
+        return {**self.counts, "reads": self.reads, "errors": self.errors[-10:]}
 
 
 class Harness:
@@ -82,6 +86,8 @@ class Harness:
         self.state = self.client.state
         self.actors = cluster.storage_nodes(self.state)
         self.counts = {"writes": 0, "kills": 0, "reingests": 0, "polls": 0, **{a: 0 for a in ACTIONS}}
+        self.history = WriteHistory()
+        self.history.add_manifest(self.manifest)
         self.peak = {n.index: 0 for n in self.state.nodes}        # bytes on disk
         self.peak_ratio = {n.index: 0.0 for n in self.state.nodes}  # ... against the capacity in force then
         self.over_capacity = 0
@@ -128,22 +134,38 @@ class Harness:
             pid, _ = self.readers[node.index][-1]
             os.kill(pid, signal.SIGKILL)
             self.start_reader(node, max(1.0, self.deadline - time.monotonic()))
-        elif action == "rewrite":  # the same bytes written again: every cached copy must go and come back right
+        elif action == "overwrite":  # other bytes, read for a while, then the original back
             m = registry.fetch_manifest(self.state.name)
-            chunk = m.chunk(self.rng.randrange(len(m)))
-            creds = registry.fetch_credentials(self.state.name)
-            for holder in chunk.nodes:
-                c = s3.client(self.state.node(holder).endpoint, creds)
-                body = c.get_object(Bucket=m.bucket, Key=chunk.key)["Body"].read()
-                c.put_object(Bucket=m.bucket, Key=chunk.key, Body=body, Metadata={"xxh3": str(chunk.xxh3)})
-                self.counts["writes"] += 1
-            return f"rewrote chunk {chunk.id} on nodes {chunk.nodes}"
+            chunk = self.cached_chunk(m)
+            clients = [s3.client(self.state.node(h).endpoint, registry.fetch_credentials(self.state.name))
+                       for h in chunk.nodes]
+            original = clients[0].get_object(Bucket=m.bucket, Key=chunk.key)["Body"].read()
+            other = b"overwritten %d\n" % self.counts["writes"] + original[::-1]
+            for body in (other, original):
+                begin = time.time()
+                for c in clients:
+                    c.put_object(Bucket=m.bucket, Key=chunk.key, Body=body,
+                                 Metadata={"xxh3": str(xxh3_64_intdigest(body))})
+                    self.counts["writes"] += 1
+                self.history.add(chunk.key, xxh3_64_intdigest(body), begin, time.time())
+                time.sleep(self.every / 3)  # readers get to see each version
+            return f"overwrote chunk {chunk.id} on nodes {chunk.nodes} and put it back"
         elif action == "reingest":
-            ingest(self.ingest_cfg)
+            self.history.add_manifest(ingest(self.ingest_cfg))
             self.counts["reingests"] += 1
             return "re-ingested"
         self.counts["kills"] += action.startswith("kill")
         return f"{action} on node {node.index}"
+
+    def cached_chunk(self, m):
+        """A chunk some node has cached, if one is found among a few: the copies that must go."""
+        sample = [m.chunk(self.rng.randrange(len(m))) for _ in range(10)]
+        try:
+            cached = ray.get([a.cache_contains.remote(c.key) for c in sample for a in self.actors], timeout=30)
+        except Exception:
+            return sample[0]
+        per = len(self.actors)
+        return next((c for k, c in enumerate(sample) if any(cached[k * per:(k + 1) * per])), sample[0])
 
     def run(self) -> dict:
         ray.get([a.cache_resize.remote(self.capacity) for a in self.actors])
@@ -163,7 +185,7 @@ class Harness:
                 action, node = plan.pop(), self.rng.choice(self.state.nodes)
                 self.counts[action] += 1
                 log.append(f"{time.monotonic() - self.deadline + self.duration:6.1f} s  {self.act(action, node)}")
-            totals = {"reads": 0, "wrong": 0, "failed": 0, "readers_killed": 0}
+            totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "read_overwritten": 0}
             errors = []
             for runs in self.readers.values():
                 for _, ref in runs:
@@ -172,9 +194,15 @@ class Harness:
                     except ray.exceptions.RayActorError:
                         totals["readers_killed"] += 1  # its reads died with it; not a failed read
                         continue
-                    for k in ("reads", "wrong", "failed"):
-                        totals[k] += r[k]
+                    totals["failed"] += r["failed"]
                     errors += r["errors"]
+                    for key, got, start, end in r["reads"]:
+                        totals["reads"] += 1
+                        totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
+                        verdict = self.history.check(key, got, start, end)
+                        if verdict:
+                            totals[verdict.split(":")[0]] += 1
+                            errors.append(verdict)
         finally:
             self._stop.set()
             watcher.join(5)
@@ -182,6 +210,39 @@ class Harness:
         return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity, "errors": errors[:20], "log": log}
+
+
+class WriteHistory:
+    """Every version each object has had: (xxh3, write began, write ended), in order."""
+
+    def __init__(self):
+        self.versions: dict[str, list[tuple[int, float, float]]] = {}
+
+    def add_manifest(self, manifest) -> None:
+        now = time.time()
+        for c in manifest.chunks:
+            self.versions.setdefault(c.key, []).append((c.xxh3, float("-inf"), now))
+
+    def add(self, key: str, checksum: int, begin: float, end: float) -> None:
+        self.versions[key].append((checksum, begin, end))
+
+    def check(self, key: str, got: int, start: float, end: float) -> str | None:
+        """None if `got` was a current version of `key` at some moment in [start, end]:
+        written (begun) before the read ended, not replaced (a later write ended) before it
+        began. Otherwise 'wrong: ...' or 'stale: ...'."""
+        versions = self.versions.get(key, [])
+        replaced_at = []
+        for k, (checksum, begun, _) in enumerate(versions):
+            if checksum != got:
+                continue
+            replaced = versions[k + 1][2] if k + 1 < len(versions) else float("inf")
+            if begun <= end and start <= replaced:
+                return None
+            replaced_at.append(replaced)
+        if not replaced_at:
+            return f"wrong: {key}: bytes no write stored (read {start:.3f}-{end:.3f})"
+        late = start - max(r for r in replaced_at if r < start)
+        return f"stale: {key}: a version replaced {late * 1e3:.1f} ms before the read began (read at {start:.3f})"
 
 
 def _disk_bytes(directory) -> int:
@@ -215,13 +276,14 @@ def main(argv: list[str]) -> dict:
         raise FasterFSError("options faults.duration_s, faults.every_s and faults.cache_mb must be > 0, "
                             "faults.readers_per_node >= 1")
     result = Harness(cfg, argv).run()
-    result["passed"] = result["wrong"] == 0 and result["failed"] == 0 and result["polls_over_capacity"] == 0
+    result["passed"] = (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
+                        and result["polls_over_capacity"] == 0)
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
-    for col in ("reads checked", "wrong", "failed", "writes", "kills", "re-ingests", "polls", "peak cache",
+    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "writes", "kills", "re-ingests", "polls", "peak cache",
                 "peak of capacity"):
         table.add_column(col)
     peak, ratio = max(result["peak_cache_bytes"].values()), max(result["peak_fill_of_capacity"].values())
-    table.add_row(str(result["reads"]), str(result["wrong"]), str(result["failed"]), str(result["writes"]),
+    table.add_row(str(result["reads"]), str(result["read_overwritten"]), str(result["wrong"]), str(result["stale"]), str(result["failed"]), str(result["writes"]),
                   str(result["kills"]), str(result["reingests"]), str(result["polls"]), report.fmt_bytes(peak),
                   f"{ratio:.0%}")
     console = report.console()
@@ -230,7 +292,8 @@ def main(argv: list[str]) -> dict:
         console.print("  " + line)
     for e in result["errors"]:
         console.print(f"  [red]{e}[/]")
-    result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "failed": result["failed"],
+    result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "stale": result["stale"],
+                          "failed": result["failed"],
                           "kills": result["kills"], "peak cache vs capacity": f"{ratio:.0%}"}
     out = report.write_json(report.run_dir(cfg, "faults"), "faults.json", result)
     console.print(f"{'PASSED' if result['passed'] else 'FAILED'}; report: {out}")

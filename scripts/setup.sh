@@ -10,8 +10,8 @@ ROOT=$PWD
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # pinned; see README
 DEPS="$ROOT/.deps"
 VENV="$ROOT/.venv"
-# chromium: the headless browser the dashboard's page test drives
-APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium)
+# chromium: the headless browser the dashboard's page test drives; fuse3: the mount; fio: its benchmark
+APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium fuse3 libfuse3-3 fio)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 

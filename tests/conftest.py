@@ -125,8 +125,8 @@ def ingest_as(live_cluster, overrides):
 def client_for(live_cluster, cluster_root):
     import fasterfs
 
-    def make():
-        return fasterfs.connect(cluster_root)
+    def make(use_cache: bool = True):
+        return fasterfs.connect(cluster_root, use_cache=use_cache)
     return make
 
 

@@ -230,6 +230,14 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     ray.get(actors[0].cache_warm.remote([manifest.chunk(i).key for i in ids]))
     stray = Paths(cluster_root).cache_dir(0) / f"{cache.TMP_PREFIX}leftover.123"
     stray.write_bytes(b"half a fill")
+    # the object of ids[1] changes while the node is down (forged here as an entry of other bytes
+    # under the old ETag); an entry of another cluster's dataset sits beside them
+    changed = Path(client.cache_path(0, ids[1]))
+    other = b"not these bytes" * 100
+    forged = cache.Header(len(other), xxh3(other), "0" * 32, time.monotonic_ns(), cache.BOOT).pack() + other
+    changed.write_bytes(forged)
+    foreign = Paths(cluster_root).cache_dir(0) / cache.entry_name("another-cluster/AAPL/g1/chunk-00001.csv")
+    foreign.write_bytes(forged)
     at_ingest = client._stale_mark(0, ids[0])  # the client has this incarnation's pinned marks open
     assert at_ingest > 0  # the ingest's PUT
     configured = ray.get(actors[0].cache_status.remote())["capacity"]
@@ -244,11 +252,14 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
             return False
     wait_until(back, timeout=60, what="StorageNode restart")
     st = ray.get(actors[0].cache_status.remote())
-    assert st["entries"] == len(ids) and st["rebuilt_entries"] == len(ids)
+    assert st["rebuilt_entries"] == len(ids) + 1  # the foreign entry is well formed...
+    assert st["entries"] == len(ids) - 1 and st["changed_at_source"] == 1  # ...but only this cluster's, as MinIO has them
+    assert not changed.exists() and not foreign.exists()
+    assert client.read_chunk(ids[1]) == fasterfs.connect(cluster_root, use_cache=False).read_chunk(ids[1])
     assert st["stray_temp_removed"] >= 1 and not stray.exists()
     assert st["capacity"] == configured - 1_000_000
     ray.get(actors[0].cache_resize.remote(configured))
-    for i in ids:
+    for i in ids[:1] + ids[2:]:
         assert cache.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
     ray.get(actors[0].invalidate.remote(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key))

@@ -10,7 +10,8 @@ def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_clus
     for r in runs:
         for p, node in zip(r["per_node"], live_cluster.nodes):
             assert p["ran_on"] == node.ray_node_id  # every task ran on the node holding its chunks
-            assert p["remote_reads"] == 0           # and never read across nodes (replicated: its own copy)
+            assert p["remote_reads"] == 0           # answered by its own node's MinIO (replicated: its own copy)
+            assert p["minio_requests"] == p["chunks"]  # its MinIO's kernel program saw exactly its reader's GETs
             assert p["bytes"] == p["planned_bytes"]  # every planned chunk read in full, checksums verified
         assert sum(p["bytes"] for p in r["per_node"]) >= 24e6
         assert r["wall_s"] > 0 and r["bound_by"]

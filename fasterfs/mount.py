@@ -1,0 +1,123 @@
+"""The read-only FUSE mount of the namespace: `fasterfs mount /mnt/ffs`, then any program
+reads `/mnt/ffs/<dataset>/chunks/chunk-00003.csv` or a file stored with `put`.
+
+One daemon per host, started and supervised by that host's StorageNode (restarted with
+the mount point cleaned up if it dies). Reads take the client's path: this host's cache,
+else a holder's MinIO, so the kernel counts them and makes chunks hot as for any reader.
+
+The kernel page cache: an open keeps the file's pages (`keep_cache`) only when every chunk
+of the file is in this host's disk cache and was already so, as the same copies, at the
+previous open. Otherwise the pages are dropped at open, so reads reach the daemon and are
+counted (a chunk read twice becomes hot), and a chunk rewritten or a dataset replaced is
+never served from old pages to a new open.
+
+Library: mfusepy (ctypes over Debian's libfuse3, a thread per request) — see the README
+for the measurements behind the choice.
+
+    python -m fasterfs.mount MOUNTPOINT [overrides...]     (what the StorageNode runs)
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import sys
+import threading
+
+import mfusepy
+
+from . import config
+from .namespace import Entry
+from .reader import Namespace, OpenFile
+
+log = logging.getLogger("fasterfs.mount")
+
+
+class Operations(mfusepy.Operations):
+    use_ns = True  # times in nanoseconds
+
+    def __init__(self, ns: Namespace):
+        self.ns = ns
+        self._files: dict[int, OpenFile] = {}
+        self._ids = itertools.count(1)
+        self._kept: dict[str, tuple] = {}  # path -> the cached copies its pages were read from
+        self._lock = threading.Lock()
+        self.uid, self.gid = os.getuid(), os.getgid()
+
+    def _entry(self, path: str) -> Entry:
+        try:
+            return self.ns.lookup(path)
+        except FileNotFoundError:
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+
+    def getattr(self, path, fh=None):
+        entry = self._entry(path)
+        t = int(entry.mtime * 1e9)
+        mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        return {"st_mode": mode, "st_nlink": 2 if entry.is_dir else 1, "st_size": entry.size,
+                "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
+                "st_blocks": (entry.size + 511) // 512}
+
+    def readdir(self, path, fh):
+        try:
+            children = self.ns.listdir(path)
+        except FileNotFoundError:
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        except NotADirectoryError:
+            raise mfusepy.FuseOSError(errno.ENOTDIR) from None
+        return [".", ".."] + [e.path.rsplit("/", 1)[-1] for e in children]
+
+    def open(self, path, fi):
+        if fi.flags & os.O_ACCMODE != os.O_RDONLY:
+            raise mfusepy.FuseOSError(errno.EROFS)
+        entry = self._entry(path)
+        if entry.is_dir:
+            raise mfusepy.FuseOSError(errno.EISDIR)
+        copies = self.ns.cached_locally(entry)
+        with self._lock:
+            fh = next(self._ids)
+            self._files[fh] = OpenFile(entry, self.ns.client(entry.manifest))
+            fi.keep_cache = int(copies is not None and self._kept.get(entry.path) == copies)
+            if copies is None:
+                self._kept.pop(entry.path, None)
+            else:
+                self._kept[entry.path] = copies
+        fi.fh = fh
+        return 0
+
+    def read(self, path, size, offset, fi):
+        f = self._files.get(fi.fh)
+        if f is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        try:
+            return f.read(offset, size)
+        except Exception as e:  # holders down, generation gone: the application gets EIO, the log says why
+            log.error("read of %s at %d+%d failed: %s", path, offset, size, e)
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    def release(self, path, fi):
+        with self._lock:
+            self._files.pop(fi.fh, None)
+        return 0
+
+    def statfs(self, path):
+        tree = self.ns.refresh()
+        total = sum(m.total_bytes for m in tree.manifests.values())
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": (total + 4095) // 4096, "f_bfree": 0,
+                "f_bavail": 0, "f_files": sum(len(m.chunks) for m in tree.manifests.values()), "f_ffree": 0,
+                "f_namemax": 255}
+
+
+def serve(mountpoint: str, overrides: list[str]) -> None:
+    ns = Namespace(config.load(overrides))
+    log.info("serving namespace version %d of cluster %s at %s", ns.version, ns.state.name, mountpoint)
+    mfusepy.FUSE(Operations(ns), mountpoint, raw_fi=True, foreground=True, nothreads=False, ro=True,
+                 fsname="fasterfs", default_permissions=True, allow_other=True,
+                 attr_timeout=1.0, entry_timeout=1.0)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(sys.argv[1], sys.argv[2:])

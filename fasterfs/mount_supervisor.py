@@ -1,0 +1,175 @@
+"""A host's FUSE mounts, owned by its StorageNode: checked before mounting, their daemons
+started and restarted when they die (the dead mount point is detached first, so no
+"Transport endpoint is not connected" stays behind), and unmounted when the node stops.
+
+The mounts a node serves are recorded beside its data, so an incarnation restarted after a
+crash takes over the daemons the last one left and mounts them again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .errors import FasterFSError
+from .fsutil import atomic_write_json, read_json
+
+log = logging.getLogger("fasterfs.mount")
+
+
+def is_mounted(path: str) -> bool:
+    """Whether `path` is a mount point (a dead FUSE mount counts: stat fails with ENOTCONN)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1].replace("\\040", " ") == real for line in f)
+
+
+def _detach(path: str) -> None:
+    subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, timeout=30)
+
+
+def _stop(pid: int, timeout: float = 10) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _ours(pid: int) -> bool:
+    try:
+        return b"fasterfs.mount" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+class Mounts:
+    def __init__(self, record: Path, log_dir: Path, daemon_overrides: list[str], timeout: float = 60):
+        self.record, self.log_dir, self.overrides, self.timeout = record, log_dir, daemon_overrides, timeout
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._lock = threading.RLock()  # the supervisor thread and the actor's calls
+        self.stopped = False
+        self.restarts = 0
+
+    def adopt(self) -> list[str]:
+        """Mount again what an earlier incarnation of this node served (its daemons stopped)."""
+        with self._lock:
+            old = read_json(self.record, "mount record") if self.record.exists() else {}
+            for path, pid in old.items():
+                if _ours(pid):
+                    _stop(pid)
+                if is_mounted(path):
+                    _detach(path)
+            self._save()
+        back = []
+        for path in old:
+            try:
+                self.mount(path)  # takes the lock
+                back.append(path)
+            except FasterFSError as e:
+                log.error("could not mount %s again: %s", path, e)
+        return back
+
+    def _save(self) -> None:
+        atomic_write_json(self.record, {p: proc.pid for p, proc in self._procs.items()})
+
+    def check(self, path: str) -> str:
+        real = os.path.realpath(path)
+        if not os.path.isabs(path):
+            raise FasterFSError(f"mount point {path}: give an absolute path")
+        if real in self._procs or is_mounted(real):
+            raise FasterFSError(f"mount point {path} is already mounted (`fasterfs umount {path}` first)")
+        if not os.path.isdir(real):
+            raise FasterFSError(f"mount point {path} does not exist or is not a directory on host "
+                                f"{os.uname().nodename}: create it first (mkdir -p {path})")
+        if os.listdir(real):
+            raise FasterFSError(f"mount point {path} is not empty: mounting would hide its files")
+        return real
+
+    def mount(self, path: str) -> str:
+        with self._lock:
+            if self.stopped:
+                raise FasterFSError(f"mount point {path}: this node is stopping")
+            return self._mount(path)
+
+    def _mount(self, path: str) -> str:
+        real = self.check(path)
+        log_file = self.log_dir / f"mount-{real.strip('/').replace('/', '_') or 'root'}.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", real, *self.overrides],
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        deadline = time.monotonic() + self.timeout
+        while not is_mounted(real):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop(proc.pid)
+                tail = log_file.read_text(errors="replace")[-1500:]
+                raise FasterFSError(f"the FUSE daemon for {path} did not mount it (see {log_file}):\n{tail}")
+            time.sleep(0.1)
+        self._procs[real] = proc
+        self._save()
+        return real
+
+    def unmount(self, path: str) -> bool:
+        with self._lock:
+            return self._unmount(path)
+
+    def _unmount(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        proc = self._procs.pop(real, None)
+        if proc is None:
+            return False
+        r = subprocess.run(["fusermount3", "-u", real], capture_output=True, timeout=30)
+        if r.returncode != 0:  # busy: detach now, the kernel lets go when the last user does
+            _detach(real)
+        _stop(proc.pid)
+        proc.wait(timeout=10)
+        self._save()
+        return True
+
+    def unmount_all(self) -> int:
+        """The node stops: every mount goes, and none is mounted again."""
+        with self._lock:
+            self.stopped = True
+            n = sum(self._unmount(p) for p in list(self._procs))
+            self.record.unlink(missing_ok=True)
+            return n
+
+    def supervise(self) -> None:
+        """Called periodically: a daemon that died is replaced, its mount point cleaned first."""
+        with self._lock:
+            if not self.stopped:
+                self._replace_dead()
+
+    def _replace_dead(self) -> None:
+        for path, proc in list(self._procs.items()):
+            if proc.poll() is None:
+                continue
+            log.warning("FUSE daemon of %s exited with %s; mounting again", path, proc.returncode)
+            del self._procs[path]
+            _detach(path)
+            self.restarts += 1
+            try:
+                self._mount(path)
+            except FasterFSError as e:
+                log.error("%s", e)
+                self._save()
+
+    def status(self) -> list[dict]:
+        return [{"path": p, "pid": proc.pid, "alive": proc.poll() is None} for p, proc in self._procs.items()]
