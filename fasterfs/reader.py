@@ -40,7 +40,7 @@ class Namespace:
             if not force and now - self._checked < self.refresh_s:
                 return self.tree
             self._checked = now
-            if registry.namespace_version(self.state.name) == self.version and not force:
+            if registry.namespace_version(self.state.name) == self.version:
                 return self.tree
             self.version, manifests = registry.fetch_manifests(self.state.name)
             self.tree = Tree(manifests)
@@ -62,10 +62,14 @@ class Namespace:
             return c
 
     def lookup(self, path: str) -> Entry:
-        return self.refresh().lookup(path)
+        try:
+            return self.refresh().lookup(path)
+        except FileNotFoundError:  # perhaps written since the last look: ask now
+            return self.refresh(force=True).lookup(path)
 
     def listdir(self, path: str) -> list[Entry]:
-        return self.refresh().listdir(path)
+        self.lookup(path)
+        return self.tree.listdir(path)
 
     def open(self, path: str) -> "OpenFile":
         entry = self.lookup(path)

@@ -1,0 +1,235 @@
+"""The namespace on the live cluster: many datasets, files stored with `put`, `ls`/`cat`/`rm`,
+the `fasterfs://` filesystem (pandas, pyarrow, polars through the real fsspec registry),
+the FUSE mount (real /dev/fuse, the kernel counting its reads) and Ray Data."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+import fasterfs
+from fasterfs import cluster, config, namespace
+from fasterfs.errors import FasterFSError
+from fasterfs.ingest import ingest, put, remove
+from fasterfs.reader import Namespace
+
+from conftest import data_overrides, wait_until
+
+
+@pytest.fixture
+def cfg_of(overrides):
+    def make(*extra):
+        return config.load(overrides + list(extra))
+    return make
+
+
+@pytest.fixture
+def fs(live_cluster, overrides):
+    return fsspec.filesystem("fasterfs", overrides=overrides, skip_instance_cache=True)
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_names_are_checked():
+    for bad in ("a/b", "..", ".hidden", "with space", "nul\0", "", "files"):
+        with pytest.raises(FasterFSError, match="dataset name"):
+            namespace.check_dataset_name(bad)
+    for bad in ("../x", "a/../b", "a//b", "/", "a/./b", "x\0y", "tab\there"):
+        with pytest.raises(FasterFSError, match="path"):
+            namespace.check_path(bad)
+    assert namespace.check_path("/team/x.parquet/") == "team/x.parquet"
+
+
+def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, client_for):
+    first = ingest_as("csv")
+    synth = ingest(cfg_of("data=synthetic", "data.rows=3000", "data.name=SYNTH_SMALL", "data.rows_per_chunk=1000"))
+    rng = np.random.default_rng(5)
+    blobs = {"research/r.bin": rng.bytes(int(4.5 * 2**20)), "research/empty.bin": b"", "one": b"x"}
+    for dest, data in blobs.items():
+        put(cfg_of("files.chunk_mb=1"), write(tmp_path / "src", data), dest)
+    ns = Namespace(cfg_of())
+    top = {e.path for e in ns.listdir("")}
+    assert {first.name, "SYNTH_SMALL", "research", "one"} <= top  # the second ingest added, replaced nothing
+    assert ns.lookup("research/r.bin").size == len(blobs["research/r.bin"])
+    assert len(ns.lookup("research/r.bin").chunk_ids) == 5  # 4.5 MiB in 1 MiB chunks
+    for dest, data in blobs.items():
+        assert ns.cat(dest) == data
+        assert ns.cat(dest, 3, 2_000_000) == data[3:2_000_000]  # across chunk boundaries
+    aapl = fasterfs.connect(overrides=overrides, dataset=first.name)
+    assert ns.cat(f"{first.name}/{first.name}.csv") == b"".join(aapl.read_chunk(i) for i in range(len(first)))
+    assert fasterfs.connect(overrides=overrides, dataset="SYNTH_SMALL").manifest.rows == 3000
+    assert fasterfs.connect(overrides=overrides).manifest.name == "SYNTH_SMALL"  # the default: ingested last
+    # the CLI, as a user runs it
+    cli = [str(Path(os.sys.executable).parent / "fasterfs")]
+    out = subprocess.run(cli + ["ls", "research"] + overrides, capture_output=True, text=True, timeout=120)
+    assert "research/r.bin" in out.stdout and "research/empty.bin" in out.stdout, out.stderr
+    out = subprocess.run(cli + ["cat", "research/r.bin"] + overrides, capture_output=True, timeout=120)
+    assert out.stdout == blobs["research/r.bin"]
+    # bad input: named, nothing stored
+    with pytest.raises(FasterFSError, match="already exists.*--force"):
+        put(cfg_of(), tmp_path / "src", "one")
+    with pytest.raises(FasterFSError, match="cannot read .*missing"):
+        put(cfg_of(), tmp_path / "missing", "two")
+    with pytest.raises(FasterFSError, match="is a dataset"):
+        put(cfg_of(), tmp_path / "src", f"{first.name}/extra.bin")
+    with pytest.raises(FasterFSError, match="is a file"):
+        put(cfg_of(), tmp_path / "src", "one/below")
+    with pytest.raises(FasterFSError, match="path"):
+        put(cfg_of(), tmp_path / "src", "../escape")
+    put(cfg_of(), write(tmp_path / "src", b"replaced"), "one", force=True)
+    assert Namespace(cfg_of()).cat("one") == b"replaced"
+    # rm: a reader holding it keeps reading (keep_old_s); a new one is told it is gone
+    holder = fasterfs.connect(overrides=overrides, dataset="research/r.bin")
+    remove(cfg_of(), "research/r.bin")
+    assert holder.read_chunk(4) == blobs["research/r.bin"][4 * 2**20:]
+    with pytest.raises(FasterFSError, match="no such dataset or file"):
+        fasterfs.connect(overrides=overrides, dataset="research/r.bin")
+    with pytest.raises(FasterFSError, match="no such dataset or file"):
+        remove(cfg_of(), "research/r.bin")
+    for name in ("SYNTH_SMALL", "research/empty.bin", "one"):
+        remove(cfg_of(), name)
+
+
+def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_path, live_cluster):
+    ingest_as("csv")
+    m = put(cfg_of(), write(tmp_path / "f", b"abc" * 1000), "gc/f.bin")
+    remove(cfg_of("ingest.keep_old_s=0"), "gc/f.bin")  # no grace: the next write collects it
+    from fasterfs import registry, s3
+    creds = registry.fetch_credentials(live_cluster.name)
+    for node in m.chunks[0].nodes:
+        c = s3.client(live_cluster.node(node).endpoint, creds)
+        with pytest.raises(c.exceptions.ClientError):
+            c.head_object(Bucket=m.bucket, Key=m.chunks[0].key)
+
+
+def test_fsspec_pandas_pyarrow_polars(ingest_as, fs, cfg_of, tmp_path, client_for):
+    m = ingest_as("csv")
+    client = client_for()
+    assert fsspec.get_filesystem_class("fasterfs").__module__ == "fasterfs.fs"  # through the entry point
+    chunk = pd.read_csv(fs.open(f"{m.name}/chunks/chunk-00003.csv"), header=None)
+    assert chunk.shape[0] == m.chunk(3).rows
+    assert chunk.iloc[:, 0].tolist() == client.read_table(3)["Time"].to_list()
+    whole = pd.read_csv(fs.open(f"{m.name}/{m.name}.csv"), header=None)
+    assert whole.shape[0] == m.rows
+    assert fs.cat_file(f"{m.name}/{m.name}.csv", 10, 20) == client.read_chunk(0)[10:20]
+    assert fs.info(f"{m.name}/chunks")["type"] == "directory"
+    assert len(fs.ls(f"{m.name}/chunks")) == len(m)
+    # a Parquet dataset of the team's own, read by pyarrow.dataset and polars through the filesystem
+    table = pa.table({"sym": ["AAPL"] * 5000, "px": np.arange(5000, dtype=np.float64)})
+    for k in range(2):
+        pq.write_table(table.slice(k * 2500, 2500), tmp_path / f"part-{k}.parquet")
+        put(cfg_of(), tmp_path / f"part-{k}.parquet", f"team/book/part-{k}.parquet")
+    ds = pds.dataset("team/book", filesystem=fs, format="parquet")
+    assert ds.to_table().num_rows == 5000 and ds.to_table()["px"].to_pylist() == list(range(5000))
+    with fs.open("team/book/part-1.parquet") as f:
+        assert pl.read_parquet(f)["px"][0] == 2500
+    with pytest.raises(OSError) as e:
+        fs.open("team/new.bin", "wb")
+    assert e.value.errno == errno.EROFS
+    with pytest.raises(FileNotFoundError):
+        fs.info("team/nothing")
+    remove(cfg_of(), "team/book/part-0.parquet")
+    remove(cfg_of(), "team/book/part-1.parquet")
+
+
+@pytest.fixture
+def mounted(live_cluster, cluster_root):
+    point = cluster_root / "mnt"
+    point.mkdir(exist_ok=True)
+    actor = cluster.storage_nodes(live_cluster)[0]  # one host: one mount
+    ray.get(actor.mount.remote(str(point)))
+    yield point, actor
+    ray.get(actor.umount.remote(str(point)))
+    assert not any(line.split()[1] == str(point) for line in Path("/proc/mounts").read_text().splitlines())
+
+
+def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_cluster, cfg_of, tmp_path, client_for):
+    point, _ = mounted
+    m = ingest_as("csv")
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])
+    client = client_for()
+    d = point / m.name
+    assert sorted(os.listdir(d)) == sorted(["chunks", f"{m.name}.csv"])
+    assert os.stat(d / f"{m.name}.csv").st_size == m.total_bytes
+    i = 7
+    path = d / "chunks" / f"chunk-{i:05d}.csv"
+    holder = actors[client.sources(i)[0]]
+    assert path.read_bytes() == client.read_chunk(i)  # the client's read counts once too
+    wait_until(lambda: ray.get(holder.cache_contains.remote(m.chunk(i).key)), timeout=15,
+               what="the kernel to make the chunk hot from reads through the mount and the cache to fill")
+    hits = ray.get(holder.cache_status.remote())["readers"]["hits"]
+    assert path.read_bytes() == client.read_chunk(i)
+    assert ray.get(holder.cache_status.remote())["readers"]["hits"] >= hits + 1  # served from the cache
+    assert open(path, "rb").read()[100:200] == client.read_chunk(i)[100:200]
+    for attempt in (lambda: open(d / "new.csv", "wb"), lambda: open(path, "r+b"), lambda: os.mkdir(d / "x"),
+                    lambda: os.unlink(path)):
+        with pytest.raises(OSError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+    with pytest.raises(FileNotFoundError):
+        (point / "no-such-dataset").stat()
+    # a file replaced in the namespace: a new open sees the new bytes, never old pages
+    put(cfg_of(), write(tmp_path / "v", b"one" * 5000), "mnt-test/v.bin")
+    f = point / "mnt-test" / "v.bin"
+    wait_until(lambda: f.exists(), timeout=10, what="the new file to appear in the mount")
+    for _ in range(3):
+        assert f.read_bytes() == b"one" * 5000
+    put(cfg_of(), write(tmp_path / "v", b"two" * 7000), "mnt-test/v.bin", force=True)
+    wait_until(lambda: f.read_bytes() == b"two" * 7000, timeout=10, what="the replaced file through the mount")
+    remove(cfg_of(), "mnt-test/v.bin")
+
+
+def test_mount_daemon_killed_is_replaced(ingest_as, mounted, live_cluster):
+    point, actor = mounted
+    m = ingest_as("csv")
+    pid = ray.get(actor.mount_status.remote())[0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    def back():
+        rows = ray.get(actor.mount_status.remote())
+        return rows and rows[0]["pid"] != pid and rows[0]["alive"]
+    wait_until(back, timeout=60, what="the FUSE daemon to be replaced")
+    assert (point / m.name / "chunks" / "chunk-00000.csv").stat().st_size == m.chunk(0).bytes  # no ENOTCONN
+    assert ray.get(actor.status.remote()) is not None
+
+
+def test_bad_mount_points_named(live_cluster, cluster_root, mounted):
+    point, actor = mounted
+    full = cluster_root / "full"
+    full.mkdir(exist_ok=True)
+    (full / "keep.txt").write_text("mine")
+    for path, message in ((cluster_root / "absent", "does not exist"), (full, "not empty"),
+                          (point, "already mounted"), (Path("relative"), "absolute")):
+        with pytest.raises(ray.exceptions.RayTaskError, match=message):
+            ray.get(actor.mount.remote(str(path)))
+    assert (full / "keep.txt").read_text() == "mine"
+
+
+def test_ray_data_reads_on_the_holders(ingest_as, live_cluster, overrides, client_for):
+    m = ingest_as("csv")
+    ds = fasterfs.data.read(m.name, overrides=overrides, with_node=True)
+    df = ds.to_pandas()
+    assert len(df) == m.rows
+    assert (df["_read_on"] == df["_holder"]).all()  # every row read on the node holding its chunk
+    client = client_for()
+    expected = sum(int(client.read_table(i)["Size"].sum()) for i in range(len(m)))
+    assert int(df["Size"].sum()) == expected
+    with pytest.raises(FasterFSError, match="no such dataset"):
+        fasterfs.data.read("NOPE", overrides=overrides)
