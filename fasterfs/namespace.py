@@ -80,6 +80,7 @@ class Tree:
                 self._add(f"{name}/chunks/{c.key.rsplit('/', 1)[-1]}", m, (c.id,))
             if m.format == "csv":
                 self._add(f"{name}/{name}.csv", m, tuple(range(len(m.chunks))))
+        self._entries[""] = Entry("", True, mtime=max((m.created for m in manifests.values()), default=0.0))
 
     def _add(self, path: str, m: Manifest, chunk_ids: tuple[int, ...] | None) -> None:
         parts = path.split("/")

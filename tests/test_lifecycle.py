@@ -20,15 +20,21 @@ def own(tmp_path_factory):
 
 
 def test_up_then_down_leaves_nothing(own):
+    import ray
+
     cfg = config.load(own)
     state = cluster.up(cfg)
     try:
         cg = Path(state.cgroup["path"])
         assert cg.parent == cgroup2_mount() and len((cg / "node-0" / "cgroup.procs").read_text().split()) > 3
+        point = Path(state.root) / "mnt"
+        point.mkdir()
+        ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it
+        assert str(point) in mounts_under(state.root)
     finally:
         report = cluster.down(cfg)
     assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
-    assert_nothing_left(state)
+    assert_nothing_left(state)  # no mount (the FUSE one included), process, filter, cgroup
 
 
 def test_down_without_cluster(own):
