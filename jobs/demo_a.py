@@ -10,6 +10,11 @@ Passes over every chunk, from a Ray task pinned to node 0:
   prefetch          cache cleared, a sequential backtest (decode + mid price per chunk);
                     the node prefetches ahead of it
   fsspec first/hit  the peer a Python user would pick: fsspec simplecache over s3fs, same MinIO
+  mount cold/warm/hot/page cache
+                    an unmodified reader: open().read() of each chunk file of the FUSE mount
+                    (cache cleared first); the kernel counts its reads and the cache fills as
+                    for the client; the fourth pass is served from the kernel page cache
+                    (keep_cache once a file's chunks are all cached)
 
     python jobs/demo_a.py [overrides]
     ray job submit --address http://127.0.0.2:8265 --working-dir . -- python jobs/demo_a.py
@@ -31,7 +36,7 @@ import fasterfs
 from fasterfs import cluster, config, lobster, registry, report, s3
 
 PASSES = ["local file", "MinIO direct", "FasterFS cold", "FasterFS warm", "FasterFS hot", "FasterFS hot+verify",
-          "prefetch", "fsspec first", "fsspec hit"]
+          "prefetch", "fsspec first", "fsspec hit", "mount cold", "mount warm", "mount hot", "mount page cache"]
 
 
 @ray.remote(num_cpus=1)
@@ -99,6 +104,7 @@ def run_passes(root: str, overrides: list[str]) -> dict:
                 return f.read()
         lat["fsspec first"] = report.timed(fs_read, ids)
         lat["fsspec hit"] = report.timed(fs_read, ids)
+        lat.update(mount_passes(actors, ids, manifest, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -123,13 +129,35 @@ def run_passes(root: str, overrides: list[str]) -> dict:
             "prefetch": {"hits": pf_hits, "reads": len(ids), "prefetch_fills": pf_fills, "mid_mean": statistics.mean(mids)}}
 
 
+def mount_passes(actors, ids, manifest, work: Path) -> dict:
+    """The same chunks read by plain open().read() through this host's FUSE mount."""
+    point = work / "mnt"
+    point.mkdir()
+    node0 = actors[0]  # this task runs on node 0's host
+    ray.get(node0.mount.remote(str(point)))
+    try:
+        files = {i: point / manifest.name / "chunks" / manifest.chunk(i).key.rsplit("/", 1)[-1] for i in ids}
+
+        def read(i):
+            with open(files[i], "rb") as f:
+                return f.read()
+        ray.get([a.cache_clear.remote() for a in actors])
+        lat = {"mount cold": report.timed(read, ids), "mount warm": report.timed(read, ids)}
+        report.wait_for_fills(actors, len(ids))
+        lat["mount hot"] = report.timed(read, ids)
+        lat["mount page cache"] = report.timed(read, ids)
+        return lat
+    finally:
+        ray.get(node0.umount.remote(str(point)))
+
+
 def chart(stats: dict, path: Path) -> None:
     names = [p for p in PASSES if p in stats]
     p50 = [stats[n]["p50_ms"] for n in names]
     p95 = [stats[n]["p95_ms"] for n in names]
     fig, ax = report.figure(figsize=(10, 4.5))
-    colors = ["#888" if n in ("local file", "MinIO direct") else "#c60" if n.startswith("fsspec") else "#06c"
-              for n in names]
+    colors = ["#888" if n in ("local file", "MinIO direct") else "#c60" if n.startswith("fsspec") else
+              "#393" if n.startswith("mount") else "#06c" for n in names]
     ax.bar(names, p50, color=colors, label="p50")
     ax.scatter(names, p95, color="k", marker="_", s=300, label="p95", zorder=3)
     ax.set_yscale("log")
@@ -155,6 +183,8 @@ def main(argv: list[str]) -> dict:
         "cold / MinIO direct": p50["FasterFS cold"] / p50["MinIO direct"],
         "hot+verify / local file": p50["FasterFS hot+verify"] / p50["local file"],
         "prefetch vs MinIO direct (x faster)": p50["MinIO direct"] / p50["prefetch"],
+        "mount hot vs mount cold (x faster)": p50["mount cold"] / p50["mount hot"],
+        "mount page cache / local file": p50["mount page cache"] / p50["local file"],
     }
     targets = {
         "hot p50 <= 1.3x local file": speedups["hot / local file (x of the floor)"] <= 1.3,
