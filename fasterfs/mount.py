@@ -18,6 +18,7 @@ for the measurements behind the choice.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import logging
@@ -87,19 +88,26 @@ class Operations(mfusepy.Operations):
         fi.fh = fh
         return 0
 
-    def read(self, path, size, offset, fi):
-        f = self._files.get(fi.fh)
+    def read_into(self, path, fh: int, buf: memoryview, offset: int) -> int:
+        f = self._files.get(fh)
         if f is None:
             raise mfusepy.FuseOSError(errno.EBADF)
         try:
-            return f.read(offset, size)
+            return f.read_into(offset, buf)
         except Exception as e:  # holders down, generation gone: the application gets EIO, the log says why
-            log.error("read of %s at %d+%d failed: %s", path, offset, size, e)
+            log.error("read of %s at %d+%d failed: %s", path, offset, len(buf), e)
             raise mfusepy.FuseOSError(errno.EIO) from None
+
+    def read(self, path, size, offset, fi):
+        """Registers the read operation with libfuse (_FUSE.read calls read_into instead)."""
+        buf = bytearray(size)
+        return bytes(buf[:self.read_into(path, fi.fh, memoryview(buf), offset)])
 
     def release(self, path, fi):
         with self._lock:
-            self._files.pop(fi.fh, None)
+            f = self._files.pop(fi.fh, None)
+        if f is not None:
+            f.close()
         return 0
 
     def statfs(self, path):
@@ -110,10 +118,19 @@ class Operations(mfusepy.Operations):
                 "f_namemax": 255}
 
 
+class _FUSE(mfusepy.FUSE):
+    """Reads go straight into libfuse's buffer (mfusepy would copy a returned bytes object)."""
+
+    def read(self, path, buf, size, offset, fip):
+        view = memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value)).cast("B")
+        return self.operations.read_into(None if path is None else path.decode(self.encoding, self.errors),
+                                         fip.contents.fh, view, offset)
+
+
 def serve(mountpoint: str, overrides: list[str]) -> None:
     ns = Namespace(config.load(overrides))
     log.info("serving namespace version %d of cluster %s at %s", ns.version, ns.state.name, mountpoint)
-    mfusepy.FUSE(Operations(ns), mountpoint, raw_fi=True, foreground=True, nothreads=False, ro=True,
+    _FUSE(Operations(ns), mountpoint, raw_fi=True, foreground=True, nothreads=False, ro=True,
                  fsname="fasterfs", default_permissions=True, allow_other=True,
                  attr_timeout=1.0, entry_timeout=1.0)
 

@@ -10,6 +10,8 @@ Names are checked here, once, for every way in.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -49,18 +51,19 @@ class Entry:
     mtime: float = 0.0
     manifest: Manifest | None = None
     chunk_ids: tuple[int, ...] = ()  # the file's bytes are these chunks, concatenated
+    starts: tuple[int, ...] = ()     # where each of them starts in the file
 
     def pieces(self, offset: int, length: int) -> list[tuple[int, int, int]]:
         """(chunk id, start, stop) within each chunk covering bytes [offset, offset+length)."""
-        out, pos = [], 0
+        out = []
         end = min(offset + max(length, 0), self.size)
-        for i in self.chunk_ids:
+        k = max(bisect.bisect_right(self.starts, offset) - 1, 0)
+        while k < len(self.chunk_ids) and self.starts[k] < end:
+            i, pos = self.chunk_ids[k], self.starts[k]
             size = self.manifest.chunks[i].bytes
-            if pos + size > offset and pos < end:
+            if pos + size > offset:
                 out.append((i, max(offset - pos, 0), min(end - pos, size)))
-            pos += size
-            if pos >= end:
-                break
+            k += 1
         return out
 
 
@@ -95,7 +98,8 @@ class Tree:
             entry = Entry(path, True, mtime=m.created)
             self._children.setdefault(path, {})
         else:
-            entry = Entry(path, False, sum(m.chunks[i].bytes for i in chunk_ids), m.created, m, chunk_ids)
+            starts = tuple(itertools.accumulate((m.chunks[i].bytes for i in chunk_ids[:-1]), initial=0))
+            entry = Entry(path, False, sum(m.chunks[i].bytes for i in chunk_ids), m.created, m, chunk_ids, starts)
         self._entries[path] = entry
         self._children.setdefault("/".join(parts[:-1]), {})[parts[-1]] = entry
 

@@ -3,13 +3,17 @@
 
 Every chunk is read whole through the client (this host's cache first, else a holder's
 MinIO), so the kernel counts one GET per chunk read exactly as for `read_chunk`, makes it
-hot and fills the cache. An open file keeps the chunk it read last: the mount's 128 KiB
-requests and a file object's buffered reads of one chunk cost one chunk read, not dozens.
+hot and fills the cache. An open file keeps the chunks it touched at hand: the mount's
+requests and a file object's buffered reads of one chunk cost one chunk read, not dozens,
+and a cached chunk is read from its entry file straight into the caller's buffer.
 """
 from __future__ import annotations
 
+import collections
+import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from . import cache, registry
 from .client import Client
 from .errors import FasterFSError
@@ -79,7 +83,10 @@ class Namespace:
 
     def cat(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         f = self.open(path)
-        return f.read(start, (f.entry.size if end is None else end) - start)
+        try:
+            return f.read(start, (f.entry.size if end is None else end) - start)
+        finally:
+            f.close()
 
     def cached_locally(self, entry: Entry) -> tuple | None:
         """If every chunk of the file is in a cache on this host, what identifies those
@@ -97,24 +104,117 @@ class Namespace:
         return tuple(ident)
 
 
+_AHEAD = ThreadPoolExecutor(4, thread_name_prefix="ffs-read-ahead")  # shared by every open file
+
+
 class OpenFile:
-    """One open file: reads byte ranges, keeping the last chunk it read."""
+    """One open file: reads byte ranges. A chunk found in this host's cache is read from its
+    entry file by descriptor (checked once, when the file first touches the chunk; an open
+    file keeps the copy it started on); a chunk read from MinIO is read whole (one GET,
+    counted by the kernel) and kept. A few chunks stay at hand for reads that jump about."""
+
+    KEEP = 8  # chunks at hand per open file: entry descriptors, or at most 2 fetched chunks
 
     def __init__(self, entry: Entry, client: Client):
         self.entry, self.client = entry, client
         self._lock = threading.Lock()
-        self._held: tuple[int, bytes] | None = None
+        self._at_hand: collections.OrderedDict[int, int | bytes] = collections.OrderedDict()
+        self._place = {i: k for k, i in enumerate(entry.chunk_ids)}
+        self._last = -2                   # place of the chunk fetched last
+        self._ahead: tuple[int, Future] | None = None  # the next chunk, fetched while this one is read
 
     def read(self, offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0:
-            raise FasterFSError(f"{self.entry.path}: bad range offset={offset} length={length}")
-        out = []
-        for i, start, stop in self.entry.pieces(offset, length):
-            out.append(memoryview(self._chunk(i))[start:stop])
-        return b"".join(out)
+        buf = bytearray(max(0, min(length, self.entry.size - offset)))
+        n = self.read_into(offset, memoryview(buf))
+        return bytes(buf[:n])
 
-    def _chunk(self, i: int) -> bytes:
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        """Fill `buf` with the bytes at `offset`; returns how many (fewer at the end of the file)."""
+        if offset < 0:
+            raise FasterFSError(f"{self.entry.path}: bad offset {offset}")
+        pos = 0
+        for i, start, stop in self.entry.pieces(offset, len(buf)):
+            src = self._chunk(i)
+            if isinstance(src, int):
+                got = os.preadv(src, [buf[pos:pos + stop - start]], cache.HEADER.size + start)
+                if got != stop - start:
+                    raise FasterFSError(f"{self.entry.path}: cache entry of chunk {i} shorter than its header says")
+            else:
+                buf[pos:pos + stop - start] = src[start:stop]
+            pos += stop - start
+        return pos
+
+    def _chunk(self, i: int) -> int | bytes:
         with self._lock:
-            if self._held is None or self._held[0] != i:
-                self._held = (i, self.client.read_chunk(i))
-            return self._held[1]
+            src = self._at_hand.get(i)
+            if src is None:
+                src = self._open_cached(i)
+                if src is None:
+                    src = self._fetch(i)
+                self._at_hand[i] = src
+                fetched = [k for k, v in self._at_hand.items() if isinstance(v, bytes)]
+                while len(self._at_hand) > self.KEEP or len(fetched) > 2:
+                    k = fetched.pop(0) if len(fetched) > 2 else next(iter(self._at_hand))
+                    self._release(self._at_hand.pop(k))
+                    fetched = [k for k, v in self._at_hand.items() if isinstance(v, bytes)]
+            else:
+                self._at_hand.move_to_end(i)
+            return src
+
+    def _fetch(self, i: int) -> bytes:
+        """Chunk i from its holder's MinIO (one GET, counted by the kernel). Read in order, the
+        file's next chunk is fetched meanwhile (unless this host has it cached)."""
+        ahead, self._ahead = self._ahead, None
+        data = None
+        if ahead is not None and ahead[0] == i:
+            try:
+                data = ahead[1].result()
+            except Exception:
+                data = None  # fetched again below, and its error is this read's
+        if data is None:
+            data = self.client.read_chunk(i)
+        k = self._place[i]
+        if k == self._last + 1 and k + 1 < len(self.entry.chunk_ids):
+            j = self.entry.chunk_ids[k + 1]
+            if not any(os.path.exists(self.client.cache_path(n, j)) for n in self.client._caches[j]):
+                self._ahead = (j, _AHEAD.submit(self.client.read_chunk, j))
+        self._last = k
+        return data
+
+    def _open_cached(self, i: int) -> int | None:
+        """A descriptor on a whole, fresh entry of chunk i in a cache on this host (counted as a
+        hit and touched for the LRU), or None."""
+        c = self.client
+        if not c.use_cache:
+            return None
+        c._note_order(i)
+        for node in c._caches[i]:
+            try:
+                fd = os.open(c.cache_path(node, i), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            header = cache.Header.parse(os.pread(fd, cache.HEADER.size, 0), os.fstat(fd).st_size)
+            if header is None or header.fetched_ns < c._stale_mark(node, i) or header.boot != cache.BOOT:
+                os.close(fd)
+                continue
+            os.utime(fd)
+            c._count_hit(node, header.size)
+            return fd
+        return None
+
+    @staticmethod
+    def _release(src) -> None:
+        if isinstance(src, int):
+            os.close(src)
+
+    def close(self) -> None:
+        with self._lock:
+            for src in self._at_hand.values():
+                self._release(src)
+            self._at_hand.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -76,7 +76,8 @@ class StorageNode:
         self._revalidate()
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
-        self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, self._mount_overrides())
+        self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, self._mount_overrides(),
+                             self.cfg.mount.read_ahead_kb)
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
         self._supervisor.start()
