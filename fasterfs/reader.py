@@ -124,9 +124,19 @@ class OpenFile:
         self._ahead: tuple[int, Future] | None = None  # the next chunk, fetched while this one is read
 
     def read(self, offset: int, length: int) -> bytes:
-        buf = bytearray(max(0, min(length, self.entry.size - offset)))
-        n = self.read_into(offset, memoryview(buf))
-        return bytes(buf[:n])
+        """The bytes at [offset, offset+length), copied once."""
+        if offset < 0 or length < 0:
+            raise FasterFSError(f"{self.entry.path}: bad range offset={offset} length={length}")
+        parts = []
+        for i, start, stop in self.entry.pieces(offset, length):
+            src = self._chunk(i)
+            if isinstance(src, int):
+                parts.append(os.pread(src, stop - start, cache.HEADER.size + start))
+                if len(parts[-1]) != stop - start:
+                    raise FasterFSError(f"{self.entry.path}: cache entry of chunk {i} shorter than its header says")
+            else:
+                parts.append(src if (start, stop) == (0, len(src)) else src[start:stop])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def read_into(self, offset: int, buf: memoryview) -> int:
         """Fill `buf` with the bytes at `offset`; returns how many (fewer at the end of the file)."""
