@@ -150,7 +150,7 @@ class OpenFile:
                 if got != stop - start:
                     raise FasterFSError(f"{self.entry.path}: cache entry of chunk {i} shorter than its header says")
             else:
-                buf[pos:pos + stop - start] = src[start:stop]
+                buf[pos:pos + stop - start] = memoryview(src)[start:stop]
             pos += stop - start
         return pos
 

@@ -150,6 +150,19 @@ def test_share_nothing_lab(lab_overrides):
         assert runs[-1].name in [r["run"] for r in json.loads(urllib.request.urlopen(
             f"{state.web_url}/api/runs", timeout=30).read())]
 
+        # -- the mount on every host (each in its own mount namespace), from a shell on the head
+        point = f"{state.root}/mnt"
+        for n in state.nodes:
+            assert _on_host(state, n.index, "mkdir", "-p", point).returncode == 0
+        out = subprocess.run([str(PROJECT / ".venv/bin/fasterfs"), "mount", point, *lab_overrides],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and "on 3 hosts" in out.stdout, out.stdout + out.stderr
+        y = manifest.chunk(remote[1])
+        for n in state.nodes:
+            got = _on_host(state, n.index, "cat", f"{point}/{manifest.name}/chunks/{y.key.rsplit('/', 1)[-1]}")
+            assert got.returncode == 0 and xxh3(got.stdout.encode()) == y.xxh3, got.stderr
+        assert not [m for m in mounts_under(state.root) if m.endswith("/mnt")]  # the head has no StorageNode
+
         # -- the jobs, small, on share-nothing hosts: Demo B, the backtest, GraySort
         demo_b = load_job("demo_b").main(lab_overrides + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
                                                           "demo_b.replicated=false"])
