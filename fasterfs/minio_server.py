@@ -4,7 +4,6 @@ StorageNode can stop the server its previous incarnation left behind)."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from .credentials import Credentials
 from .errors import FasterFSError
+from .process import terminate
 
 
 def check_port_free(address: str, port: int, what: str) -> None:
@@ -58,7 +58,7 @@ class MinioServer:
             return None
         cmd = _cmdline(pid)
         if cmd and cmd[0] == str(self.binary) and str(self.data_dir) in cmd:
-            _terminate(pid)
+            terminate(pid)
             return pid
         return None
 
@@ -100,35 +100,6 @@ class MinioServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is not None:
-            _terminate(self.proc.pid, timeout, self.proc)
+            terminate(self.proc.pid, timeout, self.proc)
             self.proc = None
         self.pidfile.unlink(missing_ok=True)
-
-
-def _terminate(pid: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
-    """SIGTERM, then SIGKILL after `timeout`; reaps our own child."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None:
-            if proc.poll() is not None:
-                return
-        elif not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    if proc is not None:
-        proc.wait()
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from .errors import FasterFSError
 from .fsutil import atomic_write_json, read_json
+from .process import terminate
 
 log = logging.getLogger("fasterfs.mount")
 
@@ -31,24 +31,6 @@ def is_mounted(path: str) -> bool:
 
 def _detach(path: str) -> None:
     subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, timeout=30)
-
-
-def _stop(pid: int, timeout: float = 10) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _ours(pid: int) -> bool:
@@ -74,7 +56,7 @@ class Mounts:
             old = read_json(self.record, "mount record") if self.record.exists() else {}
             for path, pid in old.items():
                 if _ours(pid):
-                    _stop(pid)
+                    terminate(pid)
                 if is_mounted(path):
                     _detach(path)
             self._save()
@@ -120,7 +102,7 @@ class Mounts:
         deadline = time.monotonic() + self.timeout
         while not is_mounted(real):
             if proc.poll() is not None or time.monotonic() > deadline:
-                _stop(proc.pid)
+                terminate(proc.pid, proc=proc)
                 tail = log_file.read_text(errors="replace")[-1500:]
                 raise FasterFSError(f"the FUSE daemon for {path} did not mount it (see {log_file}):\n{tail}")
             time.sleep(0.1)
@@ -152,8 +134,7 @@ class Mounts:
         r = subprocess.run(["fusermount3", "-u", real], capture_output=True, timeout=30)
         if r.returncode != 0:  # busy: detach now, the kernel lets go when the last user does
             _detach(real)
-        _stop(proc.pid)
-        proc.wait(timeout=10)
+        terminate(proc.pid, proc=proc)
         self._save()
         return True
 

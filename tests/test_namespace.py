@@ -7,7 +7,6 @@ import errno
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import fsspec
@@ -26,7 +25,7 @@ from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put, remove
 from fasterfs.reader import Namespace
 
-from conftest import data_overrides, wait_until
+from conftest import wait_until
 
 
 @pytest.fixture
@@ -58,7 +57,7 @@ def test_names_are_checked():
 
 def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, client_for):
     first = ingest_as("csv")
-    synth = ingest(cfg_of("data=synthetic", "data.rows=3000", "data.name=SYNTH_SMALL", "data.rows_per_chunk=1000"))
+    ingest(cfg_of("data=synthetic", "data.rows=3000", "data.name=SYNTH_SMALL", "data.rows_per_chunk=1000"))
     rng = np.random.default_rng(5)
     blobs = {"research/r.bin": rng.bytes(int(4.5 * 2**20)), "research/empty.bin": b"", "one": b"x"}
     for dest, data in blobs.items():
