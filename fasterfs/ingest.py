@@ -47,6 +47,7 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
     removes what it wrote; the previous generation stays current. `nodes` places the data
     on the first N nodes only (Demo B's scaling sweep)."""
     cfg = as_cfg(cfg)
+    _target(cfg, nodes)  # a bad option or no cluster is named before the source is read
     pair = load_source(cfg)
     name = check_dataset_name(pair.name)
     fmt, rpc = cfg.data.format, cfg.data.rows_per_chunk
@@ -121,12 +122,7 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
            progress: Callable[[int, int], None] | None, nodes: int | None = None) -> Manifest:
     """The one write path: chunks -> placement -> each holder's MinIO -> the manifest,
     published last under a fresh generation; then old generations' objects go."""
-    state = registry.find(cfg)
-    n_nodes = nodes or len(state.nodes)
-    if n_nodes > len(state.nodes):
-        raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
-    if cfg.replicas > n_nodes:
-        raise FasterFSError(f"option replicas={cfg.replicas}: the running cluster has only {n_nodes} nodes")
+    state, n_nodes = _target(cfg, nodes)
     _, current = registry.fetch_manifests(state.name)
     why = Tree(current).conflict(name, kind)
     if why:
@@ -172,6 +168,17 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
                     lambda key: key[len(prefix):].split("/")[0] not in kept if "/" in key[len(prefix):] else False)
     _collect_garbage(cfg, state, clients)
     return new
+
+
+def _target(cfg, nodes: int | None):
+    """The running cluster and how many of its nodes the data goes on, checked."""
+    state = registry.find(cfg)
+    n_nodes = nodes or len(state.nodes)
+    if n_nodes > len(state.nodes):
+        raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
+    if cfg.replicas > n_nodes:
+        raise FasterFSError(f"option replicas={cfg.replicas}: the running cluster has only {n_nodes} nodes")
+    return state, n_nodes
 
 
 def _collect_garbage(cfg, state, clients=None) -> None:

@@ -46,7 +46,9 @@ class Registry:
         if not self._entries and self.paths.manifest_file.exists():  # a root from before the namespace
             legacy = Manifest.load(self.paths.manifest_file)
             self._entries[legacy.name] = legacy
-        self.version = 0  # bumped on every change: mounts and filesystems poll it
+        # bumped on every change (mounts and filesystems poll it); from the clock, so a restarted
+        # Registry never repeats a number a reader saw before
+        self.version = time.time_ns()
         # every generation a manifest named: {dataset, generation, prefix, replaced: time or None}
         self._history_file = self.paths.root / "generations.json"
         self._history = read_json(self._history_file, "generation history") if self._history_file.exists() else []

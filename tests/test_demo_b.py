@@ -1,10 +1,11 @@
 """Demo B on the live 2-node cluster (small volume): locality, exact volume, correct data."""
-from conftest import load_job
+from conftest import data_overrides, load_job
 
 
 def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_cluster):
     ingest_as("csv")
-    result = load_job("demo_b").main(overrides + ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
+    result = load_job("demo_b").main(overrides + data_overrides() +
+                                     ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
     runs = result["runs"]
     assert [(r["nodes"], r["layout"]) for r in runs] == [(1, "partitioned"), (2, "partitioned"), (2, "replicated")]
     for r in runs:

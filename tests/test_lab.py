@@ -164,7 +164,7 @@ def test_share_nothing_lab(lab_overrides):
         assert not [m for m in mounts_under(state.root) if m.endswith("/mnt")]  # the head has no StorageNode
 
         # -- the jobs, small, on share-nothing hosts: Demo B, the backtest, GraySort
-        demo_b = load_job("demo_b").main(lab_overrides + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
+        demo_b = load_job("demo_b").main(lab_overrides + data_overrides() + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
                                                           "demo_b.replicated=false"])
         assert demo_b["all_tasks_on_their_nodes"] and demo_b["remote_reads"] == 0
         assert all(0 <= p["cpu_busy"] <= 1 and p["host_cores"] >= 1 for r in demo_b["runs"] for p in r["per_node"])
