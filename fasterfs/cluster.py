@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import credentials, identity, registry
+from . import credentials, identity, process, registry
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR, Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
@@ -320,7 +320,9 @@ def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str
         if set(alive) == wanted:
             return alive
         for node in state.nodes:
-            if not is_ray_start(node.ray_pid):
+            # alive, not "is `ray start`": a lab host's process sets up its namespaces before it
+            # becomes `ray start`, which on a busy machine can take longer than the first look
+            if not process.running(node.ray_pid):
                 raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
                                     f"{_log_tail(logs / f'ray-node-{node.index}.log')}")
         if time.monotonic() > deadline:

@@ -30,6 +30,11 @@ def terminate(pid: int, timeout: float = 10.0, proc: subprocess.Popen | None = N
         proc.wait()
 
 
+def running(pid: int | None) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
+    return bool(pid) and Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"

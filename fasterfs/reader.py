@@ -13,7 +13,7 @@ import collections
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+
 from . import cache, registry
 from .client import Client
 from .errors import FasterFSError
@@ -104,9 +104,6 @@ class Namespace:
         return tuple(ident)
 
 
-_AHEAD = ThreadPoolExecutor(4, thread_name_prefix="ffs-read-ahead")  # shared by every open file
-
-
 class OpenFile:
     """One open file: reads byte ranges. A chunk found in this host's cache is read from its
     entry file by descriptor (checked once, when the file first touches the chunk; an open
@@ -119,9 +116,6 @@ class OpenFile:
         self.entry, self.client = entry, client
         self._lock = threading.Lock()
         self._at_hand: collections.OrderedDict[int, int | bytes] = collections.OrderedDict()
-        self._place = {i: k for k, i in enumerate(entry.chunk_ids)}
-        self._last = -2                   # place of the chunk fetched last
-        self._ahead: tuple[int, Future] | None = None  # the next chunk, fetched while this one is read
 
     def read(self, offset: int, length: int) -> bytes:
         """The bytes at [offset, offset+length), copied once."""
@@ -160,7 +154,7 @@ class OpenFile:
             if src is None:
                 src = self._open_cached(i)
                 if src is None:
-                    src = self._fetch(i)
+                    src = self.client.read_chunk(i)  # not cached here: its holder's MinIO (one GET, counted)
                 self._at_hand[i] = src
                 fetched = [k for k, v in self._at_hand.items() if isinstance(v, bytes)]
                 while len(self._at_hand) > self.KEEP or len(fetched) > 2:
@@ -170,26 +164,6 @@ class OpenFile:
             else:
                 self._at_hand.move_to_end(i)
             return src
-
-    def _fetch(self, i: int) -> bytes:
-        """Chunk i from its holder's MinIO (one GET, counted by the kernel). Read in order, the
-        file's next chunk is fetched meanwhile (unless this host has it cached)."""
-        ahead, self._ahead = self._ahead, None
-        data = None
-        if ahead is not None and ahead[0] == i:
-            try:
-                data = ahead[1].result()
-            except Exception:
-                data = None  # fetched again below, and its error is this read's
-        if data is None:
-            data = self.client.read_chunk(i)
-        k = self._place[i]
-        if k == self._last + 1 and k + 1 < len(self.entry.chunk_ids):
-            j = self.entry.chunk_ids[k + 1]
-            if not any(os.path.exists(self.client.cache_path(n, j)) for n in self.client._caches[j]):
-                self._ahead = (j, _AHEAD.submit(self.client.read_chunk, j))
-        self._last = k
-        return data
 
     def _open_cached(self, i: int) -> int | None:
         """A descriptor on a whole, fresh entry of chunk i in a cache on this host (counted as a
