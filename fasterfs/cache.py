@@ -115,16 +115,18 @@ def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool
         os.close(fd)
 
 
-def entry_header(path, stale_mark: int = 0) -> Header | None:
-    """The header of a whole, fresh entry at `path` (nothing dropped, nothing touched); else None."""
+def open_entry(path, stale_mark: int = 0) -> tuple[int, Header] | None:
+    """A descriptor (the caller closes it) and the header of a whole, fresh entry at `path`;
+    None if there is none. Nothing is dropped or touched."""
     try:
-        with open(path, "rb") as fh:
-            header = Header.parse(fh.read(HEADER.size), os.fstat(fh.fileno()).st_size)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return None
+    header = Header.parse(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
     if header is None or header.fetched_ns < stale_mark or header.boot != BOOT:
+        os.close(fd)
         return None
-    return header
+    return fd, header
 
 
 def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 import queue
 import threading
 from pathlib import Path
@@ -166,6 +167,20 @@ class Client:
                 self._damaged(node, i)
             elif got is not None and got is not cache.STALE:
                 self._count_hit(node, len(got) if isinstance(got, bytes) else got.size)
+                return got
+        return None
+
+    def open_cached(self, i: int, count: bool = True) -> tuple[int, cache.Header] | None:
+        """A descriptor and header of a whole, fresh entry of chunk i in a cache on this host,
+        or None. count=True makes it a read (a hit: counted, touched for the LRU); False only
+        looks."""
+        for node in self._caches[i] if self.use_cache else ():
+            got = cache.open_entry(self.cache_path(node, i), self._stale_mark(node, i))
+            if got is not None:
+                if count:
+                    self._note_order(i)
+                    os.utime(got[0])
+                    self._count_hit(node, got[1].size)
                 return got
         return None
 

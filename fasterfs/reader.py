@@ -94,13 +94,11 @@ class Namespace:
         client = self.client(entry.manifest)
         ident = []
         for i in entry.chunk_ids:
-            for node in client._caches[i]:
-                header = cache.entry_header(client.cache_path(node, i), client._stale_mark(node, i))
-                if header is not None:
-                    ident.append((entry.manifest.chunks[i].key, header.fetched_ns))
-                    break
-            else:
+            got = client.open_cached(i, count=False)
+            if got is None:
                 return None
+            os.close(got[0])
+            ident.append((entry.manifest.chunks[i].key, got[1].fetched_ns))
         return tuple(ident)
 
 
@@ -152,39 +150,19 @@ class OpenFile:
         with self._lock:
             src = self._at_hand.get(i)
             if src is None:
-                src = self._open_cached(i)
-                if src is None:
-                    src = self.client.read_chunk(i)  # not cached here: its holder's MinIO (one GET, counted)
+                # cached here: a descriptor, checked once per open file; else the holder's
+                # MinIO, one GET (counted by the kernel)
+                got = self.client.open_cached(i)
+                src = got[0] if got is not None else self.client.read_chunk(i)
                 self._at_hand[i] = src
-                fetched = [k for k, v in self._at_hand.items() if isinstance(v, bytes)]
-                while len(self._at_hand) > self.KEEP or len(fetched) > 2:
-                    k = fetched.pop(0) if len(fetched) > 2 else next(iter(self._at_hand))
-                    self._release(self._at_hand.pop(k))
+                while True:  # the least recently used go: beyond KEEP, or fetched bytes beyond 2
                     fetched = [k for k, v in self._at_hand.items() if isinstance(v, bytes)]
+                    if len(self._at_hand) <= self.KEEP and len(fetched) <= 2:
+                        break
+                    self._release(self._at_hand.pop(fetched[0] if len(fetched) > 2 else next(iter(self._at_hand))))
             else:
                 self._at_hand.move_to_end(i)
             return src
-
-    def _open_cached(self, i: int) -> int | None:
-        """A descriptor on a whole, fresh entry of chunk i in a cache on this host (counted as a
-        hit and touched for the LRU), or None."""
-        c = self.client
-        if not c.use_cache:
-            return None
-        c._note_order(i)
-        for node in c._caches[i]:
-            try:
-                fd = os.open(c.cache_path(node, i), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            header = cache.Header.parse(os.pread(fd, cache.HEADER.size, 0), os.fstat(fd).st_size)
-            if header is None or header.fetched_ns < c._stale_mark(node, i) or header.boot != cache.BOOT:
-                os.close(fd)
-                continue
-            os.utime(fd)
-            c._count_hit(node, header.size)
-            return fd
-        return None
 
     @staticmethod
     def _release(src) -> None:
