@@ -32,14 +32,14 @@ from .reader_stats import BYTES_CACHE, BYTES_MINIO, DAMAGED, HITS, MISSES, PREFE
 
 class Client:
     def __init__(self, state: ClusterState, creds: credentials.Credentials, manifest: Manifest, cfg,
-                 use_cache: bool = True):
+                 use_cache: bool = True, prefetch: bool = True):
         self.state, self.manifest = state, manifest
         self.paths = Paths(Path(state.root))
         self.verify = bool(cfg.client.verify_checksum)
         self.verify_cache = bool(cfg.cache.verify_reads)
         self.use_cache = use_cache
         p = cfg.cache.prefetch  # plain values: configuration lookups cost microseconds on the hit path
-        self.prefetch_window = int(p.window) if p.enabled else 0
+        self.prefetch_window = int(p.window) if p.enabled and prefetch else 0
         self.prefetch_trigger = int(p.trigger)
         self._s3 = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
                     for n in state.nodes}

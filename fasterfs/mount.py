@@ -79,7 +79,7 @@ class Operations(mfusepy.Operations):
         copies = self.ns.cached_locally(entry)
         with self._lock:
             fh = next(self._ids)
-            self._files[fh] = OpenFile(entry, self.ns.client(entry.manifest))
+            self._files[fh] = self.ns.open_entry(entry)
             fi.keep_cache = int(copies is not None and self._kept.get(entry.path) == copies)
             if copies is None:
                 self._kept.pop(entry.path, None)

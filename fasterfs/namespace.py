@@ -54,7 +54,8 @@ class Entry:
     starts: tuple[int, ...] = ()     # where each of them starts in the file
 
     def pieces(self, offset: int, length: int) -> list[tuple[int, int, int]]:
-        """(chunk id, start, stop) within each chunk covering bytes [offset, offset+length)."""
+        """(k, start, stop) within each chunk covering bytes [offset, offset+length): k is the
+        chunk's place in the file (its id is chunk_ids[k])."""
         out = []
         end = min(offset + max(length, 0), self.size)
         k = max(bisect.bisect_right(self.starts, offset) - 1, 0)
@@ -62,7 +63,7 @@ class Entry:
             i, pos = self.chunk_ids[k], self.starts[k]
             size = self.manifest.chunks[i].bytes
             if pos + size > offset:
-                out.append((i, max(offset - pos, 0), min(end - pos, size)))
+                out.append((k, max(offset - pos, 0), min(end - pos, size)))
             k += 1
         return out
 

@@ -13,6 +13,7 @@ import collections
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import cache, registry
 from .client import Client
@@ -36,6 +37,8 @@ class Namespace:
         self.tree = Tree({})
         self._clients: dict[str, Client] = {}
         self._base: Client | None = None
+        self.read_ahead = int(cfg.namespace.read_ahead_chunks)
+        self._pool = ThreadPoolExecutor(self.read_ahead, "fasterfs-read-ahead") if self.read_ahead > 0 else None
         self.refresh(force=True)
 
     def refresh(self, force: bool = False) -> Tree:
@@ -58,7 +61,9 @@ class Namespace:
             c = self._clients.get(manifest.name)
             if c is None or c.manifest.generation != manifest.generation:
                 if self._base is None:
-                    self._base = Client(self.state, self._creds, manifest, self.cfg, self.use_cache)
+                    # no prefetch hints to the StorageNodes: a path reader reads ahead itself
+                    # (a node fetching the same chunks as the reader halves a cold read here)
+                    self._base = Client(self.state, self._creds, manifest, self.cfg, self.use_cache, prefetch=False)
                     c = self._base
                 else:
                     c = self._base.sibling(manifest)
@@ -79,7 +84,15 @@ class Namespace:
         entry = self.lookup(path)
         if entry.is_dir:
             raise IsADirectoryError(f"{path}: is a directory")
-        return OpenFile(entry, self.client(entry.manifest))
+        return self.open_entry(entry)
+
+    def close(self) -> None:
+        """Waits for reads ahead still running (their chunks are released as they finish)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def open_entry(self, entry: Entry) -> "OpenFile":
+        return OpenFile(entry, self.client(entry.manifest), self.read_ahead, self._pool)
 
     def cat(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         f = self.open(path)
@@ -106,29 +119,30 @@ class OpenFile:
     """One open file: reads byte ranges. A chunk found in this host's cache is read from its
     entry file by descriptor (checked once, when the file first touches the chunk; an open
     file keeps the copy it started on); a chunk read from MinIO is read whole (one GET,
-    counted by the kernel) and kept. A few chunks stay at hand for reads that jump about."""
+    counted by the kernel) and kept. A few chunks stay at hand for reads that jump about.
 
-    KEEP = 8  # chunks at hand per open file: entry descriptors, or at most 2 fetched chunks
+    Reading ahead: when the file's reads move on to the next chunk, the following
+    `read_ahead` chunks are loaded on `pool`'s threads, so a sequential reader's next GET
+    overlaps its copy of this one (requests of the mount's threads never wait on another
+    chunk's GET: each chunk has its own future)."""
 
-    def __init__(self, entry: Entry, client: Client):
+    KEEP = 8  # chunks at hand per open file (descriptors or bytes); fetched bytes: read_ahead + 4
+
+    def __init__(self, entry: Entry, client: Client, read_ahead: int = 0, pool: ThreadPoolExecutor | None = None):
         self.entry, self.client = entry, client
+        self.read_ahead = read_ahead if pool is not None else 0
+        self._pool = pool
         self._lock = threading.Lock()
-        self._at_hand: collections.OrderedDict[int, int | bytes] = collections.OrderedDict()
+        self._at_hand: collections.OrderedDict[int, _Slot] = collections.OrderedDict()
+        self._last = -1  # the chunk most recently moved on to
 
     def read(self, offset: int, length: int) -> bytes:
-        """The bytes at [offset, offset+length), copied once."""
+        """The bytes at [offset, offset+length)."""
         if offset < 0 or length < 0:
             raise FasterFSError(f"{self.entry.path}: bad range offset={offset} length={length}")
-        parts = []
-        for i, start, stop in self.entry.pieces(offset, length):
-            src = self._chunk(i)
-            if isinstance(src, int):
-                parts.append(os.pread(src, stop - start, cache.HEADER.size + start))
-                if len(parts[-1]) != stop - start:
-                    raise FasterFSError(f"{self.entry.path}: cache entry of chunk {i} shorter than its header says")
-            else:
-                parts.append(src if (start, stop) == (0, len(src)) else src[start:stop])
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        buf = bytearray(max(0, min(length, self.entry.size - offset)))
+        del buf[self.read_into(offset, memoryview(buf)):]
+        return bytes(buf)
 
     def read_into(self, offset: int, buf: memoryview) -> int:
         """Fill `buf` with the bytes at `offset`; returns how many (fewer at the end of the file)."""
@@ -136,43 +150,80 @@ class OpenFile:
             raise FasterFSError(f"{self.entry.path}: bad offset {offset}")
         pos = 0
         for i, start, stop in self.entry.pieces(offset, len(buf)):
-            src = self._chunk(i)
-            if isinstance(src, int):
-                got = os.preadv(src, [buf[pos:pos + stop - start]], cache.HEADER.size + start)
-                if got != stop - start:
-                    raise FasterFSError(f"{self.entry.path}: cache entry of chunk {i} shorter than its header says")
-            else:
-                buf[pos:pos + stop - start] = memoryview(src)[start:stop]
+            slot = self._acquire(i)
+            try:
+                src = slot.future.result()
+                if isinstance(src, int):
+                    got = os.preadv(src, [buf[pos:pos + stop - start]], cache.HEADER.size + start)
+                    if got != stop - start:
+                        raise FasterFSError(f"{self.entry.path}: cache entry of chunk {self.entry.chunk_ids[i]} "
+                                            "shorter than its header says")
+                else:
+                    buf[pos:pos + stop - start] = memoryview(src)[start:stop]
+            finally:
+                with self._lock:
+                    slot.users -= 1
             pos += stop - start
         return pos
 
-    def _chunk(self, i: int) -> int | bytes:
+    def _acquire(self, i: int) -> "_Slot":
+        """Chunk i's slot, in use by the caller until it lowers `users` (a slot in use is never
+        released); loaded by this thread if nobody has started it."""
         with self._lock:
-            src = self._at_hand.get(i)
-            if src is None:
-                # cached here: a descriptor, checked once per open file; else the holder's
-                # MinIO, one GET (counted by the kernel)
-                got = self.client.open_cached(i)
-                src = got[0] if got is not None else self.client.read_chunk(i)
-                self._at_hand[i] = src
-                while True:  # the least recently used go: beyond KEEP, or fetched bytes beyond 2
-                    fetched = [k for k, v in self._at_hand.items() if isinstance(v, bytes)]
-                    if len(self._at_hand) <= self.KEEP and len(fetched) <= 2:
-                        break
-                    self._release(self._at_hand.pop(fetched[0] if len(fetched) > 2 else next(iter(self._at_hand))))
+            slot = self._at_hand.get(i)
+            mine = slot is None
+            if mine:
+                slot = self._at_hand[i] = _Slot()
             else:
                 self._at_hand.move_to_end(i)
-            return src
+            slot.users += 1
+            ahead = []
+            if i == self._last + 1:  # moving on in order: load the next ones in the background
+                for j in range(i + 1, min(i + 1 + self.read_ahead, len(self.entry.chunk_ids))):
+                    if j not in self._at_hand:
+                        ahead.append((j, self._at_hand.setdefault(j, _Slot())))
+            if i > self._last or mine:
+                self._last = i
+            self._trim()
+        for j, later in ahead:
+            self._pool.submit(self._load, later, j)
+        if mine:
+            self._load(slot, i)
+        return slot
 
-    @staticmethod
-    def _release(src) -> None:
-        if isinstance(src, int):
-            os.close(src)
+    def _load(self, slot: "_Slot", i: int) -> None:
+        """Cached here: a descriptor, checked once per open file; else the holder's MinIO,
+        one GET (counted by the kernel). A failure is the reader's to see, once: the slot
+        goes, so a later read tries again."""
+        try:
+            chunk = self.entry.chunk_ids[i]
+            got = self.client.open_cached(chunk)
+            slot.future.set_result(got[0] if got is not None else self.client.read_chunk(chunk))
+        except BaseException as e:
+            slot.future.set_exception(e)
+            with self._lock:
+                if self._at_hand.get(i) is slot:
+                    del self._at_hand[i]
+
+    def _trim(self) -> None:
+        """The least recently used slots not in use go: beyond KEEP, or fetched bytes beyond
+        read_ahead + 4 (a slot still loading counts as bytes; the kernel's
+        read-ahead of a sequential reader spans up to 3 chunks: fewer would fetch some twice)."""
+        while True:
+            idle = [k for k, s in self._at_hand.items() if s.users == 0]
+            heavy = [k for k in idle if self._at_hand[k].heavy()]
+            if len(self._at_hand) > self.KEEP and idle:
+                victim = idle[0]
+            elif sum(s.heavy() for s in self._at_hand.values()) > self.read_ahead + 4 and heavy:
+                victim = heavy[0]
+            else:
+                return
+            self._at_hand.pop(victim).future.add_done_callback(_release)
 
     def close(self) -> None:
         with self._lock:
-            for src in self._at_hand.values():
-                self._release(src)
+            for slot in self._at_hand.values():
+                slot.future.add_done_callback(_release)
             self._at_hand.clear()
 
     def __del__(self):
@@ -180,3 +231,24 @@ class OpenFile:
             self.close()
         except Exception:
             pass
+
+
+class _Slot:
+    """A chunk of an open file: a future of its descriptor or bytes, and how many reads use it."""
+    __slots__ = ("future", "users")
+
+    def __init__(self):
+        self.future: Future = Future()
+        self.users = 0
+
+    def heavy(self) -> bool:
+        """Holds (or is loading) a chunk's bytes in memory, rather than a descriptor."""
+        f = self.future
+        return not f.done() or (f.exception() is None and isinstance(f.result(), bytes))
+
+
+def _release(future: Future) -> None:
+    if future.exception() is None and isinstance(future.result(), int):
+        os.close(future.result())
+
+

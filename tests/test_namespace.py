@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec
@@ -40,6 +41,19 @@ def fs(live_cluster, overrides):
     return fsspec.filesystem("fasterfs", overrides=overrides, skip_instance_cache=True)
 
 
+def open_cache_entries() -> list[str]:
+    """Files of a cache directory this process has open."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "/cache/" in target:
+            out.append(target)
+    return out
+
+
 def write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -70,6 +84,18 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
     for dest, data in blobs.items():
         assert ns.cat(dest) == data
         assert ns.cat(dest, 3, 2_000_000) == data[3:2_000_000]  # across chunk boundaries
+    # reading ahead, from several threads at once as the mount's requests come: the same bytes,
+    # and every cache entry opened on the way closed again
+    ahead = Namespace(cfg_of("namespace.read_ahead_chunks=2"))
+    data = blobs["research/r.bin"]
+    for _ in range(2):  # the second time some chunks may be in the cache (hot after two reads)
+        f = ahead.open("research/r.bin")
+        with ThreadPoolExecutor(4) as pool:
+            parts = list(pool.map(lambda off: f.read(off, 300_000), range(0, len(data), 300_000)))
+        assert b"".join(parts) == data
+        f.close()
+    ahead.close()
+    assert open_cache_entries() == []
     aapl = fasterfs.connect(overrides=overrides, dataset=first.name)
     assert ns.cat(f"{first.name}/{first.name}.csv") == b"".join(aapl.read_chunk(i) for i in range(len(first)))
     assert fasterfs.connect(overrides=overrides, dataset="SYNTH_SMALL").manifest.rows == 3000
