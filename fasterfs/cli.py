@@ -92,7 +92,7 @@ def cmd_ingest(cfg) -> None:
         manifest = ingest(cfg, progress=lambda done, total: bar.update(task, completed=done, total=total))
     per_node = [len(manifest.on_node(i)) for i in range(manifest.node_count)]
     console.print(f"[green]ingested[/] {manifest.dataset}: {manifest.rows} rows in {len(manifest)} {manifest.format} "
-                  f"chunks ({report.fmt_bytes(manifest.total_bytes)}), replicas={manifest.replicas}, "
+                  f"chunks ({report.fmt_bytes(manifest.total_bytes)}), {manifest.redundancy()}, "
                   f"chunks per node {per_node}")
 
 
@@ -254,7 +254,7 @@ def cmd_put(cfg, *paths: str, force: bool = False) -> None:
             task = bar.add_task(f"put {src} -> {name}", total=None)
             m = put(cfg, src, name, force, progress=lambda done, total: bar.update(task, completed=done, total=total))
         console.print(f"[green]stored[/] {name}: {report.fmt_bytes(m.total_bytes)} in {len(m)} chunks, "
-                      f"replicas={m.replicas}")
+                      f"{m.redundancy()}")
 
 
 def _namespace(cfg):

@@ -19,7 +19,7 @@ from typing import Callable
 
 import xxhash
 
-from . import lobster, registry, s3
+from . import erasure, lobster, registry, s3
 from .config import as_cfg
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
@@ -127,9 +127,12 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
     why = Tree(current).conflict(name, kind)
     if why:
         raise FasterFSError(f"cannot store {kind} {name!r} in the namespace: {why}")
+    ec = cfg.layout == "ec"
+    k, m = (int(cfg.ec.data), int(cfg.ec.parity)) if ec else (0, 0)
     ids = [n.index for n in state.nodes[:n_nodes]]  # placement picks among positions; nodes keep their ids
     placement = [[ids[p] for p in holders] for holders in place(
-        [f"{name}/chunk-{i:05d}" for i in range(count)], n_nodes, cfg.replicas, cfg.placement.load_slack)]
+        [f"{name}/chunk-{i:05d}" for i in range(count)], n_nodes, k + m if ec else cfg.replicas,
+        cfg.placement.load_slack)]
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
     prefix = object_prefix(name, kind)
     bucket = state.config["minio"]["bucket"]
@@ -140,12 +143,17 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
         body, info = chunk(i)
         key = f"{prefix}{generation}/{chunk_name(i)}"
         digest = xxhash.xxh3_64_intdigest(body)
-        for node in placement[i]:
+        # replicas: the chunk on each holder; ec: shard s on the s-th node of its placement
+        objects = ([(node, erasure.shard_key(key, s), shard, erasure.checksum(shard)) for s, (node, shard) in
+                    enumerate(zip(placement[i], erasure.encode(body, k, m)))] if ec
+                   else [(node, key, body, digest) for node in placement[i]])
+        for node, obj, data, sum_ in objects:
             try:
-                clients[node].put_object(Bucket=bucket, Key=key, Body=body, Metadata={"xxh3": str(digest)})
+                clients[node].put_object(Bucket=bucket, Key=obj, Body=data, Metadata={"xxh3": str(sum_)})
             except Exception as e:
-                raise FasterFSError(f"storing {key} on node {node} ({state.node(node).endpoint}) failed: {e}") from e
-        return ChunkInfo(i, key, placement[i], len(body), xxh3=digest, **info)
+                raise FasterFSError(f"storing {obj} on node {node} ({state.node(node).endpoint}) failed: {e}") from e
+        return ChunkInfo(i, key, placement[i], len(body), xxh3=digest, shards=[o[3] for o in objects] if ec else [],
+                         **info)
 
     chunks: list[ChunkInfo] = []
     try:
@@ -157,7 +165,8 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
     except BaseException:
         _delete_objects(clients.values(), bucket, f"{prefix}{generation}/", lambda key: True)
         raise
-    new = manifest(replicas=cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation, chunks=chunks)
+    new = manifest(replicas=1 if ec else cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
+                   chunks=chunks, layout=cfg.layout, ec_data=k, ec_parity=m)
     took = registry.publish_manifest(state.name, new, prefix)  # the head keeps it; every StorageNode gets it
     missed = sorted({n.index for n in state.nodes} - set(took))
     if missed:  # readers still see it (they ask the Registry); those nodes learn it when they restart
@@ -176,7 +185,11 @@ def _target(cfg, nodes: int | None):
     n_nodes = nodes or len(state.nodes)
     if n_nodes > len(state.nodes):
         raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
-    if cfg.replicas > n_nodes:
+    if cfg.layout not in ("replicas", "ec"):
+        raise FasterFSError(f"option layout={cfg.layout!r}: replicas or ec")
+    if cfg.layout == "ec":
+        erasure.check_layout(cfg.ec.data, cfg.ec.parity, n_nodes)
+    elif cfg.replicas > n_nodes:
         raise FasterFSError(f"option replicas={cfg.replicas}: the running cluster has only {n_nodes} nodes")
     return state, n_nodes
 

@@ -19,13 +19,14 @@ from .fsutil import atomic_write_json, read_json
 class ChunkInfo:
     id: int
     key: str            # object key in every holding node's bucket
-    nodes: list[int]    # holding nodes, preferred owner first
+    nodes: list[int]    # replicas: holding nodes, preferred owner first; ec: shard i's node is nodes[i]
     bytes: int
     rows: int           # LOBSTER rows (0 for a file's chunks)
     first_row: int
     first_time: float
     last_time: float
-    xxh3: int           # xxh3_64 of the object's bytes (also in its metadata)
+    xxh3: int           # xxh3_64 of the chunk's bytes (also in its object's metadata)
+    shards: list[int] = field(default_factory=list)  # ec: xxh3_64 of each shard, in shard order
 
 
 @dataclass
@@ -42,10 +43,17 @@ class Manifest:
     chunks: list[ChunkInfo]
     created: float = field(default_factory=time.time)
     kind: str = "dataset"  # dataset (LOBSTER rows) | file (any bytes, stored with `put`)
+    layout: str = "replicas"  # replicas (whole copies) | ec (Reed-Solomon shards, fasterfs.erasure)
+    ec_data: int = 0
+    ec_parity: int = 0
 
     @property
     def name(self) -> str:
         return self.dataset
+
+    def redundancy(self) -> str:
+        """The layout as a user names it: replicas=2, or ec=4+2."""
+        return f"ec={self.ec_data}+{self.ec_parity}" if self.layout == "ec" else f"replicas={self.replicas}"
 
     def chunk(self, i: int) -> ChunkInfo:
         if not isinstance(i, int) or not 0 <= i < len(self.chunks):

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from . import bpf, identity, reader_stats, registry, s3
+from . import bpf, erasure, identity, reader_stats, registry, s3
 from .bpf.events import key_hash
 from .bpf.pinned import mount_bpffs, unmount_bpffs
 from .cache import ChunkCache, entry_name
@@ -52,7 +52,7 @@ class StorageNode:
 
         self.paths = paths
         self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
-        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}}
+        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}, "shards": set()}
         self._cluster: ClusterState | None = None
         self._peers: dict[int, object] = {}
         self.last_invalidation: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
@@ -126,7 +126,8 @@ class StorageNode:
         else:
             return  # another bucket, or a path cut at the kernel's bound: not one of ours to resolve
         if event["type"] == "HOT":
-            self.filler.request(key, "hot")
+            if key not in self._names["shards"]:  # a shard alone is no chunk: not cached (yet)
+                self.filler.request(key, "hot")
             return
         # STALE at the request line, COMMITTED when the write is done: both drop and tell
         self._forget(event["key"], key)
@@ -202,7 +203,8 @@ class StorageNode:
         chunks = [(m.bucket, c) for m in self._manifests.values() for c in m.chunks]
         self._names = {"hashes": {key_hash(f"/{bucket}/{c.key}"): c for bucket, c in chunks},
                        "entries": {entry_name(c.key): c.key for _, c in chunks},
-                       "holders": {c.key: c.nodes for _, c in chunks}}
+                       "holders": {c.key: c.nodes for _, c in chunks},
+                       "shards": {erasure.shard_key(c.key, s) for _, c in chunks for s in range(len(c.shards))}}
         self.cache.retain(self._names["holders"])
 
     def _revalidate(self) -> int:

@@ -16,10 +16,10 @@ import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, identity, lab, registry, s3
+from fasterfs import cluster, config, erasure, identity, lab, registry, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
-from fasterfs.ingest import ingest
+from fasterfs.ingest import ingest, put
 
 from conftest import assert_nothing_left, cluster_overrides, data_overrides, load_job, mounts_under, wait_until
 
@@ -58,6 +58,14 @@ def _look_around(root: str) -> dict:
 def _read(root, ids):
     client = fasterfs.connect(root, ["cache.prefetch.enabled=false"])
     return ray.get_runtime_context().get_node_id(), [(xxh3(client.read_chunk(i)), client.sources(i)[0]) for i in ids]
+
+
+@ray.remote(num_cpus=0)
+def _read_file(name):
+    """xxh3 of a whole file read on this host, and how many of its chunks needed parity."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
+    data = b"".join(client.read_chunk(i) for i in range(len(client)))
+    return xxh3(data), client.degraded_reads
 
 
 def test_share_nothing_lab(lab_overrides):
@@ -162,6 +170,31 @@ def test_share_nothing_lab(lab_overrides):
             got = _on_host(state, n.index, "cat", f"{point}/{manifest.name}/chunks/{y.key.rsplit('/', 1)[-1]}")
             assert got.returncode == 0 and xxh3(got.stdout.encode()) == y.xxh3, got.stderr
         assert not [m for m in mounts_under(state.root) if m.endswith("/mnt")]  # the head has no StorageNode
+
+        # -- erasure coding (2 data + 1 parity shards on the 3 hosts): read on host 0 while healthy,
+        # with host 1's MinIO down, and with a shard turned to garbage on host 2
+        blob = os.urandom(5 * 2**20 + 123)
+        src = Path(state.root) / "blob.bin"
+        src.write_bytes(blob)
+        ec = put(config.load(lab_overrides + ["layout=ec", "ec.data=2", "ec.parity=1", "files.chunk_mb=1"]),
+                 src, "team/blob.bin")
+        assert (ec.layout, ec.ec_data, ec.ec_parity, len(ec)) == ("ec", 2, 1, 6)
+        assert all(sorted(c.nodes) == [0, 1, 2] and len(c.shards) == 3 for c in ec.chunks)
+        stored = sum(o["Size"] for n in state.nodes for o in s3.client(n.endpoint, creds).list_objects_v2(
+            Bucket=ec.bucket, Prefix=ec.chunks[0].key.rsplit("/", 1)[0]).get("Contents", []))
+        assert 1.5 <= stored / len(blob) < 1.6  # 3 shards of half a chunk each (+ 80-byte shard headers)
+        on0 = cluster.pinned(state.node(0))
+        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
+        ray.get(actors[1].hold_minio.remote())
+        try:
+            needs_parity = sum(1 in c.nodes[:2] for c in ec.chunks)  # host 1 held a data shard of these
+            assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), needs_parity)
+        finally:
+            ray.get(actors[1].release_minio.remote())
+        bad = ec.chunks[2]
+        s3.client(state.node(bad.nodes[0]).endpoint, creds).put_object(
+            Bucket=ec.bucket, Key=erasure.shard_key(bad.key, 0), Body=os.urandom(len(blob) // 10))
+        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 1)
 
         # -- the jobs, small, on share-nothing hosts: Demo B, the backtest, GraySort
         demo_b = load_job("demo_b").main(lab_overrides + data_overrides() + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",

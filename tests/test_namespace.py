@@ -117,6 +117,10 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
         put(cfg_of(), tmp_path / "src", "one/below")
     with pytest.raises(FasterFSError, match="path"):
         put(cfg_of(), tmp_path / "src", "../escape")
+    with pytest.raises(FasterFSError, match=r"ec.data=2 \+ ec.parity=1: .* the data goes on 2"):
+        put(cfg_of("layout=ec", "ec.data=2", "ec.parity=1"), tmp_path / "src", "two")
+    with pytest.raises(FasterFSError, match="no such dataset or file"):
+        fasterfs.connect(overrides=overrides, dataset="two")
     put(cfg_of(), write(tmp_path / "src", b"replaced"), "one", force=True)
     assert Namespace(cfg_of()).cat("one") == b"replaced"
     # rm: a reader holding it keeps reading (keep_old_s); a new one is told it is gone

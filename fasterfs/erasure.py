@@ -1,0 +1,59 @@
+"""Reed-Solomon erasure coding of chunks: `layout=ec ec.data=K ec.parity=M` stores each chunk
+as K data shards and M parity shards on K+M distinct nodes; any K of them rebuild it.
+
+Systematic code (pyeclib over its bundled ISA-L): the data shards are the chunk's bytes in
+K slices, so a healthy read only fetches and joins them; parity is read only when a data
+shard is missing or fails its checksum. Each shard is an object of its own
+(`<chunk key>.s<index>`) carrying the xxh3 of its bytes, which the manifest records too:
+a shard from another chunk or generation, or garbage from a host, fails the check.
+"""
+from __future__ import annotations
+
+import functools
+
+import xxhash
+
+from .errors import FasterFSError
+
+BACKEND = "isa_l_rs_vand"  # Vandermonde RS from ISA-L, in pyeclib's wheel: nothing to build
+
+
+def shard_key(key: str, index: int) -> str:
+    return f"{key}.s{index}"
+
+
+def checksum(shard: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(shard)
+
+
+def check_layout(data: int, parity: int, nodes: int) -> None:
+    """The options of an erasure-coded write, checked against the nodes it goes on."""
+    if not isinstance(data, int) or data < 1:
+        raise FasterFSError(f"option ec.data={data!r}: give the number of data shards per chunk, >= 1")
+    if not isinstance(parity, int) or parity < 1:
+        raise FasterFSError(f"option ec.parity={parity!r}: an erasure-coded layout needs >= 1 parity shard "
+                            "(parity 0 survives no lost host; use replicas=1 for no redundancy)")
+    if data + parity > nodes:
+        raise FasterFSError(f"options ec.data={data} + ec.parity={parity}: each of the {data + parity} shards of a "
+                            f"chunk needs its own node, and the data goes on {nodes}")
+
+
+@functools.lru_cache(maxsize=8)
+def _driver(data: int, parity: int):
+    from pyeclib.ec_iface import ECDriver
+
+    return ECDriver(k=data, m=parity, ec_type=BACKEND)
+
+
+def encode(chunk: bytes, data: int, parity: int) -> list[bytes]:
+    """The chunk's data + parity shards, in shard order."""
+    return _driver(data, parity).encode(chunk)
+
+
+def decode(shards: dict[int, bytes], data: int, parity: int, what: str) -> bytes:
+    """The chunk from any `data` good shards ({index: bytes}); names `what` if too few."""
+    if len(shards) < data:
+        raise FasterFSError(f"{what}: only {len(shards)} of its {data + parity} shards are readable, "
+                            f"{data} are needed")
+    ordered = [shards[i] for i in sorted(shards)[:data]]  # data shards first: a plain join when all are there
+    return _driver(data, parity).decode(ordered)
