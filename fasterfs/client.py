@@ -35,6 +35,7 @@ from .reader_stats import BYTES_CACHE, BYTES_MINIO, DAMAGED, HITS, MISSES, PREFE
 
 class Client:
     DOWN_S = 2.0  # how long a node that refused a connection is tried last
+
     def __init__(self, state: ClusterState, creds: credentials.Credentials, manifest: Manifest, cfg,
                  use_cache: bool = True, prefetch: bool = True):
         self.state, self.manifest = state, manifest
@@ -306,7 +307,8 @@ class Client:
         """Sequential reader detection: after `trigger` in-order reads, prefetch a window ahead."""
         self._in_order = self._in_order + 1 if self._last_read is not None and i == self._last_read + 1 else 1
         self._last_read = i
-        if not (self.use_cache and self.prefetch_window and self._in_order >= self.prefetch_trigger):
+        if not (self.use_cache and self.prefetch_window and self._in_order >= self.prefetch_trigger) \
+                or self.manifest.layout == "ec":  # a node fills whole objects; an ec chunk is shards
             return
         if self._in_order == self.prefetch_trigger:
             self._prefetched_to = i  # a new sequential run
