@@ -61,8 +61,9 @@ class Namespace:
             c = self._clients.get(manifest.name)
             if c is None or c.manifest.generation != manifest.generation:
                 if self._base is None:
-                    # no prefetch hints to the StorageNodes: a path reader reads ahead itself
-                    # (a node fetching the same chunks as the reader halves a cold read here)
+                    # no prefetch hints to the StorageNodes: a node fetching the same chunks as
+                    # the reader halved a cold read here (the mount has the kernel's read-ahead;
+                    # namespace.read_ahead_chunks loads chunks ahead in this process)
                     self._base = Client(self.state, self._creds, manifest, self.cfg, self.use_cache, prefetch=False)
                     c = self._base
                 else:
