@@ -156,7 +156,7 @@ def main(argv: list[str]) -> dict:
                 pass
     out = report.run_dir(cfg, "bench-namespace")
     report.write_json(out, "namespace.json", result)
-    print(json.dumps({k: v for k, v in result.items()}, indent=1))
+    print(json.dumps(result, indent=1))
     print(f"report: {out / 'namespace.json'}")
     return result
 
