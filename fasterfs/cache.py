@@ -239,6 +239,11 @@ class ChunkCache:
                 self.used -= self._sizes.pop(name)
             return False
 
+    def names(self) -> frozenset[str]:
+        """The entries readable now (not those being written)."""
+        with self._lock:
+            return frozenset(n for n in self._sizes if n not in self._writing)
+
     def put(self, key: str, data: bytes, etag: str = "", fetched_ns: int | None = None) -> bool:
         """Store an entry atomically, evicting the least recently used to make room.
         `fetched_ns` is when the GET for `data` began (time.monotonic_ns())."""

@@ -8,7 +8,7 @@ import sys
 
 from rich.table import Table
 
-from . import cluster, config, registry, report
+from . import cluster, config, registry, repair, report
 from .errors import FasterFSError
 
 console = report.console()
@@ -70,7 +70,35 @@ def cmd_status(cfg) -> None:
         table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
                       str(r.get("objects", "-")), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
     console.print(table)
+    _print_redundancy(repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack))
     console.print(f"Ray dashboard: {state.dashboard_url}" + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
+
+
+def _print_redundancy(health) -> None:
+    colour = "red" if health.lost else "yellow" if health.degraded else "green"
+    console.print(f"Redundancy: [{colour}]{health.summary()}[/]", highlight=False)
+
+
+def cmd_repair(cfg) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    state = registry.find(cfg)
+    creds = registry.fetch_credentials(state.name)
+    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"repairing (at most {cfg.repair.mb_per_s:g} MB/s)", total=None)
+        out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    console.print(f"found: {out.health.summary()}", highlight=False)
+    console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
+                  f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)")
+    _print_redundancy(repair.survey(state, creds, cfg.placement.load_slack))
+    for why in out.failed:
+        console.print(f"[red]not repaired[/]: {why}", highlight=False)
+    if out.health.lost:
+        raise FasterFSError(f"{out.health.lost_count} chunks are lost, fewer good pieces than rebuild them; left as "
+                            f"they are (a host that comes back may hold what they miss): {out.health.lost_names()}")
+    if out.failed:
+        raise FasterFSError(f"{len(out.failed)} chunks could not be repaired (above); run `fasterfs repair` again")
 
 
 def cmd_down(cfg) -> None:
@@ -322,6 +350,8 @@ COMMANDS = {
     "rm": (cmd_rm, "remove datasets or files from the namespace"),
     "mount": (cmd_mount, "mount the namespace read-only with FUSE on every host: `fasterfs mount /mnt/ffs`"),
     "umount": (cmd_umount, "unmount it everywhere"),
+    "repair": (cmd_repair, "put every missing replica or shard back (and pieces moved away back home); "
+                           "names chunks that are lost"),
     "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
 }
 

@@ -57,6 +57,7 @@ class Client:
         self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self._refused: dict[int, float] = {}  # node -> until when it is tried last
         self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
+        self.peer_reads = 0      # chunks read from another host's cache, their holders down
         self._shard_pool: ThreadPoolExecutor | None = None
         self._hints: queue.SimpleQueue | None = None
         self.hints_dropped = 0               # hints made while not connected to Ray
@@ -214,8 +215,56 @@ class Client:
         st.add(BYTES_CACHE, size)
 
     def _read_minio(self, i: int, chunk) -> bytes:
-        if self.manifest.layout == "ec":
-            return self._read_shards(i, chunk)
+        """Chunk i from MinIO; when its holders are down, from a cache on another host (the
+        peer tier): first if every holder refused lately, else once MinIO failed."""
+        holders_down = all(self._down(n) for n in chunk.nodes)
+        if holders_down:
+            data = self._read_peer(i, chunk)
+            if data is not None:
+                return data
+        try:
+            return self._read_shards(i, chunk) if self.manifest.layout == "ec" else self._read_replicas(i, chunk)
+        except FasterFSError:
+            data = None if holders_down else self._read_peer(i, chunk)
+            if data is None:
+                raise
+            return data
+
+    def _read_peer(self, i: int, chunk) -> bytes | None:
+        """Chunk i from the cache of a node that has it (any host; the StorageNodes keep the
+        index), checked against the manifest; None without Ray or when no cache has it."""
+        import ray
+
+        from .state import actor_name
+
+        if not ray.is_initialized():
+            return None
+
+        def ask(node: int, method: str, timeout: float):
+            actor = ray.get_actor(actor_name(node), namespace=self.state.namespace)
+            return ray.get(getattr(actor, method).remote(chunk.key), timeout=timeout)
+
+        near = [self.local_node] if self.local_node is not None else []
+        for node in near + [n.index for n in self.state.nodes if n.index not in near and not self._down(n.index)]:
+            try:
+                cached_on = ask(node, "cached_on", 5.0)
+                break
+            except Exception:  # that node is gone too: ask the next
+                continue
+        else:
+            return None
+        for node in cached_on:
+            try:
+                data = ask(node, "cache_read", 10.0)
+            except Exception:
+                continue
+            if data is not None and len(data) == chunk.bytes and xxhash.xxh3_64_intdigest(data) == chunk.xxh3:
+                self.peer_reads += 1
+                self._count_hit(node, len(data))
+                return data
+        return None
+
+    def _read_replicas(self, i: int, chunk) -> bytes:
         errors = []
         for node in sorted(self.sources(i), key=self._down):  # holders that refused lately, last
             try:
@@ -291,6 +340,11 @@ class Client:
             raise FasterFSError(f"chunk {i} ({chunk.key}): rebuilt from shards {sorted(good)[:k]} it does not match "
                                 "its checksum")
         return data
+
+    def avoid(self, nodes: set[int]) -> None:
+        """Try these nodes last, for this client's life (known down: repair's survey)."""
+        for node in nodes:
+            self._refused[node] = float("inf")
 
     def _down(self, node: int) -> bool:
         """The node refused a connection within DOWN_S: read elsewhere first (a refused

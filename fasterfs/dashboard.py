@@ -26,7 +26,7 @@ header{background:#0d1b2a;color:#fff;padding:10px 20px}header a{color:#9cd}
 main{padding:8px 20px}h2{font-size:16px;margin:18px 0 6px}
 table{border-collapse:collapse;background:#fff;margin-bottom:6px}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:right}th{background:#eef1f4}
-td.l,th.l{text-align:left}.ok{color:#15803d}.bad{color:#b91c1c;font-weight:600}
+td.l,th.l{text-align:left}.ok{color:#15803d}.bad{color:#b91c1c;font-weight:600}.warn{color:#b45309;font-weight:600}
 .sim{background:#fff3c4;border:2px solid #d4a000;padding:8px;margin:8px 0;font-weight:600}
 .err{background:#ffe4e4;border:2px solid #b91c1c;padding:8px;margin:8px 0}
 .muted{color:#656d76}.charts{display:flex;gap:16px;flex-wrap:wrap}
@@ -89,6 +89,18 @@ def _nodes(snap: dict) -> str:
                      e(n["endpoint"]), health, _num(st.get("objects")), e(fmt_bytes(st.get("bytes"))),
                      _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-")])
     return _table(["node", "address", "MinIO", "health", "objects", "stored", "MinIO restarts", "kernel"], rows, 4)
+
+
+def _redundancy(snap: dict) -> str:
+    r = snap.get("redundancy")
+    if not r:
+        return '<p class="muted">Redundancy: not surveyed yet (the lowest-numbered live node does, every repair.check_s)</p>'
+    down = f'; nodes down: {e(", ".join(map(str, r["nodes_down"])))}' if r["nodes_down"] else ""
+    lost = "".join(f"; <b>LOST</b> {e(name)}: chunks {e(', '.join(map(str, ids)))}" for name, ids in r["lost_chunks"].items())
+    cls = "bad" if r["lost"] else "warn" if r["degraded"] else "ok"
+    return (f'<p>Redundancy: <span class="{cls}">{r["chunks"] - r["degraded"]:,} of {r["chunks"]:,} chunks at full '
+            f'redundancy, {r["degraded"]:,} degraded</span>{lost}{down} '
+            f'<span class="muted">(surveyed {e(time.strftime("%H:%M:%S", time.localtime(r["time"])))})</span></p>')
 
 
 def _kernel(snap: dict) -> str:
@@ -199,7 +211,7 @@ def render_live(monitor: Monitor) -> str:
     now = snap["time"]
     return (f'<p class="muted">updated {e(time.strftime("%H:%M:%S", time.localtime(now)))}; cluster up '
             f'{(now - snap["started"]) / 60:.0f} min</p>' + _banners(snap)
-            + "<h2>Nodes</h2>" + _nodes(snap) + "<h2>Kernel programs</h2>" + _kernel(snap)
+            + "<h2>Nodes</h2>" + _nodes(snap) + _redundancy(snap) + "<h2>Kernel programs</h2>" + _kernel(snap)
             + "<h2>Caches</h2>" + _cache(snap) + "<h2>Live rates</h2>" + _charts(monitor, now)
             + "<h2>Recent kernel events</h2>" + _events(snap) + "<h2>Job runs</h2>" + _runs(monitor))
 

@@ -24,7 +24,7 @@ from .config import as_cfg
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
 from .namespace import Tree, check_dataset_name, check_path
-from .placement import place
+from .placement import chunk_homes
 
 log = logging.getLogger("fasterfs.ingest")
 EXTENSIONS = {"csv": "csv", "arrow": "arrow"}
@@ -129,10 +129,8 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
         raise FasterFSError(f"cannot store {kind} {name!r} in the namespace: {why}")
     ec = cfg.layout == "ec"
     k, m = (int(cfg.ec.data), int(cfg.ec.parity)) if ec else (0, 0)
-    ids = [n.index for n in state.nodes[:n_nodes]]  # placement picks among positions; nodes keep their ids
-    placement = [[ids[p] for p in holders] for holders in place(
-        [f"{name}/chunk-{i:05d}" for i in range(count)], n_nodes, k + m if ec else cfg.replicas,
-        cfg.placement.load_slack)]
+    placement = chunk_homes(name, count, [n.index for n in state.nodes[:n_nodes]], k + m if ec else cfg.replicas,
+                            cfg.placement.load_slack)
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
     prefix = object_prefix(name, kind)
     bucket = state.config["minio"]["bucket"]

@@ -76,9 +76,11 @@ class Monitor:
         self.history.append((now, {n["index"]: n["totals"] for n in nodes}))
         for n in nodes:
             n["rates"] = _rates(previous[0], previous[1].get(n["index"], {}), now, n["totals"]) if previous else {}
+        # the node that leads repair (the lowest-numbered live one) surveyed the namespace last
+        redundancy = next((n["status"]["redundancy"] for n in nodes if (n.get("status") or {}).get("redundancy")), None)
         return {"time": now, "cluster": self.state.name, "root": str(self.root), "started": self.state.started,
                 "ray_address": self.state.ray_address, "ray_dashboard": self.state.dashboard_url,
-                "lab": self.state.lab, "nodes": nodes}
+                "lab": self.state.lab, "nodes": nodes, "redundancy": redundancy}
 
     def series(self, name: str) -> dict[int, list[tuple[float, float]]]:
         """Per node, (time, per-second rate of `name`) between consecutive snapshots."""
@@ -183,6 +185,13 @@ class _Collector:
             ("capacity", "capacity_bytes", "the cache's bound; LRU eviction keeps it under"))}
         cache_counters = {k: family(CounterMetricFamily, f"cache_{k}", f"cache {k}")
                           for k in ("fills", "evictions", "hits", "misses", "bytes_from_cache", "bytes_from_minio")}
+        redundancy = family(GaugeMetricFamily, "chunks", "chunks of the namespace by redundancy, as last surveyed",
+                            ("state",))
+        r = self.snap.get("redundancy")
+        if r:
+            for state, count in (("full", r["chunks"] - r["degraded"]), ("degraded", r["degraded"]),
+                                 ("lost", r["lost"])):
+                redundancy.add_metric([state], count)
         for n in self.snap["nodes"]:
             labels = [str(n["index"]), n["address"]]
             st, k, c = n.get("status"), n.get("kernel"), n.get("cache")
@@ -205,5 +214,5 @@ class _Collector:
                     fam.add_metric(labels, c[name])
                 for name, fam in cache_counters.items():
                     fam.add_metric(labels, c.get(name, c["readers"].get(name, 0)))
-        yield from [up, objects, stored, restarts, real, *kernel.values(), gets, sockopt, *cache.values(),
+        yield from [redundancy, up, objects, stored, restarts, real, *kernel.values(), gets, sockopt, *cache.values(),
                     *cache_counters.values()]

@@ -42,3 +42,10 @@ def place(keys: Sequence[str], nodes: int, replicas: int = 1, load_slack: float 
             load[i] += 1
         out.append(chosen)
     return out
+
+
+def chunk_homes(name: str, count: int, node_ids: Sequence[int], width: int, load_slack: float) -> list[list[int]]:
+    """Where a write of `count` chunks of `name` puts each chunk's `width` pieces (replicas, or
+    shards in shard order), as node ids: what ingest writes, and where repair moves pieces back."""
+    return [[node_ids[p] for p in holders] for holders in place(
+        [f"{name}/chunk-{i:05d}" for i in range(count)], len(node_ids), width, load_slack)]

@@ -15,6 +15,7 @@ credentials file, one manifest file per name), so a restarted Registry knows eve
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -52,6 +53,10 @@ class Registry:
         # every generation a manifest named: {dataset, generation, prefix, replaced: time or None}
         self._history_file = self.paths.root / "generations.json"
         self._history = read_json(self._history_file, "generation history") if self._history_file.exists() else []
+        # pieces repair moved away from a node ({node, key, retired}): readers holding the manifest
+        # from before the move may still read them, so they go only after ingest.keep_old_s
+        self._retired_file = self.paths.root / "retired-pieces.json"
+        self._retired = read_json(self._retired_file, "retired pieces") if self._retired_file.exists() else []
         self._lock = threading.Lock()
 
     def ready(self) -> str:
@@ -98,6 +103,42 @@ class Registry:
             self._entries[manifest.name] = manifest
             self.version += 1
             return self._push("set_manifest", manifest, timeout)
+
+    def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
+                      retired: list[tuple[int, str]] = (), timeout: float = 60.0) -> list[int]:
+        """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
+        to the chunks still as the repair saw them, only in the generation it repaired (a
+        re-ingest meanwhile wins); pushed like a new generation. Returns the chunk ids applied."""
+        with self._lock:
+            current = self._entries.get(name)
+            if current is None or current.generation != generation:
+                return []
+            chunks, applied = list(current.chunks), []
+            for cid, (before, after) in moves.items():
+                if chunks[cid].nodes == list(before):
+                    chunks[cid] = dataclasses.replace(chunks[cid], nodes=list(after))
+                    applied.append(cid)
+            if not applied:
+                return []
+            manifest = dataclasses.replace(current, chunks=chunks)
+            manifest.save(self._file(name))
+            self._entries[name] = manifest
+            now = time.time()
+            self._retired += [{"node": node, "key": key, "retired": now} for node, key in retired]
+            atomic_write_json(self._retired_file, self._retired)
+            self.version += 1
+            self._push("set_manifest", manifest, timeout)
+            return applied
+
+    def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
+        """Pieces retired by repair more than keep_old_s ago, forgotten here: they can go."""
+        with self._lock:
+            now = time.time()
+            gone = [p for p in self._retired if now - p["retired"] >= keep_old_s]
+            if gone:
+                self._retired = [p for p in self._retired if p not in gone]
+                atomic_write_json(self._retired_file, self._retired)
+            return [(p["node"], p["key"]) for p in gone]
 
     def remove(self, name: str, timeout: float = 60.0) -> Manifest:
         """Take `name` out of the namespace. Its objects stay for readers that hold its
@@ -237,6 +278,14 @@ def namespace_version(cluster_name: str) -> int:
 
 def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list[int]:
     return _ask(cluster_name, "publish_manifest", manifest, prefix)
+
+
+def update_chunks(cluster_name: str, name: str, generation: str, moves: dict, retired: list) -> list[int]:
+    return _ask(cluster_name, "update_chunks", name, generation, moves, retired)
+
+
+def expired_pieces(cluster_name: str, keep_old_s: float) -> list[tuple[int, str]]:
+    return _ask(cluster_name, "expired_pieces", keep_old_s)
 
 
 def remove(cluster_name: str, name: str) -> Manifest:

@@ -14,10 +14,10 @@ import os
 import threading
 import time
 
-from . import bpf, erasure, identity, reader_stats, registry, s3
+from . import bpf, erasure, identity, reader_stats, registry, repair, s3
 from .bpf.events import key_hash
 from .bpf.pinned import mount_bpffs, unmount_bpffs
-from .cache import ChunkCache, entry_name
+from .cache import ChunkCache, entry_name, read_entry
 from .cache_filler import CacheFiller
 from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
@@ -52,10 +52,14 @@ class StorageNode:
 
         self.paths = paths
         self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
-        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}, "shards": set()}
+        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}, "shards": set(), "pieces": {}}
         self._cluster: ClusterState | None = None
         self._peers: dict[int, object] = {}
         self.last_invalidation: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
+        self.health: dict | None = None  # the namespace's redundancy, as this node last surveyed it (when it leads)
+        self.repairs: list[dict] = []    # what this node's own repairs did, latest last
+        self.scrubbed = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
+        self._peer_caches: dict[int, frozenset[str]] = {}  # node -> entries in its cache (the peer tier's index)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
@@ -76,6 +80,9 @@ class StorageNode:
         self._revalidate()
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
+        threading.Thread(target=self._scrub_minio, name="minio-scrub", daemon=True).start()
+        threading.Thread(target=self._watch_cluster, name="repair-watch", daemon=True).start()
+        threading.Thread(target=self._share_cache_index, name="cache-index", daemon=True).start()
         self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, self._mount_overrides(),
                              self.cfg.mount.read_ahead_kb)
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
@@ -201,10 +208,15 @@ class StorageNode:
         """Lookups over the whole namespace: key hash -> chunk, cache entry -> key, key -> holders;
         entries of replaced generations and removed names would only take room."""
         chunks = [(m.bucket, c) for m in self._manifests.values() for c in m.chunks]
+        # this node's own objects: key -> (name, chunk id, the xxh3 its bytes must have), for the scrub
+        pieces = {key: (m.name, c.id, c.shards[slot] if m.layout == "ec" else c.xxh3)
+                  for m in self._manifests.values() for c in m.chunks
+                  for slot, (node, key) in enumerate(repair.pieces(m, c)) if node == self.index}
         self._names = {"hashes": {key_hash(f"/{bucket}/{c.key}"): c for bucket, c in chunks},
                        "entries": {entry_name(c.key): c.key for _, c in chunks},
                        "holders": {c.key: c.nodes for _, c in chunks},
-                       "shards": {erasure.shard_key(c.key, s) for _, c in chunks for s in range(len(c.shards))}}
+                       "shards": {erasure.shard_key(c.key, s) for _, c in chunks for s in range(len(c.shards))},
+                       "pieces": pieces}
         self.cache.retain(self._names["holders"])
 
     def _revalidate(self) -> int:
@@ -253,6 +265,123 @@ class StorageNode:
                 self.cache.scrub()
             except Exception:
                 log.exception("cache scrub failed")
+
+    # -- redundancy: repair, the MinIO scrub, the caches as a peer tier ----------------------
+
+    def _watch_cluster(self) -> None:
+        """Auto repair, with no coordinator: every node probes the others each repair.check_s;
+        the lowest-numbered node whose MinIO answers surveys the namespace and repairs it.
+        Pieces on a node down for less than repair.after_s are left alone (it may come back)."""
+        r = self.cfg.repair
+        down_since: dict[int, float] = {}
+        while not self._stopping.wait(r.check_s):
+            try:
+                state = self._cluster_state()
+                alive = repair.answering(state, self.minio.creds)
+                now = time.monotonic()
+                for node in state.nodes:
+                    if node.index in alive:
+                        down_since.pop(node.index, None)
+                    else:
+                        down_since.setdefault(node.index, now)
+                if not alive or min(alive) != self.index:
+                    self.health = None
+                    continue
+                if not r.auto:
+                    self.health = repair.survey(state, self.minio.creds, self.cfg.placement.load_slack).to_dict()
+                    continue
+                waiting = {n for n, t in down_since.items() if now - t < r.after_s}
+                out = repair.run(self.cfg, state, self.minio.creds, waiting=waiting)
+                self.health = out.health.to_dict()
+                if out.repaired or out.failed:
+                    self._note_repair("auto", out)
+                    self.health = repair.survey(state, self.minio.creds, self.cfg.placement.load_slack).to_dict()
+            except Exception:
+                log.exception("cluster watch failed")
+
+    def _note_repair(self, why: str, out: repair.Outcome) -> None:
+        log.warning("%s repair: %d chunks repaired, %d pieces written (%d moved home), %d failed; found %s",
+                    why, out.repaired, out.pieces_written, out.moved, len(out.failed), out.health.summary())
+        self.repairs.append({"why": why, "time": time.time(), "repaired": out.repaired,
+                             "pieces_written": out.pieces_written, "moved": out.moved,
+                             "bytes_written": out.bytes_written, "seconds": out.seconds,
+                             "failed": out.failed[:10], "found": out.health.to_dict()})
+        del self.repairs[:-20]
+
+    def _scrub_minio(self) -> None:
+        interval = self.cfg.scrub.interval_s
+        while interval and not self._stopping.wait(interval):
+            try:
+                self.scrub_minio()
+            except Exception:
+                log.exception("MinIO scrub failed")
+
+    def scrub_minio(self) -> dict:
+        """Re-read every object of the namespace this node holds, at most scrub.mb_per_s, and
+        check it against the checksum the manifest records; a bad one is reported and rewritten
+        from the chunk's other pieces. The reads carry the filler's mark: the kernel does not
+        count them. Returns this pass's figures."""
+        throttle = repair.Throttle(self.cfg.scrub.mb_per_s * 1e6)
+        getter = s3.MarkedGetter(self.minio.endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
+        checked = nbytes = 0
+        bad: dict[str, set[int]] = {}
+        bad_pieces = set()
+        try:
+            for key, (name, cid, expected) in list(self._names["pieces"].items()):
+                if self._stopping.is_set():
+                    break
+                try:
+                    data, _ = getter.get(self.bucket, key)
+                except KeyError:
+                    continue  # missing: the survey sees it, and repair puts it back
+                throttle.take(len(data))
+                checked, nbytes = checked + 1, nbytes + len(data)
+                if erasure.checksum(data) != expected:
+                    log.warning("scrub: %s on node %d does not match its checksum", key, self.index)
+                    bad.setdefault(name, set()).add(cid)
+                    bad_pieces.add((self.index, key))
+        finally:
+            getter.close()
+        repaired = 0
+        if bad:
+            out = repair.run(self.cfg, self._cluster_state(), self.minio.creds, bad=bad_pieces, only=bad)
+            self._note_repair("scrub", out)
+            repaired = out.repaired
+        s = self.scrubbed
+        s.update(passes=s["passes"] + 1, objects=s["objects"] + checked, bytes=s["bytes"] + nbytes,
+                 bad=s["bad"] + len(bad_pieces), repaired=s["repaired"] + repaired,
+                 last_bad=sorted(k for _, k in bad_pieces)[:20])
+        return {"checked": checked, "bytes": nbytes, "bad": sorted(k for _, k in bad_pieces), "repaired": repaired}
+
+    def _share_cache_index(self) -> None:
+        """Tell the other nodes what this node's cache holds, when it changes (and every 30 s,
+        for a peer that restarted): each node keeps the whole index, so a reader asks one."""
+        sent, last = None, 0.0
+        while not self._stopping.wait(1.0):
+            names = self.cache.names()
+            if names == sent and time.monotonic() - last < 30:
+                continue
+            try:
+                for peer in self._peer_actors():
+                    peer.peer_cache.remote(self.index, names)  # fire and forget
+                sent, last = names, time.monotonic()
+            except Exception:
+                log.exception("sharing the cache index failed")
+
+    def peer_cache(self, node: int, names: frozenset[str]) -> None:
+        self._peer_caches[node] = names
+
+    def cached_on(self, key: str) -> list[int]:
+        """The nodes whose caches hold `key` (this one's included), as they last told."""
+        name = entry_name(key)
+        here = [self.index] if name in self.cache.names() else []
+        return here + sorted(n for n, names in self._peer_caches.items() if name in names)
+
+    def cache_read(self, key: str) -> bytes | None:
+        """`key`'s bytes from this node's cache (checked), for a reader on another host whose
+        holders are down; None if not cached (the caller checks it against its manifest)."""
+        got = read_entry(self.cache.path(key), verify=True)
+        return got if isinstance(got, bytes) else None
 
     def _ensure_bucket(self) -> None:
         try:
@@ -307,7 +436,8 @@ class StorageNode:
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
-                "kernel_mode": self.kernel.mode}
+                "kernel_mode": self.kernel.mode, "redundancy": self.health, "repairs": self.repairs[-5:],
+                "scrub": self.scrubbed}
 
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self.resolve)

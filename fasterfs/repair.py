@@ -1,0 +1,289 @@
+"""Repair: every chunk back to full redundancy, from what survives.
+
+A survey lists every node's bucket once and holds it against the namespace: a piece (a
+replica, or an erasure-coded shard) is missing when its node does not answer or does not
+have it. Repair rebuilds each degraded chunk through the reader's own verified read path
+(any good replica; any ec.data good shards), re-encodes it and writes the missing pieces:
+on their own node when it answers (a host back empty, an object the scrub found bad), else
+on a live node holding nothing of the chunk. A piece living away from its home (where
+ingest's placement put it) moves back once the home answers again, so a host that returns
+empty is refilled. The Registry applies new locations only to chunks still as the repair
+saw them; moved-away pieces are deleted ingest.keep_old_s later (readers may hold the
+manifest naming them).
+
+A chunk with fewer good pieces than it needs is lost: named, and left as it is (its
+surviving pieces may yet be joined by a host that comes back).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from . import erasure, registry, s3
+from .errors import FasterFSError
+from .manifest import ChunkInfo, Manifest
+from .placement import chunk_homes, score, node_name
+from .state import ClusterState
+
+log = logging.getLogger("fasterfs.repair")
+
+
+def pieces(m: Manifest, c: ChunkInfo) -> list[tuple[int, str]]:
+    """(node, object key) of each piece of chunk c, in slot order (ec: slot = shard index)."""
+    if m.layout == "ec":
+        return [(node, erasure.shard_key(c.key, s)) for s, node in enumerate(c.nodes)]
+    return [(node, c.key) for node in c.nodes]
+
+
+def needed(m: Manifest) -> int:
+    """Good pieces that rebuild a chunk."""
+    return m.ec_data if m.layout == "ec" else 1
+
+
+def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]]:
+    width = m.ec_data + m.ec_parity if m.layout == "ec" else m.replicas
+    return chunk_homes(m.name, len(m), [n.index for n in state.nodes[:m.node_count]], width, load_slack)
+
+
+def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:
+    """Every node's object keys; None for a node whose MinIO does not answer."""
+    def keys(node) -> set[str] | None:
+        c = s3.client(node.endpoint, creds, timeout, 30.0)
+        try:
+            return {o["Key"] for page in c.get_paginator("list_objects_v2").paginate(
+                Bucket=state.config["minio"]["bucket"]) for o in page.get("Contents", [])}
+        except Exception:
+            return None
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip((n.index for n in state.nodes), pool.map(keys, state.nodes)))
+
+
+def answering(state: ClusterState, creds, timeout: float = 1.0) -> set[int]:
+    """The nodes whose MinIO answers now (one cheap request each)."""
+    def up(node) -> bool:
+        try:
+            s3.client(node.endpoint, creds, timeout, timeout).head_bucket(Bucket=state.config["minio"]["bucket"])
+            return True
+        except Exception:
+            return False
+    with ThreadPoolExecutor(8) as pool:
+        return {n.index for n, ok in zip(state.nodes, pool.map(up, state.nodes)) if ok}
+
+
+@dataclass
+class Health:
+    """The namespace's redundancy as one survey found it."""
+    chunks: int = 0
+    degraded: dict[str, list[int]] = field(default_factory=dict)  # name -> chunks with a piece missing
+    lost: dict[str, list[int]] = field(default_factory=dict)      # name -> chunks too few pieces rebuild
+    misplaced: int = 0      # pieces away from a home that answers (a returned host, to refill)
+    nodes_down: list[int] = field(default_factory=list)
+    time: float = field(default_factory=time.time)
+
+    @property
+    def degraded_count(self) -> int:
+        return sum(map(len, self.degraded.values()))
+
+    @property
+    def lost_count(self) -> int:
+        return sum(map(len, self.lost.values()))
+
+    def lost_names(self) -> str:
+        return "; ".join(f"{name}: chunks {', '.join(map(str, ids))}" for name, ids in self.lost.items())
+
+    def summary(self) -> str:
+        down = f"; nodes down: {', '.join(map(str, self.nodes_down))}" if self.nodes_down else ""
+        lost = f"; LOST {self.lost_count} ({self.lost_names()})" if self.lost else ""
+        return (f"{self.chunks} chunks: {self.chunks - self.degraded_count} at full redundancy, "
+                f"{self.degraded_count} degraded{lost}{down}")
+
+    def to_dict(self) -> dict:
+        return {"chunks": self.chunks, "degraded": self.degraded_count, "lost": self.lost_count,
+                "lost_chunks": self.lost, "misplaced": self.misplaced, "nodes_down": self.nodes_down,
+                "time": self.time}
+
+
+@dataclass
+class _Plan:
+    manifest: Manifest
+    chunk: ChunkInfo
+    missing: list[int]      # slots to rewrite
+    moves: list[int]        # slots to move home
+    home: list[int]
+
+
+def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, load_slack: float,
+          waiting: set[int] = frozenset(), bad: set[tuple[int, str]] = frozenset(),
+          only: dict[str, set[int]] | None = None) -> tuple[Health, list[_Plan]]:
+    """What is missing or away from home. Pieces on `waiting` nodes (down, not for long) are
+    left alone; `bad` pieces (node, key) count as missing (the scrub found them wrong)."""
+    alive = {n for n, keys in listing.items() if keys is not None}
+    health = Health(nodes_down=sorted(set(listing) - alive))
+    plans = []
+    for m in manifests:
+        home = homes(m, state, load_slack)
+        for c in m.chunks:
+            if only is not None and c.id not in only.get(m.name, ()):
+                continue
+            health.chunks += 1
+            slots = pieces(m, c)
+            present = [s for s, (node, key) in enumerate(slots)
+                       if node in alive and key in listing[node] and (node, key) not in bad]
+            missing = [s for s in range(len(slots)) if s not in present and slots[s][0] not in waiting]
+            moves = [s for s in present if home[c.id][s] != c.nodes[s] and home[c.id][s] in alive
+                     and home[c.id][s] not in c.nodes]
+            health.misplaced += len(moves)
+            if len(present) < len(slots):
+                health.degraded.setdefault(m.name, []).append(c.id)
+            if len(present) < needed(m):
+                health.lost.setdefault(m.name, []).append(c.id)
+            elif missing or moves:
+                plans.append(_Plan(m, c, missing, moves, home[c.id]))
+    return health, plans
+
+
+def survey(state: ClusterState, creds, load_slack: float) -> Health:
+    listing = listings(state, creds)
+    _, manifests = registry.fetch_manifests(state.name)
+    return _plan(manifests.values(), state, listing, load_slack)[0]
+
+
+class Throttle:
+    """At most `rate` bytes per second, over the whole run (0: unbounded)."""
+
+    def __init__(self, rate: float):
+        self.rate, self.next, self.lock = rate, time.monotonic(), threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.next = max(self.next, now) + n / self.rate
+            wait = self.next - now - n / self.rate
+        if wait > 0:
+            time.sleep(wait)
+
+
+@dataclass
+class Outcome:
+    health: Health                      # as found, before repairing
+    repaired: int = 0                   # chunks back to full redundancy
+    pieces_written: int = 0
+    moved: int = 0                      # pieces moved back home
+    bytes_written: int = 0
+    seconds: float = 0.0
+    failed: list[str] = field(default_factory=list)   # chunks a repair could not finish, and why
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_written / 1e6 / self.seconds if self.seconds else 0.0
+
+
+def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
+        waiting: set[int] = frozenset(), bad: set[tuple[int, str]] = frozenset(),
+        only: dict[str, set[int]] | None = None) -> Outcome:
+    """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc."""
+    from .client import Client
+
+    started = time.monotonic()
+    _delete_retired(cfg, state, creds)
+    listing = listings(state, creds)  # before the manifests: a piece written since is not taken for lost
+    _, manifests = registry.fetch_manifests(state.name)
+    alive = {n for n, keys in listing.items() if keys is not None}
+    health, plans = _plan(manifests.values(), state, listing, cfg.placement.load_slack, waiting, bad, only)
+    out = Outcome(health)
+    if not plans:
+        out.seconds = time.monotonic() - started
+        return out
+    clients = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
+               for n in state.nodes}
+    reader = Client(state, creds, plans[0].manifest, cfg, use_cache=False, prefetch=False)
+    reader.avoid(set(listing) - alive)
+    readers = {}
+    load = collections.Counter(n for m in manifests.values() for c in m.chunks for n in c.nodes)
+    throttle = Throttle(cfg.repair.mb_per_s * 1e6)
+    lock = threading.Lock()
+    moves: dict[str, dict[int, tuple[list[int], list[int]]]] = collections.defaultdict(dict)
+    retired: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
+
+    def target(plan: _Plan, slot: int, nodes: list[int]) -> int | None:
+        """Where slot's piece goes: its own node if it answers, then its home, then the live
+        node with the fewest pieces that holds nothing of this chunk."""
+        others = set(nodes[:slot] + nodes[slot + 1:])
+        if plan.chunk.nodes[slot] in alive and plan.chunk.nodes[slot] not in others:
+            return plan.chunk.nodes[slot]
+        free = [n for n in sorted(alive) if n not in others]
+        if plan.home[slot] in free:
+            return plan.home[slot]
+        with lock:
+            best = min(free, key=lambda n: (load[n], -score(node_name(n), plan.chunk.key)), default=None)
+            if best is not None:
+                load[best] += 1
+        return best
+
+    def repair_chunk(plan: _Plan) -> None:
+        m, c = plan.manifest, plan.chunk
+        with lock:
+            if m.name not in readers:
+                readers[m.name] = reader.sibling(m)
+        data = readers[m.name].read_chunk(c.id)  # verified: checksums per piece and of the chunk
+        throttle.take(len(data))
+        bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)
+        sums = c.shards if m.layout == "ec" else [c.xxh3] * len(c.nodes)
+        nodes = list(c.nodes)
+        wrote = 0
+        for slot in plan.missing + [s for s in plan.moves if s not in plan.missing]:
+            node = plan.home[slot] if slot in plan.moves else target(plan, slot, nodes)
+            if node is None:
+                raise FasterFSError(f"no live node holds nothing of this chunk, for piece {slot}")
+            if erasure.checksum(bodies[slot]) != sums[slot] and m.layout == "ec":
+                raise FasterFSError(f"shard {slot} re-encoded does not match its recorded checksum")
+            key = pieces(m, c)[slot][1]
+            throttle.take(len(bodies[slot]))
+            clients[node].put_object(Bucket=m.bucket, Key=key, Body=bodies[slot], Metadata={"xxh3": str(sums[slot])})
+            wrote += len(bodies[slot])
+            if node != nodes[slot]:  # the old place: a piece moved home, or one on a node gone for good
+                retired[m.name].append((nodes[slot], key))
+            nodes[slot] = node
+        with lock:
+            out.pieces_written += len(plan.missing) + len([s for s in plan.moves if s not in plan.missing])
+            out.moved += len(plan.moves)
+            out.bytes_written += wrote
+            if nodes != c.nodes:
+                moves[m.name][c.id] = (c.nodes, nodes)
+            out.repaired += 1
+
+    done = 0
+    with ThreadPoolExecutor(max(1, int(cfg.repair.threads))) as pool:
+        futures = {pool.submit(repair_chunk, p): p for p in plans}
+        for future, plan in futures.items():
+            try:
+                future.result()
+            except Exception as e:
+                out.failed.append(f"{plan.manifest.name} chunk {plan.chunk.id} ({plan.chunk.key}): {e}"[:400])
+            done += 1
+            if progress:
+                progress(done, len(plans))
+    for m in manifests.values():
+        if moves.get(m.name):
+            applied = set(registry.update_chunks(state.name, m.name, m.generation, dict(moves[m.name]),
+                                                 retired.get(m.name, [])))
+            for cid in set(moves[m.name]) - applied:
+                out.failed.append(f"{m.name} chunk {cid}: changed while repaired (re-ingested?); not applied")
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _delete_retired(cfg, state: ClusterState, creds) -> None:
+    """Pieces moved away more than ingest.keep_old_s ago: no reader still reads them there."""
+    for node, key in registry.expired_pieces(state.name, cfg.ingest.keep_old_s):
+        try:
+            s3.client(state.node(node).endpoint, creds).delete_object(Bucket=state.config["minio"]["bucket"], Key=key)
+        except Exception as e:  # a node down keeps it (an orphan of a generation: goes with it)
+            log.warning("could not delete retired piece %s on node %d: %s", key, node, e)
