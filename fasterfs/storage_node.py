@@ -408,6 +408,7 @@ class StorageNode:
                 self.restarts += 1
                 try:
                     self.minio.start(self.cfg.minio.health_timeout_s)
+                    self._ensure_bucket()  # a MinIO that lost its disk comes back empty: repair refills it
                 except Exception:  # keep supervising; the next round tries again
                     log.exception("MinIO restart failed")
 
@@ -531,6 +532,7 @@ class StorageNode:
         with self._lock:
             if self._held:
                 self.minio.start(self.cfg.minio.health_timeout_s)
+                self._ensure_bucket()  # its disk may have been replaced meanwhile
                 self._held = False
 
     def mount(self, path: str) -> str:

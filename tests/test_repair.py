@@ -1,0 +1,89 @@
+"""Repair and the MinIO scrub (fasterfs.repair) on the real 2-node cluster: missing pieces
+are put back and the chunks read right; chunks with too few pieces are named and left as they
+are; a bad object is found by its node's scrub and rewritten from the others. Repair onto
+other hosts, moving pieces home, hosts that come back empty and the peer cache tier are tested
+on the share-nothing lab (test_lab.py)."""
+import os
+
+import pytest
+import ray
+from xxhash import xxh3_64_intdigest as xxh3
+
+import fasterfs
+from fasterfs import cli, config, registry, repair, s3
+from fasterfs.errors import FasterFSError
+from fasterfs.ingest import put
+from fasterfs.state import actor_name
+
+
+def _objects(state, creds, m) -> dict[int, set[str]]:
+    prefix = m.chunks[0].key.rsplit("/", 1)[0]
+    return {n.index: {o["Key"] for o in s3.client(n.endpoint, creds).list_objects_v2(
+        Bucket=m.bucket, Prefix=prefix).get("Contents", [])} for n in state.nodes}
+
+
+def _read_all(root, name) -> bytes:
+    client = fasterfs.connect(root, dataset=name, use_cache=False)
+    return b"".join(client.read_chunk(i) for i in range(len(client)))
+
+
+def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, overrides, cluster_root, tmp_path,
+                                                              capsys):
+    blob = os.urandom(3 * 2**20 + 5)
+    (tmp_path / "b").write_bytes(blob)
+    m = put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
+            tmp_path / "b", "repair/ec.bin")
+    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name)
+    p0, p1 = repair.pieces(m, m.chunks[0]), repair.pieces(m, m.chunks[1])
+    clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
+    clients[p0[1][0]].delete_object(Bucket=m.bucket, Key=p0[1][1])  # chunk 0: one of 2 shards gone
+    for node, key in p1:  # chunk 1: both gone, more than parity: lost
+        clients[node].delete_object(Bucket=m.bucket, Key=key)
+    health = repair.survey(state, creds, 0.1)
+    assert health.degraded.get("repair/ec.bin") == [0, 1] and health.lost.get("repair/ec.bin") == [1]
+
+    assert cli.main(["repair", *overrides, "repair.mb_per_s=50"]) == 1
+    said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "lost" in said and "repair/ec.bin: chunks 1" in said, said
+    after = _objects(state, creds, m)
+    assert p0[1][1] in after[p0[1][0]]  # back on its own node (it answers)
+    assert not any(key in after[node] for node, key in p1)  # the lost chunk: nothing made up, nothing removed
+    assert repair.survey(state, creds, 0.1).lost.get("repair/ec.bin") == [1]
+    client = fasterfs.connect(cluster_root, dataset="repair/ec.bin", use_cache=False)
+    assert client.read_chunk(0) == blob[:2**20] and client.read_chunk(2) == blob[2 * 2**20:3 * 2**20]
+    with pytest.raises(FasterFSError, match="chunk 1 .* 0 of its 2 shards readable"):
+        client.read_chunk(1)
+    assert cli.main(["status", *overrides]) == 0
+    assert "1 degraded; LOST 1 (repair/ec.bin: chunks 1)" in " ".join(capsys.readouterr().out.split())
+    registry.remove(live_cluster.name, "repair/ec.bin")
+
+
+def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, cluster_root, tmp_path):
+    blob = os.urandom(2 * 2**20)
+    (tmp_path / "b").write_bytes(blob)
+    two = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/two.bin")
+    one = put(config.load(overrides + ["replicas=1", "files.chunk_mb=1"]), tmp_path / "b", "repair/one.bin")
+    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name)
+    one_bad = one.chunks[0]
+    node = one_bad.nodes[0]  # replicas=2 on 2 nodes: every chunk has a copy there too
+    garbage = {"Body": os.urandom(1000), "Metadata": {"xxh3": "1"}}
+    s3.client(state.node(node).endpoint, creds).put_object(Bucket=two.bucket, Key=two.chunks[1].key, **garbage)
+    s3.client(state.node(node).endpoint, creds).put_object(Bucket=one.bucket, Key=one_bad.key, **garbage)
+
+    found = ray.get(ray.get_actor(actor_name(node), namespace=state.namespace).scrub_minio.remote())
+    assert sorted(found["bad"]) == sorted([two.chunks[1].key, one_bad.key])
+    assert found["repaired"] == 1  # the copy with a good twin; the single copy has nothing to rebuild from
+    body = s3.client(state.node(node).endpoint, creds).get_object(Bucket=two.bucket, Key=two.chunks[1].key)
+    assert xxh3(body["Body"].read()) == two.chunks[1].xxh3
+    assert _read_all(cluster_root, "repair/two.bin") == blob
+    with pytest.raises(FasterFSError, match="does not match its stored checksum"):
+        _read_all(cluster_root, "repair/one.bin")
+    for name in ("repair/two.bin", "repair/one.bin"):
+        registry.remove(live_cluster.name, name)
+
+
+def test_repair_options_checked():
+    for option, why in (("repair.threads=0", "repair.threads"), ("repair.mb_per_s=-1", "repair.mb_per_s"),
+                        ("scrub.interval_s=x", "scrub.interval_s"), ("repair.check_s=0", "repair.check_s")):
+        with pytest.raises(FasterFSError, match=why):
+            config.load([option])
