@@ -68,6 +68,11 @@ class MarkedGetter:
 
     def get(self, bucket: str, key: str) -> tuple[bytes, str]:
         """The object's bytes and ETag; KeyError if it does not exist."""
+        data, headers = self.get_object(bucket, key)
+        return data, headers.get("ETag", "").strip('"')
+
+    def get_object(self, bucket: str, key: str) -> tuple[bytes, dict]:
+        """The object's bytes and response headers (its metadata among them)."""
         from urllib.parse import quote
 
         from botocore.awsrequest import AWSRequest
@@ -80,7 +85,7 @@ class MarkedGetter:
             raise KeyError(f"{path} not found on {self.endpoint}")
         if response.status != 200:
             raise OSError(f"GET {path} on {self.endpoint}: HTTP {response.status} {response.data[:200]!r}")
-        return response.data, response.headers.get("ETag", "").strip('"')
+        return response.data, response.headers
 
     def close(self) -> None:
         self.pool.close()

@@ -208,8 +208,8 @@ class StorageNode:
         """Lookups over the whole namespace: key hash -> chunk, cache entry -> key, key -> holders;
         entries of replaced generations and removed names would only take room."""
         chunks = [(m.bucket, c) for m in self._manifests.values() for c in m.chunks]
-        # this node's own objects: key -> (name, chunk id, the xxh3 its bytes must have), for the scrub
-        pieces = {key: (m.name, c.id, c.shards[slot] if m.layout == "ec" else c.xxh3)
+        # this node's own objects: key -> (name, chunk id, the xxh3 of its shard's bytes or None), for the scrub
+        pieces = {key: (m.name, c.id, c.shards[slot] if m.layout == "ec" else None)
                   for m in self._manifests.values() for c in m.chunks
                   for slot, (node, key) in enumerate(repair.pieces(m, c)) if node == self.index}
         self._names = {"hashes": {key_hash(f"/{bucket}/{c.key}"): c for bucket, c in chunks},
@@ -318,8 +318,9 @@ class StorageNode:
 
     def scrub_minio(self) -> dict:
         """Re-read every object of the namespace this node holds, at most scrub.mb_per_s, and
-        check it against the checksum the manifest records; a bad one is reported and rewritten
-        from the chunk's other pieces. The reads carry the filler's mark: the kernel does not
+        check it as a reader would (a shard against the manifest's checksum; a replica against
+        the one stored with it: an object another tool rewrote is served as it now is); a bad
+        one is reported and rewritten from the chunk's other pieces. The reads carry the filler's mark: the kernel does not
         count them. Returns this pass's figures."""
         throttle = repair.Throttle(self.cfg.scrub.mb_per_s * 1e6)
         getter = s3.MarkedGetter(self.minio.endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
@@ -331,12 +332,14 @@ class StorageNode:
                 if self._stopping.is_set():
                     break
                 try:
-                    data, _ = getter.get(self.bucket, key)
+                    data, headers = getter.get_object(self.bucket, key)
                 except KeyError:
                     continue  # missing: the survey sees it, and repair puts it back
                 throttle.take(len(data))
                 checked, nbytes = checked + 1, nbytes + len(data)
-                if erasure.checksum(data) != expected:
+                stored = headers.get("x-amz-meta-xxh3")
+                expected = expected if expected is not None else int(stored) if stored and stored.isdigit() else None
+                if expected is not None and erasure.checksum(data) != expected:
                     log.warning("scrub: %s on node %d does not match its checksum", key, self.index)
                     bad.setdefault(name, set()).add(cid)
                     bad_pieces.add((self.index, key))

@@ -16,7 +16,7 @@ import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, erasure, identity, lab, registry, s3
+from fasterfs import cluster, config, erasure, identity, lab, registry, repair, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put
@@ -195,6 +195,9 @@ def test_share_nothing_lab(lab_overrides):
         s3.client(state.node(bad.nodes[0]).endpoint, creds).put_object(
             Bucket=ec.bucket, Key=erasure.shard_key(bad.key, 0), Body=os.urandom(len(blob) // 10))
         assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 1)
+        found = ray.get(actors[bad.nodes[0]].scrub_minio.remote())  # that host's scrub finds it and rewrites it
+        assert found["bad"] == [erasure.shard_key(bad.key, 0)] and found["repaired"] == 1
+        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
 
         # -- the jobs, small, on share-nothing hosts: Demo B, the backtest, GraySort
         demo_b = load_job("demo_b").main(lab_overrides + data_overrides() + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
@@ -207,10 +210,58 @@ def test_share_nothing_lab(lab_overrides):
         sort = load_job("graysort").main(lab_overrides + ["size=3MB", "graysort.reference_mb=1"])
         assert sort["records"] == 30_000 and sort["tasks_on_their_nodes"]
         assert sort["reference"]["cores"] >= 1  # counted on the hosts
+
+        # -- a host dies: its chunks cached on another host stay readable (the peer tier), repair puts
+        # its pieces on the other hosts, and when it comes back empty, it is refilled
+        one = put(config.load(lab_overrides + ["files.chunk_mb=1"]), src, "team/one.bin")
+        two = put(config.load(lab_overrides + ["replicas=2", "files.chunk_mb=1"]), src, "team/two.bin")
+        only2 = next(c for c in one.chunks if c.nodes == [2])
+        assert ray.get(_read_twice.options(**on0).remote("team/one.bin", only2.id)) == only2.xxh3
+        assert wait_until(lambda: ray.get(actors[0].cache_contains.remote(only2.key)), 15, "hot chunk cached on host 0")
+        assert wait_until(lambda: ray.get(actors[1].cached_on.remote(only2.key)) == [0], 15, "cache index shared")
+        ray.get(actors[2].hold_minio.remote())
+        try:
+            on1 = cluster.pinned(state.node(1))
+            assert ray.get(_read_once.options(**on1).remote("team/one.bin", only2.id)) == (only2.xxh3, 1)
+            out = subprocess.run([str(PROJECT / ".venv/bin/fasterfs"), "repair", *lab_overrides],
+                                 capture_output=True, text=True, timeout=300)
+            said = " ".join(out.stdout.split())
+            assert out.returncode == 1 and "LOST" in said and "team/one.bin" in said, said + out.stderr
+            moved = registry.fetch_manifest(state.name, "team/two.bin")
+            assert all(sorted(c.nodes) == [0, 1] for c in moved.chunks)  # host 2's copies now on the others
+            assert ray.get(_read_file.options(**on0).remote("team/two.bin"))[0] == xxh3(blob)
+            # host 2 comes back with an empty disk
+            assert _on_host(state, 2, "rm", "-rf", str(config.Paths(Path(state.root)).node_dir(2) / "minio")).returncode == 0
+        finally:
+            ray.get(actors[2].release_minio.remote())
+        out = subprocess.run([str(PROJECT / ".venv/bin/fasterfs"), "repair", *lab_overrides],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1, out.stdout + out.stderr  # team/one.bin's single copies on host 2 are gone
+        health = repair.survey(state, creds, cfg.placement.load_slack)
+        assert "team/two.bin" not in health.degraded and "team/blob.bin" not in health.degraded, health
+        assert registry.fetch_manifest(state.name, "team/two.bin").chunks == two.chunks  # every piece back home
+        held = {o["Key"] for o in s3.client(state.node(2).endpoint, creds).list_objects_v2(
+            Bucket=two.bucket, Prefix="files/").get("Contents", [])}
+        assert {c.key for c in two.chunks if 2 in c.nodes} <= held
+        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
     assert lab.leftovers(cfg.cluster.name) == []
+
+
+@ray.remote(num_cpus=0)
+def _read_twice(name, i):
+    """Chunk i of `name` read twice on this host: the kernel makes it hot here."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
+    return [xxh3(client.read_chunk(i)) for _ in range(2)][-1]
+
+
+@ray.remote(num_cpus=0)
+def _read_once(name, i):
+    """xxh3 of chunk i read on this host, and how many chunks came from another host's cache."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name)
+    return xxh3(client.read_chunk(i)), client.peer_reads
 
 
 @ray.remote(num_cpus=0)
