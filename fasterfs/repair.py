@@ -229,6 +229,14 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
 
     def repair_chunk(plan: _Plan) -> None:
         m, c = plan.manifest, plan.chunk
+        nodes = list(c.nodes)
+        slots = plan.missing + [s for s in plan.moves if s not in plan.missing]
+        for slot in slots:  # where each piece goes, before anything is read
+            node = plan.home[slot] if slot in plan.moves else target(plan, slot, nodes)
+            if node is None:
+                raise FasterFSError(f"no live node without a piece of this chunk for piece {slot}: its {len(nodes)} "
+                                    f"pieces need {len(nodes)} distinct nodes, {len(alive)} answer")
+            nodes[slot] = node
         with lock:
             if m.name not in readers:
                 readers[m.name] = reader.sibling(m)
@@ -236,23 +244,19 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         throttle.take(len(data))
         bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)
         sums = c.shards if m.layout == "ec" else [c.xxh3] * len(c.nodes)
-        nodes = list(c.nodes)
         wrote = 0
-        for slot in plan.missing + [s for s in plan.moves if s not in plan.missing]:
-            node = plan.home[slot] if slot in plan.moves else target(plan, slot, nodes)
-            if node is None:
-                raise FasterFSError(f"no live node holds nothing of this chunk, for piece {slot}")
+        for slot in slots:
             if erasure.checksum(bodies[slot]) != sums[slot] and m.layout == "ec":
                 raise FasterFSError(f"shard {slot} re-encoded does not match its recorded checksum")
             key = pieces(m, c)[slot][1]
             throttle.take(len(bodies[slot]))
-            clients[node].put_object(Bucket=m.bucket, Key=key, Body=bodies[slot], Metadata={"xxh3": str(sums[slot])})
+            clients[nodes[slot]].put_object(Bucket=m.bucket, Key=key, Body=bodies[slot],
+                                            Metadata={"xxh3": str(sums[slot])})
             wrote += len(bodies[slot])
-            if node != nodes[slot]:  # the old place: a piece moved home, or one on a node gone for good
-                retired[m.name].append((nodes[slot], key))
-            nodes[slot] = node
+            if nodes[slot] != c.nodes[slot]:  # the old place: a piece moved home, or one on a node gone for good
+                retired[m.name].append((c.nodes[slot], key))
         with lock:
-            out.pieces_written += len(plan.missing) + len([s for s in plan.moves if s not in plan.missing])
+            out.pieces_written += len(slots)
             out.moved += len(plan.moves)
             out.bytes_written += wrote
             if nodes != c.nodes:

@@ -250,6 +250,29 @@ def test_share_nothing_lab(lab_overrides):
     assert lab.leftovers(cfg.cluster.name) == []
 
 
+def test_hosts_losing_power(lab_overrides):
+    """jobs/chaos.py, small: 4 hosts, ec=2+1, a host powered off (every process of it killed at
+    once) while a backtest and a full read run: no read fails, the same P&L and chunks as without
+    faults; repair then brings every chunk back to full redundancy on the 3 hosts left."""
+    overrides = lab_overrides + ["nodes=4"]
+    cfg = config.load(overrides)
+    state = lab.up(cfg)
+    try:
+        result = load_job("chaos").main(overrides + data_overrides() + SMALL_BACKTEST + [
+            "chaos.ec_data=2", "chaos.ec_parity=1", "chaos.victims=[2]", "chaos.kill_at_s=[2]", "chaos.rounds_after=1"])
+        assert result["killed"][0]["processes"] > 0 and result["layout"] == "ec=2+1"
+        assert result["failed_reads"] == 0 and result["all_same"], result["rounds"]
+        assert [r["hosts_down"] for r in result["rounds"]][-1] == 1
+        assert sum(r["degraded_reads"] for r in result["rounds"]) > 0  # parity was needed, and it was there
+        fixed = result["repair"]
+        assert fixed["failed"] == 0 and fixed["repaired"] > 0, fixed
+        assert f"{result['chunks']} at full redundancy, 0 degraded; nodes down: 2" in fixed["after"], fixed
+    finally:
+        cluster.down(cfg)
+    assert_nothing_left(state)
+    assert lab.leftovers(cfg.cluster.name) == []
+
+
 @ray.remote(num_cpus=0)
 def _read_twice(name, i):
     """Chunk i of `name` read twice on this host: the kernel makes it hot here."""

@@ -1,0 +1,167 @@
+"""Chaos on the share-nothing lab: hosts lose power while a backtest sweep and a full read
+of the dataset (Demo B's work) run; every read must succeed and every result must be the
+same as without faults.
+
+The dataset is ingested erasure-coded (default ec=4+2 on 6 hosts). The workload runs once
+undisturbed (the reference), then again in rounds while one host is killed and later a
+second — every process in its network namespace (Ray node, StorageNode, MinIO, mount) gets
+SIGKILL at once, as when a machine loses power. Tasks go to the host holding most of their
+data, and run elsewhere when it is gone (soft affinity; Ray retries a task whose node died).
+Afterwards `repair` runs and the redundancy left is reported as found.
+
+    fasterfs lab up --nodes 6 && python jobs/chaos.py [chaos.kill_at_s=[5,15]] ; fasterfs lab down
+
+Writes chaos.json to <output_dir>/chaos-<time>/.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from xxhash import xxh3_64_intdigest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import backtest  # noqa: E402
+from backtest import crossover_pnl, home_node, plan_windows  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(backtest)  # the workers have no jobs/ on their path
+
+import fasterfs  # noqa: E402
+from fasterfs import config, registry, repair, report  # noqa: E402
+from fasterfs.errors import FasterFSError  # noqa: E402
+from fasterfs.ingest import ingest  # noqa: E402
+
+READ_TRIES = 3  # a reader's own retries of a read that raised (each counted as a failed read)
+
+
+def _read(what, failures: list):
+    for attempt in range(READ_TRIES):
+        try:
+            return what()
+        except Exception as e:
+            failures.append(f"{type(e).__name__}: {e}"[:300])
+    raise FasterFSError(f"a read failed {READ_TRIES} times: {failures[-1]}")
+
+
+@ray.remote(num_cpus=1, max_retries=3)
+def replay(overrides: list[str], window: tuple[float, float], params: list[list[int]]) -> dict:
+    client = fasterfs.connect(None, overrides)
+    failures: list[str] = []
+    pnl = [crossover_pnl(_read(lambda: client.read_between(*window), failures), f, s) for f, s in params]
+    return {"pnl": pnl, "failures": failures, "degraded": client.degraded_reads, "peer": client.peer_reads,
+            "ran_on": ray.get_runtime_context().get_node_id()}
+
+
+@ray.remote(num_cpus=1, max_retries=3)
+def read_chunks(overrides: list[str], ids: list[int]) -> dict:
+    client = fasterfs.connect(None, overrides, use_cache=False)  # Demo B reads its partition from MinIO
+    failures: list[str] = []
+    sums = {i: xxh3_64_intdigest(_read(lambda: client.read_chunk(i), failures)) for i in ids}
+    return {"sums": sums, "bytes": sum(client.manifest.chunk(i).bytes for i in ids), "failures": failures,
+            "degraded": client.degraded_reads}
+
+
+def workload(argv, state, manifest, windows, homes, params) -> dict:
+    """One backtest sweep and one full read, at once; tasks prefer their data's host."""
+    def near(index: int) -> dict:
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(state.node(index).ray_node_id, soft=True)}
+    parts: dict[int, list[int]] = {}
+    for c in manifest.chunks:
+        parts.setdefault(c.nodes[0], []).append(c.id)
+    sweeps = [replay.options(**near(h)).remote(argv, w, params) for w, h in zip(windows, homes)]
+    reads = [read_chunks.options(**near(n)).remote(argv, ids) for n, ids in parts.items()]
+    sweep, full = ray.get(sweeps), ray.get(reads)
+    return {"pnl": [r["pnl"] for r in sweep],
+            "sums": {i: s for r in full for i, s in r["sums"].items()},
+            "bytes": sum(r["bytes"] for r in full),
+            "failed_reads": [f for r in sweep + full for f in r["failures"]],
+            "degraded_reads": sum(r["degraded"] for r in sweep + full),
+            "peer_reads": sum(r["peer"] for r in sweep)}
+
+
+def power_off(node) -> int:
+    """SIGKILL every process of a lab host at once; returns how many there were."""
+    pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    c = cfg.chaos
+    state = registry.find(cfg)
+    if not state.lab:
+        raise FasterFSError("the chaos run powers hosts off: run it on the lab (`fasterfs lab up --nodes 6`)")
+    victims = [int(v) for v in c.victims]
+    if len(victims) != len(c.kill_at_s) or not all(0 <= v < len(state.nodes) for v in victims):
+        raise FasterFSError(f"options chaos.victims={victims} / chaos.kill_at_s={list(c.kill_at_s)}: one time per "
+                            f"victim, victims among hosts 0..{len(state.nodes) - 1}")
+    layout = [f"layout={c.layout}", f"ec.data={c.ec_data}", f"ec.parity={c.ec_parity}"]
+    manifest = ingest(config.load(argv + layout))
+    client = fasterfs.connect(None, argv)
+    params = [list(p) for p in cfg.backtest.params]
+    windows = plan_windows(manifest, cfg.backtest.windows, cfg.backtest.window_min)
+    homes = [home_node(client, w) for w in windows]
+    t = time.perf_counter()
+    reference = workload(argv, state, manifest, windows, homes, params)
+    reference_s = time.perf_counter() - t
+    if reference["failed_reads"]:
+        raise FasterFSError(f"reads failed with every host up: {reference['failed_reads'][:3]}")
+
+    killed: list[dict] = []
+    start = time.monotonic()
+
+    def chaos():
+        for victim, at in zip(victims, c.kill_at_s):
+            time.sleep(max(0.0, at - (time.monotonic() - start)))
+            killed.append({"host": victim, "at_s": round(time.monotonic() - start, 2),
+                           "processes": power_off(state.node(victim))})
+    threading.Thread(target=chaos, daemon=True).start()
+    rounds = []
+    # rounds until rounds_after of them ran entirely with every victim down (bounded in count and time)
+    while len(rounds) < c.max_rounds and time.monotonic() - start < c.max_s and \
+            sum(r["hosts_down"] == len(victims) for r in rounds) < c.rounds_after:
+        t, down = time.perf_counter(), len(killed)
+        got = workload(argv, state, manifest, windows, homes, params)
+        rounds.append({"seconds": time.perf_counter() - t, "hosts_down": down,  # when the round began
+                       "pnl_same": got["pnl"] == reference["pnl"], "bytes_same": got["bytes"] == reference["bytes"],
+                       "chunks_same": got["sums"] == reference["sums"],
+                       "failed_reads": len(got["failed_reads"]), "failures": got["failed_reads"][:5],
+                       "degraded_reads": got["degraded_reads"], "peer_reads": got["peer_reads"]})
+        print(f"round {len(rounds)}: began with {down} hosts down, {rounds[-1]['seconds']:.1f} s, "
+              f"P&L same: {rounds[-1]['pnl_same']}, chunks same: {rounds[-1]['chunks_same']}, "
+              f"failed reads {rounds[-1]['failed_reads']}, degraded reads {got['degraded_reads']}")
+    fixed = repair.run(cfg, state, registry.fetch_credentials(state.name))
+    after = repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack)
+    result = {"dataset": manifest.dataset, "layout": manifest.redundancy(), "hosts": len(state.nodes),
+              "chunks": len(manifest), "reference_s": reference_s, "killed": killed, "rounds": rounds,
+              "failed_reads": sum(r["failed_reads"] for r in rounds),
+              "all_same": all(r["pnl_same"] and r["chunks_same"] and r["bytes_same"] for r in rounds),
+              "repair": {"found": fixed.health.summary(), "repaired": fixed.repaired,
+                         "pieces_written": fixed.pieces_written, "failed": len(fixed.failed),
+                         "failures": Counter(f.split(": ", 1)[-1][:120] for f in fixed.failed).most_common(3),
+                         "mb_per_s": fixed.mb_per_s, "after": after.summary()}}
+    out = report.run_dir(cfg, "chaos")
+    report.write_json(out, "chaos.json", result)
+    print(f"chaos: {len(killed)} hosts powered off at {[k['at_s'] for k in killed]} s; {len(rounds)} rounds; "
+          f"failed reads {result['failed_reads']}; results same as without faults: {result['all_same']}")
+    print(f"repair: found {result['repair']['found']}; repaired {fixed.repaired} chunks at {fixed.mb_per_s:.0f} MB/s; "
+          f"{len(fixed.failed)} not repaired; now {result['repair']['after']}")
+    print(f"report: {out / 'chaos.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
