@@ -5,7 +5,9 @@
 2. storage overhead per layout: bytes in every MinIO / source bytes, for one file stored
    with layout=ec and with replicas=2;
 3. read p50 per chunk with the cache off: healthy, and with node 1's MinIO stopped
-   (degraded: its shards rebuilt from parity; replicas: the other copy).
+   (degraded: its shards rebuilt from parity; replicas: the other copy);
+4. repair MB/s (unbounded): node 1's pieces rebuilt on the other nodes while it is down,
+   then moved home when it is back.
 
     python bench/erasure.py [ec.data=2 ec.parity=1] [bench.file_mb=128] [overrides]
 
@@ -25,7 +27,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fasterfs  # noqa: E402
-from fasterfs import cluster, config, erasure, registry, report, s3  # noqa: E402
+from fasterfs import repair, cluster, config, erasure, registry, report, s3  # noqa: E402
 from fasterfs.ingest import object_prefix, put, remove  # noqa: E402
 
 
@@ -54,6 +56,13 @@ def p50_ms(name: str, overrides: list[str]) -> tuple[float, int]:
         client.read_chunk(i)
         lat.append((time.perf_counter() - t) * 1e3)
     return statistics.median(lat), client.degraded_reads
+
+
+def _repair(argv, state, creds, name: str) -> dict:
+    manifest = registry.fetch_manifest(state.name, name)
+    out = repair.run(config.load(argv + ["repair.mb_per_s=0"]), state, creds, only={name: set(range(len(manifest)))})
+    return {"chunks": out.repaired, "pieces": out.pieces_written, "mb": out.bytes_written / 1e6,
+            "seconds": out.seconds, "mb_per_s": out.mb_per_s, "failed": len(out.failed)}
 
 
 def main(argv: list[str]) -> dict:
@@ -91,8 +100,12 @@ def main(argv: list[str]) -> dict:
                     p50, degraded = p50_ms(names[label], argv)
                     result["read_p50_ms"][f"{label} node 1 down"] = p50
                     result.setdefault("degraded_reads", {})[label] = degraded
+                for label in layouts:  # node 1's pieces rebuilt on the others, unbounded
+                    result.setdefault("repair", {})[label] = _repair(argv, state, creds, names[label])
             finally:
                 ray.get(actors[1].release_minio.remote())
+            for label in layouts:  # node 1 is back: its pieces move home
+                result.setdefault("move_home", {})[label] = _repair(argv, state, creds, names[label])
         finally:
             for name in names.values():
                 try:
