@@ -58,6 +58,31 @@ def cmd_lab_exec(cfg, host: str | None = None, command: list[str] = ()) -> int:
     os.execvp(args[0], args)
 
 
+def _lab_host(cfg, host: str | None, command: str):
+    if host is None or not host.isdigit():
+        raise FasterFSError(f"usage: fasterfs lab {command} NODE (NODE: a lab host's node id)")
+    return cluster.ClusterState.load(config.Layout.of(cfg).paths.root), int(host)
+
+
+def cmd_lab_power_off(cfg, host: str | None = None) -> None:
+    from . import lab
+
+    state, index = _lab_host(cfg, host, "power-off")
+    killed = lab.power_off(state, index)
+    console.print(f"lab host {index} powered off: {killed} processes killed at once; its disk is kept")
+
+
+def cmd_lab_power_on(cfg, host: str | None = None, empty: bool = False) -> None:
+    from . import lab
+
+    _, index = _lab_host(cfg, host, "power-on")
+    with console.status(f"starting lab host {index}"):
+        state = lab.power_on(cfg, index, empty)
+    console.print(f"lab host {index} back{' with a blank disk' if empty else ''}: Ray node "
+                  f"{state.node(index).ray_node_id[:12]}, StorageNode up; "
+                  f"`fasterfs repair` (or the StorageNodes after repair.check_s) refills it")
+
+
 def cmd_status(cfg) -> None:
     state, rows = cluster.status(cfg)
     table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
@@ -343,6 +368,8 @@ COMMANDS = {
     "lab down": (cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
     "lab exec": (cmd_lab_exec, "run a command on a lab host: `fasterfs lab exec 1 -- fasterfs status "
                               "cluster.ray_address=<head>:<port>`"),
+    "lab power-off": (cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing power"),
+    "lab power-on": (cmd_lab_power_on, "start a powered-off lab host again (--empty: with a blank disk)"),
     "put": (cmd_put, "store files in the namespace: `fasterfs put book.parquet research/book.parquet` "
                      "(--force replaces)"),
     "ls": (cmd_ls, "list the namespace: datasets, their chunks, stored files"),
@@ -356,7 +383,7 @@ COMMANDS = {
 }
 
 
-POSITIONAL = {"cache warm": 1, "lab exec": 1, "put": 10_000, "ls": 1, "cat": 1, "rm": 10_000, "mount": 1, "umount": 1}
+POSITIONAL = {"cache warm": 1, "lab exec": 1, "lab power-off": 1, "lab power-on": 1, "put": 10_000, "ls": 1, "cat": 1, "rm": 10_000, "mount": 1, "umount": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--nodes", type=int, help="shorthand for the override nodes=N")
         if name == "put":
             p.add_argument("--force", action="store_true", help="replace a file of the same name")
+        if name == "lab power-on":
+            p.add_argument("--empty", action="store_true", help="with a blank disk, as a replaced machine")
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else []  # `lab exec N -- COMMAND...`
     argv = argv[:argv.index("--")] if "--" in argv else argv
@@ -398,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             raise FasterFSError(f"usage: fasterfs {args.command} PATH")
         elif args.command == "put":
             cmd_put(cfg, *positional, force=args.force)
+        elif args.command == "lab power-on":
+            cmd_lab_power_on(cfg, *positional, empty=args.empty)
         else:
             COMMANDS[args.command][0](cfg, *positional)
     except FasterFSError as e:

@@ -246,18 +246,21 @@ def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
     state.nodes = sorted(nodes, key=lambda n: n.index)
 
 
-def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credentials) -> None:
-    """One StorageNode per node, handed the MinIO credentials (never written on the hosts)."""
+def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credentials,
+                         nodes: list[NodeState] | None = None) -> None:
+    """One StorageNode per node (default: every node), handed the MinIO credentials (never
+    written on the hosts)."""
     import ray
 
+    nodes = state.nodes if nodes is None else nodes
     actor_cls = ray.remote(StorageNode)
     actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
         max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
-    ).remote(node.index, node.address, state.config, creds) for node in state.nodes}
+    ).remote(node.index, node.address, state.config, creds) for node in nodes}
     refs = {i: a.ready.remote() for i, a in actors.items()}
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
-    for node in state.nodes:
+    for node in nodes:
         ref = refs[node.index]
         if ref not in done:
             raise FasterFSError(f"the StorageNode of node {node.index} on host {node.address} did not start within "
@@ -271,6 +274,40 @@ def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credential
             raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
         node.kernel_mode = info["kernel_mode"]
         node.host_id = info["host_id"]
+
+
+def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
+    """Node `index` back on `host` after its machine went down (every process of it gone): a
+    new `ray start` there, then its StorageNode, which finds its data on the host's disk or
+    starts empty (repair then refills it). The other nodes keep running throughout."""
+    import ray
+
+    node = state.node(index)
+    if process.running(node.ray_pid) and is_ray_start(node.ray_pid):
+        raise FasterFSError(f"node {index} ({node.address}) is running: its Ray node is pid {node.ray_pid}")
+    join(state.ray_address, state.name)
+    try:  # the old actor is dead with its Ray node; make sure its name is free
+        ray.kill(ray.get_actor(actor_name(index), namespace=state.namespace), no_restart=True)
+    except ValueError:
+        pass
+    cgroup = ProjectCgroup.from_dict(state.cgroup)
+    log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
+    head = Host(state.head_address)
+    proc = cgroup.spawn(_ray_start_args(cfg, host, head, index, False), log_path,
+                        dict(os.environ, RAY_USAGE_STATS_ENABLED="0"), child=f"node-{index}")
+    node.ray_pid = proc.pid
+    state.save()
+    deadline = time.monotonic() + cfg.cluster.start_timeout_s
+    while not (node_id := next((n["NodeID"] for n in ray.nodes()
+                                if n["Alive"] and n["NodeManagerAddress"] == host.address), None)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise FasterFSError(f"Ray node {index} ({host.address}) did not rejoin within "
+                                f"{cfg.cluster.start_timeout_s} s:\n{_log_tail(log_path)}")
+        time.sleep(0.3)
+    node.ray_node_id = node_id
+    state.save()  # the Registry reads the state file: every host now finds the new Ray node
+    _start_storage_nodes(cfg, state, registry.fetch_credentials(state.name), [node])
+    state.save()
 
 
 def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:

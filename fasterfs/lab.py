@@ -6,6 +6,8 @@ which a private disk (a directory under <cluster.root>/lab-disks/) is its cluste
 
     fasterfs lab up --nodes 4 [lab=unlimited] [lab.disks=[disk2,disk0,disk1]]
     fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391
+    fasterfs lab power-off 2           # every process of host 2 killed at once
+    fasterfs lab power-on 2 --empty    # back, with a blank disk: repair refills it
     fasterfs lab down
 
 Per host, `tbf` limits the host's loopback (what a local read can pull: the "disk") and
@@ -21,11 +23,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 from . import cluster
 from .config import Layout, as_cfg
 from .errors import FasterFSError
+from .state import Host
 from .lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names  # noqa: F401
 
 
@@ -87,3 +93,45 @@ def exec_args(state: cluster.ClusterState, index: int, command: list[str]) -> li
         raise FasterFSError(f"node {index} is not a running lab host of cluster {state.name!r}")
     return ["nsenter", f"--net=/run/netns/{node.netns}", f"--mount=/proc/{node.ray_pid}/ns/mnt",
             f"--wd={os.getcwd()}", "--", *command]
+
+
+def _lab_node(state: cluster.ClusterState, index: int):
+    if not state.lab or not any(n.index == index for n in state.nodes):
+        raise FasterFSError(f"no lab host with node id {index} in cluster {state.name!r} "
+                            f"(hosts: {[n.index for n in state.nodes]})")
+    return state.node(index)
+
+
+def _host_pids(netns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def power_off(state: cluster.ClusterState, index: int) -> int:
+    """Lab host `index` loses power: SIGKILL to every process in its network namespace at
+    once (Ray node, StorageNode, MinIO, mounts), no shutdown of any kind. Its disk stays as it
+    was. Returns how many processes there were."""
+    pids = _host_pids(_lab_node(state, index).netns)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def power_on(cfg, index: int, empty: bool = False) -> cluster.ClusterState:
+    """Lab host `index` comes back after power_off: its Ray node and StorageNode start again
+    on its disk, or (empty) on a blank disk, as a replaced machine would (repair refills it)."""
+    cfg = as_cfg(cfg)
+    state = cluster.ClusterState.load(Layout.of(cfg).paths.root)
+    node = _lab_node(state, index)
+    left = _host_pids(node.netns)
+    if left:
+        raise FasterFSError(f"lab host {index} ({node.address}) still runs {len(left)} processes (pids "
+                            f"{left[:5]}): power it off first (`fasterfs lab power-off {index}`)")
+    if empty:
+        shutil.rmtree(node.disk, ignore_errors=True)
+        Path(node.disk).mkdir(parents=True)
+    cluster.rejoin(cfg, state, index, Host(node.address, node.netns, node.disk))
+    return state

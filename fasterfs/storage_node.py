@@ -364,6 +364,9 @@ class StorageNode:
             names = self.cache.names()
             if names == sent and time.monotonic() - last < 30:
                 continue
+            if time.monotonic() - last >= 30:  # a peer that came back is a new actor on a new Ray node
+                self._peers.clear()
+                self._cluster_state(refresh=True)
             try:
                 for peer in self._peer_actors():
                     peer.peer_cache.remote(self.index, names)  # fire and forget

@@ -7,7 +7,9 @@ undisturbed (the reference), then again in rounds while one host is killed and l
 second — every process in its network namespace (Ray node, StorageNode, MinIO, mount) gets
 SIGKILL at once, as when a machine loses power. Tasks go to the host holding most of their
 data, and run elsewhere when it is gone (soft affinity; Ray retries a task whose node died).
-Afterwards `repair` runs and the redundancy left is reported as found.
+Afterwards `repair` runs and the redundancy left is reported as found; then the hosts come
+back with blank disks (chaos.back_empty; new machines in their place), are refilled by repair,
+and the workload runs once more.
 
     fasterfs lab up --nodes 6 && python jobs/chaos.py [chaos.kill_at_s=[5,15]] ; fasterfs lab down
 
@@ -15,9 +17,6 @@ Writes chaos.json to <output_dir>/chaos-<time>/.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from backtest import crossover_pnl, home_node, plan_windows  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(backtest)  # the workers have no jobs/ on their path
 
 import fasterfs  # noqa: E402
-from fasterfs import config, registry, repair, report  # noqa: E402
+from fasterfs import config, lab, registry, repair, report  # noqa: E402
 from fasterfs.errors import FasterFSError  # noqa: E402
 from fasterfs.ingest import ingest  # noqa: E402
 
@@ -87,15 +86,25 @@ def workload(argv, state, manifest, windows, homes, params) -> dict:
             "peer_reads": sum(r["peer"] for r in sweep)}
 
 
-def power_off(node) -> int:
-    """SIGKILL every process of a lab host at once; returns how many there were."""
-    pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)
+def come_back(cfg, argv, state, manifest, victims, creds, reference, plan) -> dict:
+    """The victims power on (blank disks when chaos.back_empty), repair refills them, and the
+    workload runs once more."""
+    t = time.perf_counter()
+    for v in victims:
+        lab.power_on(cfg, v, empty=cfg.chaos.back_empty)
+    state = registry.find(cfg)  # the hosts' new Ray nodes
+    started_s = time.perf_counter() - t
+    refill = repair.run(cfg, state, creds)
+    after = repair.survey(state, creds, cfg.placement.load_slack)
+    got = workload(argv, state, manifest, *plan)
+    return {"start_s": started_s, "found": refill.health.summary(), "pieces_written": refill.pieces_written,
+            "moved": refill.moved, "failed": len(refill.failed), "mb_per_s": refill.mb_per_s,
+            "after": after.summary(), "misplaced": after.misplaced,
+            "full": after.degraded_count == 0 and not after.lost and not after.nodes_down,
+            "pieces_on": {v: sum(v in c.nodes for c in registry.fetch_manifests(cfg.cluster.name)[1][
+                manifest.name].chunks) for v in victims},
+            "failed_reads": len(got["failed_reads"]),
+            "all_same": got["pnl"] == reference["pnl"] and got["sums"] == reference["sums"]}
 
 
 def main(argv: list[str]) -> dict:
@@ -127,7 +136,7 @@ def main(argv: list[str]) -> dict:
         for victim, at in zip(victims, c.kill_at_s):
             time.sleep(max(0.0, at - (time.monotonic() - start)))
             killed.append({"host": victim, "at_s": round(time.monotonic() - start, 2),
-                           "processes": power_off(state.node(victim))})
+                           "processes": lab.power_off(state, victim)})
     threading.Thread(target=chaos, daemon=True).start()
     rounds = []
     # rounds until rounds_after of them ran entirely with every victim down (bounded in count and time)
@@ -143,8 +152,11 @@ def main(argv: list[str]) -> dict:
         print(f"round {len(rounds)}: began with {down} hosts down, {rounds[-1]['seconds']:.1f} s, "
               f"P&L same: {rounds[-1]['pnl_same']}, chunks same: {rounds[-1]['chunks_same']}, "
               f"failed reads {rounds[-1]['failed_reads']}, degraded reads {got['degraded_reads']}")
-    fixed = repair.run(cfg, state, registry.fetch_credentials(state.name))
-    after = repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack)
+    creds = registry.fetch_credentials(state.name)
+    fixed = repair.run(cfg, state, creds)
+    after = repair.survey(state, creds, cfg.placement.load_slack)
+    back = come_back(cfg, argv, state, manifest, victims, creds, reference, (windows, homes, params)) \
+        if c.power_on else None
     result = {"dataset": manifest.dataset, "layout": manifest.redundancy(), "hosts": len(state.nodes),
               "chunks": len(manifest), "reference_s": reference_s, "killed": killed, "rounds": rounds,
               "failed_reads": sum(r["failed_reads"] for r in rounds),
@@ -152,13 +164,18 @@ def main(argv: list[str]) -> dict:
               "repair": {"found": fixed.health.summary(), "repaired": fixed.repaired,
                          "pieces_written": fixed.pieces_written, "failed": len(fixed.failed),
                          "failures": Counter(f.split(": ", 1)[-1][:120] for f in fixed.failed).most_common(3),
-                         "mb_per_s": fixed.mb_per_s, "after": after.summary()}}
+                         "mb_per_s": fixed.mb_per_s, "after": after.summary()},
+              "back": back}
     out = report.run_dir(cfg, "chaos")
     report.write_json(out, "chaos.json", result)
     print(f"chaos: {len(killed)} hosts powered off at {[k['at_s'] for k in killed]} s; {len(rounds)} rounds; "
           f"failed reads {result['failed_reads']}; results same as without faults: {result['all_same']}")
     print(f"repair: found {result['repair']['found']}; repaired {fixed.repaired} chunks at {fixed.mb_per_s:.0f} MB/s; "
           f"{len(fixed.failed)} not repaired; now {result['repair']['after']}")
+    if back:
+        print(f"hosts {victims} back {'empty' if c.back_empty else 'with their disks'}: refilled "
+              f"{back['pieces_written']} pieces ({back['moved']} moved home) at {back['mb_per_s']:.0f} MB/s; now "
+              f"{back['after']}; results then same as without faults: {back['all_same']}")
     print(f"report: {out / 'chaos.json'}")
     return result
 

@@ -253,7 +253,8 @@ def test_share_nothing_lab(lab_overrides):
 def test_hosts_losing_power(lab_overrides):
     """jobs/chaos.py, small: 4 hosts, ec=2+1, a host powered off (every process of it killed at
     once) while a backtest and a full read run: no read fails, the same P&L and chunks as without
-    faults; repair then brings every chunk back to full redundancy on the 3 hosts left."""
+    faults; repair then brings every chunk back to full redundancy on the 3 hosts left; the host
+    comes back with a blank disk and is refilled."""
     overrides = lab_overrides + ["nodes=4"]
     cfg = config.load(overrides)
     state = lab.up(cfg)
@@ -267,6 +268,13 @@ def test_hosts_losing_power(lab_overrides):
         fixed = result["repair"]
         assert fixed["failed"] == 0 and fixed["repaired"] > 0, fixed
         assert f"{result['chunks']} at full redundancy, 0 degraded; nodes down: 2" in fixed["after"], fixed
+        # host 2 back with a blank disk: refilled, every piece home again, the same results
+        back = result["back"]
+        assert back["full"] and back["misplaced"] == 0 and back["failed"] == 0, back
+        assert back["pieces_on"][2] > 0 and back["moved"] > 0, back
+        assert back["failed_reads"] == 0 and back["all_same"], back
+        now = lab.cluster.ClusterState.load(cfg.cluster.root)
+        assert now.node(2).ray_node_id != state.node(2).ray_node_id and cluster.is_ray_start(now.node(2).ray_pid)
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
