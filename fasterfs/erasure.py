@@ -73,3 +73,41 @@ def decode(shards: dict[int, bytes], data: int, parity: int, what: str) -> bytes
                             f"{data} are needed")
     ordered = [shards[i] for i in sorted(shards)[:data]]  # data shards first: a plain join when all are there
     return _driver(data, parity).decode(ordered)
+
+
+def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False, what: str = "") -> tuple[bytes, bool]:
+    """Chunk `chunk` (a manifest Chunk) from its shards: `fetch(slot)` returns a shard's bytes
+    or raises. The data shards are fetched in parallel on `pool` (those `late` names, on hosts
+    down lately, last); a shard missing, unreadable or failing its checksum is replaced by the
+    next parity shard. Returns (the chunk, whether parity was needed); checked against the
+    manifest's xxh3. Readers and the cache filler both read this way."""
+    what = what or f"chunk {chunk.id} ({chunk.key})"
+
+    def get(slot: int) -> tuple[int, bytes | None, str]:
+        try:
+            body = fetch(slot)
+        except Exception as e:
+            return slot, None, f"shard {slot} on node {chunk.nodes[slot]}: {type(e).__name__}: {e}"[:300]
+        if checksum(body) != chunk.shards[slot]:
+            return slot, None, f"shard {slot} on node {chunk.nodes[slot]} does not match its checksum"
+        return slot, body, ""
+
+    good: dict[int, bytes] = {}
+    errors: list[str] = []
+    order = sorted(range(data + parity), key=lambda s: (late(s), s))  # data shards first, then parity
+    wanted, spare = order[:data], order[data:]
+    while wanted:
+        for slot, body, error in pool.map(get, wanted):
+            if body is None:
+                errors.append(error)
+            else:
+                good[slot] = body
+        need = data - len(good)
+        wanted, spare = spare[:need], spare[need:]
+    if len(good) < data:
+        raise FasterFSError(f"{what}: {len(good)} of its {data + parity} shards readable, {data} needed: "
+                            + "; ".join(errors))
+    out = decode(good, data, parity, what)
+    if len(out) != chunk.bytes or xxhash.xxh3_64_intdigest(out) != chunk.xxh3:
+        raise FasterFSError(f"{what}: rebuilt from shards {sorted(good)[:data]} it does not match its checksum")
+    return out, any(s >= data for s in sorted(good)[:data])

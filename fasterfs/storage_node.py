@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import bpf, erasure, identity, reader_stats, registry, repair, s3
 from .bpf.events import key_hash
@@ -52,7 +53,7 @@ class StorageNode:
 
         self.paths = paths
         self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
-        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}, "shards": set(), "pieces": {}}
+        self._names: dict = {"hashes": {}, "entries": {}, "holders": {}, "shards": {}, "ec": {}, "pieces": {}}
         self._cluster: ClusterState | None = None
         self._peers: dict[int, object] = {}
         self.last_invalidation: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
@@ -72,6 +73,7 @@ class StorageNode:
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
         self._getters: dict[str, s3.MarkedGetter] = {}
+        self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fill-shards")
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
                                   self.cfg.cache.prefetch.max_queue)
         _, manifests = registry.fetch_manifests(self.cfg.cluster.name)  # a restarted node learns the current ones
@@ -132,14 +134,25 @@ class StorageNode:
             key = event["path"][len(self.bucket) + 2:]
         else:
             return  # another bucket, or a path cut at the kernel's bound: not one of ours to resolve
+        hashed = event["key"]
+        if key in self._names["shards"]:  # a shard of an erasure-coded chunk: the chunk is what is cached
+            key, slot = self._names["shards"][key]
+            if event["type"] == "HOT":
+                # Where readers' GETs leave this host (kernel.watch=any) the chunk is this host's
+                # readers' own; where each node counts only requests to its MinIO, the chunk's
+                # first holder fills it for every reader of the machine.
+                if self.cfg.kernel.watch == "any" or self._names["holders"][key][0] == self.index:
+                    self.filler.request(key, "hot")
+                return
+            hashed = key_hash(f"/{self.bucket}/{key}")
+            self.kernel.mark_stale(hashed)  # readers check the chunk's mark; the kernel marked the shard
         if event["type"] == "HOT":
-            if key not in self._names["shards"]:  # a shard alone is no chunk: not cached (yet)
-                self.filler.request(key, "hot")
+            self.filler.request(key, "hot")
             return
         # STALE at the request line, COMMITTED when the write is done: both drop and tell
-        self._forget(event["key"], key)
+        self._forget(hashed, key)
         for peer in self._peer_actors():
-            peer.invalidate.remote(event["key"], key)  # fire and forget: a dead peer has no cache to serve
+            peer.invalidate.remote(hashed, key)  # fire and forget: a dead peer has no cache to serve
 
     def _forget(self, key_hash_: int, key: str | None) -> None:
         """Drop `key` (None: every entry) and let it become hot anew."""
@@ -176,21 +189,31 @@ class StorageNode:
                 out.append(self._peers[n.index])
         return out
 
-    def _getter_for(self, key: str) -> s3.MarkedGetter:
-        """Where a fill fetches `key`: this node if it holds a copy, else the chunk's owner
-        (a reader on this host made the chunk hot, wherever it lives)."""
-        endpoint = self.minio.endpoint
-        holders = self._names["holders"].get(key)
-        if holders and self.index not in holders:
-            endpoint = self._cluster_state().node(holders[0]).endpoint
+    def _marked(self, node: int) -> s3.MarkedGetter:
+        """GETs to `node`'s MinIO that this host's kernel does not count (the filler's own)."""
+        endpoint = self.minio.endpoint if node == self.index else self._cluster_state().node(node).endpoint
         if endpoint not in self._getters:
             self._getters[endpoint] = s3.MarkedGetter(endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
         return self._getters[endpoint]
 
+    def _getter_for(self, key: str):
+        """How a fill fetches `key`: an erasure-coded chunk from its shards' nodes; a replica
+        from this node if it holds a copy, else from the chunk's owner (a reader on this host
+        made the chunk hot, wherever it lives)."""
+        if key in self._names["ec"]:
+            return ShardedGetter(*self._names["ec"][key], self._marked, self._shard_pool)
+        holders = self._names["holders"].get(key)
+        return self._marked(self.index if not holders or self.index in holders else holders[0])
+
+    def _object_keys(self, key: str) -> list[str]:
+        """The objects behind a cached key: its shards when erasure-coded, else itself."""
+        ec = self._names["ec"].get(key)
+        return [erasure.shard_key(key, s) for s in range(ec[1] + ec[2])] if ec else [key]
+
     def _on_evict(self, entry: str) -> None:
         key = self._names["entries"].get(entry)
-        if key:  # the key may become hot again, and be cached again
-            self.kernel.reset_key(key_hash(f"/{self.bucket}/{key}"))
+        for obj in self._object_keys(key) if key else ():  # the key may become hot again, and be cached again
+            self.kernel.reset_key(key_hash(f"/{self.bucket}/{obj}"))
 
     def set_manifest(self, manifest: Manifest) -> int:
         """A name's new current generation (pushed by the Registry when a write switches to it)."""
@@ -212,10 +235,14 @@ class StorageNode:
         pieces = {key: (m.name, c.id, c.shards[slot] if m.layout == "ec" else None)
                   for m in self._manifests.values() for c in m.chunks
                   for slot, (node, key) in enumerate(repair.pieces(m, c)) if node == self.index}
-        self._names = {"hashes": {key_hash(f"/{bucket}/{c.key}"): c for bucket, c in chunks},
+        shards = {erasure.shard_key(c.key, s): (c.key, s) for _, c in chunks for s in range(len(c.shards))}
+        self._names = {"hashes": {key_hash(f"/{bucket}/{k}"): c for bucket, c in chunks  # shards name their chunk
+                                  for k in [c.key] + [erasure.shard_key(c.key, s) for s in range(len(c.shards))]},
                        "entries": {entry_name(c.key): c.key for _, c in chunks},
                        "holders": {c.key: c.nodes for _, c in chunks},
-                       "shards": {erasure.shard_key(c.key, s) for _, c in chunks for s in range(len(c.shards))},
+                       "shards": shards,  # shard key -> (chunk key, slot)
+                       "ec": {c.key: (c, m.ec_data, m.ec_parity) for m in self._manifests.values()
+                              for c in m.chunks if m.layout == "ec"},
                        "pieces": pieces}
         self.cache.retain(self._names["holders"])
 
@@ -234,6 +261,8 @@ class StorageNode:
 
         def current(name: str):
             key = self._names["entries"].get(name)
+            if key in self._names["ec"]:  # filled from shards, each checked against the current manifest
+                return key, ShardedGetter.etag(self._names["ec"][key][0])
             for node in self._names["holders"].get(key, []) if key else []:
                 try:
                     return key, clients[node].head_object(Bucket=self.bucket, Key=key)["ETag"].strip('"')
@@ -556,6 +585,7 @@ class StorageNode:
         self.mounts.unmount_all()
         self.kernel.close()
         self.filler.close()
+        self._shard_pool.shutdown(wait=False)
         self.cache.close()
         for getter in self._getters.values():
             getter.close()
@@ -568,3 +598,22 @@ class StorageNode:
         if self._own_bpffs and os.path.isdir(self.paths.bpffs) and not os.listdir(self.paths.bpffs):
             unmount_bpffs(self.paths.bpffs)
             self._own_bpffs = False
+
+
+class ShardedGetter:
+    """A fill of an erasure-coded chunk: its shards fetched over `marked(node)` (sockets the
+    kernel does not count), joined or decoded, and checked against the manifest like a reader's."""
+
+    def __init__(self, chunk, data: int, parity: int, marked, pool):
+        self.chunk, self.data, self.parity, self.marked, self.pool = chunk, data, parity, marked, pool
+
+    @staticmethod
+    def etag(chunk) -> str:
+        """What the cache records as the entry's version: the chunk's checksum in the manifest."""
+        return f"xxh3-{chunk.xxh3:016x}"
+
+    def get(self, bucket: str, key: str) -> tuple[bytes, str]:
+        def fetch(slot: int) -> bytes:
+            return self.marked(self.chunk.nodes[slot]).get(bucket, erasure.shard_key(key, slot))[0]
+        data, _ = erasure.gather(self.chunk, self.data, self.parity, fetch, self.pool)
+        return data, self.etag(self.chunk)

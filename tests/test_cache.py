@@ -12,9 +12,9 @@ import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cache, cluster, credentials, s3
+from fasterfs import cache, cluster, credentials, erasure, registry, s3
 from fasterfs.config import Paths
-from fasterfs.ingest import load_source
+from fasterfs.ingest import load_source, put
 from fasterfs import config
 
 NO_PREFETCH = ["cache.prefetch.enabled=false"]
@@ -71,6 +71,40 @@ def test_cached_after_exactly_threshold_reads(fresh, cluster_root, live_cluster)
                                                                    pair.orderbook_lines[c.first_row:c.first_row + c.rows])]
     assert counter([actors[node]], "filler", "hot_fills") - fills == 1
     assert counter([actors[node]], "readers", "hits") - hits >= 1
+
+
+def test_erasure_coded_chunk_cached_whole(live_cluster, overrides, cluster_root, tmp_path):
+    """The kernel counts a chunk's shards; at the threshold the chunk's first holder fetches its
+    data shards (over marked sockets: uncounted), caches the whole chunk, and the next read is
+    a hit no MinIO sees. A shard rewritten by another tool drops the entry."""
+    blob = os.urandom(2 * 2**20 + 77)
+    (tmp_path / "b").write_bytes(blob)
+    m = put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
+            tmp_path / "b", "cache/ec.bin")
+    try:
+        actors = cluster.storage_nodes(live_cluster)
+        client = fasterfs.connect(cluster_root, NO_PREFETCH, dataset="cache/ec.bin")
+        c = m.chunks[1]
+        owner = actors[c.nodes[0]]
+        shard = f"/{m.bucket}/{erasure.shard_key(c.key, 0)}"
+        entry = Path(client.cache_path(c.nodes[0], 1))
+        threshold = live_cluster.config["kernel"]["hot_threshold"]
+        fills, hits = counter([owner], "filler", "hot_fills"), counter(actors, "readers", "hits")
+        for _ in range(threshold):
+            assert client.read_chunk(1) == blob[2**20:2 * 2**20]
+        wait_until(entry.exists, what="the fill of an erasure-coded chunk")
+        assert ray.get(owner.kernel_key_count.remote(shard)) == threshold
+        assert counter([owner], "filler", "hot_fills") - fills == 1
+        assert client.read_chunk(1) == blob[2**20:2 * 2**20]
+        assert ray.get(owner.kernel_key_count.remote(shard)) == threshold  # the fill and the hit: uncounted
+        assert counter(actors, "readers", "hits") - hits == 1
+        creds = registry.fetch_credentials(live_cluster.name)
+        s3.client(live_cluster.node(c.nodes[0]).endpoint, creds).put_object(
+            Bucket=m.bucket, Key=erasure.shard_key(c.key, 0), Body=b"garbage")
+        wait_until(lambda: not entry.exists(), what="the shard's STALE event to drop the chunk")
+        assert client.read_chunk(1) == blob[2**20:2 * 2**20] and client.degraded_reads == 1  # from parity
+    finally:
+        registry.remove(live_cluster.name, "cache/ec.bin")
 
 
 def test_capacity_never_exceeded(fresh, cluster_root):

@@ -198,6 +198,20 @@ def test_share_nothing_lab(lab_overrides):
         found = ray.get(actors[bad.nodes[0]].scrub_minio.remote())  # that host's scrub finds it and rewrites it
         assert found["bad"] == [erasure.shard_key(bad.key, 0)] and found["repaired"] == 1
         assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
+        # host 0's kernel counts the shards its readers fetch from every host: the chunk is cached
+        # whole there, and stays readable with 2 of its 3 shards' hosts down (more than parity): on
+        # host 0 from its own cache, on host 1 through the peer tier
+        hot = ec.chunks[3]
+        assert ray.get(_read_twice.options(**on0).remote("team/blob.bin", hot.id)) == hot.xxh3
+        assert wait_until(lambda: ray.get(actors[0].cache_contains.remote(hot.key)), 15, "shards made a chunk hot")
+        assert wait_until(lambda: ray.get(actors[1].cached_on.remote(hot.key)) == [0], 15, "cache index shared")
+        ray.get([actors[i].hold_minio.remote() for i in (1, 2)])
+        try:
+            assert ray.get(_read_once.options(**on0).remote("team/blob.bin", hot.id)) == (hot.xxh3, 0)
+            on1 = cluster.pinned(state.node(1))
+            assert ray.get(_read_once.options(**on1).remote("team/blob.bin", hot.id)) == (hot.xxh3, 1)
+        finally:
+            ray.get([actors[i].release_minio.remote() for i in (1, 2)])
 
         # -- the jobs, small, on share-nothing hosts: Demo B, the backtest, GraySort
         demo_b = load_job("demo_b").main(lab_overrides + data_overrides() + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
