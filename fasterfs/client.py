@@ -131,10 +131,13 @@ class Client:
     # -- reads ---------------------------------------------------------------------------
 
     def read_chunk(self, i: int) -> bytes:
+        t = time.perf_counter()
         chunk = self.manifest.chunk(i)
         self._note_order(i)
         data = self._cache_hit(i, cache.read_entry) if self.use_cache else None
-        return data if data is not None else self._read_minio(i, chunk)
+        data = data if data is not None else self._read_minio(i, chunk)
+        self.stats(chunk.nodes[0]).latency(time.perf_counter() - t)
+        return data
 
     def read_table(self, i: int) -> pl.DataFrame:
         """Chunk i as a DataFrame with LOBSTER column names; prices are integers (USD x 10000).
@@ -142,12 +145,16 @@ class Client:
         if self.manifest.format == "arrow" and self.use_cache:
             import pyarrow as pa
 
+            t = time.perf_counter()
             chunk = self.manifest.chunk(i)
             self._note_order(i)
             buf = self._cache_hit(i, cache.map_entry)
             if buf is not None:
-                return pl.from_arrow(pa.ipc.open_file(buf).read_all())
-            return lobster.decode_chunk(self._read_minio(i, chunk), "arrow", self.manifest.level)
+                table = pa.ipc.open_file(buf).read_all()
+            else:
+                table = pa.ipc.open_file(pa.py_buffer(self._read_minio(i, chunk))).read_all()
+            self.stats(chunk.nodes[0]).latency(time.perf_counter() - t)
+            return pl.from_arrow(table)
         return lobster.decode_chunk(self.read_chunk(i), self.manifest.format, self.manifest.level)
 
     def chunks_between(self, start: float, end: float) -> list[int]:

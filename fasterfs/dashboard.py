@@ -13,11 +13,19 @@ import threading
 import time
 from html import escape as e
 
+from pathlib import Path
+
+from fastapi import WebSocket  # at module level: FastAPI resolves the handler's annotation here
+
 from .errors import FasterFSError
-from .monitor import RATES, Monitor
+from .monitor import RATES, Heat, Monitor
 from .report import fmt_bytes
 
 ACTOR_NAME = "dashboard"
+WEB = Path(__file__).parent / "web"
+STATIC = {"kernel.js": "text/javascript", "vendor/uPlot.iife.min.js": "text/javascript",
+          "vendor/uPlot.min.css": "text/css", "vendor/LICENSE-uPlot": "text/plain", "vendor/VENDORED.md": "text/plain"}
+SEND_TIMEOUT_S = 10.0
 COLORS = ("#0b6bcb", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207", "#4d7c0f")
 
 STYLE = """
@@ -205,6 +213,20 @@ def _runs(monitor: Monitor) -> str:
         '<div class="charts">' + "".join(latest.values()) + "</div>"
 
 
+def _ray_jobs(monitor: Monitor) -> str:
+    jobs = ray_jobs(monitor.state.dashboard_url)
+    if jobs and "error" in jobs[0]:
+        return f'<p class="muted">{e(jobs[0]["error"])}</p>'
+    if not jobs:
+        return '<p class="muted">none submitted (`ray job submit --address ... -- python jobs/demo_a.py`)</p>'
+    cls = {"RUNNING": "warn", "SUCCEEDED": "ok", "FAILED": "bad", "STOPPED": "bad"}
+    rows = [[e(j["id"]), f'<span class="{cls.get(j["status"], "")}">{e(j["status"])}</span>', e(j["entrypoint"]),
+             e(time.strftime("%H:%M:%S", time.localtime(j["start"]))) if j["start"] else "-",
+             f'{(j["end"] or time.time()) - j["start"]:.0f} s' if j["start"] else "-", e(j["message"] or "")]
+            for j in jobs[:10]]
+    return _table(["job", "status", "entrypoint", "started", "ran", "message"], rows, 3)
+
+
 def render_live(monitor: Monitor) -> str:
     """The part of the page that refreshes."""
     snap = monitor.snapshot()
@@ -213,7 +235,8 @@ def render_live(monitor: Monitor) -> str:
             f'{(now - snap["started"]) / 60:.0f} min</p>' + _banners(snap)
             + "<h2>Nodes</h2>" + _nodes(snap) + _redundancy(snap) + "<h2>Kernel programs</h2>" + _kernel(snap)
             + "<h2>Caches</h2>" + _cache(snap) + "<h2>Live rates</h2>" + _charts(monitor, now)
-            + "<h2>Recent kernel events</h2>" + _events(snap) + "<h2>Job runs</h2>" + _runs(monitor))
+            + "<h2>Recent kernel events</h2>" + _events(snap) + "<h2>Ray jobs</h2>" + _ray_jobs(monitor)
+            + "<h2>Job runs</h2>" + _runs(monitor))
 
 
 def render_page(monitor: Monitor, refresh_s: float) -> str:
@@ -222,16 +245,42 @@ def render_page(monitor: Monitor, refresh_s: float) -> str:
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>FasterFS — {e(st.name)}</title>'
             f"<style>{STYLE}</style></head><body><header><b>FasterFS</b> · cluster {e(st.name)} · {where} · "
             f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>"
-            f' · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
+            f' · <a href="kernel">kernel view</a> · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
             f'<main id="live">{render_live(monitor)}</main>'
             f"<script>{SCRIPT.replace('REFRESH_MS', str(int(refresh_s * 1000)))}</script></body></html>")
 
 
-def create_app(monitor: Monitor, refresh_s: float = 2.0):
+def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers: int = 200):
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import FileResponse, HTMLResponse, Response
 
     app = FastAPI(title="FasterFS", docs_url="/api/docs", redoc_url=None)
+
+    @app.get("/kernel", response_class=HTMLResponse)
+    def kernel_page():
+        return (WEB / "kernel.html").read_text()
+
+    @app.get("/static/{name:path}")
+    def static(name: str):
+        if name not in STATIC:  # an allow-list: never a path from the request
+            raise HTTPException(404, f"no static file {name!r}")
+        return FileResponse(WEB / name, media_type=STATIC[name])
+
+    @app.get("/api/kernel/layout")
+    def kernel_layout():
+        return heat.current_layout()
+
+    @app.get("/api/timeline")
+    def timeline(since: float = 0.0):
+        return monitor.timeline(since)
+
+    @app.get("/api/jobs")
+    def jobs():
+        return ray_jobs(monitor.state.dashboard_url)
+
+    @app.websocket("/ws/kernel")
+    async def kernel_stream(ws: WebSocket):
+        await stream_heat(ws, heat, max_viewers)
 
     @app.get("/", response_class=HTMLResponse)
     def page():
@@ -269,18 +318,98 @@ def create_app(monitor: Monitor, refresh_s: float = 2.0):
     return app
 
 
-class DashboardServer:
-    """The Ray actor that serves the dashboard: uvicorn in a thread, on the head's address."""
+async def stream_heat(ws, heat: Heat, max_viewers: int) -> None:
+    """Push the latest heatmap frame to one page as it comes; what the page sends is read and
+    ignored. A viewer that does not take a frame within SEND_TIMEOUT_S is dropped (its page
+    reconnects); frames made while one is being sent are skipped, never queued."""
+    import asyncio
+    import json
 
-    def __init__(self, root: str, address: str, port: int, refresh_s: float):
+    from starlette.websockets import WebSocketDisconnect
+
+    await ws.accept()
+    if heat.viewers >= max_viewers:
+        await ws.close(code=1013, reason=f"more than {max_viewers} viewers")
+        return
+    heat.watch(+1)
+    closed = asyncio.Event()
+
+    async def drain():  # a malformed or unexpected message is no reason to stop
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            closed.set()
+
+    reader = asyncio.create_task(drain())
+    sent, missing = 0, None
+    try:
+        while not closed.is_set():
+            seq, frame = heat.frame
+            if heat.missing != missing:
+                missing = dict(heat.missing)
+                await asyncio.wait_for(ws.send_text(json.dumps({"missing": missing})), SEND_TIMEOUT_S)
+            if seq != sent and frame:
+                await asyncio.wait_for(ws.send_bytes(frame), SEND_TIMEOUT_S)
+                sent = seq
+            try:
+                await asyncio.wait_for(closed.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+    except (asyncio.TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+        pass  # slow or gone: drop it
+    finally:
+        heat.watch(-1)
+        reader.cancel()
+        try:
+            await ws.close()
+        except Exception:
+            pass
+
+
+def ray_jobs(ray_dashboard: str) -> list[dict]:
+    """Jobs submitted to Ray (`ray job submit`), newest first, from Ray's job API."""
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        jobs = JobSubmissionClient(ray_dashboard).list_jobs()
+    except Exception as err:
+        return [{"error": f"Ray's job API at {ray_dashboard} did not answer: {type(err).__name__}"}]
+    return sorted(({"id": j.submission_id or j.job_id, "status": str(j.status.value if hasattr(j.status, "value")
+                                                                     else j.status),
+                    "entrypoint": j.entrypoint, "start": (j.start_time or 0) / 1000, "end": (j.end_time or 0) / 1000,
+                    "message": j.message, "metadata": j.metadata or {}} for j in jobs),
+                  key=lambda j: j["start"], reverse=True)[:50]
+
+
+class DashboardServer:
+    """The Ray actor that serves the dashboard: uvicorn in a thread, on the head's address, and
+    a sampler thread that keeps the timelines' history."""
+
+    def __init__(self, root: str, address: str, port: int, refresh_s: float, sample_s: float = 1.0):
         import uvicorn
 
         self.where = f"{address}:{port}"
-        config = uvicorn.Config(create_app(Monitor(root), refresh_s), host=address, port=port,
-                                log_level="warning", access_log=False, lifespan="off")
+        self.monitor = Monitor(root, min_interval=sample_s * 0.9)
+        self.heat = Heat(self.monitor.state, sample_s)
+        self._stopping = threading.Event()
+        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s), host=address, port=port,
+                                log_level="warning", access_log=False, lifespan="off", ws="websockets-sansio")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="dashboard", daemon=True)
         self.thread.start()
+        threading.Thread(target=self._sample, args=(sample_s,), name="timeline", daemon=True).start()
+
+    def _sample(self, every: float) -> None:
+        while not self._stopping.wait(every):
+            try:
+                self.monitor.snapshot()
+            except Exception:  # a node or Ray itself briefly gone: the timeline shows a gap
+                pass
 
     def ready(self, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
@@ -293,5 +422,6 @@ class DashboardServer:
         return f"http://{self.where}"
 
     def stop(self) -> None:
+        self._stopping.set()
         self.server.should_exit = True
         self.thread.join(10)

@@ -1,9 +1,11 @@
-"""What the web dashboard shows, gathered: live snapshots of every StorageNode, rates
-between snapshots, the job runs on disk, and the same figures as Prometheus metrics.
+"""What the web dashboard shows, gathered: live snapshots of every StorageNode, per-second
+timelines, the kernel heatmap's frames, the job runs on disk, and the same figures as
+Prometheus metrics.
 
-A snapshot is taken when someone asks for one (a page view, an API call, a scrape) and
-reused for `min_interval` seconds: nothing is sampled while nobody looks, so benchmarks
-run undisturbed. Rates are differences between consecutive snapshots.
+The dashboard actor takes a snapshot every `dashboard.sample_s` (and reuses it for anyone who
+asks meanwhile) and keeps `dashboard.history_s` of them, so a page opened mid-run shows what
+happened before; rates and per-second latency quantiles are differences between consecutive
+snapshots. The heatmap is sampled only while a /kernel page is open (`Heat`).
 """
 from __future__ import annotations
 
@@ -14,16 +16,22 @@ from pathlib import Path
 
 from .config import Paths
 from .fsutil import read_json
+from .reader_stats import LATENCY_SLOTS
 from .state import ClusterState, actor_name
 
 # Counters whose per-second rates the dashboard shows (and charts).
 RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads served from the cache",
          "hot_events": "chunks the kernel made hot"}
+# The timelines' series: per-second rates of these totals, and latency quantiles of these histograms.
+TIMELINE_RATES = {"minio_reads": "reads from MinIO", "cache_reads": "reads from the cache",
+                  "minio_gets": "GETs the kernel counted", "hot_events": "HOT events", "fills": "cache fills",
+                  "evictions": "evictions"}
+TIMELINE_HISTS = {"read": "readers' read latency", "kernel": "kernel: request to first byte"}
 REPORT_SUFFIXES = (".json", ".png")
 
 
 class Monitor:
-    def __init__(self, root: str | Path, top_keys: int = 10, min_interval: float = 1.0, history: int = 150,
+    def __init__(self, root: str | Path, top_keys: int = 10, min_interval: float = 1.0, history: int = 900,
                  answer_timeout: float = 5.0):
         self.root = Path(root)
         self.state = ClusterState.load(self.root)
@@ -82,6 +90,31 @@ class Monitor:
                 "ray_address": self.state.ray_address, "ray_dashboard": self.state.dashboard_url,
                 "lab": self.state.lab, "nodes": nodes, "redundancy": redundancy}
 
+    def timeline(self, since: float = 0.0) -> dict:
+        """Per node, per second after `since`: the TIMELINE_RATES and the p50/p99 (ms) of the
+        TIMELINE_HISTS over that second. A gap (no answer, a restarted counter) is null."""
+        points = list(self.history)
+        out = {"time": [], "nodes": {}}
+        for (t0, a), (t1, b) in zip(points, points[1:]):
+            if t1 <= since:
+                continue
+            out["time"].append(round(t1, 3))
+            for node in sorted(set(a) | set(b)):
+                series = out["nodes"].setdefault(str(node), {k: [] for k in [*TIMELINE_RATES, *(
+                    f"{h}_{q}" for h in TIMELINE_HISTS for q in ("p50_ms", "p99_ms"))]})
+                fill = len(out["time"]) - 1 - len(series["minio_reads"])
+                for values in series.values():  # a node that appeared later: nulls before it
+                    values.extend([None] * fill)
+                before, after = a.get(node, {}), b.get(node, {})
+                rates = _rates(t0, before, t1, after)
+                for k in TIMELINE_RATES:
+                    series[k].append(None if k not in rates else round(rates[k], 3))
+                for h in TIMELINE_HISTS:
+                    delta = _hist_delta(before.get(f"{h}_hist"), after.get(f"{h}_hist"))
+                    series[f"{h}_p50_ms"].append(_quantile_ms(delta, 0.5))
+                    series[f"{h}_p99_ms"].append(_quantile_ms(delta, 0.99))
+        return out
+
     def series(self, name: str) -> dict[int, list[tuple[float, float]]]:
         """Per node, (time, per-second rate of `name`) between consecutive snapshots."""
         out: dict[int, list] = collections.defaultdict(list)
@@ -139,6 +172,87 @@ class Monitor:
         return generate_latest(registry)
 
 
+class Heat:
+    """The kernel heatmap's frames (fasterfs.heatmap), sampled every `interval` seconds while at
+    least one page watches: one sampler for every viewer, the latest frame only (a slow viewer
+    skips frames, it never queues them)."""
+
+    def __init__(self, state: ClusterState, interval: float = 1.0, answer_timeout: float = 2.0):
+        self.state, self.interval, self.answer_timeout = state, interval, answer_timeout
+        self.viewers = 0
+        self.frame: tuple[int, bytes] = (0, b"")  # (sequence, bytes)
+        self.layout: dict | None = None
+        self.missing: dict[int, str] = {}  # node -> why its row is absent from the latest frame
+        self.sample_ms: float | None = None
+        self._version = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        threading.Thread(target=self._run, name="heatmap", daemon=True).start()
+
+    def watch(self, delta: int) -> None:
+        with self._lock:
+            self.viewers += delta
+        self._wake.set()
+
+    def current_layout(self) -> dict:
+        from . import heatmap, registry
+
+        version = registry.namespace_version(self.state.name)
+        if self.layout is None or version != self._version:
+            _, manifests = registry.fetch_manifests(self.state.name)
+            self.layout = heatmap.layout(manifests, [{"index": n.index, "address": n.address}
+                                                     for n in self.state.nodes],
+                                         self.state.config["kernel"]["hot_threshold"])
+            self._version = version
+        return self.layout
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self.viewers <= 0:
+                continue
+            try:
+                self._sample()
+            except Exception as e:  # the registry or Ray is gone for a moment: say so, keep going
+                self.missing = {n.index: f"{type(e).__name__}: {e}"[:200] for n in self.state.nodes}
+
+    def _sample(self) -> None:
+        import ray
+
+        from . import heatmap
+
+        t = time.perf_counter()
+        layout = self.current_layout()
+        ncells = sum(len(d["keys"]) for d in layout["datasets"])
+        refs, missing = {}, {}
+        for node in self.state.nodes:
+            try:
+                refs[node.index] = ray.get_actor(actor_name(node.index), namespace=self.state.namespace).heat.remote()
+            except ValueError:
+                missing[node.index] = "no StorageNode actor"
+        ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.answer_timeout)[0]
+                    if refs else ())
+        rows = []
+        for node in self.state.nodes:
+            ref = refs.get(node.index)
+            row = None
+            if ref is not None and ref not in ready:
+                missing[node.index] = f"no answer within {self.answer_timeout:g} s"
+            elif ref is not None:
+                try:
+                    layout_id, row = ray.get(ref)
+                    if layout_id != layout["id"]:
+                        missing[node.index], row = "still on an older namespace", None
+                except Exception as e:
+                    missing[node.index] = f"{type(e).__name__}: {e}"[:200]
+            rows.append(row)
+        seq = self.frame[0] + 1
+        self.frame = (seq, heatmap.frame(seq, layout["id"], rows, ncells))
+        self.missing = missing
+        self.sample_ms = (time.perf_counter() - t) * 1e3
+
+
 def _totals(row: dict) -> dict:
     """The counters rates are computed from (missing parts give no rate)."""
     kernel, cache = row.get("kernel") or {}, row.get("cache") or {}
@@ -146,15 +260,45 @@ def _totals(row: dict) -> dict:
     if kernel:
         totals["minio_gets"] = sum(p.get("gets", 0) for p in kernel.get("ports", {}).values())
         totals["hot_events"] = kernel.get("counters", {}).get("hot_events", 0)
+        hist: dict[int, int] = collections.Counter()
+        for p in kernel.get("ports", {}).values():
+            hist.update({int(s): c for s, c in p.get("latency_hist_log2_us", {}).items()})
+        totals["kernel_hist"] = dict(hist)
     if cache:
-        totals["cache_hits"] = cache.get("readers", {}).get("hits", 0)
+        readers = cache.get("readers", {})
+        totals["cache_hits"] = totals["cache_reads"] = readers.get("hits", 0)
+        totals["minio_reads"] = readers.get("misses", 0)
+        totals["fills"] = cache.get("fills", 0)
+        totals["evictions"] = cache.get("evictions", 0)
+        totals["read_hist"] = {s: readers.get(f"latency_us_log2_{s}", 0) for s in range(LATENCY_SLOTS)}
     return totals
+
+
+def _hist_delta(before: dict | None, after: dict | None) -> dict[int, int] | None:
+    if before is None or after is None:
+        return None
+    delta = {s: c - before.get(s, 0) for s, c in after.items()}
+    return None if any(v < 0 for v in delta.values()) else delta  # a counter reset: no figure
+
+
+def _quantile_ms(hist: dict[int, int] | None, q: float) -> float | None:
+    """Upper edge of the log2 bucket (µs) holding quantile q, in ms; None with no reads."""
+    total = sum(hist.values()) if hist else 0
+    if not total:
+        return None
+    seen = 0
+    for slot in sorted(hist):
+        seen += hist[slot]
+        if seen >= q * total:
+            return (2 ** slot) / 1000
+    return None
 
 
 def _rates(t0: float, before: dict, t1: float, after: dict) -> dict:
     """Per-second rates between two totals (none across a counter reset, e.g. a restarted node)."""
     dt = t1 - t0
-    return {k: (v - before[k]) / dt for k, v in after.items() if k in before and dt > 0 and v >= before[k]}
+    return {k: (v - before[k]) / dt for k, v in after.items()
+            if isinstance(v, int) and k in before and dt > 0 and v >= before[k]}
 
 
 class _Collector:

@@ -15,7 +15,11 @@ from pathlib import Path
 
 from .fsutil import atomic_write
 
-FIELDS = ("hits", "misses", "bytes_from_cache", "bytes_from_minio", "damaged_dropped", "prefetch_requests")
+COUNTERS = ("hits", "misses", "bytes_from_cache", "bytes_from_minio", "damaged_dropped", "prefetch_requests")
+# readers' own read latency (cache or MinIO, as the application sees it): log2 buckets of µs,
+# slot s holding 2^(s-1) <= µs < 2^s (as the kernel's histogram), the last open-ended
+LATENCY_SLOTS = 24
+FIELDS = COUNTERS + tuple(f"latency_us_log2_{s}" for s in range(LATENCY_SLOTS))
 _FMT = struct.Struct("<" + "Q" * len(FIELDS))
 RETIRED = "retired.stats"
 
@@ -36,15 +40,21 @@ class ReaderStats:
         self._values[field] += n
         struct.pack_into("<Q", self._mm, 8 * field, self._values[field])
 
+    def latency(self, seconds: float) -> None:
+        self.add(len(COUNTERS) + min(int(seconds * 1e6).bit_length(), LATENCY_SLOTS - 1))
+
 
 class _Uncounted:
     def add(self, field: int, n: int = 1) -> None:
         pass
 
+    def latency(self, seconds: float) -> None:
+        pass
+
 
 UNCOUNTED = _Uncounted()  # reads of a process with no StorageNode on its host
 
-HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED, PREFETCH = range(len(FIELDS))
+HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED, PREFETCH = range(len(COUNTERS))
 
 
 def _read(path: Path) -> list[int]:

@@ -47,7 +47,10 @@ def needed(m: Manifest) -> int:
 
 def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]]:
     width = m.ec_data + m.ec_parity if m.layout == "ec" else m.replicas
-    return chunk_homes(m.name, len(m), [n.index for n in state.nodes[:m.node_count]], width, load_slack)
+    nodes = [n.index for n in state.nodes[:m.node_count]]
+    if width > len(nodes):  # written on a larger cluster than runs now: no home for every piece
+        return [list(c.nodes) for c in m.chunks]
+    return chunk_homes(m.name, len(m), nodes, width, load_slack)
 
 
 def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:

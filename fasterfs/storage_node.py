@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import bpf, erasure, identity, reader_stats, registry, repair, s3
+from . import bpf, erasure, heatmap, identity, reader_stats, registry, repair, s3
 from .bpf.events import key_hash
 from .bpf.pinned import mount_bpffs, unmount_bpffs
 from .cache import ChunkCache, entry_name, read_entry
@@ -61,6 +61,8 @@ class StorageNode:
         self.repairs: list[dict] = []    # what this node's own repairs did, latest last
         self.scrubbed = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
         self._peer_caches: dict[int, frozenset[str]] = {}  # node -> entries in its cache (the peer tier's index)
+        self._heat = heatmap.Index({})
+        self._recent: dict[str, int] = {}  # entry -> EVICTED or STALE, for the heatmap (bounded)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
@@ -159,7 +161,10 @@ class StorageNode:
         if key is None:
             self.cache.clear()
             self.kernel.new_epoch()
+            self._recent.clear()
         else:
+            if self.cache.contains(key):
+                self._note(entry_name(key), heatmap.STALE)
             self.filler.mark_stale(key)
             self.kernel.reset_key(key_hash_)
         self.last_invalidation = time.time()
@@ -210,7 +215,14 @@ class StorageNode:
         ec = self._names["ec"].get(key)
         return [erasure.shard_key(key, s) for s in range(ec[1] + ec[2])] if ec else [key]
 
+    def _note(self, entry: str, state: int) -> None:
+        self._recent.pop(entry, None)
+        self._recent[entry] = state
+        while len(self._recent) > 100_000:  # oldest first: dicts keep insertion order
+            del self._recent[next(iter(self._recent))]
+
     def _on_evict(self, entry: str) -> None:
+        self._note(entry, heatmap.EVICTED)
         key = self._names["entries"].get(entry)
         for obj in self._object_keys(key) if key else ():  # the key may become hot again, and be cached again
             self.kernel.reset_key(key_hash(f"/{self.bucket}/{obj}"))
@@ -245,6 +257,7 @@ class StorageNode:
                               for c in m.chunks if m.layout == "ec"},
                        "pieces": pieces}
         self.cache.retain(self._names["holders"])
+        self._heat = heatmap.Index(self._manifests)
 
     def _revalidate(self) -> int:
         """Drop cached entries whose object changed while this StorageNode was not running:
@@ -486,6 +499,12 @@ class StorageNode:
             snap["sockops"]["skipped"] = self.sockops_skipped
         return snap
 
+    def heat(self) -> tuple[int, bytes]:
+        """This node's row of the kernel heatmap (fasterfs.heatmap) and the layout it is in."""
+        index = self._heat
+        return index.id, index.cells(self.kernel.all_counts(), self.cache.names(), self._recent,
+                                     self.cfg.kernel.hot_threshold)
+
     def kernel_key_count(self, path: str) -> int:
         """GETs of `path` (/bucket/key) the kernel counted in the current epoch."""
         return self.kernel.key_count(key_hash(path))
@@ -555,6 +574,7 @@ class StorageNode:
         """Empty the cache and start a new kernel epoch, so every key can become hot again."""
         removed = self.cache.clear()
         self.kernel.new_epoch()
+        self._recent.clear()
         return removed
 
     def hold_minio(self) -> None:

@@ -99,6 +99,10 @@ class KernelPrograms:
         (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns and of cache fills)."""
         self.bpf[b"stale_keys"][ct.c_uint64(key)] = ct.c_uint64(time.monotonic_ns())
 
+    def all_counts(self) -> dict[int, int]:
+        """Every key's GET count this epoch (the whole map: the dashboard's heatmap)."""
+        return {k.value: v.count for k, v in self.bpf[b"key_counts"].items() if v.epoch == self.epoch}
+
     def key_count(self, key: int) -> int:
         try:
             st = self.bpf[b"key_counts"][ct.c_uint64(key)]

@@ -46,6 +46,10 @@ class SimulatedPrograms:
     def key_count(self, key: int) -> int:
         return self.counts.get(key, 0)
 
+    def all_counts(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self.counts)
+
     def mark_stale(self, key: int) -> None:
         pass  # no pinned marks: the STALE callback drops the entry
 
