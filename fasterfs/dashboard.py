@@ -270,6 +270,12 @@ def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers
     def kernel_layout():
         return heat.current_layout()
 
+    @app.get("/api/kernel/stats")
+    def kernel_stats():
+        seq, frame = heat.frame
+        return {"viewers": heat.viewers, "frame": seq, "frame_bytes": len(frame), "sample_ms": heat.sample_ms,
+                "missing": heat.missing}
+
     @app.get("/api/timeline")
     def timeline(since: float = 0.0):
         return monitor.timeline(since)
@@ -382,7 +388,8 @@ def ray_jobs(ray_dashboard: str) -> list[dict]:
     return sorted(({"id": j.submission_id or j.job_id, "status": str(j.status.value if hasattr(j.status, "value")
                                                                      else j.status),
                     "entrypoint": j.entrypoint, "start": (j.start_time or 0) / 1000, "end": (j.end_time or 0) / 1000,
-                    "message": j.message, "metadata": j.metadata or {}} for j in jobs),
+                    "message": j.message, "metadata": j.metadata or {}} for j in jobs
+                   if j.submission_id),  # `ray job submit`, not every driver that connected
                   key=lambda j: j["start"], reverse=True)[:50]
 
 

@@ -46,7 +46,7 @@ class Browser:
                 time.sleep(0.2)
         from websockets.sync.client import connect
 
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None)
+        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None).__enter__()
         self._ids = itertools.count(1)
 
     def call(self, method: str, **params) -> dict:

@@ -153,3 +153,101 @@ def test_simulated_nodes_labelled(live_cluster):
 def test_bad_refresh_named():
     with pytest.raises(FasterFSError, match="dashboard.refresh_s"):
         config.load(["dashboard.refresh_s=0"])
+
+
+# -- the live /kernel view -------------------------------------------------------------------
+
+PIXEL_STATES = """(() => {
+  const ctx = document.getElementById('grid').getContext('2d'), L = ffs.layout;
+  const d = L.datasets.findIndex(x => x.name === NAME), off = L.offsets[d], n = L.datasets[d].keys.length;
+  const names = Object.fromEntries(Object.entries(L.rgb).map(([c, rgb]) => [rgb.join(','), L.states[c].name]));
+  return L.nodes.map((_, h) => Array.from({length: n}, (_, i) => {
+    const [x, y] = ffs.cellXY(h, off + i), p = ctx.getImageData(x, y, 1, 1).data;
+    return names[[p[0], p[1], p[2]].join(',')] || 'shaded';
+  }));
+})()"""
+
+
+def _pixels(b, name: str) -> list[list[str]]:
+    """Each host's cells of dataset `name`, by the colour drawn on the canvas."""
+    return b.js(PIXEL_STATES.replace("NAME", json.dumps(name)))
+
+
+def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_path):
+    """Headless Chromium on /kernel while Demo A runs: the canvas' pixels go from every chunk
+    unread to chunks cached; the readers' latency timeline drops when reads come from the
+    cache; the page reconnects by itself after the dashboard actor restarts."""
+    from browser import Browser
+
+    manifest = ingest_as("csv")
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])
+    b = Browser()
+    try:
+        b.open(f"{live_cluster.web_url}/kernel")
+        b.wait("window.ffs && ffs.frames > 1 && ffs.layout", 60, "the first frames")
+        before = _pixels(b, manifest.name)
+        b.screenshot(tmp_path / "kernel-before.png")
+        assert [len(h) for h in before] == [len(manifest)] * len(live_cluster.nodes)
+        assert {s for h in before for s in h} == {"not read"}, before
+        load_job("demo_a").main(overrides)
+        seen = b.js("ffs.frames")
+        b.wait(f"ffs.frames > {seen + 1}", 30, "frames after Demo A")
+        after = _pixels(b, manifest.name)
+        b.screenshot(tmp_path / "kernel-after.png")
+        cached = sum(s == "in this host's cache" for h in after for s in h)
+        assert cached >= len(manifest) // 2, after  # Demo A's hot passes read every chunk from a cache
+        b.wait("ffs.timeline && ffs.timeline.time.length > 3", 30, "the timeline")
+        p50 = [v for h in b.js("Object.values(ffs.timeline.nodes).map(n => n.read_p50_ms)") for v in h if v]
+        peak = max(p50)
+        assert peak >= 1.0 and min(p50[p50.index(peak):]) <= peak / 4, p50  # MinIO's ms, then the cache's
+
+        dashboard = ray.get_actor("dashboard", namespace=live_cluster.namespace)
+        frames = b.js("ffs.frames")
+        ray.kill(dashboard, no_restart=False)
+        b.wait(f"ffs.reconnects > 0 && ffs.frames > {frames} && document.getElementById('status').textContent"
+               " === 'live'", 90, "the page to reconnect to the restarted dashboard")
+    finally:
+        b.close()
+    assert api(live_cluster, "/healthz")["ok"]
+
+
+def test_kernel_stream_survives_bad_viewers(live_cluster):
+    """A viewer that never reads, a hundred viewers, malformed messages, a StorageNode that stops
+    answering mid-stream: the stream goes on, the page is told what is missing, and every
+    viewer's slot is given back when it leaves."""
+    import base64
+    import os
+    import socket
+
+    from websockets.sync.client import connect
+
+    host, port = live_cluster.web_url.split("//")[1].split(":")
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect((host, int(port)))
+    stuck.sendall((f"GET /ws/kernel HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+                   "Sec-WebSocket-Version: 13\r\n\r\n").encode())  # and never reads again
+    url = live_cluster.web_url.replace("http://", "ws://") + "/ws/kernel"
+    viewers = [connect(url, max_size=None).__enter__() for _ in range(100)]
+    try:
+        for ws in viewers[:10]:
+            ws.send("{not json")
+            ws.send(b"\xff\x00garbage")
+        for ws in viewers:  # each gets the missing-list message and a frame
+            got = [ws.recv(timeout=30) for _ in range(2)]
+            assert any(isinstance(m, bytes) and m[:4] == b"FFSH" for m in got)
+        assert api(live_cluster, "/api/kernel/stats")["viewers"] == 101
+
+        node1 = ray.get_actor(cluster.actor_name(1), namespace=live_cluster.namespace)
+        ray.kill(node1, no_restart=False)  # restarts (max_restarts): silent meanwhile
+        assert wait_until(lambda: "1" in api(live_cluster, "/api/kernel/stats")["missing"], 60,
+                          "node 1 named missing")
+        assert wait_until(lambda: not api(live_cluster, "/api/kernel/stats")["missing"], 120, "node 1 back")
+    finally:
+        for ws in viewers:
+            ws.close()
+        stuck.close()
+    assert wait_until(lambda: api(live_cluster, "/api/kernel/stats")["viewers"] == 0, 30, "every viewer gone")
+    assert api(live_cluster, "/healthz")["ok"]
