@@ -26,6 +26,7 @@ RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads 
 TIMELINE_RATES = {"minio_reads": "reads from MinIO", "cache_reads": "reads from the cache",
                   "minio_gets": "GETs the kernel counted", "hot_events": "HOT events", "fills": "cache fills",
                   "evictions": "evictions"}
+COUNT_MAX_AGE_S = 15.0  # the objects and bytes per node shown may be this old
 TIMELINE_HISTS = {"read": "readers' read latency", "kernel": "kernel: request to first byte"}
 REPORT_SUFFIXES = (".json", ".png")
 
@@ -60,7 +61,7 @@ class Monitor:
             except ValueError as e:
                 missing[node.index] = f"no StorageNode actor: {e}"
                 continue
-            calls[node.index] = {"status": actor.status.remote(), "kernel": actor.kernel_status.remote(self.top_keys),
+            calls[node.index] = {"status": actor.status.remote(COUNT_MAX_AGE_S), "kernel": actor.kernel_status.remote(self.top_keys),
                                  "cache": actor.cache_status.remote()}
         pending = [ref for parts in calls.values() for ref in parts.values()]
         ready = set(ray.wait(pending, num_returns=len(pending), timeout=self.answer_timeout)[0] if pending else ())

@@ -62,6 +62,7 @@ class StorageNode:
         self.scrubbed = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
         self._peer_caches: dict[int, frozenset[str]] = {}  # node -> entries in its cache (the peer tier's index)
         self._heat = heatmap.Index({})
+        self._counted = (float("-inf"), 0, 0)  # (when, objects, bytes) of the last listing
         self._recent: dict[str, int] = {}  # entry -> EVICTED or STALE, for the heatmap (bounded)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
@@ -469,18 +470,28 @@ class StorageNode:
                 "node_id": ray.get_runtime_context().get_node_id(), "kernel_mode": self.kernel.mode,
                 "host_id": host_id()}
 
-    def status(self) -> dict:
+    def _count_objects(self, max_age_s: float) -> tuple[int, int]:
+        """Objects and bytes in this node's bucket, from a listing at most max_age_s old."""
+        at, chunks, size = self._counted
+        if time.monotonic() - at >= max_age_s:
+            chunks = size = 0
+            for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+                for obj in page.get("Contents", []):
+                    chunks += 1
+                    size += obj["Size"]
+            self._counted = (time.monotonic(), chunks, size)
+        return chunks, size
+
+    def status(self, max_age_s: float = 0.0) -> dict:
+        """max_age_s: how old the object count may be (the dashboard asks every second, and
+        listing many objects is not free; `fasterfs status` wants it now)."""
         import ray
 
         with self._lock:  # not in the middle of a restart
             healthy, pid, restarts = self.minio.healthy(), self.minio.pid, self.restarts
         chunks = size = None
         if healthy:
-            chunks = size = 0
-            for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
-                for obj in page.get("Contents", []):
-                    chunks += 1
-                    size += obj["Size"]
+            chunks, size = self._count_objects(max_age_s)
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,

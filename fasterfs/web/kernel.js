@@ -126,6 +126,7 @@ async function onFrame(buf) {
   ffs.frame = {seq, nodes, cells, body: new Uint8Array(buf, HEADER)};
   ffs.frames++;
   draw();
+  if (ffs.firstFrameMs === undefined) ffs.firstFrameMs = performance.now();  // since navigation began
 }
 
 function connect() {
