@@ -57,7 +57,9 @@ class Client:
         self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self._refused: dict[int, float] = {}  # node -> until when it is tried last
         self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
-        self.peer_reads = 0      # chunks read from another host's cache, their holders down
+        self.peer_reads = 0      # chunks read from another host's cache, their holders down or slow
+        self.peer_slower_ms = float(cfg.cache.peer_slower_ms)
+        self._origin_ms: dict[int, float] = {}  # node -> moving average of a GET from its MinIO here
         self._shard_pool: ThreadPoolExecutor | None = None
         self._hints: queue.SimpleQueue | None = None
         self.hints_dropped = 0               # hints made while not connected to Ray
@@ -225,7 +227,8 @@ class Client:
         """Chunk i from MinIO; when its holders are down, from a cache on another host (the
         peer tier): first if every holder refused lately, else once MinIO failed."""
         holders_down = all(self._down(n) for n in chunk.nodes)
-        if holders_down:
+        readers_of = chunk.nodes[:self.manifest.ec_data] if self.manifest.layout == "ec" else chunk.nodes
+        if holders_down or self._slow(readers_of):
             data = self._read_peer(i, chunk)
             if data is not None:
                 return data
@@ -236,6 +239,19 @@ class Client:
             if data is None:
                 raise
             return data
+
+    def _timed_get(self, node: int, key: str) -> dict:
+        """A GET from `node`'s MinIO; its time feeds the node's moving average (`_slow`)."""
+        t = time.perf_counter()
+        response = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=key)
+        response["Body"] = response["Body"].read()
+        ms = (time.perf_counter() - t) * 1e3
+        self._origin_ms[node] = ms if node not in self._origin_ms else 0.7 * self._origin_ms[node] + 0.3 * ms
+        return response
+
+    def _slow(self, holders: list[int]) -> bool:
+        """Every holder answered this reader slower than cache.peer_slower_ms of late."""
+        return bool(self.peer_slower_ms) and all(self._origin_ms.get(n, 0.0) > self.peer_slower_ms for n in holders)
 
     def _read_peer(self, i: int, chunk) -> bytes | None:
         """Chunk i from the cache of a node that has it (any host; the StorageNodes keep the
@@ -275,8 +291,8 @@ class Client:
         errors = []
         for node in sorted(self.sources(i), key=self._down):  # holders that refused lately, last
             try:
-                response = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=chunk.key)
-                body = response["Body"].read()
+                response = self._timed_get(node, chunk.key)
+                body = response["Body"]
             except Exception as e:  # node down or object missing: try the next holder
                 self._note_failure(node, e)
                 errors.append(f"node {node} ({self.state.node(node).endpoint}): {type(e).__name__}: {e}"[:300])
@@ -309,7 +325,7 @@ class Client:
         def fetch(s: int) -> bytes:
             node, key = chunk.nodes[s], erasure.shard_key(chunk.key, s)
             try:
-                body = self._s3[node].get_object(Bucket=bucket, Key=key)["Body"].read()
+                body = self._timed_get(node, key)["Body"]
             except Exception as e:
                 self._note_failure(node, e)
                 raise

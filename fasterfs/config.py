@@ -67,6 +67,8 @@ def validate(cfg: DictConfig) -> None:
         bad("kernel.hot_threshold", "must be a whole number >= 1")
     if not isinstance(cfg.cache.capacity_mb, (int, float)) or cfg.cache.capacity_mb < 0:
         bad("cache.capacity_mb", "must be a number of megabytes >= 0")
+    if not isinstance(cfg.cache.peer_slower_ms, (int, float)) or cfg.cache.peer_slower_ms < 0:
+        bad("cache.peer_slower_ms", "must be a number of milliseconds >= 0 (0: peers only when holders are down)")
     if not isinstance(cfg.cache.prefetch.window, int) or cfg.cache.prefetch.window < 0:
         bad("cache.prefetch.window", "must be a whole number >= 0")
     if not isinstance(cfg.ingest.keep_old_s, (int, float)) or cfg.ingest.keep_old_s < 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .config import Paths
 from .fsutil import read_json
+from .bpf.events import hist_quantile
 from .reader_stats import LATENCY_SLOTS
 from .state import ClusterState, actor_name
 
@@ -283,16 +284,9 @@ def _hist_delta(before: dict | None, after: dict | None) -> dict[int, int] | Non
 
 
 def _quantile_ms(hist: dict[int, int] | None, q: float) -> float | None:
-    """Upper edge of the log2 bucket (µs) holding quantile q, in ms; None with no reads."""
-    total = sum(hist.values()) if hist else 0
-    if not total:
-        return None
-    seen = 0
-    for slot in sorted(hist):
-        seen += hist[slot]
-        if seen >= q * total:
-            return (2 ** slot) / 1000
-    return None
+    """Upper edge of the log2 bucket holding quantile q, in ms; None with no reads."""
+    us = hist_quantile(hist, q) if hist else None
+    return None if us is None else (us + 1) / 1000
 
 
 def _rates(t0: float, before: dict, t1: float, after: dict) -> dict:

@@ -29,6 +29,7 @@ def test_synthetic_data_group():
     (["cluster.first_address=10.0.0.2"], "cluster.first_address"),
     (["minio.port=70000"], "minio.port"),
     (["no_such_option=1"], "no_such_option"),
+    (["cache.peer_slower_ms=-1"], "cache.peer_slower_ms"),
 ])
 def test_bad_option_named(override, culprit):
     with pytest.raises(FasterFSError, match=culprit):

@@ -233,9 +233,10 @@ def test_share_nothing_lab(lab_overrides):
         assert ray.get(_read_twice.options(**on0).remote("team/one.bin", only2.id)) == only2.xxh3
         assert wait_until(lambda: ray.get(actors[0].cache_contains.remote(only2.key)), 15, "hot chunk cached on host 0")
         assert wait_until(lambda: ray.get(actors[1].cached_on.remote(only2.key)) == [0], 15, "cache index shared")
+        on1 = cluster.pinned(state.node(1))  # a holder slower than cache.peer_slower_ms: the peer first
+        assert ray.get(_read_slow.options(**on1).remote("team/one.bin", only2.id)) == (only2.xxh3, 1, 1)
         ray.get(actors[2].hold_minio.remote())
         try:
-            on1 = cluster.pinned(state.node(1))
             assert ray.get(_read_once.options(**on1).remote("team/one.bin", only2.id)) == (only2.xxh3, 1)
             out = subprocess.run([str(PROJECT / ".venv/bin/fasterfs"), "repair", *lab_overrides],
                                  capture_output=True, text=True, timeout=300)
@@ -307,6 +308,15 @@ def _read_once(name, i):
     """xxh3 of chunk i read on this host, and how many chunks came from another host's cache."""
     client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name)
     return xxh3(client.read_chunk(i)), client.peer_reads
+
+
+@ray.remote(num_cpus=0)
+def _read_slow(name, i):
+    """Chunk i read twice on this host, every MinIO counted as slow: the first read measures its
+    holder, the second asks the caches of other hosts first. (xxh3, peer reads, MinIO reads)."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false", "cache.peer_slower_ms=0.001"], dataset=name)
+    client.read_chunk(i)
+    return xxh3(client.read_chunk(i)), client.peer_reads, sum(client.served_by.values())
 
 
 @ray.remote(num_cpus=0)

@@ -76,3 +76,16 @@ class Event(ct.Structure):
     def to_dict(self) -> dict:
         return {"type": EVENT_TYPES.get(self.type, "?"), "method": METHODS.get(self.method, "?"),
                 "key": self.key, "path": self.path_str, "count": self.count, "port": self.port, "ts_ns": self.ts_ns}
+
+
+def hist_quantile(hist: dict[int, int], q: float) -> float | None:
+    """Upper edge (µs) of the log2 bucket holding quantile q; slot s holds 2^(s-1) <= µs+1 < 2^s."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for slot in sorted(hist):
+        seen += hist[slot]
+        if seen >= q * total:
+            return float(2 ** slot - 1)
+    return None

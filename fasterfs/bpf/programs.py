@@ -20,6 +20,7 @@ from typing import Callable
 
 from ..errors import FasterFSError
 from . import events as ev
+from .events import hist_quantile
 from . import tc
 
 log = logging.getLogger("fasterfs.bpf")
@@ -217,7 +218,7 @@ class KernelPrograms:
                 "requests": v.requests, "gets": v.gets, "puts": v.puts, "deletes": v.deletes,
                 "latency_count": v.lat_count,
                 "latency_avg_us": v.lat_sum_ns / v.lat_count / 1000 if v.lat_count else None,
-                "latency_p50_us": _hist_quantile(h, 0.5), "latency_p99_us": _hist_quantile(h, 0.99),
+                "latency_p50_us": hist_quantile(h, 0.5), "latency_p99_us": hist_quantile(h, 0.99),
                 "latency_hist_log2_us": {str(s): c for s, c in sorted(h.items())},
             }
         keys = sorted(((k.value, v.count) for k, v in b[b"key_counts"].items() if v.epoch == self.epoch),
@@ -239,16 +240,3 @@ class KernelPrograms:
             "events_received": received, "recent_events": recent,
             "sockops": {**sock, "options": options, "note": QUICKACK_NOTE},
         }
-
-
-def _hist_quantile(hist: dict[int, int], q: float) -> float | None:
-    """Upper edge (µs) of the log2 bucket holding quantile q; slot s holds 2^(s-1) <= µs+1 < 2^s."""
-    total = sum(hist.values())
-    if not total:
-        return None
-    seen = 0
-    for slot in sorted(hist):
-        seen += hist[slot]
-        if seen >= q * total:
-            return float(2 ** slot - 1)
-    return None
