@@ -23,7 +23,7 @@ from .report import fmt_bytes
 
 ACTOR_NAME = "dashboard"
 WEB = Path(__file__).parent / "web"
-STATIC = {"kernel.js": "text/javascript", "vendor/uPlot.iife.min.js": "text/javascript",
+STATIC = {"kernel.js": "text/javascript", "runs.js": "text/javascript", "vendor/uPlot.iife.min.js": "text/javascript",
           "vendor/uPlot.min.css": "text/css", "vendor/LICENSE-uPlot": "text/plain", "vendor/VENDORED.md": "text/plain"}
 SEND_TIMEOUT_S = 10.0
 COLORS = ("#0b6bcb", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207", "#4d7c0f")
@@ -245,7 +245,7 @@ def render_page(monitor: Monitor, refresh_s: float) -> str:
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>FasterFS — {e(st.name)}</title>'
             f"<style>{STYLE}</style></head><body><header><b>FasterFS</b> · cluster {e(st.name)} · {where} · "
             f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>"
-            f' · <a href="kernel">kernel view</a> · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
+            f' · <a href="kernel">kernel view</a> · <a href="runs">job runs, charted</a> · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
             f'<main id="live">{render_live(monitor)}</main>'
             f"<script>{SCRIPT.replace('REFRESH_MS', str(int(refresh_s * 1000)))}</script></body></html>")
 
@@ -259,6 +259,10 @@ def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers
     @app.get("/kernel", response_class=HTMLResponse)
     def kernel_page():
         return (WEB / "kernel.html").read_text()
+
+    @app.get("/runs", response_class=HTMLResponse)
+    def runs_page():
+        return (WEB / "runs.html").read_text()
 
     @app.get("/static/{name:path}")
     def static(name: str):

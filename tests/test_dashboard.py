@@ -202,6 +202,16 @@ def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_p
         peak = max(p50)
         assert peak >= 1.0 and min(p50[p50.index(peak):]) <= peak / 4, p50  # MinIO's ms, then the cache's
 
+        # Demo A's run charted on /runs from its own report
+        run = next(r for r in api(live_cluster, "/api/runs") if r["job"] == "demo_a")
+        passes = api(live_cluster, f"/runs/{run['run']}/demo_a.json")["passes"]
+        b.open(f"{live_cluster.web_url}/runs?job=demo_a")
+        b.wait("window.ffsRuns && ffsRuns.shown && ffsRuns.charts.length", 30, "the runs page's charts")
+        assert b.js("ffsRuns.shown[0]") == run["run"]
+        assert b.js("ffsRuns.charts[0].data[1]") == [p["p50_ms"] for p in passes.values()]
+        b.open(f"{live_cluster.web_url}/kernel")
+        b.wait("window.ffs && ffs.frames > 1", 60, "the kernel view again")
+
         dashboard = ray.get_actor("dashboard", namespace=live_cluster.namespace)
         frames = b.js("ffs.frames")
         ray.kill(dashboard, no_restart=False)
