@@ -37,7 +37,9 @@ class Client:
     DOWN_S = 2.0  # how long a node that refused a connection is tried last
 
     def __init__(self, state: ClusterState, creds: credentials.Credentials, manifest: Manifest, cfg,
-                 use_cache: bool = True, prefetch: bool = True):
+                 use_cache: bool = True, prefetch: bool = True, mark: int = 0):
+        """mark: GETs over sockets with this SO_MARK, which the kernel programs do not count
+        (repair and the scrub read through a client; their reads are no sign of heat)."""
         self.state, self.manifest = state, manifest
         self.paths = Paths(Path(state.root))
         self.verify = bool(cfg.client.verify_checksum)
@@ -48,6 +50,8 @@ class Client:
         self.prefetch_trigger = int(p.trigger)
         self._s3 = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
                     for n in state.nodes}
+        self._marked = {n.index: s3.MarkedGetter(n.endpoint, creds, mark, cfg.client.read_timeout_s)
+                        for n in state.nodes} if mark else None
         self._here = host_id()
         self.local_node = self._local_node()
         self._cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
@@ -243,8 +247,13 @@ class Client:
     def _timed_get(self, node: int, key: str) -> dict:
         """A GET from `node`'s MinIO; its time feeds the node's moving average (`_slow`)."""
         t = time.perf_counter()
-        response = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=key)
-        response["Body"] = response["Body"].read()
+        if self._marked is not None:
+            body, headers = self._marked[node].get_object(self.manifest.bucket, key)
+            response = {"Body": body, "Metadata": {k.lower()[len("x-amz-meta-"):]: v for k, v in headers.items()
+                                                   if k.lower().startswith("x-amz-meta-")}}
+        else:
+            response = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=key)
+            response["Body"] = response["Body"].read()
         ms = (time.perf_counter() - t) * 1e3
         self._origin_ms[node] = ms if node not in self._origin_ms else 0.7 * self._origin_ms[node] + 0.3 * ms
         return response

@@ -206,7 +206,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         return out
     clients = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
                for n in state.nodes}
-    reader = Client(state, creds, plans[0].manifest, cfg, use_cache=False, prefetch=False)
+    reader = Client(state, creds, plans[0].manifest, cfg, use_cache=False, prefetch=False, mark=cfg.kernel.fill_mark)
     reader.avoid(set(listing) - alive)
     readers = {}
     load = collections.Counter(n for m in manifests.values() for c in m.chunks for n in c.nodes)

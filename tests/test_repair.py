@@ -42,7 +42,11 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     health = repair.survey(state, creds, 0.1)
     assert health.degraded.get("repair/ec.bin") == [0, 1] and health.lost.get("repair/ec.bin") == [1]
 
+    survivor = ray.get_actor(actor_name(p0[0][0]), namespace=state.namespace)
+    counted = ray.get(survivor.kernel_key_count.remote(f"/{m.bucket}/{p0[0][1]}"))
     assert cli.main(["repair", *overrides, "repair.mb_per_s=50"]) == 1
+    # repair read the surviving shard over marked sockets: no sign of heat to the kernel
+    assert ray.get(survivor.kernel_key_count.remote(f"/{m.bucket}/{p0[0][1]}")) == counted
     said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert "lost" in said and "repair/ec.bin: chunks 1" in said, said
     after = _objects(state, creds, m)
