@@ -42,7 +42,8 @@ def actor_pids(state) -> dict[str, int]:
     from ray.util.state import list_actors
 
     wanted = {"dashboard"} | {cluster.actor_name(n.index) for n in state.nodes}
-    return {a.name: a.pid for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+    return {a.name: a.pid for a in list_actors(address=state.dashboard_url, filters=[("state", "=", "ALIVE")],
+                                               limit=1000, timeout=120)
             if a.name in wanted and a.ray_namespace == state.namespace}
 
 

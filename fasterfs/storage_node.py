@@ -63,6 +63,9 @@ class StorageNode:
         self._peer_caches: dict[int, frozenset[str]] = {}  # node -> entries in its cache (the peer tier's index)
         self._heat = heatmap.Index({})
         self._counted = (float("-inf"), 0, 0)  # (when, objects, bytes) of the last listing
+        self._outbox: dict[tuple[int, str | None], None] = {}  # writes seen here, for the other nodes
+        self._outbox_lock = threading.Lock()
+        self._outbox_ready = threading.Event()
         self._recent: dict[str, int] = {}  # entry -> EVICTED or STALE, for the heatmap (bounded)
         stale = self.minio.reap_stale()  # an earlier incarnation of this actor may have left one
         if stale:
@@ -88,6 +91,7 @@ class StorageNode:
         threading.Thread(target=self._scrub_minio, name="minio-scrub", daemon=True).start()
         threading.Thread(target=self._watch_cluster, name="repair-watch", daemon=True).start()
         threading.Thread(target=self._share_cache_index, name="cache-index", daemon=True).start()
+        threading.Thread(target=self._tell_peers, name="tell-peers", daemon=True).start()
         self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, self._mount_overrides(),
                              self.cfg.mount.read_ahead_kb)
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
@@ -154,8 +158,25 @@ class StorageNode:
             return
         # STALE at the request line, COMMITTED when the write is done: both drop and tell
         self._forget(hashed, key)
-        for peer in self._peer_actors():
-            peer.invalidate.remote(hashed, key)  # fire and forget: a dead peer has no cache to serve
+        with self._outbox_lock:
+            self._outbox[(hashed, key)] = None
+        self._outbox_ready.set()
+
+    def _tell_peers(self) -> None:
+        """Send the writes this kernel saw to every other node: at once when idle, and in one
+        call per peer for whatever piled up meanwhile (an ingest of many objects would
+        otherwise queue a call per object per peer)."""
+        while not self._stopping.is_set():
+            if not self._outbox_ready.wait(1.0):
+                continue
+            with self._outbox_lock:
+                batch, self._outbox = list(self._outbox), {}
+                self._outbox_ready.clear()
+            try:
+                for peer in self._peer_actors():
+                    peer.invalidate_many.remote(batch)  # fire and forget: a dead peer has no cache to serve
+            except Exception:
+                log.exception("telling the other nodes of %d writes failed", len(batch))
 
     def _forget(self, key_hash_: int, key: str | None) -> None:
         """Drop `key` (None: every entry) and let it become hot anew."""
@@ -175,6 +196,10 @@ class StorageNode:
         (readers check the pinned mark on every hit) and drop the cached copy."""
         self.kernel.mark_stale(key_hash_)
         self._forget(key_hash_, key)
+
+    def invalidate_many(self, batch: list[tuple[int, str | None]]) -> None:
+        for key_hash_, key in batch:
+            self.invalidate(key_hash_, key)
 
     def _cluster_state(self, refresh: bool = False) -> ClusterState:
         if self._cluster is None or refresh:
