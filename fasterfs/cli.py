@@ -6,10 +6,11 @@ import argparse
 import logging
 import sys
 
+from omegaconf import OmegaConf
 from rich.table import Table
 
 from . import cluster, config, registry, repair, report
-from .errors import FasterFSError
+from .errors import ConfigError, FasterFSError
 
 console = report.console()
 
@@ -402,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             p = sub.add_parser(name, help=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
         p.add_argument("--nodes", type=int, help="shorthand for the override nodes=N")
+        p.add_argument("--cfg", choices=["job"], help="print the composed configuration (as Hydra's --cfg job) and exit")
         if name == "put":
             p.add_argument("--force", action="store_true", help="replace a file of the same name")
         if name == "lab power-on":
@@ -418,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ([f"nodes={args.nodes}"] if args.nodes else []) + [o for o in args.overrides if "=" in o]
         positional = [o for o in args.overrides if "=" not in o]
         cfg = config.load(overrides)
+        if args.cfg:
+            print(OmegaConf.to_yaml(cfg), end="")
+            return 0
         takes = POSITIONAL.get(args.command, 0)
         if len(positional) > takes:
             raise FasterFSError(f"unexpected argument {positional[takes]!r}: overrides look like key=value")
@@ -435,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         console.print(f"[red]fasterfs {args.command}: error:[/] {e}", highlight=False)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1
     return 0
 
 

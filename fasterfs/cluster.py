@@ -69,6 +69,15 @@ def _software_under_tmp() -> list[str]:
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
+def ray_env() -> dict[str, str]:
+    """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
+    a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
+    project's environment whatever shell submitted it."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = [venv_bin] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin]
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix)
+
+
 def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
     """`ray start` for a storage node (index given) or a coordinating head without storage."""
     c = cfg.cluster
@@ -190,7 +199,7 @@ def _head_node_id(state: ClusterState) -> str:
 def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
     """One `ray start` per host (and one for a head without storage); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env = ray_env()
     logs = layout.paths.log_dir
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
         proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log", env, child="head")
@@ -294,7 +303,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
     head = Host(state.head_address)
     proc = cgroup.spawn(_ray_start_args(cfg, host, head, index, False), log_path,
-                        dict(os.environ, RAY_USAGE_STATS_ENABLED="0"), child=f"node-{index}")
+                        ray_env(), child=f"node-{index}")
     node.ray_pid = proc.pid
     state.save()
     deadline = time.monotonic() + cfg.cluster.start_timeout_s

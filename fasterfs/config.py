@@ -15,7 +15,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import FasterFSError
+from .errors import ConfigError, FasterFSError
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_DIR / "conf"
@@ -33,21 +33,54 @@ if not OmegaConf.has_resolver("lobster_dir"):
 def load(overrides: Sequence[str] = ()) -> DictConfig:
     """Compose conf/config.yaml with Hydra overrides and check the result."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        if GlobalHydra.instance().is_initialized():  # inside a job's @hydra.main: same conf/
             cfg = compose(config_name="config", overrides=list(overrides))
+        else:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name="config", overrides=list(overrides))
     except HydraException as e:
-        raise FasterFSError(f"bad configuration override in {list(overrides)}: {e}") from None
-    OmegaConf.resolve(cfg)
+        raise ConfigError(f"bad override{_culprit(overrides)}: {one_line(e)}") from None
+    return checked(cfg)
+
+
+def _culprit(overrides: Sequence[str]) -> str:
+    """ ' x=[1' when Hydra's grammar refuses that override (its message does not say which)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_override(o)
+        except Exception:
+            return f" {o!r}"
+    return ""
+
+
+def one_line(e: BaseException) -> str:
+    """Hydra's and OmegaConf's multi-line messages (with their full_key/object_type trailers)
+    as one line."""
+    lines = [line.strip() for line in str(e).splitlines()]
+    return "; ".join(line.rstrip(".") for line in lines if line and not line.startswith(("full_key:", "object_type=",
+                                                                              "reference_type=")))
+
+
+def checked(cfg: DictConfig) -> DictConfig:
+    """`cfg` resolved and validated."""
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as e:  # an interpolation that cannot be resolved, e.g. a bad ${oc.env:...}
+        raise ConfigError(f"bad configuration: {one_line(e)}") from None
     validate(cfg)
     return cfg
 
 
 def validate(cfg: DictConfig) -> None:
     def bad(option: str, why: str):
-        raise FasterFSError(f"option {option}={OmegaConf.select(cfg, option)!r}: {why}")
+        raise ConfigError(f"option {option}={OmegaConf.select(cfg, option)!r}: {why}")
 
     if not isinstance(cfg.nodes, int) or cfg.nodes < 1:
         bad("nodes", "must be a whole number >= 1")

@@ -7,3 +7,7 @@ without a traceback.
 
 class FasterFSError(Exception):
     """A problem with input, configuration or cluster state, explained for the user."""
+
+
+class ConfigError(FasterFSError):
+    """A bad override or configuration value: command lines exit with 2 on it, as argparse does."""

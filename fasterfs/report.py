@@ -32,7 +32,13 @@ _RUNS: dict[Path, str] = {}  # run directory -> its cluster, for publishing
 
 
 def run_dir(cfg, job: str) -> Path:
-    path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """<output_dir>/<job>-<time>/, or the one Hydra made for this run (`python jobs/<job>.py`)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().job.name == job:
+        path = Path(HydraConfig.get().runtime.output_dir)
+    else:
+        path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
     path.mkdir(parents=True, exist_ok=True)
     _RUNS[path] = cfg.cluster.name
     return path

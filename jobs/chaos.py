@@ -34,7 +34,7 @@ from backtest import crossover_pnl, home_node, plan_windows  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(backtest)  # the workers have no jobs/ on their path
 
 import fasterfs  # noqa: E402
-from fasterfs import config, lab, registry, repair, report  # noqa: E402
+from fasterfs import config, job, lab, registry, repair, report  # noqa: E402
 from fasterfs.errors import FasterFSError  # noqa: E402
 from fasterfs.ingest import ingest  # noqa: E402
 
@@ -166,6 +166,8 @@ def main(argv: list[str]) -> dict:
                          "failures": Counter(f.split(": ", 1)[-1][:120] for f in fixed.failed).most_common(3),
                          "mb_per_s": fixed.mb_per_s, "after": after.summary()},
               "back": back}
+    result["figures"] = {"reference (s)": reference_s, "failed reads": result["failed_reads"],
+                         **{f"round {i + 1} (s)": r["seconds"] for i, r in enumerate(rounds)}}
     out = report.run_dir(cfg, "chaos")
     report.write_json(out, "chaos.json", result)
     print(f"chaos: {len(killed)} hosts powered off at {[k['at_s'] for k in killed]} s; {len(rounds)} rounds; "
@@ -181,4 +183,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    job.run(main, __doc__, "chaos")

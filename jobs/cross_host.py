@@ -10,13 +10,12 @@ Writes cross_host.json to <output_dir>/cross_host-<time>/.
 from __future__ import annotations
 
 import statistics
-import sys
 
 import ray
 import xxhash
 
 import fasterfs
-from fasterfs import cluster, config, report
+from fasterfs import cluster, config, job, report
 
 
 @ray.remote(num_cpus=1)
@@ -61,6 +60,7 @@ def main(argv: list[str]) -> dict:
               "target_100x_met": p50["cold"] / p50["hot"] >= 100, **raw}
     result["headline"] = {"cold (remote MinIO) / hot (local cache)": f"{result['cold_over_hot']:.0f}x",
                           "p50 hot": f"{p50['hot']:.3f} ms"}
+    result["figures"] = {"cold / hot (x)": result["cold_over_hot"], "p50 hot (ms)": p50["hot"]}
     out = report.write_json(report.run_dir(cfg, "cross_host"), "cross_host.json", result)
     print(f"cross-host caching on {result['cluster']}: {len(ids)} chunks held by other nodes, read on node 0")
     print(f"  p50 cold (remote MinIO) {p50['cold']:.3f} ms, warm {p50['warm']:.3f} ms, hot (local cache) "
@@ -72,4 +72,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    job.run(main, __doc__, "cross_host")

@@ -18,14 +18,13 @@ placed as the configuration says (it re-ingests at the end).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import ray
 
 import fasterfs
-from fasterfs import cluster, config, registry, report
+from fasterfs import cluster, config, job, registry, report
 from fasterfs.ingest import ingest
 
 
@@ -170,6 +169,7 @@ def main(argv: list[str]) -> dict:
               "remote_reads": sum(p["remote_reads"] for r in runs for p in r["per_node"])}
     result["headline"] = {f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''} {r['layout']}":
                           f"{r['mb_s']:.0f} MB/s" + (f" ({r['speedup']:.2f}x)" if r["speedup"] else "") for r in runs}
+    result["figures"] = {f"{r['nodes']} nodes {r['layout']} (MB/s)": r["mb_s"] for r in runs}
     out = report.run_dir(cfg, "demo_b")
     report.write_json(out, "demo_b.json", result)
     chart(runs, out / "demo_b.png")
@@ -194,4 +194,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    job.run(main, __doc__, "demo_b")

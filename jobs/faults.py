@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from rich.table import Table
 from xxhash import xxh3_64_intdigest
 
 import fasterfs
-from fasterfs import cluster, config, registry, report, s3
+from fasterfs import cluster, config, job, registry, report, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
@@ -295,10 +294,11 @@ def main(argv: list[str]) -> dict:
     result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "stale": result["stale"],
                           "failed": result["failed"],
                           "kills": result["kills"], "peak cache vs capacity": f"{ratio:.0%}"}
+    result["figures"] = {k: result[k] for k in ("reads", "wrong", "stale", "failed")}
     out = report.write_json(report.run_dir(cfg, "faults"), "faults.json", result)
     console.print(f"{'PASSED' if result['passed'] else 'FAILED'}; report: {out}")
     return result
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main(sys.argv[1:])["passed"] else 1)
+    job.run(main, __doc__, "faults")

@@ -11,11 +11,10 @@ fails with the first bad position if validation fails.
 """
 from __future__ import annotations
 
-import sys
 
 from rich.progress import Progress
 
-from fasterfs import cluster, config, graysort, registry, report
+from fasterfs import cluster, config, graysort, job, registry, report
 
 
 def chart(result: dict, path) -> None:
@@ -80,6 +79,8 @@ def main(argv: list[str]) -> dict:
                           "map+shuffle+reduce": f"{t['map_reduce_s']:.2f} s ({p.size / 1e6 / t['map_reduce_s']:.0f} MB/s)"}
     if "baseline" in result:
         result["headline"]["vs single coordinator"] = f"{result['speedup_vs_baseline']:.2f}x faster"
+    result["figures"] = {"sort end to end (s)": t["sort_s"], "map+shuffle+reduce (s)": t["map_reduce_s"],
+                         "sort (MB/s)": result["sort_mb_s"]}
     out = report.run_dir(cfg, "graysort")
     report.write_json(out, "graysort.json", result)
     chart(result, out / "graysort.png")
@@ -107,4 +108,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    job.run(main, __doc__, "graysort")

@@ -6,14 +6,13 @@ node, checks each against the manifest's checksum, and reports what it read.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import ray
 from rich.table import Table
 
 import fasterfs
-from fasterfs import cluster, config, report
+from fasterfs import cluster, config, job, report
 
 
 @ray.remote(num_cpus=1)
@@ -46,10 +45,11 @@ def main(argv: list[str]) -> dict:
               "all_read": sum(r["chunks"] for r in results) == len(manifest) * manifest.replicas}
     result["headline"] = {"chunks read back and checked": sum(r["chunks"] for r in results),
                           "MB/s per node": ", ".join(f"{r['mb_s']:.0f}" for r in results)}
+    result["figures"] = {"MB/s, all nodes": sum(r["mb_s"] for r in results)}
     out = report.write_json(report.run_dir(cfg, "readback"), "readback.json", result)
     print(f"all {len(manifest)} chunks read back and checked; report: {out}")
     return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    job.run(main, __doc__, "readback")

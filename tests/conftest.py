@@ -108,6 +108,35 @@ def load_job(name: str):
     return job
 
 
+# what a shell that never activated the virtualenv has
+CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"),
+             "LANG": "C.UTF-8"}
+
+
+def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
+    """`ray job submit ... -- python jobs/<job>.py ARGS` from a clean shell (no VIRTUAL_ENV,
+    default PATH), as the README says; checks Ray reports it SUCCEEDED, and returns its
+    report (<job>.json in the output directory the job's log names)."""
+    import json
+    import re
+    import uuid
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    sid = f"test-{job}-{uuid.uuid4().hex[:8]}"
+    run = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/ray"), "job", "submit", "--address", state.dashboard_url,
+                          "--submission-id", sid, "--working-dir", str(config.PROJECT_DIR), "--",
+                          "python", f"jobs/{job}.py", *args],
+                         env=CLEAN_ENV, cwd="/", capture_output=True, text=True, timeout=timeout)
+    jobs = JobSubmissionClient(state.dashboard_url)
+    logs = jobs.get_job_logs(sid)
+    assert jobs.get_job_status(sid) == JobStatus.SUCCEEDED, logs[-4000:] + run.stderr[-2000:]
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = re.findall(r"^output: (\S+)$", logs, re.M)
+    assert out, logs[-4000:]
+    return json.loads((Path(out[-1]) / f"{job}.json").read_text())
+
+
 def data_overrides(fmt: str = "csv", replicas: int = 1) -> list[str]:
     base = [] if HAVE_SAMPLE else ["data=synthetic", "data.level=30"]
     return base + [f"data.format={fmt}", f"replicas={replicas}"]

@@ -7,7 +7,7 @@ import pytest
 
 from fasterfs.errors import FasterFSError
 
-from conftest import load_job
+from conftest import load_job, submit_job
 
 SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
 
@@ -37,7 +37,7 @@ def test_crossover_pnl_equals_a_plain_loop(ingest_as, client_for):
 @pytest.mark.parametrize("fmt", ["csv", "arrow"])
 def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, client_for, fmt):
     ingest_as(fmt)
-    result = load_job("backtest").main(overrides + SMALL)
+    result = submit_job(live_cluster, "backtest", overrides + SMALL)  # from a shell without the venv
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
     # the P&L each mode's tasks computed on their nodes, against the test's own read of each window
     # straight from MinIO and the strategy checked against a plain loop above

@@ -15,7 +15,7 @@ from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, load_source
 from fasterfs.minio_server import MinioServer, _cmdline
 
-from conftest import data_overrides, load_job, wait_until
+from conftest import data_overrides, submit_job, wait_until
 
 
 def statuses(state):
@@ -218,9 +218,9 @@ def test_cluster_already_running_refused(live_cluster, cfg):
         cluster.up(cfg)
 
 
-def test_readback_job_runs_tasks_on_their_nodes(ingest_as, cfg, overrides):
+def test_readback_job_runs_tasks_on_their_nodes(ingest_as, live_cluster, overrides):
     manifest = ingest_as("csv")
-    result = load_job("readback").main(overrides)
+    result = submit_job(live_cluster, "readback", overrides)  # `ray job submit` from a shell without the venv
     assert result["all_read"] and all(n["on_own_node"] for n in result["nodes"])
     assert sum(n["bytes"] for n in result["nodes"]) == manifest.total_bytes
 

@@ -1,11 +1,12 @@
-"""Demo B on the live 2-node cluster (small volume): locality, exact volume, correct data."""
-from conftest import data_overrides, load_job
+"""Demos A and B and the cross-host job on the live 2-node cluster (small volume), each
+submitted with `ray job submit` from a shell without the virtualenv, as a user would."""
+from conftest import data_overrides, load_job, submit_job
 
 
 def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_cluster):
     ingest_as("csv")
-    result = load_job("demo_b").main(overrides + data_overrides() +
-                                     ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
+    result = submit_job(live_cluster, "demo_b", overrides + data_overrides() +
+                        ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
     runs = result["runs"]
     assert [(r["nodes"], r["layout"]) for r in runs] == [(1, "partitioned"), (2, "partitioned"), (2, "replicated")]
     for r in runs:
@@ -19,17 +20,17 @@ def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_clus
     assert result["all_tasks_on_their_nodes"] and result["remote_reads"] == 0
 
 
-def test_cross_host_job_on_one_machine(ingest_as, overrides):
+def test_cross_host_job_on_one_machine(ingest_as, overrides, live_cluster):
     ingest_as("csv")
-    result = load_job("cross_host").main(overrides + ["cross_host.chunks=4"])
+    result = submit_job(live_cluster, "cross_host", overrides + ["cross_host.chunks=4"])
     assert result["correct"] and result["chunks"] == 4
     assert sum(result["filled_on"].values()) == 4  # the kernel made every one hot and a node cached it
     assert result["p50_ms"]["hot"] < result["p50_ms"]["cold"]
 
 
-def test_demo_a_runs_every_pass_with_the_kernels_counts(ingest_as, overrides):
+def test_demo_a_runs_every_pass_with_the_kernels_counts(ingest_as, overrides, live_cluster):
     ingest_as("csv")
-    result = load_job("demo_a").main(overrides)
+    result = submit_job(live_cluster, "demo_a", overrides)
     passes = result["passes"]
     assert set(passes) == set(load_job("demo_a").PASSES) and all(p["n"] == result["chunks"] for p in passes.values())
     # every chunk was read twice from MinIO (cold, warm), so the kernel made each hot exactly once

@@ -1,0 +1,82 @@
+"""Hydra's conventions on every job and the CLI, from a shell without the virtualenv:
+--help, --cfg job, a bad override as one line with exit code 2 (before anything runs), and
+--multirun sweeps whose runs each get an output directory and a summary side by side.
+(`ray job submit` of every job is exercised by the jobs' own tests, through submit_job.)"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import CLEAN_ENV
+from fasterfs.config import PROJECT_DIR
+
+PYTHON = str(PROJECT_DIR / ".venv/bin/python")
+JOBS = sorted(p.stem for p in (PROJECT_DIR / "jobs").glob("*.py"))
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env=CLEAN_ENV, cwd="/", capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_help_and_cfg_job(job, tmp_path):
+    first_doc_line = (PROJECT_DIR / "jobs" / f"{job}.py").read_text().split('"""')[1].strip().splitlines()[0]
+    out = run(PYTHON, str(PROJECT_DIR / "jobs" / f"{job}.py"), "--help")
+    assert out.returncode == 0, out.stderr
+    assert first_doc_line in out.stdout                      # what the job does
+    assert "== Config ==" in out.stdout and "\nnodes: 2" in out.stdout  # what can be overridden, with defaults
+    out = run(PYTHON, str(PROJECT_DIR / "jobs" / f"{job}.py"), "--cfg", "job", "nodes=3", f"cluster.root={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["nodes"] == 3 and cfg["cluster"]["root"] == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # printing the configuration runs nothing
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["nodez=2"], "nodez"),                      # no such key
+    (["nodes=abc"], "nodes"),                    # a bad value
+    (["nodes=1,2"], "nodes=1,2"),                # a sweep without -m
+    (["size=[1"], "size=\\[1"),                   # not Hydra's override grammar
+    (["-m", "nodes=1,abc"], "nodes"),            # the second run of a sweep is bad: nothing runs
+    (["-m", "size=1MB,2MB", "kernel.mode=imaginary"], "kernel.mode"),
+])
+def test_bad_override_is_one_line_and_exit_2(args, culprit, tmp_path):
+    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), *args, f"cluster.root={tmp_path}")
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(culprit, lines[0]) and lines[0].startswith("graysort: error:"), out.stderr
+    assert list(tmp_path.iterdir()) == []  # no output directory, nothing started
+
+
+def test_cli_bad_override_and_cfg(tmp_path):
+    fasterfs = str(PROJECT_DIR / ".venv/bin/fasterfs")
+    out = run(fasterfs, "status", "nodez=2", f"cluster.root={tmp_path}")
+    assert out.returncode == 2 and "nodez" in out.stdout and "Traceback" not in out.stdout + out.stderr
+    out = run(fasterfs, "up", "--cfg", "job", "nodes=4", f"cluster.root={tmp_path}")
+    assert out.returncode == 0 and yaml.safe_load(out.stdout)["nodes"] == 4
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_cluster, overrides):
+    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "-m", "size=1MB,2MB", "graysort.baseline=false",
+              "graysort.reference_mb=0", *overrides, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep_dir = Path(re.search(r"^sweep of 2 runs \(0 failed\): (\S+)/summary\.md$", out.stdout, re.M).group(1))
+    summary = json.loads((sweep_dir / "sweep.json").read_text())
+    assert summary["swept"] == ["size"] and len(summary["runs"]) == 2
+    for size, r in zip(("1MB", "2MB"), summary["runs"]):
+        run_dir = Path(r["dir"])
+        assert run_dir.parent == sweep_dir.parent and run_dir.name.startswith("graysort-")
+        assert f"size={size}" in yaml.safe_load((run_dir / ".hydra/overrides.yaml").read_text())
+        report = json.loads((run_dir / "graysort.json").read_text())
+        assert report["bytes"] == {"1MB": 1_000_000, "2MB": 2_000_000}[size]
+        assert r["figures"] == report["figures"] and r["figures"]["sort end to end (s)"] > 0
+    assert len({r["dir"] for r in summary["runs"]}) == 2
+    table = (sweep_dir / "summary.md").read_text().splitlines()
+    assert len(table) == 4 and "size=1MB" in table[2] and "size=2MB" in table[3]
+    assert (sweep_dir / "sweep.png").stat().st_size > 0
