@@ -3,7 +3,7 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup run lab test up ingest readback demo_a backtest demo_b cross_host graysort status down clean
+.PHONY: setup run lab test notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
 
 setup:            ## install everything (idempotent): Debian packages, kernel headers link, MinIO, virtualenv
 	bash scripts/setup.sh
@@ -27,6 +27,9 @@ lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host 
 
 test: setup       ## the whole test suite against real MinIO, Ray and kernel
 	$(VENV)/python -m pytest tests
+
+notebook: setup   ## JupyterLab on the head's address, beside the dashboards (the cluster must be up)
+	$(VENV)/fasterfs notebook $(ARGS)
 
 up status down ingest: setup
 	$(VENV)/fasterfs $@ $(ARGS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from omegaconf import OmegaConf
 from rich.table import Table
@@ -98,6 +99,8 @@ def cmd_status(cfg) -> None:
     console.print(table)
     _print_redundancy(repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack))
     console.print(f"Ray dashboard: {state.dashboard_url}" + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
+    if state.notebook:
+        console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
 
 
 def _print_redundancy(health) -> None:
@@ -134,6 +137,19 @@ def cmd_down(cfg) -> None:
                   f"{report['ray_nodes_stopped']} Ray nodes stopped, {report['processes_killed']} stray processes killed")
     for err in report["actor_errors"]:
         console.print(f"[yellow]warning[/]: {err}")
+
+
+def cmd_notebook(cfg) -> None:
+    from . import notebook
+
+    state = cluster.ClusterState.load(cfg.cluster.root)  # the head's: JupyterLab runs beside it
+    if not state.running():
+        raise FasterFSError(f"the cluster under {cfg.cluster.root} is not running: `fasterfs up` first")
+    with console.status("starting JupyterLab"):
+        info = notebook.start(cfg, state)
+    token = Path(info["token_file"]).read_text().strip()
+    console.print(f"JupyterLab: {info['url']}?token={token}", highlight=False, soft_wrap=True)
+    console.print(f"  (the token is in {info['token_file']}; `fasterfs down` stops it)")
 
 
 def cmd_ingest(cfg) -> None:
@@ -362,6 +378,7 @@ COMMANDS = {
     "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
     "ingest": (cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes"),
     "down": (cmd_down, "stop everything the cluster started"),
+    "notebook": (cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can fasterfs.connect())"),
     "cache status": (cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions"),
     "cache warm": (cmd_cache_warm, "fill the caches with chunks now: `fasterfs cache warm 0-9,20` (default all)"),
     "cache clear": (cmd_cache_clear, "empty every node's cache and start a new kernel epoch"),

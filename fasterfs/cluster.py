@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import credentials, identity, process, registry
+from . import credentials, identity, notebook, process, registry
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR, Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
@@ -383,6 +383,7 @@ def teardown(state: ClusterState) -> dict:
     """Stop everything the cluster started, whatever state it is in. Returns what was done."""
     report = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
               "tc_filters_removed": 0}
+    report["notebook_stopped"] = notebook.stop(state)
     if state.running():
         try:
             import ray

@@ -130,7 +130,8 @@ def validate(cfg: DictConfig) -> None:
     last = first + (cfg.nodes - 1)
     if not last.is_loopback:
         bad("nodes", f"node addresses from {first} would leave 127.0.0.0/8")
-    for opt in ("cluster.ray_port", "cluster.dashboard_port", "minio.port", "minio.console_port", "dashboard.port"):
+    for opt in ("cluster.ray_port", "cluster.dashboard_port", "minio.port", "minio.console_port", "dashboard.port",
+                "notebook.port"):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, int) or not 1 <= v <= 65535:
             bad(opt, "must be a TCP port number")

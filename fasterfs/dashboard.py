@@ -242,9 +242,11 @@ def render_live(monitor: Monitor) -> str:
 def render_page(monitor: Monitor, refresh_s: float) -> str:
     st = monitor.state
     where = f"lab ({st.lab['profile']} profile)" if st.lab else "local"
+    lab_url = monitor.notebook_url()
+    jupyter = f' · <a href="{e(lab_url)}">JupyterLab</a>' if lab_url else ""
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>FasterFS — {e(st.name)}</title>'
             f"<style>{STYLE}</style></head><body><header><b>FasterFS</b> · cluster {e(st.name)} · {where} · "
-            f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>"
+            f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>{jupyter}"
             f' · <a href="kernel">kernel view</a> · <a href="runs">job runs, charted</a> · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
             f'<main id="live">{render_live(monitor)}</main>'
             f"<script>{SCRIPT.replace('REFRESH_MS', str(int(refresh_s * 1000)))}</script></body></html>")

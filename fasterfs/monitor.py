@@ -90,7 +90,14 @@ class Monitor:
         redundancy = next((n["status"]["redundancy"] for n in nodes if (n.get("status") or {}).get("redundancy")), None)
         return {"time": now, "cluster": self.state.name, "root": str(self.root), "started": self.state.started,
                 "ray_address": self.state.ray_address, "ray_dashboard": self.state.dashboard_url,
-                "lab": self.state.lab, "nodes": nodes, "redundancy": redundancy}
+                "lab": self.state.lab, "nodes": nodes, "redundancy": redundancy, "notebook": self.notebook_url()}
+
+    def notebook_url(self) -> str | None:
+        """JupyterLab's address, if `fasterfs notebook` started it (after the dashboard)."""
+        try:
+            return (ClusterState.load(self.root).notebook or {}).get("url")
+        except Exception:  # the state file mid-rewrite or gone with the cluster
+            return None
 
     def timeline(self, since: float = 0.0) -> dict:
         """Per node, per second after `since`: the TIMELINE_RATES and the p50/p99 (ms) of the

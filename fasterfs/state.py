@@ -58,6 +58,7 @@ class ClusterState:
     head_pid: int | None = None  # `ray start` of a head that holds no data (the lab's)
     lab: dict | None = None      # the lab network to remove on teardown (fasterfs.lab)
     web_url: str | None = None   # FasterFS's own dashboard (fasterfs.dashboard), when enabled
+    notebook: dict | None = None  # JupyterLab started by `fasterfs notebook`: {pid, url, token_file}
     started: float = field(default_factory=time.time)
 
     @property

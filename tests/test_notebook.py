@@ -40,3 +40,88 @@ def test_window_replay_notebook_executes(ingest_as, cluster_root):
     served = int(text.split("; ")[-1].split(" of ")[0])
     assert served > 0  # the third replay read cached chunks
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(ingest_as, live_cluster, overrides,
+                                                                               cluster_root, tmp_path):
+    """`fasterfs notebook` from a shell without the virtualenv: JupyterLab on the head's
+    address behind its token, a kernel of that server runs the quickstart notebook against the
+    cluster, Chromium loads the Lab page, status and the dashboard link to it, stop ends it."""
+    import json
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from jupyter_client import BlockingKernelClient
+
+    from browser import Browser
+    from conftest import CLEAN_ENV
+    from fasterfs import cluster, notebook
+
+    manifest = ingest_as("csv")
+    fasterfs = str(config.PROJECT_DIR / ".venv/bin/fasterfs")
+    out = subprocess.run([fasterfs, "notebook", *overrides], env=CLEAN_ENV, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    state = cluster.ClusterState.load(cluster_root)
+    info = state.notebook
+    assert info["url"].startswith(f"http://{live_cluster.head_address}:")
+    token = open(info["token_file"]).read().strip()
+    assert oct(os.stat(info["token_file"]).st_mode & 0o777) == "0o600"
+    assert token not in open(f"/proc/{info['pid']}/cmdline").read()  # handed over in the environment
+    base = info["url"].rsplit("/lab", 1)[0]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def api(path, method="GET", body=None, auth=True):
+        req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {token}"} if auth else {})
+        with opener.open(req, timeout=30) as r:
+            return json.loads(r.read() or b"null")
+
+    try:
+        try:
+            api("/api/contents", auth=False)
+            raise AssertionError("JupyterLab answered without its token")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
+        assert {f["name"] for f in api("/api/contents")["content"]} >= {"quickstart.ipynb", "backtest_window.ipynb"}
+        # a kernel of this server runs the quickstart notebook, cell by cell
+        kernel = api("/api/kernels", "POST", {"name": "python3"})
+        kc = BlockingKernelClient(connection_file=str(cluster_root / "jupyter/runtime" / f"kernel-{kernel['id']}.json"))
+        kc.load_connection_file()
+        kc.start_channels()
+        texts = []
+        try:
+            kc.wait_for_ready(timeout=60)
+            nb = nbformat.read(config.PROJECT_DIR / "notebooks/quickstart.ipynb", as_version=4)
+            for cell in (c for c in nb.cells if c.cell_type == "code"):
+                reply = kc.execute_interactive(
+                    cell.source, timeout=300,
+                    output_hook=lambda m: texts.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+                assert reply["content"]["status"] == "ok", (cell.source[:200], reply["content"])
+        finally:
+            kc.stop_channels()
+            api(f"/api/kernels/{kernel['id']}", "DELETE")
+        assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in "".join(texts)
+        # the Lab page itself, in a real browser
+        b = Browser()
+        try:
+            b.open(f"{info['url']}?token={token}")
+            b.wait("document.querySelector('#jp-main-dock-panel') !== null", 90, "JupyterLab's main area")
+            assert "JupyterLab" in b.js("document.title")
+            b.screenshot(tmp_path / "jupyterlab.png")
+        finally:
+            b.close()
+        # linked from `fasterfs status` and from the FasterFS dashboard
+        status = subprocess.run([fasterfs, "status", *overrides], env=CLEAN_ENV, capture_output=True, text=True,
+                                timeout=180)
+        assert f"JupyterLab: {info['url']}" in status.stdout
+        page = opener.open(live_cluster.web_url + "/", timeout=30).read().decode()
+        assert f'href="{info["url"]}"' in page
+    finally:
+        pid = info["pid"]
+        assert notebook.stop(state)
+        state.save()
+    try:  # gone, or a zombie its new parent has yet to reap
+        assert open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,98 @@
+"""JupyterLab beside the dashboards: `fasterfs notebook` (`make notebook`) starts it on the
+head's address, in the cluster's cgroup, with a token
+generated here (kept 0600 under the cluster root, handed over in the environment, never on a
+command line). Its kernels run in the project's environment with FASTERFS_ROOT set, so
+`fasterfs.connect()` finds the running cluster. `fasterfs down` stops it by its PID."""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .cgroup import ProjectCgroup
+from .config import PROJECT_DIR
+from .errors import FasterFSError
+from .fsutil import atomic_write
+from .state import ClusterState
+
+
+def _dir(state: ClusterState) -> Path:
+    return Path(state.root) / "jupyter"
+
+
+def token_file(state: ClusterState) -> Path:
+    return _dir(state) / "token"
+
+
+def is_running(state: ClusterState) -> bool:
+    pid = (state.notebook or {}).get("pid")
+    if not pid:
+        return False
+    try:
+        return "jupyter" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def start(cfg, state: ClusterState) -> dict:
+    """Start JupyterLab for the cluster (or return the one running): {url, pid, token_file}."""
+    if is_running(state):
+        return state.notebook
+    host = state.head_address  # the lab's head is on its bridge, in this machine's namespace
+    port = int(cfg.notebook.port)
+    home = _dir(state)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    atomic_write(token_file(state), token.encode(), mode=0o600)
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
+               PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
+               JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+               JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
+    env.pop("RAY_ADDRESS", None)  # kernels find the cluster from FASTERFS_ROOT, as a driver on the head does
+    args = [str(Path(venv_bin) / "jupyter-lab"), "--no-browser", "--allow-root", f"--ip={host}", f"--port={port}",
+            "--ServerApp.port_retries=0", f"--ServerApp.root_dir={PROJECT_DIR / 'notebooks'}",
+            # no calls to the internet: no update checks, no news feed
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
+    log = Path(state.root) / "logs" / "jupyterlab.log"
+    proc = ProjectCgroup.from_dict(state.cgroup).spawn(args, log, env, child="jupyter")
+    url = f"http://{host}:{port}/lab"
+    state.notebook = {"pid": proc.pid, "url": url, "token_file": str(token_file(state))}
+    state.save()
+    deadline = time.monotonic() + float(cfg.notebook.start_timeout_s)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            state.notebook = None
+            state.save()
+            raise FasterFSError(f"JupyterLab exited with {proc.returncode} (port {port} on {host} taken? "
+                                f"notebook.port=...); see {log}")
+        try:
+            request = urllib.request.Request(f"http://{host}:{port}/api/status",
+                                             headers={"Authorization": f"token {token}"})
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=2):
+                return state.notebook
+        except OSError:
+            time.sleep(0.5)
+    stop(state)
+    raise FasterFSError(f"JupyterLab did not answer on {url} within notebook.start_timeout_s="
+                        f"{cfg.notebook.start_timeout_s}; see {log}")
+
+
+def stop(state: ClusterState, timeout: float = 15.0) -> bool:
+    """Stop the JupyterLab this cluster started (by its PID); True if one was running."""
+    if not is_running(state):
+        state.notebook = None
+        return False
+    pid = state.notebook["pid"]
+    os.kill(pid, signal.SIGTERM)  # jupyter shuts its kernels down on SIGTERM
+    deadline = time.monotonic() + timeout
+    while is_running(state) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if is_running(state):
+        os.kill(pid, signal.SIGKILL)
+    state.notebook = None
+    return True
