@@ -9,18 +9,19 @@ a StorageNode when asked (fasterfs.monitor); nothing is invented when a node is 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from html import escape as e
-
 from pathlib import Path
 
 from fastapi import WebSocket  # at module level: FastAPI resolves the handler's annotation here
 
 from .errors import FasterFSError
-from .monitor import RATES, Heat, Monitor
+from .monitor import RATES, Heat, Monitor, RayMetrics
 from .report import fmt_bytes
 
+log = logging.getLogger("fasterfs.dashboard")
 ACTOR_NAME = "dashboard"
 WEB = Path(__file__).parent / "web"
 STATIC = {"kernel.js": "text/javascript", "runs.js": "text/javascript", "vendor/uPlot.iife.min.js": "text/javascript",
@@ -417,12 +418,16 @@ class DashboardServer:
         self.thread.start()
         threading.Thread(target=self._sample, args=(sample_s,), name="timeline", daemon=True).start()
 
-    def _sample(self, every: float) -> None:
+    def _sample(self, every: float, export_s: float = 5.0) -> None:
+        ray_metrics, exported = RayMetrics(), 0.0
         while not self._stopping.wait(every):
             try:
-                self.monitor.snapshot()
+                snap = self.monitor.snapshot()
+                if time.monotonic() - exported >= export_s:
+                    exported = time.monotonic()
+                    ray_metrics.export(snap)
             except Exception:  # a node or Ray itself briefly gone: the timeline shows a gap
-                pass
+                log.debug("sample failed", exc_info=True)
 
     def ready(self, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout

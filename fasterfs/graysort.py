@@ -295,7 +295,7 @@ def validate(state: cluster.ClusterState, p: SortPlan, expected_count: int, expe
              kind: str = "output") -> dict:
     """valsort over a run's partitions, each checked on the node that holds it."""
     nodes = state.nodes[:p.nodes]
-    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)])).remote(state.name, p, q, kind)
+    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)], f"graysort.validate[part {q}")).remote(state.name, p, q, kind)
                      for q in range(p.parts)])
     return check(p, parts, expected_count, expected_checksum, kind)
 
@@ -304,7 +304,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         progress: Callable[[str, int, int], None] | None = None) -> dict:
     tick = progress or (lambda phase, done, total: None)
     nodes = state.nodes[:p.nodes]
-    on = lambda part: cluster.pinned(nodes[p.node_of(part)])  # noqa: E731
+    on = lambda part, task: cluster.pinned(nodes[p.node_of(part)], f"graysort.{task}[part {part}")  # noqa: E731
     root = state.name  # tasks find the cluster through its Registry
     times = {}
 
@@ -317,11 +317,11 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         return out
 
     tw = time.perf_counter()
-    machines = dict(ray.get([warm_up.options(**cluster.pinned(n)).remote(root, k)
+    machines = dict(ray.get([warm_up.options(**cluster.pinned(n, "graysort.warm_up")).remote(root, k)
                              for k, n in enumerate(nodes) for _ in range(2)]))
     times["warm_up_s"] = time.perf_counter() - tw
     t0 = time.perf_counter()
-    gen = gather("generate", [generate_part.options(**on(j)).remote(root, p, j) for j in range(p.parts)])
+    gen = gather("generate", [generate_part.options(**on(j, "generate")).remote(root, p, j) for j in range(p.parts)])
     in_count, in_checksum = sum(g["count"] for g in gen), sum(g["checksum"] for g in gen)
     bounds = boundaries_from([g["sample"] for g in gen], p.parts)
     t1 = time.perf_counter()
@@ -332,10 +332,10 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         if len(inflight) >= p.max_inflight:  # bound the maps in flight
             done, inflight = ray.wait(inflight, num_returns=1)
             tick("map", len(maps) - len(inflight), p.parts)
-        steps, *blocks = map_part.options(num_returns=p.parts + 1, **on(j)).remote(root, p, j, bounds)
+        steps, *blocks = map_part.options(num_returns=p.parts + 1, **on(j, "map")).remote(root, p, j, bounds)
         maps[j] = (steps, blocks)
         inflight.append(steps)
-    reduces = [reduce_part.options(**on(q)).remote(root, p, q, *[maps[j][1][q] for j in range(p.parts)])
+    reduces = [reduce_part.options(**on(q, "reduce")).remote(root, p, q, *[maps[j][1][q] for j in range(p.parts)])
                for q in range(p.parts)]
     map_steps = [steps for steps, _ in maps.values()]
     del maps  # the reducers hold the blocks now; they are freed as each reducer finishes
@@ -349,7 +349,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
     task_seconds = {phase: _sum_steps(tasks.values()) for phase, tasks in per_task.items()}
     timeline = _timeline(per_task, nodes)
 
-    checked = gather("validate", [validate_part.options(**on(q)).remote(root, p, q) for q in range(p.parts)])
+    checked = gather("validate", [validate_part.options(**on(q, "validate")).remote(root, p, q) for q in range(p.parts)])
     verdict = check(p, checked, in_count, in_checksum, "output")
     times["validate_s"] = time.perf_counter() - t2
     result = {"plan": asdict(p), "bytes": p.size, "records": in_count, "input_checksum": in_checksum,
@@ -360,13 +360,13 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
               "partition_records": [v["count"] for v in checked]}
     if baseline:
         tb = time.perf_counter()
-        coord = ray.get(coordinator_sort.options(**on(0)).remote(root, p, bounds))
+        coord = ray.get(coordinator_sort.options(**on(0, "baseline.coordinator_sort")).remote(root, p, bounds))
         result["baseline"] = {"total_s": time.perf_counter() - tb, **coord}
         result["baseline"]["validation"] = validate(state, p, in_count, in_checksum, "baseline")
         result["speedup_vs_baseline"] = result["baseline"]["total_s"] / times["map_reduce_s"]
     if reference_mb:
         ref = min(p.size, int(reference_mb * 1e6)) // p.fmt.record * p.fmt.record
-        rate = ray.get(inmemory_sort_rate.options(**on(0)).remote(p, ref))
+        rate = ray.get(inmemory_sort_rate.options(**on(0, "reference.numpy_sort")).remote(p, ref))
         cores = sum(machines.values())  # per machine, as its hosts counted them
         result["reference"] = {"single_process_mb_s": rate, "cores": cores,
                                "sort_phase_mb_s": p.size / 1e6 / times["map_reduce_s"],

@@ -48,6 +48,7 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from . import config
+    from .state import DRIVER_METADATA
 
     args = get_args_parser().parse_args(sys.argv[1:])  # argparse: an unknown flag exits 2
     if args.help and doc:
@@ -62,6 +63,8 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
     @hydra.main(version_base="1.3", config_path=str(config.CONF_DIR), config_name="config")
     def task(_cfg) -> dict | None:
         overrides = list(HydraConfig.get().overrides.task)
+        DRIVER_METADATA.update({"fasterfs.job": name, "fasterfs.overrides": " ".join(overrides),
+                                "fasterfs.output": HydraConfig.get().runtime.output_dir})
         try:
             result = main(overrides)
         except FasterFSError as e:
@@ -76,7 +79,10 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
         print(f"output: {HydraConfig.get().runtime.output_dir}", flush=True)
         return result
 
-    task()  # Hydra names the job after the script: jobs/<name>.py
+    # Hydra names a job after the module of its task function (here fasterfs.job, for every
+    # job): name it after the script instead, for its output directories and --help
+    task.__wrapped__.__module__ = name
+    task()
     if _failed:
         print(f"{name}: {len(_failed)} run(s) failed: {'; '.join(_failed)}", file=sys.stderr)
         sys.exit(1)

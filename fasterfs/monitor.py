@@ -303,6 +303,26 @@ def _rates(t0: float, before: dict, t1: float, after: dict) -> dict:
             if isinstance(v, int) and k in before and dt > 0 and v >= before[k]}
 
 
+class RayMetrics:
+    """The /metrics families also as Ray metrics (ray.util.metrics): each Ray node's metrics
+    agent exports them with Ray's own (as ray_fasterfs_*), so a Ray user's Prometheus and
+    Grafana see FasterFS beside Ray. Gauges throughout: they carry the totals as sampled."""
+
+    def __init__(self):
+        self._gauges: dict[str, object] = {}
+
+    def export(self, snap: dict) -> None:
+        from ray.util.metrics import Gauge
+
+        for family in _Collector(snap).collect():
+            for sample in family.samples:
+                gauge = self._gauges.get(sample.name)
+                if gauge is None:
+                    gauge = self._gauges[sample.name] = Gauge(sample.name, description=family.documentation,
+                                                              tag_keys=tuple(sorted(sample.labels)))
+                gauge.set(sample.value, tags=dict(sample.labels))
+
+
 class _Collector:
     """One scrape's metrics, built from one snapshot."""
 

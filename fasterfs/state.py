@@ -171,6 +171,11 @@ def in_ray_worker() -> bool:
     return ray.is_initialized() and ray._private.worker.global_worker.mode == ray._private.worker.WORKER_MODE
 
 
+# What a job's driver tells Ray about itself (fasterfs.job sets it): shown with the job in
+# the Ray dashboard and `ray list jobs`.
+DRIVER_METADATA: dict[str, str] = {}
+
+
 def join(ray_address: str, cluster_name: str):
     """Join the cluster at `ray_address` as a driver (a no-op inside a Ray worker of it)."""
     import ray
@@ -182,9 +187,12 @@ def join(ray_address: str, cluster_name: str):
             return ray
         ray.shutdown()  # connected to another cluster (a test's, say): switch
     host, port = ray_address.rsplit(":", 1)
+    from ray.job_config import JobConfig
+
     try:
         ray.init(address=ray_address, _node_ip_address=local_address_towards(host, int(port)),
-                 namespace=namespace(cluster_name), logging_level=logging.WARNING, log_to_driver=False)
+                 namespace=namespace(cluster_name), logging_level=logging.WARNING, log_to_driver=False,
+                 job_config=JobConfig(metadata=dict(DRIVER_METADATA)))
     except ConnectionError as e:
         raise FasterFSError(f"cannot reach the Ray cluster at {ray_address} from host {socket.gethostname()}: "
                             f"{e}".splitlines()[0]) from None
@@ -195,11 +203,16 @@ def connect_ray(state: ClusterState):
     return join(state.ray_address, state.name)
 
 
-def pinned(node: NodeState) -> dict:
-    """Ray options that run a task or actor on `node` and nowhere else (locality-aware scheduling)."""
+def pinned(node: NodeState, task: str | None = None, soft: bool = False) -> dict:
+    """Ray options that run a task or actor on `node` and nowhere else (locality-aware
+    scheduling; soft: preferably there). `task` names it in the Ray dashboard as
+    "<task> @ node N]", e.g. pinned(node, "graysort.map[part 3")."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False)}
+    options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=soft)}
+    if task:
+        options["name"] = f"{task} @ node {node.index}]" if "[" in task else f"{task}[node {node.index}]"
+    return options
 
 
 def storage_nodes(state: ClusterState) -> list:

@@ -20,7 +20,8 @@ class SweepSummary(Callback):
         self._started = time.perf_counter()
 
     def on_job_end(self, config, job_return, **kwargs: Any) -> None:
-        run = {"overrides": list(job_return.overrides or []), "dir": str(job_return.working_dir or ""),
+        out = job_return.hydra_cfg.hydra.runtime.output_dir if job_return.hydra_cfg else ""
+        run = {"overrides": list(job_return.overrides or []), "dir": str(out),
                "seconds": time.perf_counter() - self._started, "figures": {}, "failed": None}
         if job_return.status == JobStatus.COMPLETED and isinstance(job_return._return_value, dict):
             result = job_return._return_value

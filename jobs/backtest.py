@@ -108,8 +108,8 @@ def main(argv: list[str]) -> dict:
     actors = cluster.storage_nodes(state)
 
     def sweep(use_cache: bool, params: list) -> list[dict]:
-        return ray.get([replay.options(**cluster.pinned(state.nodes[h])).remote(
-            state.root, list(argv), use_cache, w, params) for w, h in zip(windows, homes)])
+        return ray.get([replay.options(**cluster.pinned(state.nodes[h], f"backtest.replay[window {i}")).remote(
+            state.root, list(argv), use_cache, w, params) for i, (w, h) in enumerate(zip(windows, homes))])
     sweep(False, [])  # start the workers (imports, connections) before either mode is timed
     modes = {}
     for mode, use_cache in MODES.items():

@@ -24,7 +24,6 @@ from collections import Counter
 from pathlib import Path
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from xxhash import xxh3_64_intdigest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,7 +33,7 @@ from backtest import crossover_pnl, home_node, plan_windows  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(backtest)  # the workers have no jobs/ on their path
 
 import fasterfs  # noqa: E402
-from fasterfs import config, job, lab, registry, repair, report  # noqa: E402
+from fasterfs import cluster, config, job, lab, registry, repair, report  # noqa: E402
 from fasterfs.errors import FasterFSError  # noqa: E402
 from fasterfs.ingest import ingest  # noqa: E402
 
@@ -70,13 +69,14 @@ def read_chunks(overrides: list[str], ids: list[int]) -> dict:
 
 def workload(argv, state, manifest, windows, homes, params) -> dict:
     """One backtest sweep and one full read, at once; tasks prefer their data's host."""
-    def near(index: int) -> dict:
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(state.node(index).ray_node_id, soft=True)}
+    def near(index: int, task: str) -> dict:
+        return cluster.pinned(state.node(index), task, soft=True)
     parts: dict[int, list[int]] = {}
     for c in manifest.chunks:
         parts.setdefault(c.nodes[0], []).append(c.id)
-    sweeps = [replay.options(**near(h)).remote(argv, w, params) for w, h in zip(windows, homes)]
-    reads = [read_chunks.options(**near(n)).remote(argv, ids) for n, ids in parts.items()]
+    sweeps = [replay.options(**near(h, f"chaos.replay[window {i}")).remote(argv, w, params)
+              for i, (w, h) in enumerate(zip(windows, homes))]
+    reads = [read_chunks.options(**near(n, "chaos.read")).remote(argv, ids) for n, ids in parts.items()]
     sweep, full = ray.get(sweeps), ray.get(reads)
     return {"pnl": [r["pnl"] for r in sweep],
             "sums": {i: s for r in full for i, s in r["sums"].items()},

@@ -1,7 +1,8 @@
-"""Hydra's conventions on every job and the CLI, from a shell without the virtualenv:
---help, --cfg job, a bad override as one line with exit code 2 (before anything runs), and
---multirun sweeps whose runs each get an output directory and a summary side by side.
-(`ray job submit` of every job is exercised by the jobs' own tests, through submit_job.)"""
+"""The way users drive FasterFS, from a shell without the virtualenv: Hydra's conventions on
+every job and the CLI (--help, --cfg job, a bad override as one line with exit code 2 before
+anything runs, --multirun sweeps with an output directory per run and a summary), and what
+Ray's own dashboard shows. (`ray job submit` of every job is exercised by the jobs' own tests,
+through conftest.submit_job; JupyterLab by test_notebook.)"""
 from __future__ import annotations
 
 import json
@@ -80,3 +81,43 @@ def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_clust
     table = (sweep_dir / "summary.md").read_text().splitlines()
     assert len(table) == 4 and "size=1MB" in table[2] and "size=2MB" in table[3]
     assert (sweep_dir / "sweep.png").stat().st_size > 0
+
+
+def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live_cluster, overrides):
+    """What a Ray user sees in Ray's own tools: named actors, tasks named after the job, its
+    part and node, the driver's Hydra overrides as job metadata, and FasterFS's counters among
+    the metrics each Ray node exports (ray.util.metrics)."""
+    import urllib.request
+
+    import ray
+    from ray.util.state import list_actors, list_tasks
+
+    from conftest import wait_until
+    from fasterfs import cluster
+
+    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "size=1MB", "graysort.baseline=false",
+              "graysort.reference_mb=0", *overrides, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    output = re.search(r"^output: (\S+)$", out.stdout, re.M).group(1)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    jobs = json.loads(opener.open(f"{live_cluster.dashboard_url}/api/jobs/", timeout=30).read())
+    mine = [j for j in jobs if (j.get("metadata") or {}).get("fasterfs.output") == output]
+    assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.job"] == "graysort", jobs
+    assert "size=1MB" in mine[0]["metadata"]["fasterfs.overrides"].split()
+    names = {t.name for t in list_tasks(address=live_cluster.dashboard_url, limit=10000, timeout=60,
+                                        filters=[("job_id", "=", mine[0]["job_id"])])}
+    assert {"graysort.map[part 0 @ node 0]", "graysort.reduce[part 1 @ node 1]",
+            "graysort.generate[part 1 @ node 1]"} <= names, names
+    actors = {a.name for a in list_actors(address=live_cluster.dashboard_url, filters=[("state", "=", "ALIVE")],
+                                          limit=1000, timeout=60) if a.ray_namespace == live_cluster.namespace}
+    assert {"registry", "dashboard", "storage-node-0", "storage-node-1"} <= actors
+    # FasterFS's gauges in Ray's own Prometheus export, as the dashboard actor last sampled them
+    cluster.connect_ray(live_cluster)
+    ports = [f"{n['NodeManagerAddress']}:{n['MetricsExportPort']}" for n in ray.nodes() if n["Alive"]]
+
+    def exported() -> str:
+        return "".join(opener.open(f"http://{p}/metrics", timeout=10).read().decode() for p in ports)
+    wait_until(lambda: re.search(r'^ray_fasterfs_minio_up\{[^}]*node="1"[^}]*\} 1\.0$', exported(), re.M), 90,
+               "FasterFS's gauges among Ray's metrics")
+    text = exported()
+    assert re.search(r'^ray_fasterfs_kernel_real\{[^}]*node="0"[^}]*\} 1\.0$', text, re.M)  # real eBPF, as measured
