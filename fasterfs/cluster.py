@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import credentials, identity, notebook, process, registry
 from .cgroup import ProjectCgroup
-from .config import PROJECT_DIR, Layout, Paths, as_cfg, minio_binary, to_dict
+from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binary, to_dict
 from .errors import FasterFSError
 from .bpf.pinned import unmount_bpffs
 from .minio_server import check_port_free
@@ -75,7 +75,10 @@ def ray_env() -> dict[str, str]:
     project's environment whatever shell submitted it."""
     venv_bin = str(Path(sys.prefix) / "bin")
     path = [venv_bin] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin]
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix)
+    # a job's code comes from its uploaded copy (`--working-dir .`), not this checkout: the
+    # sample data's place must come with the environment
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
+                FASTERFS_LOBSTER_DIR=lobster_dir())
 
 
 def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:

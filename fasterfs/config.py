@@ -21,13 +21,15 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_DIR / "conf"
 
 
-def _lobster_dir() -> str:
+def lobster_dir() -> str:
+    """Where the LOBSTER sample is: FASTERFS_LOBSTER_DIR, else ../shared/data/lobster beside
+    this checkout."""
     env = os.environ.get("FASTERFS_LOBSTER_DIR")
     return env or str((PROJECT_DIR.parent / "shared" / "data" / "lobster").resolve())
 
 
 if not OmegaConf.has_resolver("lobster_dir"):
-    OmegaConf.register_new_resolver("lobster_dir", _lobster_dir)
+    OmegaConf.register_new_resolver("lobster_dir", lobster_dir)
 
 
 def load(overrides: Sequence[str] = ()) -> DictConfig:

@@ -16,7 +16,7 @@ from fasterfs import cluster, config
 from fasterfs.config import Layout
 from fasterfs.ingest import ingest
 
-LOBSTER = Path(config._lobster_dir())
+LOBSTER = Path(config.lobster_dir())
 HAVE_SAMPLE = (LOBSTER / "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz").exists()
 
 
