@@ -71,7 +71,7 @@ def main(argv: list[str]) -> dict:
     state = registry.find(cfg)
     cluster.connect_ray(state)
     actors = cluster.storage_nodes(state)
-    creds = registry.fetch_credentials(state.name)
+    creds = registry.fetch_credentials(state.name, "admin")
     size = int(cfg.bench.file_mb) * 2**20
     result: dict = {"ec": f"{k}+{m}", "nodes": len(state.nodes), "file_mb": cfg.bench.file_mb,
                     "chunk_mb": cfg.files.chunk_mb}

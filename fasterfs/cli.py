@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from rich.table import Table
 
-from . import cluster, config, registry, repair, report
+from . import auth, cluster, config, registry, repair, report
 from .errors import ConfigError, FasterFSError
 
 console = report.console()
@@ -101,6 +101,12 @@ def cmd_status(cfg) -> None:
     console.print(f"Ray dashboard: {state.dashboard_url}" + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
     if state.notebook:
         console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
+    if state.insecure:
+        console.print("[red]Insecure: Ray runs without token authentication (cluster.insecure=true): anyone who "
+                      "reaches it can run code on the cluster.[/]")
+    elif not state.attached:
+        console.print(f"Access: Ray's token authentication; the token is in {auth.token_file(state.root)} (0600) on "
+                      f"the head: `ray job submit` needs RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>")
 
 
 def _print_redundancy(health) -> None:
@@ -112,7 +118,7 @@ def cmd_repair(cfg) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     state = registry.find(cfg)
-    creds = registry.fetch_credentials(state.name)
+    creds = registry.fetch_credentials(state.name, "admin")
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console) as bar:
         task = bar.add_task(f"repairing (at most {cfg.repair.mb_per_s:g} MB/s)", total=None)

@@ -18,14 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from . import credentials, identity, notebook, process, registry
+from . import auth, credentials, identity, notebook, process, registry
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binary, to_dict
 from .errors import FasterFSError
+from .fsutil import atomic_write
 from .bpf.pinned import unmount_bpffs
 from .minio_server import check_port_free
-from .state import (ClusterState, Host, NodeState, actor_name, connect_ray, filter_prefix, is_ray_start, join,
-                    storage_nodes)
+from .state import (ClusterState, Host, NodeState, actor_name, connect_ray, filter_prefix, is_ray_start,
+                    local_address_towards, storage_nodes)
 from .state import pinned  # noqa: F401  (jobs and notebooks call cluster.pinned)
 from .storage_node import StorageNode
 
@@ -69,16 +70,25 @@ def _software_under_tmp() -> list[str]:
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
-def ray_env() -> dict[str, str]:
+def ray_env(root: str | Path) -> dict[str, str]:
     """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
     a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
-    project's environment whatever shell submitted it."""
+    project's environment whatever shell submitted it; the Ray token's file (fasterfs.auth)."""
     venv_bin = str(Path(sys.prefix) / "bin")
     path = [venv_bin] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin]
     # a job's code comes from its uploaded copy (`--working-dir .`), not this checkout: the
     # sample data's place must come with the environment
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
-                FASTERFS_LOBSTER_DIR=lobster_dir())
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
+    return dict(env, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
+                FASTERFS_LOBSTER_DIR=lobster_dir(), **auth.ray_env(auth.token_file(root)))
+
+
+def _provision(host: Host, root: str | Path) -> None:
+    """What a host needs on its own disk before its `ray start`: the cluster's Ray token
+    (a lab host's disk is behind its cluster root; loopback nodes share the head's)."""
+    if host.disk:
+        token = auth.read(auth.token_file(root))
+        atomic_write(auth.token_file(host.disk), token.encode(), mode=0o600)
 
 
 def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
@@ -90,6 +100,11 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
         args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + 99}"]
     else:
         args += [f"--num-cpus={c.cpus_per_node}", f"--dashboard-agent-listen-port={c.agent_port + index}"]
+    # every port a node listens on is fixed (README, "Addresses and ports"): nothing random
+    base = node_ports(cfg, index)
+    args += [f"--node-manager-port={base}", f"--object-manager-port={base + 1}", f"--metrics-export-port={base + 2}",
+             f"--dashboard-agent-grpc-port={base + 3}", f"--runtime-env-agent-port={base + 4}",
+             f"--min-worker-port={c.worker_ports[0]}", f"--max-worker-port={c.worker_ports[1]}"]
     if is_head:
         # objects beyond the object store spill to files here (GraySort larger than memory)
         spill = {"type": "filesystem", "params": {"directory_path": str(c.spill_dir)}}
@@ -107,6 +122,11 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
     return (["nsenter", f"--net=/run/netns/{host.netns}", "--"] if host.netns else []) + args
 
 
+def node_ports(cfg, index: int | None) -> int:
+    """The first of node `index`'s five fixed Ray ports (None: a head without storage)."""
+    return int(cfg.cluster.node_ports) + 10 * (99 if index is None else index)
+
+
 def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
     """Ports on addresses of this namespace (a fresh namespace has nothing listening)."""
     if head.netns is None:
@@ -118,6 +138,8 @@ def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
     for i, host in enumerate(hosts):
         if host.netns is None:
             check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
+            for port in range(node_ports(cfg, i), node_ports(cfg, i) + 5):
+                check_port_free(host.address, port, f"Ray node {i} (cluster.node_ports)")
             check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
             check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
 
@@ -149,19 +171,26 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         log.warning("cleaning up after a cluster that did not shut down: %s", layout.paths.state_file)
         teardown(old)
     minio_binary(cfg)  # fail now, not inside an actor, if MinIO is missing
-    creds = credentials.create(layout.paths.credentials_file)
+    keys = credentials.create(layout.paths.credentials_file, rotate=cfg.credentials.rotate)
     conf = to_dict(cfg)
     if cfg.cluster.attach:
         if not cfg.cluster.ray_address:
             raise FasterFSError("option cluster.attach=true needs cluster.ray_address=<head>:<port> of the Ray cluster")
         head = Host(cfg.cluster.ray_address.rsplit(":", 1)[0])
+        host, port = cfg.cluster.ray_address.rsplit(":", 1)
+        open_ray = auth.cluster_is_open(cfg.cluster.ray_address, local_address_towards(host, int(port)))
+        if open_ray and not cfg.cluster.insecure:
+            raise FasterFSError(f"the Ray cluster at {cfg.cluster.ray_address} runs without token authentication: "
+                                "anyone who reaches it can run code there. Start it with RAY_AUTH_MODE=token (see "
+                                "cluster.yaml), or attach anyway with cluster.insecure=true")
         state = ClusterState(name=cfg.cluster.name, root=str(layout.paths.root), ray_address=cfg.cluster.ray_address,
                              dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
-                             cgroup=ProjectCgroup(None).to_dict(), config=conf, attached=True)
+                             cgroup=ProjectCgroup(None).to_dict(), config=conf, attached=True, insecure=open_ray)
     else:
         hosts = hosts or [Host(a) for a in layout.addresses]
         head = head or hosts[0]
         _check_ports(cfg, head, hosts)
+        auth.create(layout.paths.ray_token_file, rotate=cfg.credentials.rotate)
         state = ClusterState(
             name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{head.address}:{cfg.cluster.ray_port}",
             dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
@@ -170,13 +199,13 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         state.save()  # provisional: lets `down` clean up if we fail from here on
         if not cfg.cluster.attach:
             _start_ray(cfg, layout, state, hosts, head)
-        join(state.ray_address, state.name)  # as a driver on the head, as `ray exec` runs
+        connect_ray(state)  # as a driver on the head, as `ray exec` runs
         head_id = _head_node_id(state)
         registry.start(state, head_id, cfg.cluster.start_timeout_s)
         _identify_nodes(cfg, state, head_id)
         state.config["nodes"] = len(state.nodes)
         state.save()
-        _start_storage_nodes(cfg, state, creds)
+        _start_storage_nodes(cfg, state, keys)
         state.ready = True
         state.save()
         if cfg.dashboard.enabled:  # it reads the saved state
@@ -202,16 +231,17 @@ def _head_node_id(state: ClusterState) -> str:
 def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
     """One `ray start` per host (and one for a head without storage); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
-    env = ray_env()
+    env = ray_env(state.root)
     logs = layout.paths.log_dir
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
         proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log", env, child="head")
         state.head_pid = proc.pid
         state.save()
         _wait_for_head(cfg, head, proc, logs / "ray-head.log")
-        join(state.ray_address, state.name)
+        connect_ray(state)
     joined = {head.address} if head not in hosts else set()
     for i, host in enumerate(hosts):
+        _provision(host, state.root)
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
         proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log", env,
                             child=f"node-{i}")
@@ -221,7 +251,7 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         state.save()
         if host == head:
             _wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
-            join(state.ray_address, state.name)
+            connect_ray(state)
         # One at a time: raylets started back to back race for the same socket names.
         joined.add(host.address)
         _wait_for_nodes(cfg, state, joined)
@@ -258,9 +288,9 @@ def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
     state.nodes = sorted(nodes, key=lambda n: n.index)
 
 
-def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credentials,
+def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys,
                          nodes: list[NodeState] | None = None) -> None:
-    """One StorageNode per node (default: every node), handed the MinIO credentials (never
+    """One StorageNode per node (default: every node), handed the MinIO keys (never
     written on the hosts)."""
     import ray
 
@@ -269,7 +299,7 @@ def _start_storage_nodes(cfg, state: ClusterState, creds: credentials.Credential
     actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
         max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
-    ).remote(node.index, node.address, state.config, creds) for node in nodes}
+    ).remote(node.index, node.address, state.config, keys) for node in nodes}
     refs = {i: a.ready.remote() for i, a in actors.items()}
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
     for node in nodes:
@@ -297,7 +327,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     node = state.node(index)
     if process.running(node.ray_pid) and is_ray_start(node.ray_pid):
         raise FasterFSError(f"node {index} ({node.address}) is running: its Ray node is pid {node.ray_pid}")
-    join(state.ray_address, state.name)
+    connect_ray(state)
     try:  # the old actor is dead with its Ray node; make sure its name is free
         ray.kill(ray.get_actor(actor_name(index), namespace=state.namespace), no_restart=True)
     except ValueError:
@@ -305,8 +335,9 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
     head = Host(state.head_address)
+    _provision(host, state.root)
     proc = cgroup.spawn(_ray_start_args(cfg, host, head, index, False), log_path,
-                        ray_env(), child=f"node-{index}")
+                        ray_env(state.root), child=f"node-{index}")
     node.ray_pid = proc.pid
     state.save()
     deadline = time.monotonic() + cfg.cluster.start_timeout_s
@@ -318,7 +349,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
         time.sleep(0.3)
     node.ray_node_id = node_id
     state.save()  # the Registry reads the state file: every host now finds the new Ray node
-    _start_storage_nodes(cfg, state, registry.fetch_credentials(state.name), [node])
+    _start_storage_nodes(cfg, state, registry.fetch_keys(state.name), [node])
     state.save()
 
 
@@ -332,7 +363,7 @@ def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:
     actor = ray.remote(DashboardServer).options(  # restarted (and listening again) if its worker dies
         name=ACTOR_NAME, namespace=state.namespace, lifetime="detached", num_cpus=0, max_restarts=3,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False),
-    ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s)
+    ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s, cfg.dashboard.require_token)
     try:
         return ray.get(actor.ready.remote(), timeout=cfg.cluster.start_timeout_s)
     except ray.exceptions.RayTaskError as e:

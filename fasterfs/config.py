@@ -98,6 +98,11 @@ def validate(cfg: DictConfig) -> None:
         bad("data.level", "must be a whole number >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", str(cfg.cluster.name)):
         bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
+    if cfg.dashboard.require_token not in ("auto", "always"):
+        bad("dashboard.require_token", "must be auto or always")
+    for flag in ("cluster.insecure", "credentials.rotate"):
+        if not isinstance(OmegaConf.select(cfg, flag), bool):
+            bad(flag, "must be true or false")
     if not isinstance(cfg.kernel.hot_threshold, int) or cfg.kernel.hot_threshold < 1:
         bad("kernel.hot_threshold", "must be a whole number >= 1")
     if not isinstance(cfg.cache.capacity_mb, (int, float)) or cfg.cache.capacity_mb < 0:
@@ -161,6 +166,10 @@ class Paths:
     @property
     def credentials_file(self) -> Path:
         return self.root / "credentials.json"
+
+    @property
+    def ray_token_file(self) -> Path:
+        return self.root / "ray_token"
 
     @property
     def manifest_file(self) -> Path:

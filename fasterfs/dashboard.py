@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fastapi import WebSocket  # at module level: FastAPI resolves the handler's annotation here
 
+from . import auth
 from .errors import FasterFSError
 from .monitor import RATES, Heat, Monitor, RayMetrics
 from .report import fmt_bytes
@@ -240,32 +241,43 @@ def render_live(monitor: Monitor) -> str:
             + "<h2>Job runs</h2>" + _runs(monitor))
 
 
+def insecure_banner(state) -> str:
+    return ('<p style="color:#b91c1c"><b>Insecure:</b> Ray runs without token authentication '
+            "(cluster.insecure=true): anyone who reaches it can run code on the cluster.</p>") if state.insecure else ""
+
+
 def render_page(monitor: Monitor, refresh_s: float) -> str:
     st = monitor.state
     where = f"lab ({st.lab['profile']} profile)" if st.lab else "local"
     lab_url = monitor.notebook_url()
     jupyter = f' · <a href="{e(lab_url)}">JupyterLab</a>' if lab_url else ""
+    insecure = insecure_banner(st)
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>FasterFS — {e(st.name)}</title>'
             f"<style>{STYLE}</style></head><body><header><b>FasterFS</b> · cluster {e(st.name)} · {where} · "
             f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>{jupyter}"
             f' · <a href="kernel">kernel view</a> · <a href="runs">job runs, charted</a> · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
-            f'<main id="live">{render_live(monitor)}</main>'
+            f'{insecure}<main id="live">{render_live(monitor)}</main>'
             f"<script>{SCRIPT.replace('REFRESH_MS', str(int(refresh_s * 1000)))}</script></body></html>")
 
 
-def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers: int = 200):
+def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers: int = 200,
+               token: str | None = None):
+    """The dashboard's routes; with a `token`, every one but /healthz needs it (fasterfs.auth)."""
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import FileResponse, HTMLResponse, Response
 
     app = FastAPI(title="FasterFS", docs_url="/api/docs", redoc_url=None)
+    if token:
+        app.add_middleware(auth.TokenGate, token=token)
+        auth.add_login(app, token)
 
     @app.get("/kernel", response_class=HTMLResponse)
     def kernel_page():
-        return (WEB / "kernel.html").read_text()
+        return (WEB / "kernel.html").read_text().replace("<body>", "<body>" + insecure_banner(monitor.state), 1)
 
     @app.get("/runs", response_class=HTMLResponse)
     def runs_page():
-        return (WEB / "runs.html").read_text()
+        return (WEB / "runs.html").read_text().replace("<body>", "<body>" + insecure_banner(monitor.state), 1)
 
     @app.get("/static/{name:path}")
     def static(name: str):
@@ -404,14 +416,18 @@ class DashboardServer:
     """The Ray actor that serves the dashboard: uvicorn in a thread, on the head's address, and
     a sampler thread that keeps the timelines' history."""
 
-    def __init__(self, root: str, address: str, port: int, refresh_s: float, sample_s: float = 1.0):
+    def __init__(self, root: str, address: str, port: int, refresh_s: float, require_token: str = "auto",
+                 sample_s: float = 1.0):
         import uvicorn
 
         self.where = f"{address}:{port}"
         self.monitor = Monitor(root, min_interval=sample_s * 0.9)
         self.heat = Heat(self.monitor.state, sample_s)
         self._stopping = threading.Event()
-        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s), host=address, port=port,
+        # the cluster's Ray token, as this worker holds it; not needed on a loopback-only address
+        token = auth.current_token(root) if require_token == "always" or not auth.is_loopback(address) else None
+        self.gated = token is not None
+        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s, token=token), host=address, port=port,
                                 log_level="warning", access_log=False, lifespan="off", ws="websockets-sansio")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="dashboard", daemon=True)

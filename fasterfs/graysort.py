@@ -129,7 +129,7 @@ def _s3(cluster_name: str, node: int):
     """One client per node (position in the cluster's nodes) per worker process: making one
     costs ~0.1 s, as much as a 64 MB GET. Endpoints and keys come from the Registry."""
     state = registry.find_in_ray(cluster_name)
-    return s3.client(state.nodes[node].endpoint, registry.fetch_credentials(cluster_name), read_timeout=300)
+    return s3.client(state.nodes[node].endpoint, registry.fetch_credentials(cluster_name, "admin"), read_timeout=300)
 
 
 def _get(client, bucket: str, key: str, width: int) -> np.ndarray:
@@ -376,7 +376,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
 
 def delete_run(state: cluster.ClusterState, p: SortPlan) -> int:
     """Remove the run's objects from every node."""
-    creds = registry.fetch_credentials(state.name)
+    creds = registry.fetch_credentials(state.name, "admin")
     removed = 0
     for n in state.nodes[:p.nodes]:
         c = s3.client(n.endpoint, creds)

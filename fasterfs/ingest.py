@@ -134,7 +134,7 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
     prefix = object_prefix(name, kind)
     bucket = state.config["minio"]["bucket"]
-    creds = registry.fetch_credentials(state.name)
+    creds = registry.fetch_credentials(state.name, "admin")
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}  # all: old generations go everywhere
 
     def store(i: int) -> ChunkInfo:
@@ -199,7 +199,7 @@ def _collect_garbage(cfg, state, clients=None) -> None:
     if not gone:
         return
     if clients is None:
-        creds = registry.fetch_credentials(state.name)
+        creds = registry.fetch_credentials(state.name, "admin")
         clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
     bucket = state.config["minio"]["bucket"]
     for g in gone:

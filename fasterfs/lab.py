@@ -45,7 +45,7 @@ def up(cfg) -> cluster.ClusterState:
     if state_file.exists() and cluster.ClusterState.load(state_file.parent).running():
         raise FasterFSError(f"a FasterFS cluster is already running under {state_file.parent}; run `fasterfs lab down` first")
     if leftovers(cfg.cluster.name):  # a lab that crashed: no running cluster owns these any more
-        destroy_network(names(cfg.cluster.name, MAX_HOSTS))
+        destroy_network(names(cfg.cluster.name, MAX_HOSTS, MAX_HOSTS))
     record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)
     for host, disk in zip(hosts, disks):
         host.disk = str(disk)
@@ -65,7 +65,7 @@ def down(cfg) -> dict:
     left = leftovers(cfg.cluster.name)
     if not left:
         raise FasterFSError(f"no FasterFS lab is running under {cfg.cluster.root} and none is left to remove")
-    destroy_network(names(cfg.cluster.name, MAX_HOSTS))
+    destroy_network(names(cfg.cluster.name, MAX_HOSTS, MAX_HOSTS))
     return {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
             "lab_removed": len(left)}
 

@@ -17,12 +17,14 @@ LINK = "lab0"  # the host's interface inside its namespace
 MAX_HOSTS = 64  # how far leftover-hunting looks
 
 
-def names(cluster_name: str, hosts: int) -> dict:
+def names(cluster_name: str, hosts: int, outsiders: int = 0) -> dict:
     """Deterministic names, so a failed `up` or a lost state file can still be cleaned up.
-    Interface names are at most 15 characters."""
+    Interface names are at most 15 characters. Outsiders are machines on the same network
+    that are not part of the cluster (what it must keep out)."""
     tag = f"{zlib.crc32(cluster_name.encode()) & 0xFFFFFF:06x}"
-    return {"bridge": f"ffsb{tag}", "hosts": [{"netns": f"ffs-{cluster_name}-h{i}", "veth": f"ffsv{tag}{i:x}"}
-                                              for i in range(hosts)]}
+    return {"bridge": f"ffsb{tag}",
+            "hosts": [{"netns": f"ffs-{cluster_name}-h{i}", "veth": f"ffsv{tag}{i:x}"} for i in range(hosts)],
+            "outsiders": [{"netns": f"ffs-{cluster_name}-x{i}", "veth": f"ffsx{tag}{i:x}"} for i in range(outsiders)]}
 
 
 def _ip(*args: str) -> None:
@@ -42,7 +44,7 @@ def _tbf(ns: str, device: str, mbit: int, burst_kb: int) -> None:
 def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list[Host]]:
     """Bridge, namespaces, veth pairs, addresses and limits. Returns the record to destroy
     it by, the head (bridge address) and the hosts."""
-    record = names(cluster_name, hosts)
+    record = names(cluster_name, hosts, int(lab.get("outsiders") or 0))
     record.update(subnet=lab.subnet, profile=lab.profile, disk_mbit=lab.disk_mbit, link_mbit=lab.link_mbit)
     head = Host(f"{lab.subnet}.1")
     out = []
@@ -55,8 +57,9 @@ def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list
             br = ipr.link_lookup(ifname=record["bridge"])[0]
             ipr.addr("add", index=br, address=head.address, prefixlen=24)
             ipr.link("set", index=br, state="up")
-            for i, h in enumerate(record["hosts"]):
-                address = f"{lab.subnet}.{10 + i}"
+            for i, h in enumerate(record["hosts"] + record["outsiders"]):
+                outsider = i >= hosts
+                address = f"{lab.subnet}.{200 + i - hosts if outsider else 10 + i}"
                 if h["netns"] in netns.listnetns():
                     raise FasterFSError(f"network namespace {h['netns']} already exists: run `fasterfs lab down`")
                 _ip("netns", "add", h["netns"])
@@ -66,6 +69,9 @@ def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list
                 _ip("-n", h["netns"], "addr", "add", f"{address}/24", "dev", LINK)
                 _ip("-n", h["netns"], "link", "set", LINK, "up")
                 _ip("-n", h["netns"], "link", "set", "lo", "up")
+                if outsider:
+                    h["address"] = address
+                    continue
                 if lab.disk_mbit:
                     _tbf(h["netns"], "lo", lab.disk_mbit, lab.burst_kb)
                 if lab.link_mbit:
@@ -82,12 +88,13 @@ def destroy_network(record: dict) -> int:
     and the bridge. Idempotent; returns how many objects were removed."""
     removed = 0
     existing = set(netns.listnetns())
-    for h in record["hosts"]:
+    machines = record["hosts"] + record.get("outsiders", [])
+    for h in machines:
         if h["netns"] in existing:
             _ip("netns", "del", h["netns"])
             removed += 1
     with IPRoute() as ipr:
-        for name in [h["veth"] for h in record["hosts"]] + [record["bridge"]]:
+        for name in [h["veth"] for h in machines] + [record["bridge"]]:
             found = ipr.link_lookup(ifname=name)
             if found:
                 try:
@@ -101,8 +108,9 @@ def destroy_network(record: dict) -> int:
 
 def leftovers(cluster_name: str, hosts: int = None) -> list[str]:
     """What of a lab still exists (for tests and `lab down` checks)."""
-    record = names(cluster_name, hosts or MAX_HOSTS)
-    left = [h["netns"] for h in record["hosts"] if h["netns"] in netns.listnetns()]
+    record = names(cluster_name, hosts or MAX_HOSTS, MAX_HOSTS)
+    machines = record["hosts"] + record["outsiders"]
+    left = [h["netns"] for h in machines if h["netns"] in netns.listnetns()]
     with IPRoute() as ipr:
-        left += [n for n in [h["veth"] for h in record["hosts"]] + [record["bridge"]] if ipr.link_lookup(ifname=n)]
+        left += [n for n in [h["veth"] for h in machines] + [record["bridge"]] if ipr.link_lookup(ifname=n)]
     return left

@@ -14,6 +14,8 @@ from .credentials import Credentials
 from .errors import FasterFSError
 from .process import terminate
 
+READER_POLICY = "fasterfs-reader"
+
 
 def check_port_free(address: str, port: int, what: str) -> None:
     """Fail with the port's name if something already listens there."""
@@ -68,7 +70,8 @@ class MinioServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, MINIO_ROOT_USER=self.creds.access_key, MINIO_ROOT_PASSWORD=self.creds.secret_key,
-                   MINIO_UPDATE="off", MINIO_CALLHOME_ENABLE="off")
+                   MINIO_UPDATE="off", MINIO_CALLHOME_ENABLE="off",
+                   MINIO_BROWSER="off")  # no web console: one listener per MinIO, its S3 API
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.binary), "server", str(self.data_dir), "--quiet",
@@ -87,6 +90,32 @@ class MinioServer:
             time.sleep(0.1)
         self.stop()
         raise FasterFSError(f"MinIO on {self.endpoint} was not healthy within {timeout:.0f} s; see {self.log_path}")
+
+    def ensure_reader(self, reader: Credentials, bucket: str) -> None:
+        """The read-only user readers sign with: may list and GET `bucket`, nothing else
+        (MinIO refuses its PUTs and DELETEs). Idempotent; sets the secret (rotation)."""
+        import urllib3
+        from minio.credentials import StaticProvider
+        from minio.error import MinioAdminException
+        from minio.minioadmin import MinioAdmin
+
+        admin = MinioAdmin(endpoint=f"{self.address}:{self.port}", secure=False,
+                           credentials=StaticProvider(self.creds.access_key, self.creds.secret_key),
+                           http_client=urllib3.PoolManager(timeout=urllib3.Timeout(connect=2, read=30), retries=False))
+        policy = {"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"],
+            "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}
+        try:
+            admin.policy_add(READER_POLICY, policy=policy)
+            admin.user_add(reader.access_key, reader.secret_key)
+            try:
+                admin.attach_policy([READER_POLICY], user=reader.access_key)
+            except MinioAdminException as e:
+                if "AlreadyApplied" not in str(e):
+                    raise
+        except MinioAdminException as e:  # the message names the request, never the keys
+            raise FasterFSError(f"MinIO on {self.endpoint} refused to set up its reader user: "
+                                f"{str(e).splitlines()[0][:300]}") from None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -1,7 +1,7 @@
 """JupyterLab beside the dashboards: `fasterfs notebook` (`make notebook`) starts it on the
-head's address, in the cluster's cgroup, with a token
-generated here (kept 0600 under the cluster root, handed over in the environment, never on a
-command line). Its kernels run in the project's environment with FASTERFS_ROOT set, so
+head's address, in the cluster's cgroup, behind the cluster's Ray token (fasterfs.auth; on a
+cluster without one, a token generated here, kept 0600 under the cluster root), handed over
+in the environment, never on a command line. Its kernels run in the project's environment with FASTERFS_ROOT set, so
 `fasterfs.connect()` finds the running cluster. `fasterfs down` stops it by its PID."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from . import auth
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR
 from .errors import FasterFSError
@@ -46,8 +47,10 @@ def start(cfg, state: ClusterState) -> dict:
     port = int(cfg.notebook.port)
     home = _dir(state)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = secrets.token_urlsafe(32)
-    atomic_write(token_file(state), token.encode(), mode=0o600)
+    token, where = auth.current_token(state.root), auth.token_file(state.root)
+    if token is None:  # attached to a Ray cluster without auth (cluster.insecure): one of its own
+        token, where = secrets.token_urlsafe(32), token_file(state)
+        atomic_write(where, token.encode(), mode=0o600)
     venv_bin = str(Path(sys.prefix) / "bin")
     env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
                PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
@@ -61,7 +64,7 @@ def start(cfg, state: ClusterState) -> dict:
     log = Path(state.root) / "logs" / "jupyterlab.log"
     proc = ProjectCgroup.from_dict(state.cgroup).spawn(args, log, env, child="jupyter")
     url = f"http://{host}:{port}/lab"
-    state.notebook = {"pid": proc.pid, "url": url, "token_file": str(token_file(state))}
+    state.notebook = {"pid": proc.pid, "url": url, "token_file": str(where)}
     state.save()
     deadline = time.monotonic() + float(cfg.notebook.start_timeout_s)
     while time.monotonic() < deadline:

@@ -40,7 +40,7 @@ class Registry:
     def __init__(self, root: str):
         self.paths = Paths(Path(root))
         self.cluster = ClusterState.load(self.paths.root)
-        self.creds = credentials.load(self.paths.credentials_file)
+        self.keys = credentials.load(self.paths.credentials_file)
         self._names_dir = self.paths.root / "namespace"
         self._names_dir.mkdir(exist_ok=True)
         self._entries = {m.name: m for m in map(Manifest.load, sorted(self._names_dir.glob("*.json")))}
@@ -66,8 +66,13 @@ class Registry:
         self.cluster = ClusterState.load(self.paths.root)  # `up` updates it (dashboard address) after start
         return self.cluster.to_dict()
 
-    def credentials(self) -> credentials.Credentials:
-        return self.creds
+    def credentials(self, role: str = "reader") -> credentials.Credentials:
+        """One role's MinIO keys: readers get the read-only user's (fasterfs.credentials)."""
+        return self.keys.role(role)
+
+    def all_keys(self) -> credentials.ClusterKeys:
+        """Both users' keys: for a StorageNode started on a host that rejoins."""
+        return self.keys
 
     def manifest(self, name: str | None = None) -> Manifest | None:
         """The manifest of `name`; None: the dataset ingested last (what `connect()` reads)."""
@@ -235,11 +240,11 @@ def find(cfg, root=None) -> ClusterState:
         name = ns[len(namespace("")):] if ns.startswith(namespace("")) else cfg.cluster.name
     elif _ray_address(cfg):
         name = cfg.cluster.name
-        join(_ray_address(cfg), name)
+        join(_ray_address(cfg), name, cfg.cluster.root)
     else:
         head = ClusterState.load(Path(root or cfg.cluster.root))
         name = head.name
-        join(head.ray_address, name)
+        join(head.ray_address, name, head.root)
     return find_in_ray(name)
 
 
@@ -260,8 +265,13 @@ def find_in_ray(cluster_name: str) -> ClusterState:
     return ClusterState.from_dict(_ask(cluster_name, "state"))
 
 
-def fetch_credentials(cluster_name: str) -> credentials.Credentials:
-    return _ask(cluster_name, "credentials")
+def fetch_credentials(cluster_name: str, role: str = "reader") -> credentials.Credentials:
+    """MinIO keys for `role`: "reader" (list and GET only) unless the caller writes ("admin")."""
+    return _ask(cluster_name, "credentials", role)
+
+
+def fetch_keys(cluster_name: str) -> credentials.ClusterKeys:
+    return _ask(cluster_name, "all_keys")
 
 
 def fetch_manifest(cluster_name: str, name: str | None = None) -> Manifest | None:

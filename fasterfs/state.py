@@ -58,7 +58,8 @@ class ClusterState:
     head_pid: int | None = None  # `ray start` of a head that holds no data (the lab's)
     lab: dict | None = None      # the lab network to remove on teardown (fasterfs.lab)
     web_url: str | None = None   # FasterFS's own dashboard (fasterfs.dashboard), when enabled
-    notebook: dict | None = None  # JupyterLab started by `fasterfs notebook`: {pid, url, token_file}
+    notebook: dict | None = None  # JupyterLab started by `fasterfs notebook`: {pid, url}
+    insecure: bool = False  # attached to a Ray cluster without token auth (cluster.insecure=true)
     started: float = field(default_factory=time.time)
 
     @property
@@ -176,9 +177,12 @@ def in_ray_worker() -> bool:
 DRIVER_METADATA: dict[str, str] = {}
 
 
-def join(ray_address: str, cluster_name: str):
-    """Join the cluster at `ray_address` as a driver (a no-op inside a Ray worker of it)."""
+def join(ray_address: str, cluster_name: str, root: str | None = None):
+    """Join the cluster at `ray_address` as a driver (a no-op inside a Ray worker of it), with
+    the Ray token under `root` on this host if there is one (fasterfs.auth)."""
     import ray
+
+    from . import auth
 
     if in_ray_worker():
         return ray
@@ -186,6 +190,7 @@ def join(ray_address: str, cluster_name: str):
         if ray.get_runtime_context().gcs_address == ray_address:
             return ray
         ray.shutdown()  # connected to another cluster (a test's, say): switch
+    auth.prepare_driver(root)
     host, port = ray_address.rsplit(":", 1)
     from ray.job_config import JobConfig
 
@@ -193,14 +198,17 @@ def join(ray_address: str, cluster_name: str):
         ray.init(address=ray_address, _node_ip_address=local_address_towards(host, int(port)),
                  namespace=namespace(cluster_name), logging_level=logging.WARNING, log_to_driver=False,
                  job_config=JobConfig(metadata=dict(DRIVER_METADATA)))
-    except ConnectionError as e:
-        raise FasterFSError(f"cannot reach the Ray cluster at {ray_address} from host {socket.gethostname()}: "
-                            f"{e}".splitlines()[0]) from None
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
+        # Ray says only "failed to connect" when it refuses a driver without the right token
+        raise FasterFSError(f"cannot join the Ray cluster at {ray_address} from host {socket.gethostname()}: "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__} (is it up? does this host hold "
+                            f"the cluster's Ray token: <cluster root>/ray_token, RAY_AUTH_TOKEN_PATH or "
+                            f"~/.ray/auth_token?)") from None
     return ray
 
 
 def connect_ray(state: ClusterState):
-    return join(state.ray_address, state.name)
+    return join(state.ray_address, state.name, state.root)
 
 
 def pinned(node: NodeState, task: str | None = None, soft: bool = False) -> dict:

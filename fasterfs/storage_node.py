@@ -22,7 +22,7 @@ from .cache import ChunkCache, entry_name, read_entry
 from .cache_filler import CacheFiller
 from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
-from .credentials import Credentials
+from .credentials import ClusterKeys
 from .errors import FasterFSError
 from .fsutil import atomic_write
 from .manifest import Manifest
@@ -35,16 +35,17 @@ log = logging.getLogger("fasterfs.storage_node")
 
 class StorageNode:
     """Node `index` at `address`: everything it needs comes in its arguments (the MinIO
-    credentials included) or from the cluster's Registry, never from another host's files."""
+    keys included) or from the cluster's Registry, never from another host's files. It signs
+    with the admin keys and sets up the read-only user its MinIO gives readers."""
 
-    def __init__(self, index: int, address: str, cfg: dict, creds: Credentials):
+    def __init__(self, index: int, address: str, cfg: dict, keys: ClusterKeys):
         self.cfg = as_cfg(cfg)
         self.index, self.address = index, address
         paths = Layout.of(self.cfg).paths
         identity.record(paths, index, self.cfg.cluster.name, address)  # the id travels with the data
         self.minio = MinioServer(minio_binary(self.cfg), self.address, self.cfg.minio.port,
                                  self.cfg.minio.console_port, paths.node_dir(index) / "minio",
-                                 paths.log_dir / f"minio-{index}.log", creds, self.cfg.minio.md5_etags)
+                                 paths.log_dir / f"minio-{index}.log", keys.admin, self.cfg.minio.md5_etags)
         self.bucket = self.cfg.minio.bucket
         self.restarts = 0
         self._held = False  # maintenance hold: MinIO stopped on purpose, not restarted
@@ -78,6 +79,7 @@ class StorageNode:
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._ensure_bucket()
+        self.minio.ensure_reader(keys.reader, self.bucket)
         self._getters: dict[str, s3.MarkedGetter] = {}
         self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fill-shards")
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,

@@ -152,7 +152,7 @@ def main(argv: list[str]) -> dict:
         print(f"round {len(rounds)}: began with {down} hosts down, {rounds[-1]['seconds']:.1f} s, "
               f"P&L same: {rounds[-1]['pnl_same']}, chunks same: {rounds[-1]['chunks_same']}, "
               f"failed reads {rounds[-1]['failed_reads']}, degraded reads {got['degraded_reads']}")
-    creds = registry.fetch_credentials(state.name)
+    creds = registry.fetch_credentials(state.name, "admin")
     fixed = repair.run(cfg, state, creds)
     after = repair.survey(state, creds, cfg.placement.load_slack)
     back = come_back(cfg, argv, state, manifest, victims, creds, reference, (windows, homes, params)) \

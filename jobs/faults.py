@@ -95,11 +95,15 @@ class Harness:
 
     # -- readers -----------------------------------------------------------------------------
 
-    def start_reader(self, node, seconds: float):
-        reader = Reader.options(**cluster.pinned(node)).remote(self.state.root, self.rng.randrange(1 << 30))
-        pid = ray.get(reader.pid.remote(), timeout=120)
-        ref = reader.run.remote(seconds, int(self.cfg.faults.reconnect_every))
-        self.readers.setdefault(node.index, []).append((pid, ref))
+    def start_readers(self, nodes: list, seconds: float) -> None:
+        """Starts one reader per entry of `nodes`, all at once (a worker takes seconds to start on
+        a busy machine; one after the other they would eat the run's time before any fault)."""
+        readers = [Reader.options(**cluster.pinned(node)).remote(self.state.root, self.rng.randrange(1 << 30))
+                   for node in nodes]
+        pids = ray.get([r.pid.remote() for r in readers], timeout=120)
+        for node, reader, pid in zip(nodes, readers, pids):
+            ref = reader.run.remote(seconds, int(self.cfg.faults.reconnect_every))
+            self.readers.setdefault(node.index, []).append((pid, ref))
 
     # -- watching, like an open dashboard ---------------------------------------------------
 
@@ -132,11 +136,11 @@ class Harness:
         elif action == "kill_reader":
             pid, _ = self.readers[node.index][-1]
             os.kill(pid, signal.SIGKILL)
-            self.start_reader(node, max(1.0, self.deadline - time.monotonic()))
+            self.start_readers([node], max(1.0, self.deadline - time.monotonic()))
         elif action == "overwrite":  # other bytes, read for a while, then the original back
             m = registry.fetch_manifest(self.state.name)
             chunk = self.cached_chunk(m)
-            clients = [s3.client(self.state.node(h).endpoint, registry.fetch_credentials(self.state.name))
+            clients = [s3.client(self.state.node(h).endpoint, registry.fetch_credentials(self.state.name, "admin"))
                        for h in chunk.nodes]
             original = clients[0].get_object(Bucket=m.bucket, Key=chunk.key)["Body"].read()
             other = b"overwritten %d\n" % self.counts["writes"] + original[::-1]
@@ -168,10 +172,9 @@ class Harness:
 
     def run(self) -> dict:
         ray.get([a.cache_resize.remote(self.capacity) for a in self.actors])
-        self.deadline = time.monotonic() + self.duration
-        for node in self.state.nodes:
-            for _ in range(int(self.cfg.faults.readers_per_node)):
-                self.start_reader(node, self.duration)
+        self.start_readers([n for n in self.state.nodes for _ in range(int(self.cfg.faults.readers_per_node))],
+                           self.duration)
+        self.deadline = time.monotonic() + self.duration  # from when the readers run
         watcher = threading.Thread(target=self.watch, daemon=True)
         watcher.start()
         log = []
@@ -183,7 +186,8 @@ class Harness:
                     plan = self.rng.sample(ACTIONS, len(ACTIONS))
                 action, node = plan.pop(), self.rng.choice(self.state.nodes)
                 self.counts[action] += 1
-                log.append(f"{time.monotonic() - self.deadline + self.duration:6.1f} s  {self.act(action, node)}")
+                began = time.monotonic() - self.deadline + self.duration
+                log.append(f"{began:6.1f} s  {self.act(action, node)}")
             totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "read_overwritten": 0}
             errors = []
             for runs in self.readers.values():

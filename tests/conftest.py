@@ -25,6 +25,7 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
             "cluster.name=fasterfs-test" + str(port_offset), "cluster.object_store_mb=256", "cluster.cpus_per_node=2",
             f"cluster.ray_port={6400 + port_offset}", f"cluster.dashboard_port={8300 + port_offset}",
             f"cluster.client_port={7100 + port_offset}", f"cluster.agent_port={52400 + 10 * port_offset}",
+            f"cluster.node_ports={23000 + 1000 * port_offset}",
             f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}",
             f"dashboard.port={8400 + port_offset}", "kernel.mode=real"]  # never the simulation, unless a test says so
 
@@ -115,7 +116,7 @@ CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
     """`ray job submit ... -- python jobs/<job>.py ARGS` from a clean shell (no VIRTUAL_ENV,
-    default PATH), as the README says; checks Ray reports it SUCCEEDED, and returns its
+    default PATH; the cluster's Ray token), as the README says; checks Ray reports it SUCCEEDED, and returns its
     report (<job>.json in the output directory the job's log names)."""
     import json
     import re
@@ -123,11 +124,15 @@ def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
+    from fasterfs import auth
+
     sid = f"test-{job}-{uuid.uuid4().hex[:8]}"
     run = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/ray"), "job", "submit", "--address", state.dashboard_url,
                           "--submission-id", sid, "--working-dir", str(config.PROJECT_DIR), "--",
                           "python", f"jobs/{job}.py", *args],
-                         env=CLEAN_ENV, cwd="/", capture_output=True, text=True, timeout=timeout)
+                         # the cluster's token, as the README says (`fasterfs status` names the file)
+                         env=dict(CLEAN_ENV, **auth.ray_env(auth.token_file(state.root))), cwd="/",
+                         capture_output=True, text=True, timeout=timeout)
     jobs = JobSubmissionClient(state.dashboard_url)
     logs = jobs.get_job_logs(sid)
     assert jobs.get_job_status(sid) == JobStatus.SUCCEEDED, logs[-4000:] + run.stderr[-2000:]

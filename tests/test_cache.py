@@ -98,7 +98,7 @@ def test_erasure_coded_chunk_cached_whole(live_cluster, overrides, cluster_root,
         assert client.read_chunk(1) == blob[2**20:2 * 2**20]
         assert ray.get(owner.kernel_key_count.remote(shard)) == threshold  # the fill and the hit: uncounted
         assert counter(actors, "readers", "hits") - hits == 1
-        creds = registry.fetch_credentials(live_cluster.name)
+        creds = registry.fetch_credentials(live_cluster.name, "admin")
         s3.client(live_cluster.node(c.nodes[0]).endpoint, creds).put_object(
             Bucket=m.bucket, Key=erasure.shard_key(c.key, 0), Body=b"garbage")
         wait_until(lambda: not entry.exists(), what="the shard's STALE event to drop the chunk")
@@ -227,7 +227,7 @@ def test_overwritten_object_never_served_stale(fresh, cluster_root, live_cluster
     entry = _cached(client, actors, i)
     old = client.read_chunk(i)
     assert entry.exists()
-    creds = credentials.load(Paths(cluster_root).credentials_file)
+    creds = credentials.load(Paths(cluster_root).credentials_file).admin
     new = b"rewritten by another tool\n" + old[:1000]
     s3.client(live_cluster.nodes[node].endpoint, creds).put_object(Bucket=manifest.bucket,
                                                                    Key=manifest.chunk(i).key, Body=new)
@@ -246,7 +246,7 @@ def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_
     old_entry = entry.read_bytes()
     ingested = client._stale_mark(node, i)  # the ingest's own PUT
     assert client.read_chunk(i) == old_entry[cache.HEADER.size:]  # fetched after that: served
-    creds = credentials.load(Paths(cluster_root).credentials_file)
+    creds = credentials.load(Paths(cluster_root).credentials_file).admin
     new = b"written after the fill\n"
     s3.client(live_cluster.nodes[node].endpoint, creds).put_object(Bucket=manifest.bucket,
                                                                    Key=manifest.chunk(i).key, Body=new)

@@ -92,7 +92,7 @@ def test_time_window_equals_source_rows(ingest_as, client_for, overrides, fmt):
 
 def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
     manifest = ingest_as("csv")
-    creds = registry.fetch_credentials(live_cluster.name)
+    creds = registry.fetch_credentials(live_cluster.name, "admin")
     prefix = f"{manifest.dataset}/{manifest.generation}/"
     held = {n.index: sorted(o["Key"] for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2")
                             .paginate(Bucket=manifest.bucket, Prefix=prefix) for o in page.get("Contents", []))
@@ -104,7 +104,7 @@ def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
 
 def _generations(state, dataset: str) -> dict[str, int]:
     """Objects per generation of `dataset`, over every node's MinIO."""
-    creds = registry.fetch_credentials(state.name)
+    creds = registry.fetch_credentials(state.name, "admin")
     out: dict[str, int] = {}
     for n in state.nodes:
         for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
@@ -117,7 +117,7 @@ def _generations(state, dataset: str) -> dict[str, int]:
 
 def test_reingest_keeps_the_replaced_generation_for_its_grace(ingest_as, live_cluster, client_for, overrides):
     first = ingest_as("csv")
-    creds = registry.fetch_credentials(live_cluster.name)
+    creds = registry.fetch_credentials(live_cluster.name, "admin")
     orphan = f"{first.dataset}/g-crashed-ingest/chunk-00000.csv"  # written by an ingest that never published
     s3.client(live_cluster.nodes[0].endpoint, creds).put_object(Bucket=first.bucket, Key=orphan, Body=b"x")
     second = ingest_as("csv")
@@ -231,7 +231,7 @@ def test_minio_etag_modes(tmp_path, md5_etags):
     per write yet still change on every overwrite, and a client's Content-MD5 is still
     checked, so a damaged upload is refused either way."""
     cfg = config.load([])
-    creds = credentials.create(tmp_path / "credentials.json")
+    creds = credentials.create(tmp_path / "credentials.json").admin
     server = MinioServer(config.minio_binary(cfg), "127.0.4.2", 9400, 9401, tmp_path / "minio",
                          tmp_path / "minio.log", creds, md5_etags=md5_etags)
     server.start(30)

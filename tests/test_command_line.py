@@ -93,14 +93,16 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     from ray.util.state import list_actors, list_tasks
 
     from conftest import wait_until
-    from fasterfs import cluster
+    from fasterfs import auth, cluster
 
     out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "size=1MB", "graysort.baseline=false",
               "graysort.reference_mb=0", *overrides, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     output = re.search(r"^output: (\S+)$", out.stdout, re.M).group(1)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    jobs = json.loads(opener.open(f"{live_cluster.dashboard_url}/api/jobs/", timeout=30).read())
+    token = auth.read(auth.token_file(live_cluster.root))
+    request = urllib.request.Request(f"{live_cluster.dashboard_url}/api/jobs/", headers={"Authorization": f"Bearer {token}"})
+    jobs = json.loads(opener.open(request, timeout=30).read())
     mine = [j for j in jobs if (j.get("metadata") or {}).get("fasterfs.output") == output]
     assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.job"] == "graysort", jobs
     assert "size=1MB" in mine[0]["metadata"]["fasterfs.overrides"].split()

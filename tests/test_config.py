@@ -38,12 +38,16 @@ def test_bad_option_named(override, culprit):
 
 def test_credentials_private_and_stable(tmp_path):
     path = tmp_path / "credentials.json"
-    creds = credentials.create(path)
+    keys = credentials.create(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert credentials.create(path) == creds  # never regenerated under existing data
-    assert creds.secret_key not in repr(creds)
+    assert credentials.create(path) == keys  # never regenerated under existing data
+    assert all(secret not in repr(keys) for secret in keys.secrets())
+    assert keys.reader.access_key != keys.admin.access_key  # readers sign as a user of their own
     other = credentials.create(tmp_path / "other.json")
-    assert other != creds  # per cluster, not a default
+    assert other.admin != keys.admin and other.reader != keys.reader  # per cluster, not a default
+    rotated = credentials.create(path, rotate=True)
+    assert rotated.admin != keys.admin and rotated.reader.secret_key != keys.reader.secret_key
+    assert credentials.load(path) == rotated and stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
 def test_credentials_with_loose_mode_refused(tmp_path):

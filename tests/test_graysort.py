@@ -20,7 +20,7 @@ def sort_cfg(overrides, *extra):
 
 
 def objects(state, prefix="graysort/"):
-    creds = credentials.load(Paths(Path(state.root)).credentials_file)
+    creds = credentials.load(Paths(Path(state.root)).credentials_file).admin
     return sum(s3.client(n.endpoint, creds).list_objects_v2(Bucket=state.config["minio"]["bucket"], Prefix=prefix)
                .get("KeyCount", 0) for n in state.nodes)
 
@@ -69,7 +69,7 @@ def test_maps_take_turns_across_nodes(overrides):
 
 def _corrupt(live_cluster, p, how):
     node = live_cluster.nodes[p.node_of(1)]
-    client = s3.client(node.endpoint, credentials.load(Paths(Path(live_cluster.root)).credentials_file))
+    client = s3.client(node.endpoint, credentials.load(Paths(Path(live_cluster.root)).credentials_file).admin)
     key = p.key("output", 1)
     recs = np.frombuffer(client.get_object(Bucket=p.bucket, Key=key)["Body"].read(), np.uint8).reshape(-1, p.fmt.record).copy()
     if how == "swap":

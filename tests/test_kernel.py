@@ -215,7 +215,7 @@ def test_reset_and_epoch_make_a_key_hot_again(programs):
 
 
 def _node_client(state, index):
-    creds = credentials.load(Layout.of(_cfg(state)).paths.credentials_file)
+    creds = credentials.load(Layout.of(_cfg(state)).paths.credentials_file).admin
     return s3.client(state.nodes[index].endpoint, creds)
 
 

@@ -127,7 +127,7 @@ def test_share_nothing_lab(lab_overrides):
         for n in state.nodes:
             ray.get(_read.options(**cluster.pinned(n)).remote(state.root, [x.id, x.id]))
         wait_until(lambda: all(ray.get(a.cache_contains.remote(x.key)) for a in actors), 30, "X cached on 3 hosts")
-        creds = registry.fetch_credentials(state.name)
+        creds = registry.fetch_credentials(state.name, "admin")
         new = b"new bytes of chunk X\n" * 1000
         holder = s3.client(state.node(x.nodes[0]).endpoint, creds)
         t_put = time.time()
@@ -261,6 +261,92 @@ def test_share_nothing_lab(lab_overrides):
             Bucket=two.bucket, Prefix="files/").get("Contents", [])}
         assert {c.key for c in two.chunks if 2 in c.nodes} <= held
         assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
+    finally:
+        cluster.down(cfg)
+    assert_nothing_left(state)
+    assert lab.leftovers(cfg.cluster.name) == []
+
+
+WORKER_PORTS = range(10002, 20000)  # cluster.worker_ports, Ray's workers
+
+
+def _listening(ns: str | None, pids: set[int] | None = None) -> set[tuple[str, int]]:
+    """(address, port) of every TCP listener in namespace `ns` (None: this one, only `pids`')."""
+    cmd = ["ss", "-Hltnp"] if ns is None else ["ip", "netns", "exec", ns, "ss", "-Hltn"]
+    out = set()
+    for line in subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines():
+        fields = line.split()
+        if pids is not None and not any(f"pid={p}," in line for p in pids):
+            continue
+        address, port = fields[3].rsplit(":", 1)
+        out.add((address.strip("[]"), int(port)))
+    return out
+
+
+def test_outsiders_are_kept_out(lab_overrides, tmp_path):
+    """A machine on the lab's network that is not part of the cluster tries every way in:
+    joining the GCS, submitting a Ray job, both dashboards, MinIO with no keys, wrong keys,
+    reader keys. Without the right secret each is refused; with it, it works. And nothing
+    listens beyond the ports the README lists."""
+    from fasterfs import auth, credentials
+    from fasterfs.cgroup import ProjectCgroup
+    from fasterfs.config import Paths
+
+    overrides = lab_overrides + ["nodes=2", "lab.outsiders=1"]
+    cfg = config.load(overrides)
+    state = lab.up(cfg)
+    try:
+        manifest = ingest(config.load(overrides + data_overrides()))
+        chunk = next(c for c in manifest.chunks if c.nodes[0] == 0)
+        keys = credentials.load(Paths(Path(state.root)).credentials_file)
+        outsider = state.lab["outsiders"][0]
+        facts = tmp_path / "facts.json"
+        facts.touch(mode=0o600)
+        facts.write_text(json.dumps({
+            "token": auth.read(auth.token_file(state.root)), "head": state.head_address,
+            "ray_dashboard_port": cfg.cluster.dashboard_port, "dashboard_port": cfg.dashboard.port,
+            "minio": state.node(0).endpoint, "bucket": manifest.bucket, "key": chunk.key,
+            "reader": [keys.reader.access_key, keys.reader.secret_key],
+            "admin": [keys.admin.access_key, keys.admin.secret_key],
+            "ray": str(PROJECT / ".venv/bin/ray"), "ray_address": state.ray_address, "me": outsider["address"],
+            "join_timeout": 120}))
+        nodes_before = len([n for n in ray.nodes() if n["Alive"]])
+        jail = ProjectCgroup.create(f"outsider-{cfg.cluster.name}", Path(state.root))  # whatever it starts, we stop
+        try:
+            proc = jail.spawn(["ip", "netns", "exec", outsider["netns"], str(PROJECT / ".venv/bin/python"),
+                               str(PROJECT / "tests/outsider.py"), str(facts)], tmp_path / "outsider.log")
+            assert proc.wait(timeout=600) == 0, (tmp_path / "outsider.log").read_text()[-3000:]
+            nodes_after = len([n for n in ray.nodes() if n["Alive"]])
+        finally:
+            jail.remove()
+        got = json.loads((tmp_path / "outsider.log").read_text().strip().splitlines()[-1])
+        for door in ("ray_dashboard", "fasterfs_dashboard", "jobs"):
+            assert got[door] == {"none": 401, "wrong": 401, "token": 200}, (door, got[door])
+        from ray.job_submission import JobSubmissionClient
+
+        submitted = {j.submission_id for j in JobSubmissionClient(state.dashboard_url).list_jobs()}
+        assert "outsider-token" in submitted and not {"outsider-none", "outsider-wrong"} & submitted
+        minio = got["minio"]
+        assert minio["none"] == {"get": "AccessDenied", "put": "AccessDenied", "delete": "AccessDenied"}, minio
+        assert set(minio["wrong"].values()) == {"InvalidAccessKeyId"}, minio
+        assert minio["reader"] == {"get": "ok", "put": "AccessDenied", "delete": "AccessDenied"}, minio
+        assert minio["admin"] == {"get": "ok", "put": "ok", "delete": "ok"}, minio
+        assert got["join"]["exit"] != 0 and nodes_after == nodes_before, got["join"]
+
+        # what listens: on each host, only its node's documented ports; on the head, the head's
+        c = cfg.cluster
+        for i, node in enumerate(state.nodes):
+            base = c.node_ports + 10 * i
+            allowed = {cfg.minio.port, c.agent_port + i, *range(base, base + 5)}
+            ports = _listening(node.netns)
+            assert {p for _, p in ports if p not in WORKER_PORTS} <= allowed, (i, sorted(ports))
+        head_cgroup = Path(state.cgroup["path"]) / "head"
+        pids = {int(p) for p in (head_cgroup / "cgroup.procs").read_text().split()}
+        base = c.node_ports + 990
+        allowed = {c.ray_port, c.dashboard_port, c.client_port, c.agent_port + 99, cfg.dashboard.port,
+                   *range(base, base + 5)}
+        ports = _listening(None, pids)
+        assert ports and {p for _, p in ports if p not in WORKER_PORTS} <= allowed, sorted(ports)
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)

@@ -1,6 +1,7 @@
 """up/down of a cluster of its own: what is started is all stopped; bad starts clean up
 after themselves and name the culprit."""
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,14 +79,17 @@ def test_failed_actor_start_tears_everything_down(own, tmp_path):
                    (p / "cmdline").read_bytes() for p in Path("/proc").iterdir() if p.name.isdigit())
 
 
-def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory):
-    """cluster.yaml's path: Ray is started by someone else; FasterFS adds StorageNodes and
-    on down stops only what it started."""
+@pytest.mark.parametrize("secured", [True, False], ids=["token", "open"])
+def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch, secured):
+    """cluster.yaml's path: Ray is started by someone else (with token authentication, as
+    cluster.yaml does; or without, which FasterFS refuses unless cluster.insecure=true, and
+    then says so); FasterFS adds StorageNodes and on down stops only what it started."""
     import os
     import signal
     import sys
 
     import fasterfs
+    from fasterfs import auth
     from fasterfs.cgroup import ProjectCgroup
     from fasterfs.ingest import ingest
 
@@ -96,15 +100,32 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory):
     cfg = config.load(own)
     outside = ProjectCgroup.create("attach-test-ray", root)  # stands in for the machines' own Ray
     ray_bin = str(Path(sys.executable).with_name("ray"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    if secured:  # the machines' token, where Ray's users keep it (not under FasterFS's root)
+        token_file = root.parent / f"{root.name}-token"
+        auth.create(token_file)
+        env.update(auth.ray_env(token_file))
+        for k, v in auth.ray_env(token_file).items():  # this driver holds it as a user would
+            monkeypatch.setenv(k, v)
     head = outside.spawn([ray_bin, "start", "--block", "--head", "--node-ip-address=127.0.3.2", "--port=6500",
                           "--num-cpus=1", "--object-store-memory=200000000", "--include-dashboard=false",
                           "--ray-client-server-port=7150", "--dashboard-agent-listen-port=52480",
-                          "--disable-usage-stats"], root / "head.log", dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+                          "--disable-usage-stats"], root / "head.log", dict(env, RAY_USAGE_STATS_ENABLED="0"))
+    attach = own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500"]
     try:
         cluster._wait_for_head(config.load(own + ["cluster.ray_port=6500"]), cluster.Host("127.0.3.2"), head,
                                root / "head.log")
-        state = cluster.up(config.load(own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500"]))
+        if not secured:
+            with pytest.raises(FasterFSError, match="without token authentication.*cluster.insecure=true"):
+                cluster.up(config.load(attach))
+            attach.append("cluster.insecure=true")
+        state = cluster.up(config.load(attach))
         assert state.attached and [n.address for n in state.nodes] == ["127.0.3.2"]
+        assert state.insecure is not secured
+        shown = subprocess.run([sys.executable, "-m", "fasterfs.cli", "status", *attach], capture_output=True,
+                               text=True, timeout=300, env=dict(os.environ))
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        assert ("Insecure: Ray runs without token authentication" in shown.stdout) is not secured, shown.stdout
         manifest = ingest(config.load(own + data_overrides()))
         assert fasterfs.connect(root).read_table(0).height == manifest.chunks[0].rows
         report = cluster.down(cfg)

@@ -140,7 +140,7 @@ def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_
     m = put(cfg_of(), write(tmp_path / "f", b"abc" * 1000), "gc/f.bin")
     remove(cfg_of("ingest.keep_old_s=0"), "gc/f.bin")  # no grace: the next write collects it
     from fasterfs import registry, s3
-    creds = registry.fetch_credentials(live_cluster.name)
+    creds = registry.fetch_credentials(live_cluster.name, "admin")
     for node in m.chunks[0].nodes:
         c = s3.client(live_cluster.node(node).endpoint, creds)
         with pytest.raises(c.exceptions.ClientError):

@@ -33,7 +33,7 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     (tmp_path / "b").write_bytes(blob)
     m = put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
             tmp_path / "b", "repair/ec.bin")
-    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name)
+    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
     p0, p1 = repair.pieces(m, m.chunks[0]), repair.pieces(m, m.chunks[1])
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
     clients[p0[1][0]].delete_object(Bucket=m.bucket, Key=p0[1][1])  # chunk 0: one of 2 shards gone
@@ -67,7 +67,7 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
     (tmp_path / "b").write_bytes(blob)
     two = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/two.bin")
     one = put(config.load(overrides + ["replicas=1", "files.chunk_mb=1"]), tmp_path / "b", "repair/one.bin")
-    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name)
+    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
     one_bad = one.chunks[0]
     node = one_bad.nodes[0]  # replicas=2 on 2 nodes: every chunk has a copy there too
     garbage = {"Body": os.urandom(1000), "Metadata": {"xxh3": "1"}}

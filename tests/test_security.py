@@ -1,0 +1,236 @@
+"""Who gets in: Ray's token on every entry point, FasterFS's dashboard behind the same token,
+read-only reader keys, rotation without data loss, and no secret in anything the cluster
+writes. (From outside the cluster, over a network: tests/test_lab.py.)"""
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import fasterfs
+from fasterfs import auth, cluster, config, credentials, registry, s3
+from fasterfs.config import Paths
+
+from conftest import CLEAN_ENV, assert_nothing_left, cluster_overrides, data_overrides, submit_job
+
+PROJECT = config.PROJECT_DIR
+# a driver that joins and runs one task: what anyone reaching the GCS would try
+PROBE = """
+import logging, sys, ray
+ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2], logging_level=logging.ERROR, log_to_driver=False)
+print("ran", ray.get(ray.remote(lambda: 6 * 7).remote()))
+"""
+
+
+def try_driver(address: str, node_ip: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """A Python driver from a shell holding only `env` (not even Ray's default token file)."""
+    return subprocess.run([str(PROJECT / ".venv/bin/python"), "-c", PROBE, address, node_ip], capture_output=True,
+                          text=True, timeout=timeout, env=dict(CLEAN_ENV, HOME="/nonexistent", **env))
+
+
+def http_status(url: str, headers: dict | None = None, data: bytes | None = None) -> tuple[int, dict, bytes]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}, data=data), timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a 303 is the answer under test, not something to follow
+
+
+def test_ray_refuses_drivers_and_jobs_without_the_token(live_cluster, tmp_path):
+    token_file = auth.token_file(live_cluster.root)
+    assert oct(os.stat(token_file).st_mode & 0o777) == "0o600"
+    address, ip = live_cluster.ray_address, live_cluster.head_address
+    denied = try_driver(address, ip, {})
+    assert denied.returncode != 0 and "ran 42" not in denied.stdout
+    wrong = tmp_path / "wrong-token"
+    auth.create(wrong)
+    refused = try_driver(address, ip, auth.ray_env(wrong))
+    assert refused.returncode != 0 and "ran 42" not in refused.stdout
+    allowed = try_driver(address, ip, auth.ray_env(token_file))
+    assert allowed.returncode == 0 and "ran 42" in allowed.stdout, allowed.stderr[-2000:]
+
+    # Ray's dashboard and jobs API: 401 without the bearer token, 403 with a wrong one, 200 with it
+    jobs_api = f"{live_cluster.dashboard_url}/api/jobs/"
+    assert http_status(jobs_api)[0] == 401
+    assert http_status(jobs_api, {"Authorization": f"Bearer {wrong.read_text()}"})[0] == 403
+    assert http_status(jobs_api, {"Authorization": f"Bearer {token_file.read_text()}"})[0] == 200
+    submit = subprocess.run([str(PROJECT / ".venv/bin/ray"), "job", "submit", "--address", live_cluster.dashboard_url,
+                             "--submission-id", "test-no-token", "--", "true"], capture_output=True, text=True,
+                            timeout=120, env=dict(CLEAN_ENV, HOME="/nonexistent"), cwd="/")
+    assert submit.returncode != 0
+    from ray.job_submission import JobSubmissionClient
+
+    assert "test-no-token" not in {j.submission_id for j in JobSubmissionClient(live_cluster.dashboard_url).list_jobs()}
+
+
+def test_readers_hold_read_only_keys(live_cluster, ingest_as):
+    manifest = ingest_as()
+    reader = registry.fetch_credentials(live_cluster.name)
+    admin = registry.fetch_credentials(live_cluster.name, "admin")
+    assert reader.access_key != admin.access_key and reader.secret_key not in repr(reader)
+    chunk = manifest.chunks[0]
+    node = live_cluster.node(chunk.nodes[0])
+    bucket = live_cluster.config["minio"]["bucket"]
+    as_reader, as_admin = s3.client(node.endpoint, reader), s3.client(node.endpoint, admin)
+    before = as_admin.get_object(Bucket=bucket, Key=chunk.key)["Body"].read()
+    assert as_reader.get_object(Bucket=bucket, Key=chunk.key)["Body"].read() == before
+    assert as_reader.list_objects_v2(Bucket=bucket, MaxKeys=5)["KeyCount"] > 0
+    attempts = {"put new": lambda: as_reader.put_object(Bucket=bucket, Key="security-test/new", Body=b"x"),
+                "overwrite": lambda: as_reader.put_object(Bucket=bucket, Key=chunk.key, Body=b"garbage"),
+                "delete": lambda: as_reader.delete_object(Bucket=bucket, Key=chunk.key),
+                "new bucket": lambda: as_reader.create_bucket(Bucket="security-test")}
+    for what, attempt in attempts.items():
+        with pytest.raises(as_reader.exceptions.ClientError, match="AccessDenied"):
+            attempt()
+            pytest.fail(f"MinIO let the reader {what}")
+    # DeleteObjects answers 200 and refuses key by key
+    many = as_reader.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": chunk.key}]})
+    assert [e["Code"] for e in many.get("Errors", [])] == ["AccessDenied"] and not many.get("Deleted")
+    assert as_admin.get_object(Bucket=bucket, Key=chunk.key)["Body"].read() == before  # nothing changed
+    # every reader FasterFS hands out signs as that user: the client (and so the mount and fasterfs://)
+    client = fasterfs.connect(live_cluster.root)
+    signer = client._s3[node.index]._request_signer._credentials
+    assert signer.access_key == reader.access_key
+    assert client.read_chunk(chunk.id) == before
+
+
+@pytest.fixture
+def gated_dashboard(live_cluster):
+    """A second FasterFS dashboard of the live cluster, in this process, that wants the token
+    even on loopback (dashboard.require_token=always), as every non-loopback one does."""
+    from fasterfs.dashboard import DashboardServer
+
+    port = live_cluster.config["dashboard"]["port"] + 50
+    server = DashboardServer(live_cluster.root, live_cluster.head_address, port, 2.0, "always")
+    try:
+        yield server.ready()
+    finally:
+        server.stop()
+
+
+def test_dashboard_behind_the_token(live_cluster, gated_dashboard):
+    url = gated_dashboard
+    token = auth.read(auth.token_file(live_cluster.root))
+    assert http_status(f"{url}/healthz")[0] == 200  # liveness needs nothing
+    status, headers, _ = http_status(f"{url}/kernel", {"Accept": "text/html"})
+    assert status == 303 and headers["location"] == "/login?next=/kernel"
+    for path in ("/api/snapshot", "/metrics", "/fragment", "/api/runs", "/api/kernel/layout"):
+        assert http_status(url + path)[0] == 401, path
+        assert http_status(url + path, {"Authorization": "Bearer not-the-token"})[0] == 401, path
+    status, _, body = http_status(f"{url}/metrics", {"Authorization": f"Bearer {token}"})
+    assert status == 200 and b"fasterfs_" in body  # a Prometheus scrape with the token
+    assert http_status(f"{url}/login", data=b"token=wrong&next=/kernel")[0] == 401
+    status, headers, _ = http_status(f"{url}/login", data=f"token={token}&next=/kernel".encode())
+    assert status == 303 and headers["location"] == "/kernel"
+    cookie = headers["set-cookie"].split(";")[0]
+    assert token not in cookie and "httponly" in headers["set-cookie"].lower()
+    status, _, page = http_status(f"{url}/", {"Cookie": cookie, "Accept": "text/html"})
+    assert status == 200 and b"FasterFS" in page
+    assert http_status(f"{url}/login", data=f"token={token}&next=//evil.example/".encode())[1]["location"] == "/"
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http://", "ws://") + "/ws/kernel"
+    with pytest.raises(InvalidStatus):
+        connect(ws_url, open_timeout=10, proxy=None).close()
+    with connect(ws_url, additional_headers={"Cookie": cookie}, open_timeout=10, proxy=None) as ws:
+        assert ws.recv(timeout=30)  # the heatmap's first frame
+
+
+def _secrets(root: str) -> dict[str, str]:
+    keys = credentials.load(Paths(Path(root)).credentials_file)
+    return {"Ray token": auth.read(auth.token_file(root)), "MinIO admin secret": keys.admin.secret_key,
+            "MinIO reader secret": keys.reader.secret_key}
+
+
+def _files_holding(top: Path, secrets: dict[str, str], skip) -> list[str]:
+    found = []
+    for path in top.rglob("*"):
+        if not path.is_file() or path.is_symlink() or skip(path):
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        found += [f"{what} in {path}" for what, value in secrets.items() if value.encode() in data]
+    return found
+
+
+def test_no_secret_in_anything_the_cluster_wrote(live_cluster, overrides, ingest_as):
+    """After the suite's workloads on this cluster (jobs run and submitted, ingest, the mount,
+    the notebook, repairs): no token or key in its files, Ray's logs and job logs, the
+    dashboard's answers, or any process's command line."""
+    from ray.job_submission import JobSubmissionClient
+
+    secrets = _secrets(live_cluster.root)
+    root = Path(live_cluster.root)
+    kept = {Paths(root).credentials_file, auth.token_file(root)}  # where they belong (0600)
+    # MinIO's own user store holds the reader's identity, as any MinIO does
+    leaks = _files_holding(root, secrets, lambda p: p in kept or ".minio.sys" in p.parts)
+    import ray
+
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    leaks += _files_holding(session / "logs", secrets, lambda p: False)
+    jobs = JobSubmissionClient(live_cluster.dashboard_url)
+    if not any(j.submission_id for j in jobs.list_jobs()):  # this test run alone: submit one
+        ingest_as()
+        submit_job(live_cluster, "readback", overrides)
+    submitted = [j.submission_id for j in jobs.list_jobs() if j.submission_id]
+    for sid in submitted:
+        leaks += [f"{what} in `ray job logs {sid}`" for what, v in secrets.items() if v in jobs.get_job_logs(sid)]
+    for path in ("/", "/fragment", "/api/snapshot", "/metrics", "/api/runs", "/kernel", "/runs", "/api/jobs"):
+        _, _, body = http_status(live_cluster.web_url + path)
+        leaks += [f"{what} in dashboard {path}" for what, v in secrets.items() if v.encode() in body]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            leaks += [f"{what} on the command line of pid {proc.name}" for what, v in secrets.items()
+                      if v.encode() in cmd]
+    assert not leaks, leaks
+
+
+def test_rotated_keys_and_token_keep_the_data(tmp_path_factory):
+    """`fasterfs up credentials.rotate=true`: new MinIO keys for both users and a new Ray
+    token; the data written under the old ones reads back; the old ones are refused."""
+    root = Path(str(tmp_path_factory.mktemp("rot"))[:60])
+    own = cluster_overrides(root, "127.0.2.2", 1, nodes=2)
+    cfg = config.load(own)
+    state = cluster.up(cfg)
+    try:
+        from fasterfs.ingest import ingest
+
+        manifest = ingest(config.load(own + data_overrides()))
+        old, old_token = credentials.load(Paths(root).credentials_file), auth.read(auth.token_file(root))
+    finally:
+        cluster.down(cfg)
+    state = cluster.up(config.load(own + ["credentials.rotate=true"]))
+    try:
+        new, new_token = credentials.load(Paths(root).credentials_file), auth.read(auth.token_file(root))
+        assert new.admin.secret_key != old.admin.secret_key and new.reader.secret_key != old.reader.secret_key
+        assert new_token != old_token
+        client = fasterfs.connect(root, own)
+        assert [len(client.read_chunk(c.id)) for c in manifest.chunks] == [c.bytes for c in manifest.chunks]
+        bucket, node = state.config["minio"]["bucket"], state.nodes[0]
+        for stale in (old.admin, old.reader):
+            with pytest.raises(Exception, match="InvalidAccessKeyId|SignatureDoesNotMatch"):
+                s3.client(node.endpoint, stale).list_objects_v2(Bucket=bucket, MaxKeys=1)
+        old_file = root.parent / f"{root.name}-old-token"
+        old_file.write_text(old_token)
+        old_file.chmod(0o600)
+        assert try_driver(state.ray_address, state.head_address, auth.ray_env(old_file)).returncode != 0
+        assert try_driver(state.ray_address, state.head_address, auth.ray_env(auth.token_file(root))).returncode == 0
+    finally:
+        cluster.down(cfg)
+    assert_nothing_left(state)
