@@ -54,6 +54,9 @@ class Client:
                         for n in state.nodes} if mark else None
         self._here = host_id()
         self.local_node = self._local_node()
+        # whose kernel counts a GET: the reader's host (kernel.watch=any, the lab) or the holder's
+        self._counted_here = cfg.kernel.watch == "any" and self.local_node is not None
+        self._unmarked = not mark  # marked reads (repair, scrub) are no sign of heat
         self._cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
         self._bind(manifest)
         self._marks: dict[int, object] = {}
@@ -316,8 +319,7 @@ class Client:
             st = self.stats(node)
             st.add(MISSES)
             st.add(BYTES_MINIO, len(body))
-            if self.state.node(node).kernel_mode == "simulated":
-                self._hint(node, "observe", "GET", f"/{self.manifest.bucket}/{chunk.key}")
+            self._report_read(node, f"/{self.manifest.bucket}/{chunk.key}")
             return body
         if errors and all("NoSuchKey" in e for e in errors):
             raise FasterFSError(f"chunk {i} ({chunk.key}) of generation {self.manifest.generation} is gone from every "
@@ -340,8 +342,7 @@ class Client:
                 raise
             self.served_by[node] += 1
             self.stats(node).add(BYTES_MINIO, len(body))
-            if self.state.node(node).kernel_mode == "simulated":
-                self._hint(node, "observe", "GET", f"/{bucket}/{key}")
+            self._report_read(node, f"/{bucket}/{key}")
             return body
 
         if self._shard_pool is None:
@@ -388,6 +389,13 @@ class Client:
         for node, keys in by_node.items():
             self.stats(node).add(PREFETCH, len(keys))
             self._hint(node, "prefetch", keys)
+
+    def _report_read(self, node: int, path: str) -> None:
+        """Tell the node whose kernel would have counted this GET, where that kernel cannot read
+        it: SIMULATED mode, or MinIO over TLS (the request line is ciphertext to the kernel)."""
+        counter = self.local_node if self._counted_here else node
+        if self._unmarked and (self.state.tls_ca or self.state.node(counter).kernel_mode == "simulated"):
+            self._hint(counter, "observe", "GET", path)
 
     def _hint(self, node: int, method: str, *args) -> None:
         if self._hints is None:

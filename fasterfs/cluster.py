@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from . import auth, credentials, identity, notebook, process, registry
+from . import auth, credentials, identity, notebook, process, registry, tls
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binary, to_dict
 from .errors import FasterFSError
 from .fsutil import atomic_write
 from .bpf.pinned import unmount_bpffs
-from .minio_server import check_port_free
+from .minio_server import check_port_free, endpoint
 from .state import (ClusterState, Host, NodeState, actor_name, connect_ray, filter_prefix, is_ray_start,
                     local_address_towards, storage_nodes)
 from .state import pinned  # noqa: F401  (jobs and notebooks call cluster.pinned)
@@ -195,6 +195,9 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
             name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{head.address}:{cfg.cluster.ray_port}",
             dashboard_url=f"http://{head.address}:{cfg.cluster.dashboard_port}", nodes=[],
             cgroup=ProjectCgroup.create(cfg.cluster.name, layout.paths.root).to_dict(), config=conf, lab=lab)
+    if cfg.minio.tls:  # the CA stays on this (the head's) disk; its certificate travels in the state
+        state.tls_ca = tls.create_ca(layout.paths.tls_ca_dir, cfg.cluster.name, rotate=cfg.credentials.rotate)
+        tls.trust(state.tls_ca)
     try:
         state.save()  # provisional: lets `down` clean up if we fail from here on
         if not cfg.cluster.attach:
@@ -246,7 +249,7 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log", env,
                             child=f"node-{i}")
         # provisional (position, not id): lets `down` stop it if we fail from here on
-        state.nodes.append(NodeState(i, host.address, f"http://{host.address}:{cfg.minio.port}", proc.pid,
+        state.nodes.append(NodeState(i, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid,
                                      netns=host.netns, disk=host.disk))
         state.save()
         if host == head:
@@ -283,7 +286,7 @@ def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
     nodes = []
     for h in hosts:
         a, old = h["address"], started.get(h["address"])
-        nodes.append(NodeState(ids[a], a, f"http://{a}:{cfg.minio.port}", old.ray_pid if old else None, alive[a],
+        nodes.append(NodeState(ids[a], a, endpoint(a, cfg.minio.port, cfg.minio.tls), old.ray_pid if old else None, alive[a],
                                netns=old.netns if old else None, host_id=h["host_id"], disk=old.disk if old else None))
     state.nodes = sorted(nodes, key=lambda n: n.index)
 
@@ -463,6 +466,8 @@ def teardown(state: ClusterState) -> dict:
                 shutil.rmtree(Path(n.disk) / Path(spill).relative_to(state.root), ignore_errors=True)
     report["tc_filters_removed"] = _remove_tc_filters(state)
     report["bpffs_unmounted"] = unmount_bpffs(Paths(Path(state.root)).bpffs)  # one-machine clusters share it
+    if state.tls_ca:
+        tls.forget(state.tls_ca)  # this host's copy of the CA certificate clients verified with
     if state.lab:  # namespaces, links and their qdiscs; only once no process holds a namespace
         from .lab_network import destroy_network
 

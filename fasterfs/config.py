@@ -100,7 +100,7 @@ def validate(cfg: DictConfig) -> None:
         bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
     if cfg.dashboard.require_token not in ("auto", "always"):
         bad("dashboard.require_token", "must be auto or always")
-    for flag in ("cluster.insecure", "credentials.rotate"):
+    for flag in ("cluster.insecure", "credentials.rotate", "minio.tls"):
         if not isinstance(OmegaConf.select(cfg, flag), bool):
             bad(flag, "must be true or false")
     if not isinstance(cfg.kernel.hot_threshold, int) or cfg.kernel.hot_threshold < 1:
@@ -170,6 +170,15 @@ class Paths:
     @property
     def ray_token_file(self) -> Path:
         return self.root / "ray_token"
+
+    @property
+    def tls_ca_dir(self) -> Path:
+        """The cluster's TLS certificate authority, on the head only (its key 0600)."""
+        return self.root / "tls-ca"
+
+    def minio_certs_dir(self, index: int) -> Path:
+        """A node's MinIO --certs-dir: its own key, made on its host, and its signed certificate."""
+        return self.node_dir(index) / "minio-certs"
 
     @property
     def manifest_file(self) -> Path:

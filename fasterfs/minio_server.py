@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from . import tls
 from .credentials import Credentials
 from .errors import FasterFSError
 from .process import terminate
@@ -35,18 +36,24 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def endpoint(address: str, port: int, tls_on: bool) -> str:
+    return f"{'https' if tls_on else 'http'}://{address}:{port}"
+
+
 class MinioServer:
+    """One MinIO server; with `certs_dir` (fasterfs.tls.server_files made it) it speaks HTTPS."""
+
     def __init__(self, binary: Path, address: str, port: int, console_port: int, data_dir: Path,
-                 log_path: Path, creds: Credentials, md5_etags: bool = True):
+                 log_path: Path, creds: Credentials, md5_etags: bool = True, certs_dir: Path | None = None):
         self.binary, self.address, self.port, self.console_port = binary, address, port, console_port
-        self.md5_etags = md5_etags
+        self.md5_etags, self.certs_dir = md5_etags, certs_dir
         self.data_dir, self.log_path, self.creds = Path(data_dir), Path(log_path), creds
         self.pidfile = self.data_dir.parent / "minio.pid"
         self.proc: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return endpoint(self.address, self.port, self.certs_dir is not None)
 
     @property
     def pid(self) -> int | None:
@@ -77,7 +84,8 @@ class MinioServer:
                 [str(self.binary), "server", str(self.data_dir), "--quiet",
                  "--address", f"{self.address}:{self.port}",
                  "--console-address", f"{self.address}:{self.console_port}",
-                 *([] if self.md5_etags else ["--no-compat"])],
+                 *([] if self.md5_etags else ["--no-compat"]),
+                 *([] if self.certs_dir is None else ["--certs-dir", str(self.certs_dir)])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.pidfile.write_text(str(self.proc.pid))
         deadline = time.monotonic() + timeout
@@ -99,9 +107,10 @@ class MinioServer:
         from minio.error import MinioAdminException
         from minio.minioadmin import MinioAdmin
 
-        admin = MinioAdmin(endpoint=f"{self.address}:{self.port}", secure=False,
+        admin = MinioAdmin(endpoint=f"{self.address}:{self.port}", secure=self.certs_dir is not None,
                            credentials=StaticProvider(self.creds.access_key, self.creds.secret_key),
-                           http_client=urllib3.PoolManager(timeout=urllib3.Timeout(connect=2, read=30), retries=False))
+                           http_client=urllib3.PoolManager(timeout=urllib3.Timeout(connect=2, read=30), retries=False,
+                                                           **tls.urllib3_options(self.endpoint)))
         policy = {"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"],
             "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}
@@ -122,7 +131,8 @@ class MinioServer:
 
     def healthy(self, timeout: float = 1.0) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/minio/health/live", timeout=timeout) as r:
+            with urllib.request.urlopen(f"{self.endpoint}/minio/health/live", timeout=timeout,
+                                        context=tls.ssl_context(self.endpoint)) as r:
                 return r.status == 200
         except OSError:
             return False

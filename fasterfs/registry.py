@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from . import credentials
+from . import credentials, tls
 from .config import Paths
 from .errors import FasterFSError
 from .fsutil import atomic_write, atomic_write_json, read_json
@@ -73,6 +73,16 @@ class Registry:
     def all_keys(self) -> credentials.ClusterKeys:
         """Both users' keys: for a StorageNode started on a host that rejoins."""
         return self.keys
+
+    def issue_certificate(self, address: str, public_key_pem: str) -> tuple[str, str]:
+        """(certificate, CA certificate) for the MinIO of a node of this cluster (minio.tls):
+        the CA's key never leaves the head; the node's key never leaves its host."""
+        self.cluster = ClusterState.load(self.paths.root)
+        if not self.cluster.tls_ca:
+            raise FasterFSError(f"cluster {self.cluster.name!r} was started without minio.tls=true")
+        if address not in {n.address for n in self.cluster.nodes}:
+            raise FasterFSError(f"{address} is not a node of cluster {self.cluster.name!r}: no certificate for it")
+        return tls.issue(self.paths.tls_ca_dir, address, public_key_pem), self.cluster.tls_ca
 
     def manifest(self, name: str | None = None) -> Manifest | None:
         """The manifest of `name`; None: the dataset ingested last (what `connect()` reads)."""
@@ -272,6 +282,10 @@ def fetch_credentials(cluster_name: str, role: str = "reader") -> credentials.Cr
 
 def fetch_keys(cluster_name: str) -> credentials.ClusterKeys:
     return _ask(cluster_name, "all_keys")
+
+
+def issue_certificate(cluster_name: str, address: str, public_key_pem: str) -> tuple[str, str]:
+    return _ask(cluster_name, "issue_certificate", address, public_key_pem)
 
 
 def fetch_manifest(cluster_name: str, name: str | None = None) -> Manifest | None:

@@ -8,6 +8,7 @@ import threading
 import boto3
 from botocore.config import Config
 
+from . import tls
 from .credentials import Credentials
 
 
@@ -25,6 +26,7 @@ def client(endpoint: str, creds: Credentials, connect_timeout: float = 1.0, read
         return _session.client(
             "s3",
             endpoint_url=endpoint,
+            verify=tls.ca_file(endpoint),  # https (minio.tls): the cluster's CA, nothing else
             aws_access_key_id=creds.access_key,
             aws_secret_access_key=creds.secret_key,
             region_name="us-east-1",
@@ -56,14 +58,15 @@ class MarkedGetter:
 
         from botocore.auth import S3SigV4Auth
         from botocore.credentials import Credentials as BotoCredentials
-        from urllib3 import HTTPConnectionPool
+        from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
         from urllib3.connection import HTTPConnection
 
         url = urlparse(endpoint)
         self.endpoint = endpoint
         options = HTTPConnection.default_socket_options + ([(socket.SOL_SOCKET, socket.SO_MARK, mark)] if mark else [])
-        self.pool = HTTPConnectionPool(url.hostname, url.port, maxsize=pool, block=False, timeout=timeout,
-                                       retries=False, socket_options=options)
+        pool_cls = HTTPSConnectionPool if url.scheme == "https" else HTTPConnectionPool
+        self.pool = pool_cls(url.hostname, url.port, maxsize=pool, block=False, timeout=timeout,
+                             retries=False, socket_options=options, **tls.urllib3_options(endpoint))
         self.signer = S3SigV4Auth(BotoCredentials(creds.access_key, creds.secret_key), "s3", "us-east-1")
 
     def get(self, bucket: str, key: str) -> tuple[bytes, str]:

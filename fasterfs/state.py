@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import tls
 from .config import Paths
 from .errors import FasterFSError
 from .fsutil import atomic_write_json, read_json
@@ -60,7 +61,17 @@ class ClusterState:
     web_url: str | None = None   # FasterFS's own dashboard (fasterfs.dashboard), when enabled
     notebook: dict | None = None  # JupyterLab started by `fasterfs notebook`: {pid, url}
     insecure: bool = False  # attached to a Ray cluster without token auth (cluster.insecure=true)
+    tls_ca: str | None = None  # the CA certificate (PEM) MinIO's certificates are checked against (minio.tls)
     started: float = field(default_factory=time.time)
+
+    # Whoever holds the state (made, loaded, or sent through Ray) verifies MinIO against its CA.
+    def __post_init__(self) -> None:
+        if self.tls_ca:
+            tls.trust(self.tls_ca)
+
+    def __setstate__(self, data: dict) -> None:
+        self.__dict__.update(data)
+        self.__post_init__()
 
     @property
     def namespace(self) -> str:

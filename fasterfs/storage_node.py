@@ -14,8 +14,9 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
-from . import bpf, erasure, heatmap, identity, reader_stats, registry, repair, s3
+from . import bpf, erasure, heatmap, identity, reader_stats, registry, repair, s3, tls
 from .bpf.events import key_hash
 from .bpf.pinned import mount_bpffs, unmount_bpffs
 from .cache import ChunkCache, entry_name, read_entry
@@ -43,9 +44,13 @@ class StorageNode:
         self.index, self.address = index, address
         paths = Layout.of(self.cfg).paths
         identity.record(paths, index, self.cfg.cluster.name, address)  # the id travels with the data
+        certs = None
+        if self.cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
+            certs = paths.minio_certs_dir(index)
+            tls.trust(tls.server_files(certs, address, partial(registry.issue_certificate, self.cfg.cluster.name)))
         self.minio = MinioServer(minio_binary(self.cfg), self.address, self.cfg.minio.port,
                                  self.cfg.minio.console_port, paths.node_dir(index) / "minio",
-                                 paths.log_dir / f"minio-{index}.log", keys.admin, self.cfg.minio.md5_etags)
+                                 paths.log_dir / f"minio-{index}.log", keys.admin, self.cfg.minio.md5_etags, certs)
         self.bucket = self.cfg.minio.bucket
         self.restarts = 0
         self._held = False  # maintenance hold: MinIO stopped on purpose, not restarted
@@ -555,9 +560,10 @@ class StorageNode:
         return self.kernel.epoch
 
     def observe(self, method: str, path: str) -> None:
-        """SIMULATED mode only: a request reported by the client's read path."""
-        if self.kernel.mode == "simulated":
-            self.kernel.observe(method, path, self.cfg.minio.port)
+        """A request a reader reports because this host's kernel cannot read it: SIMULATED
+        mode, or MinIO over TLS (the kernel sees the connection, not the request line)."""
+        if self.kernel.mode == "simulated" or self.cfg.minio.tls:
+            self.kernel.count_reported(method, path, self.cfg.minio.port)
 
     # -- cache ---------------------------------------------------------------------------
 

@@ -28,10 +28,10 @@ def _load_ca(ca_dir: Path):
     return key, cert
 
 
-def create_ca(ca_dir: Path, cluster_name: str) -> str:
-    """The cluster's CA (made once; kept across restarts, as the nodes' certificates are):
-    returns its certificate (PEM)."""
-    if (ca_dir / "ca.crt").exists() and (ca_dir / "ca.key").exists():
+def create_ca(ca_dir: Path, cluster_name: str, rotate: bool = False) -> str:
+    """The cluster's CA, made once and kept with the cluster's root (a new one with `rotate`):
+    returns its certificate (PEM). Nodes get fresh keys and certificates at every start."""
+    if not rotate and (ca_dir / "ca.crt").exists() and (ca_dir / "ca.key").exists():
         return (ca_dir / "ca.crt").read_text()
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -80,9 +80,9 @@ def issue(ca_dir: Path, address: str, public_key_pem: str) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def server_files(certs_dir: Path, address: str, sign) -> None:
+def server_files(certs_dir: Path, address: str, sign) -> str:
     """MinIO's --certs-dir for this host: a key made here (0600, never sent anywhere), the
-    certificate `sign(address, public_key_pem)` returns, and the CA that signed it."""
+    certificate `sign(address, public_key_pem)` returns with the CA's; returns the CA's."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -95,6 +95,7 @@ def server_files(certs_dir: Path, address: str, sign) -> None:
                                                               serialization.NoEncryption()), mode=0o600)
     atomic_write(certs_dir / "public.crt", cert.encode())
     atomic_write(certs_dir / "CAs" / "ca.crt", ca.encode())
+    return ca
 
 
 # -- verifying: the CA every client of this process trusts --------------------------------
@@ -102,24 +103,48 @@ def server_files(certs_dir: Path, address: str, sign) -> None:
 _ca_file: str | None = None
 
 
-def trust(ca_pem: str) -> str:
-    """Trust `ca_pem` for every https MinIO endpoint this process talks to; returns the file
-    holding it (botocore and urllib3 want a path). One file per CA, private to this host."""
-    global _ca_file
+def _ca_path(ca_pem: str) -> Path:
     import hashlib
 
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fasterfs-ca-{hashlib.sha256(ca_pem.encode()).hexdigest()[:16]}.crt"
+    digest = hashlib.sha256(ca_pem.encode()).hexdigest()[:16]
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"fasterfs-ca-{digest}.crt"
+
+
+def trust(ca_pem: str) -> str:
+    """Trust `ca_pem` for every https MinIO endpoint this process talks to (ClusterState calls
+    this for whoever holds it); returns the file holding it, as botocore and urllib3 want a
+    path. A public certificate: one file per CA on each host, removed by `fasterfs down`."""
+    global _ca_file
+    path = _ca_path(ca_pem)
     if not path.exists():
         atomic_write(path, ca_pem.encode())
     _ca_file = str(path)
     return _ca_file
 
 
-def ca_file(endpoint: str) -> str | bool:
-    """What to verify an endpoint with: the trusted CA's file for https, nothing for http."""
+def forget(ca_pem: str) -> None:
+    _ca_path(ca_pem).unlink(missing_ok=True)
+
+
+def ca_file(endpoint: str) -> str | None:
+    """The CA file an https endpoint is verified with; None for http."""
     if not endpoint.startswith("https://"):
-        return False
-    if _ca_file is None:
+        return None
+    if _ca_file is None or not Path(_ca_file).exists():
         raise FasterFSError(f"MinIO at {endpoint} speaks TLS but this process has not learnt the cluster's CA "
                             "(it comes with the cluster state from the Registry)")
     return _ca_file
+
+
+def ssl_context(endpoint: str):
+    """For urllib: verifies against the cluster's CA (None for http)."""
+    import ssl
+
+    ca = ca_file(endpoint)
+    return None if ca is None else ssl.create_default_context(cafile=ca)
+
+
+def urllib3_options(endpoint: str) -> dict:
+    """For urllib3 pools and pool managers: certificate required, checked against the CA."""
+    ca = ca_file(endpoint)
+    return {} if ca is None else {"cert_reqs": "CERT_REQUIRED", "ca_certs": ca}

@@ -32,7 +32,7 @@ from pathlib import Path
 import ray
 
 import fasterfs
-from fasterfs import cluster, config, job, lobster, registry, report, s3
+from fasterfs import cluster, config, job, lobster, registry, report, s3, tls
 
 PASSES = ["local file", "MinIO direct", "FasterFS cold", "FasterFS warm", "FasterFS hot", "FasterFS hot+verify",
           "prefetch", "fsspec first", "fsspec hit", "mount cold", "mount warm", "mount hot", "mount page cache"]
@@ -85,18 +85,15 @@ def run_passes(root: str, overrides: list[str]) -> dict:
         lat["prefetch"] = prefetch_lat
         after_pf = ray.get([a.cache_status.remote() for a in actors])
 
-        fs = fsspec.filesystem("simplecache", target_protocol="s3", cache_storage=str(work / "fsspec"),
-                               target_options={"key": creds.access_key, "secret": creds.secret_key,
-                                               "client_kwargs": {"endpoint_url": state.nodes[0].endpoint,
-                                                                 "region_name": "us-east-1"}})
+        def s3fs_cached(endpoint: str, cache_dir: str):  # verifying MinIO as our client does (minio.tls)
+            return fsspec.filesystem("simplecache", target_protocol="s3", cache_storage=str(work / cache_dir),
+                                     target_options={"key": creds.access_key, "secret": creds.secret_key,
+                                                     "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1",
+                                                                       "verify": tls.ca_file(endpoint)}},
+                                     skip_instance_cache=True)
+
         holders = {i: state.nodes[client.sources(i)[0]].endpoint for i in ids}
-        fs_by_endpoint = {state.nodes[0].endpoint: fs}
-        for n in state.nodes[1:]:
-            fs_by_endpoint[n.endpoint] = fsspec.filesystem(
-                "simplecache", target_protocol="s3", cache_storage=str(work / f"fsspec-{n.index}"),
-                target_options={"key": creds.access_key, "secret": creds.secret_key,
-                                "client_kwargs": {"endpoint_url": n.endpoint, "region_name": "us-east-1"}},
-                skip_instance_cache=True)
+        fs_by_endpoint = {n.endpoint: s3fs_cached(n.endpoint, f"fsspec-{n.index}") for n in state.nodes}
 
         def fs_read(i):
             with fs_by_endpoint[holders[i]].open(f"{manifest.bucket}/{manifest.chunk(i).key}", "rb") as f:
@@ -116,6 +113,9 @@ def run_passes(root: str, overrides: list[str]) -> dict:
                         "hot_events": a["counters"].get("hot_events", 0) - b["counters"].get("hot_events", 0),
                         "hot_events_received": a["events_received"].get("HOT", 0) - b["events_received"].get("HOT", 0),
                         "filler_skipped": a["counters"].get("filler_skipped", 0) - b["counters"].get("filler_skipped", 0),
+                        # MinIO over TLS: GETs the readers reported, the kernel reading no request line
+                        "reported_gets": (a.get("reported_by_readers") or {}).get("gets", 0)
+                        - (b.get("reported_by_readers") or {}).get("gets", 0),
                         "latency_avg_us": ports.get("latency_avg_us"), "latency_p50_us": ports.get("latency_p50_us")})
         return out
 
@@ -222,7 +222,8 @@ def main(argv: list[str]) -> dict:
     for k in raw["kernel"]:
         console.print(f"  kernel node {k['node']} ({k['mode']}): {k['requests']} requests, {k['hot_events']} HOT events "
                       f"({k['hot_events_received']} received), filler GETs skipped {k['filler_skipped']}, "
-                      f"request->first byte avg {k['latency_avg_us'] or 0:.0f} µs")
+                      f"request->first byte avg {k['latency_avg_us'] or 0:.0f} µs"
+                      + (f"; {k['reported_gets']} GETs reported by readers (TLS)" if k["reported_gets"] else ""))
     pf = raw["prefetch"]
     console.print(f"  prefetch pass: {pf['hits']} of {pf['reads']} reads hit the cache, {pf['prefetch_fills']} prefetch fills")
     console.print(f"report: {out / 'demo_a.json'}, chart: {out / 'demo_a.png'}")

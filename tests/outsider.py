@@ -25,8 +25,9 @@ def http(url: str, token: str | None = None, data: bytes | None = None) -> int:
         return -1 if "refused" in str(e).lower() else -2
 
 
-def s3_try(endpoint: str, bucket: str, key: str, keys: tuple[str, str] | None) -> dict:
-    """GET, PUT and DELETE of an object, signed with `keys` (None: anonymous)."""
+def s3_try(endpoint: str, bucket: str, key: str, keys: tuple[str, str] | None, ca: str | None) -> dict:
+    """GET, PUT and DELETE of an object, signed with `keys` (None: anonymous), verifying
+    MinIO's certificate against the cluster's CA (the file `ca`)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
@@ -34,7 +35,7 @@ def s3_try(endpoint: str, bucket: str, key: str, keys: tuple[str, str] | None) -
     extra = {"aws_access_key_id": keys[0], "aws_secret_access_key": keys[1]} if keys else {}
     cfg = Config(signature_version=UNSIGNED if keys is None else "s3v4", s3={"addressing_style": "path"},
                  retries={"max_attempts": 1}, connect_timeout=5, read_timeout=20)
-    c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=cfg, **extra)
+    c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=cfg, verify=ca, **extra)
     out = {}
     for op, call in (("get", lambda: c.get_object(Bucket=bucket, Key=key)["Body"].read()),
                      ("put", lambda: c.put_object(Bucket=bucket, Key=f"outsider/{key}", Body=b"x")),
@@ -44,6 +45,25 @@ def s3_try(endpoint: str, bucket: str, key: str, keys: tuple[str, str] | None) -
             out[op] = "ok"
         except Exception as e:  # the S3 error code is the answer
             out[op] = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+    return out
+
+
+def tls_try(endpoint: str, ca: str) -> dict:
+    """MinIO's health URL over plain HTTP, over HTTPS trusting only the system's CAs, and
+    over HTTPS verified against the cluster's CA."""
+    import ssl
+
+    plain = endpoint.replace("https://", "http://")
+    out = {}
+    for how, url, context in (("plain_http", plain, None), ("system_cas", endpoint, ssl.create_default_context()),
+                              ("cluster_ca", endpoint, ssl.create_default_context(cafile=ca))):
+        try:
+            with urllib.request.urlopen(url + "/minio/health/live", timeout=10, context=context) as r:
+                out[how] = r.status
+        except urllib.error.HTTPError as e:
+            out[how] = e.code
+        except OSError as e:
+            out[how] = type(getattr(e, "reason", e)).__name__
     return out
 
 
@@ -68,11 +88,24 @@ def main() -> None:
         job = json.dumps({"entrypoint": "true", "submission_id": f"outsider-{who}"}).encode()
         result["jobs"][who] = http(f"http://{head}:{facts['ray_dashboard_port']}/api/jobs/", t, job)
     endpoint, bucket, key = facts["minio"], facts["bucket"], facts["key"]
-    result["minio"] = {who: s3_try(endpoint, bucket, key, k) for who, k in
+    ca = None
+    if facts.get("ca"):  # MinIO over TLS: the CA certificate is public; trust it from a file of our own
+        import tempfile
+
+        ca = tempfile.NamedTemporaryFile("w", suffix=".crt", delete=False)
+        ca.write(facts["ca"])
+        ca.close()
+        ca = ca.name
+        result["tls"] = tls_try(endpoint, ca)
+    result["minio"] = {who: s3_try(endpoint, bucket, key, k, ca) for who, k in
                        (("none", None), ("wrong", ("ffs-nobody", "not-a-secret-at-all")),
                         ("reader", tuple(facts["reader"])), ("admin", tuple(facts["admin"])))}
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "RAY_USAGE_STATS_ENABLED": "0"}
     result["join"] = ray_join(facts["ray"], facts["ray_address"], facts["me"], env, facts["join_timeout"])
+    if ca:
+        import os
+
+        os.unlink(ca)
     print(json.dumps(result))
 
 

@@ -30,6 +30,9 @@ def test_synthetic_data_group():
     (["minio.port=70000"], "minio.port"),
     (["no_such_option=1"], "no_such_option"),
     (["cache.peer_slower_ms=-1"], "cache.peer_slower_ms"),
+    (["minio.tls=maybe"], "minio.tls"),
+    (["cluster.insecure=1"], "cluster.insecure"),
+    (["dashboard.require_token=never"], "dashboard.require_token"),
 ])
 def test_bad_option_named(override, culprit):
     with pytest.raises(FasterFSError, match=culprit):

@@ -284,20 +284,43 @@ def _listening(ns: str | None, pids: set[int] | None = None) -> set[tuple[str, i
 
 
 def test_outsiders_are_kept_out(lab_overrides, tmp_path):
-    """A machine on the lab's network that is not part of the cluster tries every way in:
-    joining the GCS, submitting a Ray job, both dashboards, MinIO with no keys, wrong keys,
-    reader keys. Without the right secret each is refused; with it, it works. And nothing
-    listens beyond the ports the README lists."""
+    """With MinIO over TLS (minio.tls=true), a machine on the lab's network that is not part
+    of the cluster tries every way in: joining the GCS, submitting a Ray job, both dashboards,
+    MinIO in plain HTTP, without the cluster's CA, with no keys, wrong keys, reader keys.
+    Without the right secret each is refused; with it, it works. Nothing listens beyond the
+    ports the README lists. And the cache still learns what is hot from the readers' reports,
+    the kernel seeing only ciphertext."""
     from fasterfs import auth, credentials
     from fasterfs.cgroup import ProjectCgroup
     from fasterfs.config import Paths
 
-    overrides = lab_overrides + ["nodes=2", "lab.outsiders=1"]
+    overrides = lab_overrides + ["nodes=2", "lab.outsiders=1", "minio.tls=true"]
     cfg = config.load(overrides)
     state = lab.up(cfg)
     try:
+        assert state.tls_ca and all(n.endpoint.startswith("https://") for n in state.nodes)
+        for n in state.nodes:  # each host made its own key; the CA's key stays on the head
+            key = Paths(Path(state.root)).minio_certs_dir(n.index) / "private.key"
+            assert _on_host(state, n.index, "stat", "-c", "%a", str(key)).stdout.strip() == "600"
+            assert "tls-ca" not in _on_host(state, n.index, "ls", state.root).stdout
         manifest = ingest(config.load(overrides + data_overrides()))
         chunk = next(c for c in manifest.chunks if c.nodes[0] == 0)
+
+        # hot chunks under TLS: the kernel sees no paths; host 0's readers report their GETs
+        remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
+        _, got = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote + remote))
+        assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
+        actors = cluster.storage_nodes(state)
+        wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
+        kernel = ray.get([a.kernel_status.remote() for a in actors])
+        assert kernel[0]["reported_by_readers"] == {"gets": 2 * len(remote), "hot_events": len(remote)}
+        assert kernel[0]["counters"].get("hot_events", 0) == 0  # no request line the kernel could read
+        assert kernel[0]["counters"].get("packets", 0) > 0 and kernel[0]["counters"].get("requests", 0) == 0
+        _, again = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote))
+        assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
+        readers0 = ray.get(actors[0].cache_status.remote())["readers"]
+        assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
+
         keys = credentials.load(Paths(Path(state.root)).credentials_file)
         outsider = state.lab["outsiders"][0]
         facts = tmp_path / "facts.json"
@@ -309,7 +332,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
             "reader": [keys.reader.access_key, keys.reader.secret_key],
             "admin": [keys.admin.access_key, keys.admin.secret_key],
             "ray": str(PROJECT / ".venv/bin/ray"), "ray_address": state.ray_address, "me": outsider["address"],
-            "join_timeout": 120}))
+            "join_timeout": 120, "ca": state.tls_ca}))
         nodes_before = len([n for n in ray.nodes() if n["Alive"]])
         jail = ProjectCgroup.create(f"outsider-{cfg.cluster.name}", Path(state.root))  # whatever it starts, we stop
         try:
@@ -320,8 +343,9 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
         finally:
             jail.remove()
         got = json.loads((tmp_path / "outsider.log").read_text().strip().splitlines()[-1])
-        for door in ("ray_dashboard", "fasterfs_dashboard", "jobs"):
-            assert got[door] == {"none": 401, "wrong": 401, "token": 200}, (door, got[door])
+        for door, wrong in (("ray_dashboard", 403), ("fasterfs_dashboard", 401), ("jobs", 403)):
+            assert got[door] == {"none": 401, "wrong": wrong, "token": 200}, (door, got[door])
+        assert got["tls"] == {"plain_http": 400, "system_cas": "SSLCertVerificationError", "cluster_ca": 200}, got["tls"]
         from ray.job_submission import JobSubmissionClient
 
         submitted = {j.submission_id for j in JobSubmissionClient(state.dashboard_url).list_jobs()}

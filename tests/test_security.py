@@ -234,3 +234,55 @@ def test_rotated_keys_and_token_keep_the_data(tmp_path_factory):
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
+
+
+def test_certificate_authority(tmp_path):
+    """minio.tls: the CA signs certificates for IP addresses only, its key is private, a
+    client trusts it once told, and refuses an https endpoint before."""
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from fasterfs import tls
+    from fasterfs.errors import FasterFSError
+
+    ca_dir = tmp_path / "ca"
+    pem = tls.create_ca(ca_dir, "t")
+    assert oct(os.stat(ca_dir / "ca.key").st_mode & 0o777) == "0o600"
+    assert tls.create_ca(ca_dir, "t") == pem and tls.create_ca(ca_dir, "t", rotate=True) != pem
+    pem = (ca_dir / "ca.crt").read_text()
+    signed = {}
+
+    def sign(address, public):
+        signed["cert"] = tls.issue(ca_dir, address, public)
+        return signed["cert"], pem
+
+    certs = tmp_path / "certs"
+    assert tls.server_files(certs, "127.0.9.2", sign) == pem
+    assert oct(os.stat(certs / "private.key").st_mode & 0o777) == "0o600"
+    leaf, ca = x509.load_pem_x509_certificate(signed["cert"].encode()), x509.load_pem_x509_certificate(pem.encode())
+    leaf.verify_directly_issued_by(ca)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.9.2"]
+    with pytest.raises(FasterFSError, match="not 'minio.example'"):
+        tls.issue(ca_dir, "minio.example", _public_pem(ec))
+    assert tls.ca_file("http://127.0.9.2:9000") is None
+    tls._ca_file = None
+    with pytest.raises(FasterFSError, match="has not learnt the cluster's CA"):
+        tls.ca_file("https://127.0.9.2:9000")
+    path = tls.trust(pem)
+    try:
+        assert tls.ca_file("https://127.0.9.2:9000") == path
+        assert isinstance(tls.ssl_context("https://127.0.9.2:9000"), ssl.SSLContext)
+    finally:
+        tls.forget(pem)
+        tls._ca_file = None
+    assert not Path(path).exists()
+
+
+def _public_pem(ec) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    return ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()

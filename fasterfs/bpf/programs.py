@@ -63,6 +63,7 @@ class KernelPrograms:
         self.names: dict[int, str] = {}            # key hash -> path, learnt from events
         self.recent = collections.deque(maxlen=256)
         self.received = collections.Counter()
+        self.reported = collections.Counter()  # GETs readers reported (TLS) and the HOTs they made
         self.tc_attachments: list[tuple[str, str, str | None]] = []  # (interface, name, netns)
         self.cgroup_fd: int | None = None
         self.cgroup_path: str | None = None
@@ -110,6 +111,34 @@ class KernelPrograms:
         except KeyError:
             return 0
         return st.count if st.epoch == self.epoch else 0
+
+    def count_reported(self, method: str, path: str, port: int) -> None:
+        """A GET a reader reported because this kernel cannot read it (MinIO over TLS: the
+        request line is ciphertext), counted in the kernel's own map with the kernel's rule
+        (HOT exactly at the threshold), so epochs, resets, the heatmap and the cache hold."""
+        if method != "GET":
+            return  # writes: the kernel cannot see them either (README, Security)
+        key = ev.key_hash(path)
+        with self._lock:
+            try:
+                st = self.bpf[b"key_counts"][ct.c_uint64(key)]
+                count = st.count if st.epoch == self.epoch else 0
+            except KeyError:
+                count = 0
+            count += 1
+            self.bpf[b"key_counts"][ct.c_uint64(key)] = ev.KeyStat(count=count, last_ns=time.monotonic_ns(),
+                                                                   epoch=self.epoch)
+            self.reported["gets"] += 1
+            hot = count == self.hot_threshold
+            if hot:
+                event = {"type": "HOT", "method": method, "key": key, "path": path, "count": count, "port": port,
+                         "ts_ns": time.monotonic_ns(), "reported": True}
+                self.reported["hot_events"] += 1
+                self.names[key] = path
+                self.recent.append(event)
+                self.received["HOT"] += 1
+        if hot and self.on_event:
+            self.on_event(event)
 
     # -- attachment ----------------------------------------------------------------------
 
@@ -238,5 +267,6 @@ class KernelPrograms:
             "sockops_cgroup": self.cgroup_path,
             "counters": counters, "keys_tracked": len(keys), "top_keys": top_keys, "ports": ports,
             "events_received": received, "recent_events": recent,
+            "reported_by_readers": dict(self.reported),
             "sockops": {**sock, "options": options, "note": QUICKACK_NOTE},
         }

@@ -69,7 +69,7 @@ class SimulatedPrograms:
     def close(self) -> None:
         pass
 
-    def observe(self, method: str, path: str, port: int) -> None:
+    def count_reported(self, method: str, path: str, port: int) -> None:
         """A request seen by the client's read path, counted as the kernel would count it."""
         key = ev.key_hash(path)
         event = None
