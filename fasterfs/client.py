@@ -55,7 +55,8 @@ class Client:
         self._here = host_id()
         self.local_node = self._local_node()
         # whose kernel counts a GET: the reader's host (kernel.watch=any, the lab) or the holder's
-        self._counted_here = cfg.kernel.watch == "any" and self.local_node is not None
+        watch = state.config.get("kernel", {}).get("watch")  # as the cluster's kernels were told
+        self._counted_here = watch == "any" and self.local_node is not None
         self._unmarked = not mark  # marked reads (repair, scrub) are no sign of heat
         self._cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
         self._bind(manifest)

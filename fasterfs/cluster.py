@@ -123,8 +123,16 @@ def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: boo
 
 
 def node_ports(cfg, index: int | None) -> int:
-    """The first of node `index`'s five fixed Ray ports (None: a head without storage)."""
+    """The first of node `index`'s five fixed Ray ports, seven on the head (None: a head
+    without storage)."""
     return int(cfg.cluster.node_ports) + 10 * (99 if index is None else index)
+
+
+def _head_env(cfg, env: dict, index: int | None) -> dict:
+    """The head's autoscaler monitor and dashboard also serve Prometheus metrics, by default
+    on 44217 and 44227 of every interface (clusters would collide): in the head's port block."""
+    base = node_ports(cfg, index)
+    return dict(env, AUTOSCALER_METRIC_PORT=str(base + 5), DASHBOARD_METRIC_PORT=str(base + 6))
 
 
 def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
@@ -138,7 +146,7 @@ def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
     for i, host in enumerate(hosts):
         if host.netns is None:
             check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
-            for port in range(node_ports(cfg, i), node_ports(cfg, i) + 5):
+            for port in range(node_ports(cfg, i), node_ports(cfg, i) + (7 if host == head else 5)):
                 check_port_free(host.address, port, f"Ray node {i} (cluster.node_ports)")
             check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
             check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
@@ -237,7 +245,8 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
     env = ray_env(state.root)
     logs = layout.paths.log_dir
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
-        proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log", env, child="head")
+        proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log",
+                            _head_env(cfg, env, None), child="head")
         state.head_pid = proc.pid
         state.save()
         _wait_for_head(cfg, head, proc, logs / "ray-head.log")
@@ -246,8 +255,8 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
     for i, host in enumerate(hosts):
         _provision(host, state.root)
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
-        proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log", env,
-                            child=f"node-{i}")
+        proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log",
+                            _head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
         # provisional (position, not id): lets `down` stop it if we fail from here on
         state.nodes.append(NodeState(i, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid,
                                      netns=host.netns, disk=host.disk))
