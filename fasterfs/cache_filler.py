@@ -88,5 +88,16 @@ class CacheFiller:
             with self._lock:
                 self.counters["stale_dropped"] += 1
 
+    def cancel_all(self) -> int:
+        """Drop every fill queued or under way (the cache is being emptied: the heat that asked
+        for them is of the epoch ending). Running ones finish but throw their bytes away."""
+        with self._lock:
+            for key, future in list(self._inflight.items()):
+                if future.cancel():
+                    del self._inflight[key]  # never runs, so never pops itself
+                else:
+                    self._stale_seq[key] += 1
+            return len(self._inflight)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

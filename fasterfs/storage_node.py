@@ -615,7 +615,9 @@ class StorageNode:
         return self.cache.scrub()
 
     def cache_clear(self) -> int:
-        """Empty the cache and start a new kernel epoch, so every key can become hot again."""
+        """Empty the cache and start a new kernel epoch, so every key can become hot again.
+        Fills still queued from the old epoch's heat go too, or they would land afterwards."""
+        self.filler.cancel_all()
         removed = self.cache.clear()
         self.kernel.new_epoch()
         self._recent.clear()

@@ -86,6 +86,11 @@ def workload(argv, state, manifest, windows, homes, params) -> dict:
             "peer_reads": sum(r["peer"] for r in sweep)}
 
 
+def _common(failures: list[str]) -> list:
+    """The three most frequent reasons among repair's failures."""
+    return Counter(f.split(": ", 1)[-1][:120] for f in failures).most_common(3)
+
+
 def come_back(cfg, argv, state, manifest, victims, creds, reference, plan) -> dict:
     """The victims power on (blank disks when chaos.back_empty), repair refills them, and the
     workload runs once more."""
@@ -99,6 +104,7 @@ def come_back(cfg, argv, state, manifest, victims, creds, reference, plan) -> di
     got = workload(argv, state, manifest, *plan)
     return {"start_s": started_s, "found": refill.health.summary(), "pieces_written": refill.pieces_written,
             "moved": refill.moved, "failed": len(refill.failed), "mb_per_s": refill.mb_per_s,
+            "failures": _common(refill.failed),
             "after": after.summary(), "misplaced": after.misplaced,
             "full": after.degraded_count == 0 and not after.lost and not after.nodes_down,
             "pieces_on": {v: sum(v in c.nodes for c in registry.fetch_manifests(cfg.cluster.name)[1][
@@ -163,7 +169,7 @@ def main(argv: list[str]) -> dict:
               "all_same": all(r["pnl_same"] and r["chunks_same"] and r["bytes_same"] for r in rounds),
               "repair": {"found": fixed.health.summary(), "repaired": fixed.repaired,
                          "pieces_written": fixed.pieces_written, "failed": len(fixed.failed),
-                         "failures": Counter(f.split(": ", 1)[-1][:120] for f in fixed.failed).most_common(3),
+                         "failures": _common(fixed.failed),
                          "mb_per_s": fixed.mb_per_s, "after": after.summary()},
               "back": back}
     result["figures"] = {"reference (s)": reference_s, "failed reads": result["failed_reads"],

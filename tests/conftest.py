@@ -46,19 +46,24 @@ def mounts_under(root) -> list[str]:
             if line.split()[1].startswith(f"{root}/")]
 
 
+def command_lines():
+    """(pid, command line bytes) of every process still there."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                yield proc.name, (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+
+
 def assert_nothing_left(state: cluster.ClusterState) -> None:
     """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
     for node in state.nodes:
         assert not cluster.is_ray_start(node.ray_pid), f"ray start of node {node.index} still running"
     cg = state.cgroup.get("path")
     assert not (cg and Path(cg).exists()), f"cgroup {cg} left behind"
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            assert state.root.encode() not in cmd, f"process {proc.name} still uses {state.root}: {cmd[:200]!r}"
+    for pid, cmd in command_lines():
+        assert state.root.encode() not in cmd, f"process {pid} still uses {state.root}: {cmd[:200]!r}"
     assert not Layout.of(config.as_cfg(state.config)).paths.state_file.exists()
     assert not mounts_under(state.root), "a mount (bpffs, cgroup2) of the cluster is left"
     from fasterfs.bpf import tc

@@ -174,3 +174,26 @@ def test_a_cancelled_fill_keeps_its_room_until_its_write_ends(tmp_path, monkeypa
     release.set()
     t.join(10)
     assert c.used == 0 and not c.path("k").exists() and not list(tmp_path.iterdir())
+
+
+def test_cancel_all_drops_queued_and_running_fills(tmp_path):
+    """Emptying the cache cancels the fills the old epoch's heat queued: none lands afterwards."""
+    from fasterfs.cache_filler import CacheFiller
+
+    started, release = threading.Event(), threading.Event()
+
+    class Getter:  # MinIO's answer, held back so fills are running or queued when cancelled
+        def get(self, bucket, key):
+            started.set()
+            release.wait(10)
+            return key.encode() * 10, f"etag-{key}"
+
+    c = ChunkCache(tmp_path, capacity=1 << 20)
+    filler = CacheFiller(c, lambda key: Getter(), "b", threads=1)
+    futures = [filler.request(k, "hot") for k in ("a", "b", "c")]
+    assert started.wait(10)
+    assert filler.cancel_all() == 1  # "a" runs; "b" and "c" were only queued
+    release.set()
+    assert futures[0].result(10) is False and futures[1].cancelled() and futures[2].cancelled()
+    assert not any(c.contains(k) for k in ("a", "b", "c")) and filler.pending() == 0
+    filler.close()

@@ -16,7 +16,7 @@ import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, erasure, identity, lab, registry, repair, s3
+from fasterfs import auth, cluster, config, erasure, identity, lab, registry, repair, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put
@@ -153,11 +153,14 @@ def test_share_nothing_lab(lab_overrides):
         outputs = Path(state.config["output_dir"])
         runs = [d for d in outputs.iterdir() if d.name.startswith("readback-")] if outputs.is_dir() else []
         assert runs and json.loads((runs[-1] / "readback.json").read_text())["chunks"] == len(manifest)
-        snap = json.loads(urllib.request.urlopen(f"{state.web_url}/api/snapshot", timeout=30).read())
+        def dashboard(path):  # on the bridge, not loopback: the dashboard wants the cluster's token
+            token = auth.read(auth.token_file(state.root))
+            request = urllib.request.Request(state.web_url + path, headers={"Authorization": f"Bearer {token}"})
+            return json.loads(urllib.request.urlopen(request, timeout=30).read())
+        snap = dashboard("/api/snapshot")
         assert [(n["index"], n["status"]["healthy"], n["kernel"]["mode"]) for n in snap["nodes"]] == \
             [(n.index, True, "real") for n in state.nodes]  # the dashboard on the head sees every host
-        assert runs[-1].name in [r["run"] for r in json.loads(urllib.request.urlopen(
-            f"{state.web_url}/api/runs", timeout=30).read())]
+        assert runs[-1].name in [r["run"] for r in dashboard("/api/runs")]
 
         # -- the mount on every host (each in its own mount namespace), from a shell on the head
         point = f"{state.root}/mnt"
@@ -290,7 +293,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
     Without the right secret each is refused; with it, it works. Nothing listens beyond the
     ports the README lists. And the cache still learns what is hot from the readers' reports,
     the kernel seeing only ciphertext."""
-    from fasterfs import auth, credentials
+    from fasterfs import credentials
     from fasterfs.cgroup import ProjectCgroup
     from fasterfs.config import Paths
 

@@ -13,7 +13,7 @@ import fasterfs
 from fasterfs import auth, cluster, config, credentials, registry, s3
 from fasterfs.config import Paths
 
-from conftest import CLEAN_ENV, assert_nothing_left, cluster_overrides, data_overrides, submit_job
+from conftest import CLEAN_ENV, assert_nothing_left, command_lines, cluster_overrides, data_overrides, submit_job
 
 PROJECT = config.PROJECT_DIR
 # a driver that joins and runs one task: what anyone reaching the GCS would try
@@ -190,14 +190,8 @@ def test_no_secret_in_anything_the_cluster_wrote(live_cluster, overrides, ingest
     for path in ("/", "/fragment", "/api/snapshot", "/metrics", "/api/runs", "/kernel", "/runs", "/api/jobs"):
         _, _, body = http_status(live_cluster.web_url + path)
         leaks += [f"{what} in dashboard {path}" for what, v in secrets.items() if v.encode() in body]
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            leaks += [f"{what} on the command line of pid {proc.name}" for what, v in secrets.items()
-                      if v.encode() in cmd]
+    for pid, cmd in command_lines():
+        leaks += [f"{what} on the command line of pid {pid}" for what, v in secrets.items() if v.encode() in cmd]
     assert not leaks, leaks
 
 
