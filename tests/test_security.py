@@ -196,24 +196,30 @@ def test_no_secret_in_anything_the_cluster_wrote(live_cluster, overrides, ingest
 
 
 def test_rotated_keys_and_token_keep_the_data(tmp_path_factory):
-    """`fasterfs up credentials.rotate=true`: new MinIO keys for both users and a new Ray
-    token; the data written under the old ones reads back; the old ones are refused."""
+    """`fasterfs up credentials.rotate=true` on a cluster with MinIO over TLS: new MinIO keys
+    for both users, a new Ray token and a new CA; the data written under the old ones reads
+    back (verified against the new CA); the old keys and token are refused."""
+    from fasterfs import tls
+
     root = Path(str(tmp_path_factory.mktemp("rot"))[:60])
-    own = cluster_overrides(root, "127.0.2.2", 1, nodes=2)
+    own = cluster_overrides(root, "127.0.2.2", 1, nodes=1) + ["minio.tls=true"]
     cfg = config.load(own)
     state = cluster.up(cfg)
     try:
         from fasterfs.ingest import ingest
 
+        assert state.nodes[0].endpoint.startswith("https://")
         manifest = ingest(config.load(own + data_overrides()))
         old, old_token = credentials.load(Paths(root).credentials_file), auth.read(auth.token_file(root))
+        old_ca = state.tls_ca
     finally:
         cluster.down(cfg)
+    assert not tls._ca_path(old_ca).exists()  # down removed this host's copy of the CA certificate
     state = cluster.up(config.load(own + ["credentials.rotate=true"]))
     try:
         new, new_token = credentials.load(Paths(root).credentials_file), auth.read(auth.token_file(root))
         assert new.admin.secret_key != old.admin.secret_key and new.reader.secret_key != old.reader.secret_key
-        assert new_token != old_token
+        assert new_token != old_token and state.tls_ca != old_ca
         client = fasterfs.connect(root, own)
         assert [len(client.read_chunk(c.id)) for c in manifest.chunks] == [c.bytes for c in manifest.chunks]
         bucket, node = state.config["minio"]["bucket"], state.nodes[0]
