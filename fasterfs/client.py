@@ -65,6 +65,7 @@ class Client:
         self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self._refused: dict[int, float] = {}  # node -> until when it is tried last
         self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
+        self.degraded_why: collections.deque[str] = collections.deque(maxlen=20)  # the latest shards that failed, and why
         self.peer_reads = 0      # chunks read from another host's cache, their holders down or slow
         self.peer_slower_ms = float(cfg.cache.peer_slower_ms)
         self._origin_ms: dict[int, float] = {}  # node -> moving average of a GET from its MinIO here
@@ -348,10 +349,11 @@ class Client:
 
         if self._shard_pool is None:
             self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fasterfs-shards")
-        data, degraded = erasure.gather(chunk, self.manifest.ec_data, self.manifest.ec_parity, fetch,
+        data, degraded, why = erasure.gather(chunk, self.manifest.ec_data, self.manifest.ec_parity, fetch,
                                         self._shard_pool, lambda s: self._down(chunk.nodes[s]),
                                         f"chunk {i} ({chunk.key})")
         self.degraded_reads += degraded
+        self.degraded_why.extend(why)
         self.stats(chunk.nodes[0]).add(MISSES)
         return data
 

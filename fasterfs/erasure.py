@@ -75,12 +75,13 @@ def decode(shards: dict[int, bytes], data: int, parity: int, what: str) -> bytes
     return _driver(data, parity).decode(ordered)
 
 
-def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False, what: str = "") -> tuple[bytes, bool]:
+def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False,
+           what: str = "") -> tuple[bytes, bool, list[str]]:
     """Chunk `chunk` (a manifest Chunk) from its shards: `fetch(slot)` returns a shard's bytes
     or raises. The data shards are fetched in parallel on `pool` (those `late` names, on hosts
     down lately, last); a shard missing, unreadable or failing its checksum is replaced by the
-    next parity shard. Returns (the chunk, whether parity was needed); checked against the
-    manifest's xxh3. Readers and the cache filler both read this way."""
+    next parity shard. Returns (the chunk, whether parity was needed, why: each shard that
+    failed); checked against the manifest's xxh3. Readers and the cache filler both read this way."""
     what = what or f"chunk {chunk.id} ({chunk.key})"
 
     def get(slot: int) -> tuple[int, bytes | None, str]:
@@ -110,4 +111,4 @@ def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False, 
     out = decode(good, data, parity, what)
     if len(out) != chunk.bytes or xxhash.xxh3_64_intdigest(out) != chunk.xxh3:
         raise FasterFSError(f"{what}: rebuilt from shards {sorted(good)[:data]} it does not match its checksum")
-    return out, any(s >= data for s in sorted(good)[:data])
+    return out, any(s >= data for s in sorted(good)[:data]), errors

@@ -83,8 +83,8 @@ class StorageNode:
         self.cache = ChunkCache(paths.cache_dir(index), self._capacity(), on_evict=self._on_evict)
         self.minio.start(self.cfg.minio.health_timeout_s)
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
-        self._ensure_bucket()
-        self.minio.ensure_reader(keys.reader, self.bucket)
+        self._reader_keys = keys.reader
+        self._prepare_minio()
         self._getters: dict[str, s3.MarkedGetter] = {}
         self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fill-shards")
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
@@ -464,11 +464,15 @@ class StorageNode:
         got = read_entry(self.cache.path(key), verify=True)
         return got if isinstance(got, bytes) else None
 
-    def _ensure_bucket(self) -> None:
+    def _prepare_minio(self) -> None:
+        """What a MinIO needs before readers come, on every start: a MinIO whose disk was lost or
+        replaced comes back with neither the bucket nor the reader user (MinIO keeps its users on
+        that disk), and readers' GETs would be refused until they were made again."""
         try:
             self._s3.head_bucket(Bucket=self.bucket)
         except self._s3.exceptions.ClientError:
             self._s3.create_bucket(Bucket=self.bucket)
+        self.minio.ensure_reader(self._reader_keys, self.bucket)
 
     def _mount_overrides(self) -> list[str]:
         """What a FUSE daemon on this host needs to find the cluster (its facts then come from the Registry)."""
@@ -489,7 +493,7 @@ class StorageNode:
                 self.restarts += 1
                 try:
                     self.minio.start(self.cfg.minio.health_timeout_s)
-                    self._ensure_bucket()  # a MinIO that lost its disk comes back empty: repair refills it
+                    self._prepare_minio()  # a MinIO that lost its disk comes back empty: repair refills it
                 except Exception:  # keep supervising; the next round tries again
                     log.exception("MinIO restart failed")
 
@@ -633,7 +637,7 @@ class StorageNode:
         with self._lock:
             if self._held:
                 self.minio.start(self.cfg.minio.health_timeout_s)
-                self._ensure_bucket()  # its disk may have been replaced meanwhile
+                self._prepare_minio()  # its disk may have been replaced meanwhile
                 self._held = False
 
     def mount(self, path: str) -> str:
@@ -681,5 +685,5 @@ class ShardedGetter:
     def get(self, bucket: str, key: str) -> tuple[bytes, str]:
         def fetch(slot: int) -> bytes:
             return self.marked(self.chunk.nodes[slot]).get(bucket, erasure.shard_key(key, slot))[0]
-        data, _ = erasure.gather(self.chunk, self.data, self.parity, fetch, self.pool)
+        data, _, _ = erasure.gather(self.chunk, self.data, self.parity, fetch, self.pool)
         return data, self.etag(self.chunk)

@@ -108,21 +108,32 @@ class Harness:
     # -- watching, like an open dashboard ---------------------------------------------------
 
     def watch(self) -> None:
+        """Polls every node on its own: a node being killed or restarting holds up only its own
+        row (one round of calls in flight per node), as on a dashboard that stays live."""
+        keys = [c.key for c in self.client.manifest.chunks[:20]]
+        inflight: dict[int, list] = {}
         while not self._stop.wait(0.2):
-            try:
-                rows = ray.get([a.cache_status.remote() for a in self.actors], timeout=30)
-                ray.get([a.kernel_status.remote() for a in self.actors], timeout=30)
-                keys = [c.key for c in self.client.manifest.chunks[:20]]
-                ray.get([a.cache_contains.remote(k) for a in self.actors for k in keys], timeout=30)
-            except Exception:
-                continue  # a node being killed right now: the next poll
-            self.counts["polls"] += 1
-            for node, row in zip(self.state.nodes, rows):
+            for node, actor in zip(self.state.nodes, self.actors):
+                if node.index not in inflight:
+                    inflight[node.index] = [actor.cache_status.remote(), actor.kernel_status.remote(),
+                                            *(actor.cache_contains.remote(k) for k in keys)]
+            answered = False
+            for node in self.state.nodes:
+                refs = inflight[node.index]
+                if len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
+                    continue  # still on its way (a node coming back): looked at next round
+                del inflight[node.index]
+                try:
+                    row = ray.get(refs)[0]
+                except Exception:
+                    continue  # a node being killed right now
+                answered = True
                 on_disk = _disk_bytes(config.Paths(Path(self.state.root)).cache_dir(node.index))
                 used = max(row["bytes"], on_disk)
                 self.peak[node.index] = max(self.peak[node.index], used)
                 self.peak_ratio[node.index] = max(self.peak_ratio[node.index], used / max(1, row["capacity"]))
                 self.over_capacity += used > row["capacity"]
+            self.counts["polls"] += answered
 
     # -- faults -----------------------------------------------------------------------------
 

@@ -63,10 +63,16 @@ def _read(root, ids):
 
 @ray.remote(num_cpus=0)
 def _read_file(name):
-    """xxh3 of a whole file read on this host, and how many of its chunks needed parity."""
+    """xxh3 of a whole file read on this host, how many of its chunks needed parity, and why."""
     client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
     data = b"".join(client.read_chunk(i) for i in range(len(client)))
-    return xxh3(data), client.degraded_reads
+    return xxh3(data), client.degraded_reads, list(client.degraded_why)
+
+
+def _check_file(where, name, checksum, degraded):
+    """The whole file read on host `where` has `checksum`, `degraded` of its chunks needing parity."""
+    got, count, why = ray.get(_read_file.options(**where).remote(name))
+    assert (got, count) == (checksum, degraded), f"{name}: {count} chunks needed parity, {degraded} expected: {why}"
 
 
 def test_share_nothing_lab(lab_overrides):
@@ -188,20 +194,20 @@ def test_share_nothing_lab(lab_overrides):
             Bucket=ec.bucket, Prefix=ec.chunks[0].key.rsplit("/", 1)[0]).get("Contents", []))
         assert 1.5 <= stored / len(blob) < 1.6  # 3 shards of half a chunk each (+ 80-byte shard headers)
         on0 = cluster.pinned(state.node(0))
-        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
+        _check_file(on0, "team/blob.bin", xxh3(blob), 0)
         ray.get(actors[1].hold_minio.remote())
         try:
             needs_parity = sum(1 in c.nodes[:2] for c in ec.chunks)  # host 1 held a data shard of these
-            assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), needs_parity)
+            _check_file(on0, "team/blob.bin", xxh3(blob), needs_parity)
         finally:
             ray.get(actors[1].release_minio.remote())
         bad = ec.chunks[2]
         s3.client(state.node(bad.nodes[0]).endpoint, creds).put_object(
             Bucket=ec.bucket, Key=erasure.shard_key(bad.key, 0), Body=os.urandom(len(blob) // 10))
-        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 1)
+        _check_file(on0, "team/blob.bin", xxh3(blob), 1)
         found = ray.get(actors[bad.nodes[0]].scrub_minio.remote())  # that host's scrub finds it and rewrites it
         assert found["bad"] == [erasure.shard_key(bad.key, 0)] and found["repaired"] == 1
-        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
+        _check_file(on0, "team/blob.bin", xxh3(blob), 0)
         # host 0's kernel counts the shards its readers fetch from every host: the chunk is cached
         # whole there, and stays readable with 2 of its 3 shards' hosts down (more than parity): on
         # host 0 from its own cache, on host 1 through the peer tier
@@ -263,7 +269,7 @@ def test_share_nothing_lab(lab_overrides):
         held = {o["Key"] for o in s3.client(state.node(2).endpoint, creds).list_objects_v2(
             Bucket=two.bucket, Prefix="files/").get("Contents", [])}
         assert {c.key for c in two.chunks if 2 in c.nodes} <= held
-        assert ray.get(_read_file.options(**on0).remote("team/blob.bin")) == (xxh3(blob), 0)
+        _check_file(on0, "team/blob.bin", xxh3(blob), 0)
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
