@@ -40,6 +40,8 @@ class StorageNode:
     with the admin keys and sets up the read-only user its MinIO gives readers."""
 
     def __init__(self, index: int, address: str, cfg: dict, keys: ClusterKeys):
+        began = time.monotonic()
+        self.started: dict[str, float] = {}  # seconds per phase of this start (a restart's recovery time)
         self.cfg = as_cfg(cfg)
         self.index, self.address = index, address
         paths = Layout.of(self.cfg).paths
@@ -77,7 +79,9 @@ class StorageNode:
         if stale:
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
         self._own_bpffs = False
+        phase = time.monotonic()
         self.kernel = self._load_kernel()  # before MinIO, so its first connections are tuned too
+        self.started["kernel_s"], phase = time.monotonic() - phase, time.monotonic()
         # The cache index is rebuilt from the directory: entries survive a restart, temp files do
         # not. After the kernel programs: a smaller capacity evicts, which resets kernel counts.
         self.cache = ChunkCache(paths.cache_dir(index), self._capacity(), on_evict=self._on_evict)
@@ -85,6 +89,7 @@ class StorageNode:
         self._s3 = s3.client(self.minio.endpoint, self.minio.creds)
         self._reader_keys = keys.reader
         self._prepare_minio()
+        self.started["minio_s"], phase = time.monotonic() - phase, time.monotonic()
         self._getters: dict[str, s3.MarkedGetter] = {}
         self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fill-shards")
         self.filler = CacheFiller(self.cache, self._getter_for, self.bucket, self.cfg.cache.fill_threads,
@@ -93,6 +98,7 @@ class StorageNode:
         self._manifests = manifests
         self._derive_names()
         self._revalidate()
+        self.started["cache_s"] = time.monotonic() - phase
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         threading.Thread(target=self._scrub, name="cache-scrub", daemon=True).start()
         threading.Thread(target=self._scrub_minio, name="minio-scrub", daemon=True).start()
@@ -104,6 +110,9 @@ class StorageNode:
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         self._supervisor = threading.Thread(target=self._supervise, name="minio-supervisor", daemon=True)
         self._supervisor.start()
+        self.started["total_s"] = time.monotonic() - began
+        self.started = {k: round(v, 2) for k, v in self.started.items()}
+        log.info("StorageNode %d started in %.2f s: %s", index, self.started["total_s"], self.started)
 
     def _load_kernel(self):
         k = self.cfg.kernel
@@ -533,7 +542,7 @@ class StorageNode:
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
                 "kernel_mode": self.kernel.mode, "redundancy": self.health, "repairs": self.repairs[-5:],
-                "scrub": self.scrubbed}
+                "scrub": self.scrubbed, "started": self.started}
 
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self.resolve)

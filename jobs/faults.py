@@ -12,8 +12,9 @@ version that was current at some moment while it ran (wrong: bytes no write ever
 stale: a version replaced before the read began).
 
 Prints and writes (faults.json) reads checked, writes, kills, wrong, stale and failed reads
-and the peak cache bytes against the capacity. Exits 1 unless every read was right, none failed
-and no cache ever exceeded its capacity. It ingests with replicas=2, so that a killed MinIO
+and the peak cache bytes against the capacity, and how long each killed StorageNode took to answer
+again (faults go on meanwhile, on the other nodes). Exits 1 unless every read was right, none failed,
+no cache ever exceeded its capacity and every killed StorageNode came back. It ingests with replicas=2, so that a killed MinIO
 leaves a copy to read; it leaves the dataset ingested and the caches at their capacity.
 """
 from __future__ import annotations
@@ -92,6 +93,9 @@ class Harness:
         self.over_capacity = 0
         self._stop = threading.Event()
         self.readers: dict[int, list] = {}
+        self.restarting: dict[int, threading.Thread] = {}  # node -> waiting for its killed StorageNode
+        self.back_after_s: list[dict] = []   # how long each killed StorageNode took to answer again, its phases
+        self.not_back: list[str] = []        # ... or that it never did
 
     # -- readers -----------------------------------------------------------------------------
 
@@ -143,7 +147,11 @@ class Harness:
             os.kill(ray.get(actor.status.remote(), timeout=60)["minio_pid"], signal.SIGKILL)
         elif action == "kill_storage_node":
             os.kill(ray.get(actor.status.remote(), timeout=60)["actor_pid"], signal.SIGKILL)
-            _wait_back(actor)  # it comes back with the capacity the harness set (kept across a crash)
+            # Ray restarts it (with the capacity the harness set, kept across a crash); faults go on
+            # meanwhile on the other nodes, not on this one until it answers
+            waiter = threading.Thread(target=self._wait_back, args=(actor, time.monotonic()), daemon=True)
+            self.restarting[node.index] = waiter
+            waiter.start()
         elif action == "kill_reader":
             pid, _ = self.readers[node.index][-1]
             os.kill(pid, signal.SIGKILL)
@@ -171,6 +179,24 @@ class Harness:
         self.counts["kills"] += action.startswith("kill")
         return f"{action} on node {node.index}"
 
+    def _wait_back(self, actor, killed: float) -> None:
+        try:
+            started = _wait_back(actor)
+        except FasterFSError as e:
+            self.not_back.append(str(e))
+            return
+        self.back_after_s.append({"answered_s": round(time.monotonic() - killed, 1), **started})
+
+    def up_nodes(self, every: bool) -> list:
+        """The nodes to hurt next: those not restarting (every node, waiting for all, when the fault
+        writes: an overwrite or a re-ingest needs each holder's MinIO)."""
+        for index, waiter in list(self.restarting.items()):
+            if every or len(self.restarting) == len(self.state.nodes):
+                waiter.join(120)
+            if not waiter.is_alive():
+                del self.restarting[index]
+        return [n for n in self.state.nodes if n.index not in self.restarting]
+
     def cached_chunk(self, m):
         """A chunk some node has cached, if one is found among a few: the copies that must go."""
         sample = [m.chunk(self.rng.randrange(len(m))) for _ in range(10)]
@@ -195,7 +221,8 @@ class Harness:
                 time.sleep(self.every)
                 if not plan:  # every kind of fault once per round, in a seeded order
                     plan = self.rng.sample(ACTIONS, len(ACTIONS))
-                action, node = plan.pop(), self.rng.choice(self.state.nodes)
+                action = plan.pop()
+                node = self.rng.choice(self.up_nodes(every=action in ("overwrite", "reingest")))
                 self.counts[action] += 1
                 began = time.monotonic() - self.deadline + self.duration
                 log.append(f"{began:6.1f} s  {self.act(action, node)}")
@@ -220,10 +247,13 @@ class Harness:
         finally:
             self._stop.set()
             watcher.join(5)
+            self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
         return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
-                "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity, "errors": errors[:20], "log": log}
+                "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
+                "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
+                "errors": (self.not_back + errors)[:20], "log": log}
 
 
 class WriteHistory:
@@ -272,12 +302,12 @@ def _disk_bytes(directory) -> int:
     return total
 
 
-def _wait_back(actor, timeout: float = 90) -> None:
+def _wait_back(actor, timeout: float = 90) -> dict:
+    """The restarted StorageNode's start, phase by phase, once it answers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.status.remote(), timeout=10)
-            return
+            return ray.get(actor.status.remote(), timeout=10)["started"]
         except Exception:
             time.sleep(0.5)
     raise FasterFSError(f"a killed StorageNode did not come back within {timeout:.0f} s")
@@ -291,7 +321,7 @@ def main(argv: list[str]) -> dict:
                             "faults.readers_per_node >= 1")
     result = Harness(cfg, argv).run()
     result["passed"] = (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
-                        and result["polls_over_capacity"] == 0)
+                        and result["polls_over_capacity"] == 0 and result["not_back"] == 0)
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
     for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "writes", "kills", "re-ingests", "polls", "peak cache",
                 "peak of capacity"):
@@ -304,6 +334,10 @@ def main(argv: list[str]) -> dict:
     console.print(table)
     for line in result["log"]:
         console.print("  " + line)
+    for back in result["storage_node_back_after_s"]:
+        console.print(f"  a killed StorageNode answered again after {back['answered_s']:.1f} s; its own start took "
+                      f"{back['total_s']:.1f} s (kernel programs {back['kernel_s']:.1f}, MinIO {back['minio_s']:.1f}, "
+                      f"cache {back['cache_s']:.1f}), the rest was Ray restarting its worker")
     for e in result["errors"]:
         console.print(f"  [red]{e}[/]")
     result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "stale": result["stale"],

@@ -5,7 +5,7 @@ from conftest import data_overrides, load_job
 
 def test_fault_harness_short_run(live_cluster, overrides):
     result = load_job("faults").main(overrides + data_overrides() + [
-        "faults.duration_s=30", "faults.every_s=1", "faults.seed=3", "faults.readers_per_node=2"])
+        "faults.duration_s=30", "faults.every_s=1", "faults.seed=2", "faults.readers_per_node=2"])
     assert result["reads"] >= 500, result
     assert result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0, result["errors"]
     assert result["polls"] > 10 and result["polls_over_capacity"] == 0
