@@ -117,8 +117,10 @@ def validate(cfg: DictConfig) -> None:
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             bad(opt, "must be a number >= 0")
-    if not isinstance(cfg.repair.check_s, (int, float)) or cfg.repair.check_s <= 0:
-        bad("repair.check_s", "must be a number of seconds > 0")
+    for opt in ("repair.check_s", "repair.survey_s"):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            bad(opt, "must be a number of seconds > 0")
     if not isinstance(cfg.repair.threads, int) or cfg.repair.threads < 1:
         bad("repair.threads", "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import urllib3
+
 from . import erasure, registry, s3
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
@@ -56,12 +58,14 @@ def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]
 def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:
     """Every node's object keys; None for a node whose MinIO does not answer."""
     def keys(node) -> set[str] | None:
-        c = s3.client(node.endpoint, creds, timeout, 30.0)
+        lister = s3.MarkedGetter(node.endpoint, creds, state.config["kernel"]["fill_mark"],  # the kernel skips it
+                                 urllib3.Timeout(connect=timeout, read=30.0))
         try:
-            return {o["Key"] for page in c.get_paginator("list_objects_v2").paginate(
-                Bucket=state.config["minio"]["bucket"]) for o in page.get("Contents", [])}
+            return {key for key, _ in lister.list(state.config["minio"]["bucket"])}
         except Exception:
             return None
+        finally:
+            lister.close()
     with ThreadPoolExecutor(8) as pool:
         return dict(zip((n.index for n in state.nodes), pool.map(keys, state.nodes)))
 

@@ -90,5 +90,32 @@ class MarkedGetter:
             raise OSError(f"GET {path} on {self.endpoint}: HTTP {response.status} {response.data[:200]!r}")
         return response.data, response.headers
 
+    def list(self, bucket: str, prefix: str = ""):
+        """(key, size) of every object under `prefix`, page by page (ListObjectsV2). Parsed with
+        ElementTree, not boto3: boto3's parser (and its date parsing) cost ~150 us per object,
+        1.5 s of CPU to list 10,000 chunks."""
+        from urllib.parse import urlencode
+        from xml.etree import ElementTree
+
+        from botocore.awsrequest import AWSRequest
+
+        ns = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+        token = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix, **({"continuation-token": token} if token else {})}
+            path = f"/{bucket}?{urlencode(sorted(query.items()))}"
+            request = AWSRequest(method="GET", url=self.endpoint + path)
+            self.signer.add_auth(request)
+            response = self.pool.request("GET", path, headers=dict(request.headers.items()))
+            if response.status != 200:
+                raise OSError(f"listing {bucket}/{prefix} on {self.endpoint}: HTTP {response.status} "
+                              f"{response.data[:200]!r}")
+            root = ElementTree.fromstring(response.data)
+            for item in root.iter(f"{ns}Contents"):
+                yield item.findtext(f"{ns}Key"), int(item.findtext(f"{ns}Size") or 0)
+            token = root.findtext(f"{ns}NextContinuationToken")
+            if root.findtext(f"{ns}IsTruncated") != "true" or not token:
+                return
+
     def close(self) -> None:
         self.pool.close()

@@ -88,6 +88,7 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
 
 def test_repair_options_checked():
     for option, why in (("repair.threads=0", "repair.threads"), ("repair.mb_per_s=-1", "repair.mb_per_s"),
-                        ("scrub.interval_s=x", "scrub.interval_s"), ("repair.check_s=0", "repair.check_s")):
+                        ("scrub.interval_s=x", "scrub.interval_s"), ("repair.check_s=0", "repair.check_s"),
+                        ("repair.survey_s=-1", "repair.survey_s")):
         with pytest.raises(FasterFSError, match=why):
             config.load([option])
