@@ -250,6 +250,7 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         state.head_pid = proc.pid
         state.save()
         _wait_for_head(cfg, head, proc, logs / "ray-head.log")
+        connect_ray(state)
     joined = {head.address} if head not in hosts else set()
     for i, host in enumerate(hosts):
         _provision(host, state.root)
@@ -263,12 +264,9 @@ def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head
         if host == head:
             _wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
             connect_ray(state)
+        # One at a time: raylets started back to back race for the same socket names.
         joined.add(host.address)
-        if not host.disk:  # raylets sharing one /tmp, started back to back, race for the same socket names
-            _wait_for_nodes(cfg, state, joined)
-    # Hosts with a /tmp of their own (the lab's) start all at once, while this driver joins the head.
-    connect_ray(state)
-    _wait_for_nodes(cfg, state, joined)
+        _wait_for_nodes(cfg, state, joined)
 
 
 def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
