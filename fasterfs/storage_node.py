@@ -532,12 +532,8 @@ class StorageNode:
         at, chunks, size = self._counted
         if time.monotonic() - at >= max_age_s:
             chunks = size = 0
-            lister = s3.MarkedGetter(self.minio.endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
-            try:
-                for _, nbytes in lister.list(self.bucket):
-                    chunks, size = chunks + 1, size + nbytes
-            finally:
-                lister.close()
+            for _, nbytes in self._marked(self.index).list(self.bucket):  # pooled: no new connection each time
+                chunks, size = chunks + 1, size + nbytes
             self._counted = (time.monotonic(), chunks, size)
         return chunks, size
 
