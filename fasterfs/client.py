@@ -65,7 +65,7 @@ class Client:
         self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self._refused: dict[int, float] = {}  # node -> until when it is tried last
         self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
-        self.degraded_why: collections.deque[str] = collections.deque(maxlen=20)  # the latest shards that failed, and why
+        self.degraded_why: collections.deque[str] = collections.deque(maxlen=20)  # why: the latest shards failed
         self.peer_reads = 0      # chunks read from another host's cache, their holders down or slow
         self.peer_slower_ms = float(cfg.cache.peer_slower_ms)
         self._origin_ms: dict[int, float] = {}  # node -> moving average of a GET from its MinIO here

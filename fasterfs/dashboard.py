@@ -104,7 +104,8 @@ def _nodes(snap: dict) -> str:
 def _redundancy(snap: dict) -> str:
     r = snap.get("redundancy")
     if not r:
-        return '<p class="muted">Redundancy: not surveyed yet (the lowest-numbered live node does when nodes or the namespace change, and every repair.survey_s)</p>'
+        return ('<p class="muted">Redundancy: not surveyed yet (the lowest-numbered live node does when nodes or '
+                'the namespace change, and every repair.survey_s)</p>')
     down = f'; nodes down: {e(", ".join(map(str, r["nodes_down"])))}' if r["nodes_down"] else ""
     lost = "".join(f"; <b>LOST</b> {e(name)}: chunks {e(', '.join(map(str, ids)))}" for name, ids in r["lost_chunks"].items())
     cls = "bad" if r["lost"] else "warn" if r["degraded"] else "ok"

@@ -14,8 +14,9 @@ stale: a version replaced before the read began).
 Prints and writes (faults.json) reads checked, writes, kills, wrong, stale and failed reads
 and the peak cache bytes against the capacity, and how long each killed StorageNode took to answer
 again (faults go on meanwhile, on the other nodes). Exits 1 unless every read was right, none failed,
-no cache ever exceeded its capacity and every killed StorageNode came back. It ingests with replicas=2, so that a killed MinIO
-leaves a copy to read; it leaves the dataset ingested and the caches at their capacity.
+no cache ever exceeded its capacity and every killed StorageNode came back. It ingests with
+replicas=2, so that a killed MinIO leaves a copy to read; it leaves the dataset ingested and the
+caches at their capacity.
 """
 from __future__ import annotations
 
