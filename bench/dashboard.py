@@ -2,7 +2,7 @@
 
 1. a file of bench.dashboard_chunks tiny chunks is stored, so the heatmap has that many cells
    per host (plus whatever the namespace holds);
-2. CPU (share of one core, from /proc) of the dashboard actor and of every StorageNode over
+2. CPU (share of one core, from /proc) and resident memory of the dashboard actor and of every StorageNode over
    bench.dashboard_window_s, with 0, 1 and 10 viewers. A viewer is a WebSocket client that
    takes every heatmap frame and fetches /api/timeline every 2 s, as the /kernel page does;
 3. heatmap frame size and rate, and the sampler's time per frame;
@@ -47,6 +47,13 @@ def actor_pids(state) -> dict[str, int]:
             if a.name in wanted and a.ray_namespace == state.namespace}
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def viewer(url: str, web: str, stop: threading.Event, frames: list) -> None:
     from websockets.sync.client import connect
 
@@ -83,7 +90,8 @@ def measure(state, pids: dict[str, int], viewers: int, window: float) -> dict:
     return {"viewers": viewers, "dashboard_cpu_pct": 100 * used["dashboard"] / dt,
             "storage_node_cpu_pct": {k: 100 * v / dt for k, v in used.items() if k != "dashboard"},
             "frames_per_s_per_viewer": len(frames) / dt / viewers if viewers else 0.0,
-            "frame_bytes": max(sizes) if sizes else None, "sample_ms": stats["sample_ms"]}
+            "frame_bytes": max(sizes) if sizes else None, "sample_ms": stats["sample_ms"],
+            "rss_mb": {name: round(rss_mb(pid), 1) for name, pid in pids.items()}}
 
 
 def first_frame_ms(state) -> float:
