@@ -67,7 +67,6 @@ class StorageNode:
         self.last_invalidation: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
         self.health: dict | None = None  # the namespace's redundancy, as this node last surveyed it (when it leads)
         self.repairs: list[dict] = []    # what this node's own repairs did, latest last
-        self.surveys = 0                 # surveys this node made as the repair leader
         self.scrubbed = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
         self._peer_caches: dict[int, frozenset[str]] = {}  # node -> entries in its cache (the peer tier's index)
         self._heat = heatmap.Index({})
@@ -383,7 +382,6 @@ class StorageNode:
                 if now_seen == seen and settled and now - surveyed < r.survey_s:
                     continue
                 seen, surveyed = now_seen, now
-                self.surveys += 1
                 if not r.auto:
                     self.health = repair.survey(state, self.minio.creds, self.cfg.placement.load_slack).to_dict()
                     continue
@@ -552,7 +550,7 @@ class StorageNode:
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
                 "kernel_mode": self.kernel.mode, "redundancy": self.health, "repairs": self.repairs[-5:],
-                "scrub": self.scrubbed, "surveys": self.surveys, "started": self.started}
+                "scrub": self.scrubbed, "started": self.started}
 
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self.resolve)
