@@ -127,8 +127,10 @@ class _Plan:
 def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, load_slack: float,
           waiting: set[int] = frozenset(), bad: set[tuple[int, str]] = frozenset(),
           only: dict[str, set[int]] | None = None) -> tuple[Health, list[_Plan]]:
-    """What is missing or away from home. Pieces on `waiting` nodes (down, not for long) are
-    left alone; `bad` pieces (node, key) count as missing (the scrub found them wrong)."""
+    """What is missing or away from home. Pieces on a `waiting` node whose listing failed
+    (down, not for long; or a listing that failed on a node up again) are left alone: rebuilt
+    elsewhere, they would only move back. `bad` pieces (node, key) count as missing (the
+    scrub found them wrong)."""
     alive = {n for n, keys in listing.items() if keys is not None}
     health = Health(nodes_down=sorted(set(listing) - alive))
     plans = []
@@ -141,7 +143,8 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
             slots = pieces(m, c)
             present = [s for s, (node, key) in enumerate(slots)
                        if node in alive and key in listing[node] and (node, key) not in bad]
-            missing = [s for s in range(len(slots)) if s not in present and slots[s][0] not in waiting]
+            missing = [s for s in range(len(slots))
+                       if s not in present and (slots[s][0] in alive or slots[s][0] not in waiting)]
             moves = [s for s in present if home[c.id][s] != c.nodes[s] and home[c.id][s] in alive
                      and home[c.id][s] not in c.nodes]
             health.misplaced += len(moves)

@@ -376,7 +376,9 @@ class StorageNode:
                 if not alive or min(alive) != self.index:
                     self.health, seen = None, None
                     continue
-                waiting = {n for n, t in down_since.items() if now - t < r.after_s}
+                # a node is gone only after after_s down; one that answered the probe but not the
+                # survey's listing (just back, busy) must not have its pieces rebuilt elsewhere
+                waiting = {n.index for n in state.nodes} - {n for n, t in down_since.items() if now - t >= r.after_s}
                 now_seen = (frozenset(alive), frozenset(waiting), registry.namespace_version(self.cfg.cluster.name))
                 settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
                 if now_seen == seen and settled and now - surveyed < r.survey_s:

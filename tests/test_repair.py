@@ -86,6 +86,28 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
         registry.remove(live_cluster.name, name)
 
 
+def test_a_node_whose_listing_failed_is_waited_for(live_cluster, overrides, tmp_path):
+    """The auto repair's plan: a piece absent from a node that listed counts as missing even
+    while the node is waited for; pieces on a waited-for node whose listing failed (just back,
+    busy) are left alone, not rebuilt elsewhere to move back later; once the node is gone
+    (not waited for) they are rebuilt."""
+    (tmp_path / "b").write_bytes(os.urandom(2 * 2**20))
+    m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/wait.bin")
+    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
+    listed = repair.listings(state, creds)
+    assert all(c.key in listed[n] for c in m.chunks for n in c.nodes)
+
+    def missing(listing, waiting):
+        _, plans = repair._plan([m], state, listing, 0.1, waiting=waiting)
+        return sorted((p.chunk.id, p.chunk.nodes[s]) for p in plans for s in p.missing)
+    lost_on_0 = {0: listed[0] - {m.chunks[0].key}, 1: listed[1]}  # lost behind MinIO's back; node 0 answers
+    assert missing(lost_on_0, {0, 1}) == [(0, 0)]
+    failed_1 = {0: listed[0], 1: None}  # node 1's listing failed
+    assert missing(failed_1, {0, 1}) == []
+    assert missing(failed_1, {0}) == [(c.id, 1) for c in m.chunks]
+    registry.remove(live_cluster.name, "repair/wait.bin")
+
+
 def test_repair_options_checked():
     for option, why in (("repair.threads=0", "repair.threads"), ("repair.mb_per_s=-1", "repair.mb_per_s"),
                         ("scrub.interval_s=x", "scrub.interval_s"), ("repair.check_s=0", "repair.check_s"),
