@@ -70,11 +70,18 @@ def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[
         return dict(zip((n.index for n in state.nodes), pool.map(keys, state.nodes)))
 
 
-def answering(state: ClusterState, creds, timeout: float = 1.0) -> set[int]:
-    """The nodes whose MinIO answers now (one cheap request each)."""
+def answering(state: ClusterState, creds, timeout: float = 1.0, clients: dict | None = None) -> set[int]:
+    """The nodes whose MinIO answers now (one cheap request each). A caller that probes again
+    and again passes the same `clients`: each probe then reuses its kept-alive connection (a
+    new connection every few seconds is one more MinIO connection for SOCK_OPS to tune)."""
+    clients = {} if clients is None else clients
+
     def up(node) -> bool:
+        key = (node.endpoint, creds.access_key)
+        if key not in clients:
+            clients[key] = s3.client(node.endpoint, creds, timeout, timeout, pool=1)
         try:
-            s3.client(node.endpoint, creds, timeout, timeout).head_bucket(Bucket=state.config["minio"]["bucket"])
+            clients[key].head_bucket(Bucket=state.config["minio"]["bucket"])
             return True
         except Exception:
             return False

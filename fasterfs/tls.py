@@ -136,14 +136,6 @@ def ca_file(endpoint: str) -> str | None:
     return _ca_file
 
 
-def ssl_context(endpoint: str):
-    """For urllib: verifies against the cluster's CA (None for http)."""
-    import ssl
-
-    ca = ca_file(endpoint)
-    return None if ca is None else ssl.create_default_context(cafile=ca)
-
-
 def urllib3_options(endpoint: str) -> dict:
     """For urllib3 pools and pool managers: certificate required, checked against the CA."""
     ca = ca_file(endpoint)

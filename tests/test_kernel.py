@@ -268,6 +268,10 @@ def _connect_and_read_nodelay(targets):
 
 
 def test_sockops_sets_nodelay_on_minio_connections_only(live_cluster):
+    """k connections to a MinIO get TCP_NODELAY and are counted; one to another port is not.
+    The cluster's own work may open MinIO connections in the same window (the repair leader's
+    survey after a namespace change: 3 counted), so the count must be exact in one of three
+    windows and never short."""
     import socket
     actors = cluster.storage_nodes(live_cluster)
     node0, node1 = live_cluster.nodes[0], live_cluster.nodes[1]
@@ -275,17 +279,22 @@ def test_sockops_sets_nodelay_on_minio_connections_only(live_cluster):
     other = socket.socket()
     other.bind((node0.address, 0))
     other.listen(8)
-    before = ray.get(actors[0].kernel_status.remote())["sockops"]
-    k = 3
+    k, deltas = 3, []
     targets = [(node1.address, minio_port)] * k + [(node0.address, other.getsockname()[1])]
-    got = ray.get(_connect_and_read_nodelay.options(**cluster.pinned(node0)).remote(targets))
+    for _ in range(3):
+        before = ray.get(actors[0].kernel_status.remote())["sockops"]
+        got = ray.get(_connect_and_read_nodelay.options(**cluster.pinned(node0)).remote(targets))
+        assert got[:k] == [1] * k and got[k] == 0
+        after = ray.get(actors[0].kernel_status.remote())["sockops"]
+        delta = {"matched": after["connections_matched"] - before["connections_matched"]}
+        for opt in ("TCP_NODELAY", "TCP_BPF_DELACK_MAX"):
+            delta[opt] = after["options"][opt]["ok"] - before["options"][opt]["ok"]
+            assert after["options"][opt]["fail"] == before["options"][opt]["fail"]
+        deltas.append(delta)
+        if set(delta.values()) == {k}:
+            break
     other.close()
-    assert got[:k] == [1] * k and got[k] == 0
-    after = ray.get(actors[0].kernel_status.remote())["sockops"]
-    assert after["connections_matched"] - before["connections_matched"] == k
-    for opt in ("TCP_NODELAY", "TCP_BPF_DELACK_MAX"):
-        assert after["options"][opt]["ok"] - before["options"][opt]["ok"] == k
-        assert after["options"][opt]["fail"] == before["options"][opt]["fail"]
+    assert all(v >= k for d in deltas for v in d.values()) and set(deltas[-1].values()) == {k}, deltas
     assert "TCP_QUICKACK cannot be set from BPF" in after["note"]
 
 
