@@ -1,11 +1,14 @@
 """JupyterLab beside the dashboards: `fasterfs notebook` (`make notebook`) starts it on the
 head's address, in the cluster's cgroup, behind the cluster's Ray token (fasterfs.auth; on a
 cluster without one, a token generated here, kept 0600 under the cluster root), handed over
-in the environment, never on a command line. Its kernels run in the project's environment with FASTERFS_ROOT set, so
+in the environment, never on a command line. The server runs from an environment of its own
+(`make setup` puts it in .deps/jupyterlab: its dependencies would slow every Ray worker's
+`import ray` here); its kernels run in the project's environment with FASTERFS_ROOT set, so
 `fasterfs.connect()` finds the running cluster. `fasterfs down` stops it by its PID."""
 from __future__ import annotations
 
 import os
+import json
 import secrets
 import signal
 import sys
@@ -27,6 +30,21 @@ def _dir(state: ClusterState) -> Path:
 
 def token_file(state: ClusterState) -> Path:
     return _dir(state) / "token"
+
+
+def server_binary() -> Path:
+    path = PROJECT_DIR / ".deps" / "jupyterlab" / "bin" / "jupyter-lab"
+    if not path.exists():
+        raise FasterFSError(f"JupyterLab not found at {path}: run `make setup` (installs it there)")
+    return path
+
+
+def _write_kernel_spec(data_dir: Path) -> None:
+    """The server's "python3" kernel: this (the project's) interpreter. Jupyter looks in its
+    data directory before the server's own environment."""
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (FasterFS)", "language": "python", "metadata": {"debugger": True}}
+    atomic_write(data_dir / "kernels" / "python3" / "kernel.json", json.dumps(spec, indent=1).encode())
 
 
 def is_running(state: ClusterState) -> bool:
@@ -51,13 +69,15 @@ def start(cfg, state: ClusterState) -> dict:
     if token is None:  # attached to a Ray cluster without auth (cluster.insecure): one of its own
         token, where = secrets.token_urlsafe(32), token_file(state)
         atomic_write(where, token.encode(), mode=0o600)
-    venv_bin = str(Path(sys.prefix) / "bin")
+    server = server_binary()
+    _write_kernel_spec(home / "data")
+    venv_bin = str(Path(sys.prefix) / "bin")  # first on the kernels' PATH: `!fasterfs status` in a cell
     env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
                PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
                JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
     env.pop("RAY_ADDRESS", None)  # kernels find the cluster from FASTERFS_ROOT, as a driver on the head does
-    args = [str(Path(venv_bin) / "jupyter-lab"), "--no-browser", "--allow-root", f"--ip={host}", f"--port={port}",
+    args = [str(server), "--no-browser", "--allow-root", f"--ip={host}", f"--port={port}",
             "--ServerApp.port_retries=0", f"--ServerApp.root_dir={PROJECT_DIR / 'notebooks'}",
             # no calls to the internet: no update checks, no news feed
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # pinned; see README
+JUPYTERLAB_VERSION="4.6.6"                            # pinned; `fasterfs notebook`
 DEPS="$ROOT/.deps"
 VENV="$ROOT/.venv"
 # chromium: the headless browser the dashboard's page test drives; fuse3: the mount; fio: its benchmark
@@ -82,5 +83,20 @@ fi
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
   ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+fi
+# 5. JupyterLab in an environment of its own ------------------------------------
+# Its dependencies include rfc3987-syntax (via jsonschema[format-nongpl]), which compiles 38
+# grammars when jsonschema is imported: in the project's environment that is 1.4 s of CPU
+# added to every `import ray`, so to every Ray worker and agent started. The server runs here;
+# its kernels run in the project's environment (fasterfs.notebook writes their kernel spec).
+LAB="$DEPS/jupyterlab"
+if [ -x "$LAB/bin/jupyter-lab" ] && [ "$(cat "$LAB/.version" 2>/dev/null)" = "$JUPYTERLAB_VERSION" ]; then
+  say "JupyterLab $JUPYTERLAB_VERSION present"
+else
+  say "installing JupyterLab $JUPYTERLAB_VERSION into $LAB"
+  [ -x "$LAB/bin/python" ] || "$PY" -m venv "$LAB"
+  "$LAB/bin/pip" install -q --upgrade pip
+  "$LAB/bin/pip" install -q "jupyterlab==$JUPYTERLAB_VERSION"
+  echo "$JUPYTERLAB_VERSION" > "$LAB/.version"
 fi
 say "done: activate with 'source .venv/bin/activate' or use .venv/bin/fasterfs"

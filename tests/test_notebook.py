@@ -92,6 +92,10 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         texts = []
         try:
             kc.wait_for_ready(timeout=60)
+            # the kernel is the project's interpreter (the server runs from an environment of its own)
+            kc.execute_interactive("import sys; print('prefix', sys.prefix)", timeout=60,
+                                   output_hook=lambda m: texts.append(m["content"].get("text", "")))
+            assert f"prefix {config.PROJECT_DIR / '.venv'}" in "".join(texts), texts
             nb = nbformat.read(config.PROJECT_DIR / "notebooks/quickstart.ipynb", as_version=4)
             for cell in (c for c in nb.cells if c.cell_type == "code"):
                 reply = kc.execute_interactive(
