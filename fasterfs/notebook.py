@@ -39,12 +39,12 @@ def server_binary() -> Path:
     return path
 
 
-def _write_kernel_spec(data_dir: Path) -> None:
-    """The server's "python3" kernel: this (the project's) interpreter. Jupyter looks in its
-    data directory before the server's own environment."""
+def _write_kernel_spec(path_dir: Path) -> None:
+    """The server's "python3" kernel: this (the project's) interpreter. Under $JUPYTER_PATH,
+    which Jupyter searches first (its own virtualenv's kernel comes before its data directory)."""
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "Python 3 (FasterFS)", "language": "python", "metadata": {"debugger": True}}
-    atomic_write(data_dir / "kernels" / "python3" / "kernel.json", json.dumps(spec, indent=1).encode())
+    atomic_write(path_dir / "kernels" / "python3" / "kernel.json", json.dumps(spec, indent=1).encode())
 
 
 def is_running(state: ClusterState) -> bool:
@@ -70,12 +70,13 @@ def start(cfg, state: ClusterState) -> dict:
         token, where = secrets.token_urlsafe(32), token_file(state)
         atomic_write(where, token.encode(), mode=0o600)
     server = server_binary()
-    _write_kernel_spec(home / "data")
+    _write_kernel_spec(home / "path")
     venv_bin = str(Path(sys.prefix) / "bin")  # first on the kernels' PATH: `!fasterfs status` in a cell
     env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
                PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
-               JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
-               JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"))
+               JUPYTER_PATH=str(home / "path"), JUPYTER_CONFIG_DIR=str(home / "config"),
+               JUPYTER_DATA_DIR=str(home / "data"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+               IPYTHONDIR=str(home / "ipython"))
     env.pop("RAY_ADDRESS", None)  # kernels find the cluster from FASTERFS_ROOT, as a driver on the head does
     args = [str(server), "--no-browser", "--allow-root", f"--ip={host}", f"--port={port}",
             "--ServerApp.port_retries=0", f"--ServerApp.root_dir={PROJECT_DIR / 'notebooks'}",
