@@ -7,8 +7,8 @@ in the environment, never on a command line. The server runs from an environment
 `fasterfs.connect()` finds the running cluster. `fasterfs down` stops it by its PID."""
 from __future__ import annotations
 
-import os
 import json
+import os
 import secrets
 import signal
 import sys

@@ -76,6 +76,8 @@ else
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -e ".[dev]"
+  # an environment made when JupyterLab lived in it: drop what slowed every `import ray` (step 5)
+  "$VENV/bin/pip" uninstall -y -q jupyterlab rfc3987-syntax 2>/dev/null || true
   touch "$stamp"
 fi
 # Only the bcc package is made visible: the rest of Debian's dist-packages would
