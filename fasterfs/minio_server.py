@@ -148,4 +148,7 @@ class MinioServer:
         if self.proc is not None:
             terminate(self.proc.pid, timeout, self.proc)
             self.proc = None
+        if self._health is not None:
+            self._health.close()
+            self._health = None
         self.pidfile.unlink(missing_ok=True)

@@ -70,23 +70,14 @@ def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[
         return dict(zip((n.index for n in state.nodes), pool.map(keys, state.nodes)))
 
 
-def answering(state: ClusterState, creds, timeout: float = 1.0, clients: dict | None = None) -> set[int]:
-    """The nodes whose MinIO answers now (one cheap request each). A caller that probes again
-    and again passes the same `clients`: each probe then reuses its kept-alive connection (a
-    new connection every few seconds is one more MinIO connection for SOCK_OPS to tune)."""
-    clients = {} if clients is None else clients
-
-    def up(node) -> bool:
-        key = (node.endpoint, creds.access_key)
-        if key not in clients:
-            clients[key] = s3.client(node.endpoint, creds, timeout, timeout, pool=1)
-        try:
-            clients[key].head_bucket(Bucket=state.config["minio"]["bucket"])
-            return True
-        except Exception:
-            return False
+def answering(state: ClusterState, getter: Callable[[int], s3.MarkedGetter], timeout: float = 1.0) -> set[int]:
+    """The nodes whose MinIO answers now (one cheap request each), through `getter(node)`'s
+    kept-alive connection (a new connection at every probe is one more MinIO connection for
+    SOCK_OPS to count)."""
+    bucket = state.config["minio"]["bucket"]
     with ThreadPoolExecutor(8) as pool:
-        return {n.index for n, ok in zip(state.nodes, pool.map(up, state.nodes)) if ok}
+        return {n.index for n, ok in zip(state.nodes, pool.map(lambda n: getter(n.index).answers(bucket, timeout),
+                                                                state.nodes)) if ok}
 
 
 @dataclass

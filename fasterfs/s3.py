@@ -78,12 +78,8 @@ class MarkedGetter:
         """The object's bytes and response headers (its metadata among them)."""
         from urllib.parse import quote
 
-        from botocore.awsrequest import AWSRequest
-
         path = f"/{bucket}/{quote(key)}"
-        request = AWSRequest(method="GET", url=self.endpoint + path)
-        self.signer.add_auth(request)
-        response = self.pool.request("GET", path, headers=dict(request.headers.items()))
+        response = self._signed("GET", path)
         if response.status == 404:
             raise KeyError(f"{path} not found on {self.endpoint}")
         if response.status != 200:
@@ -97,16 +93,11 @@ class MarkedGetter:
         from urllib.parse import urlencode
         from xml.etree import ElementTree
 
-        from botocore.awsrequest import AWSRequest
-
         ns = "{http://s3.amazonaws.com/doc/2006-03-01/}"
         token = None
         while True:
             query = {"list-type": "2", "prefix": prefix, **({"continuation-token": token} if token else {})}
-            path = f"/{bucket}?{urlencode(sorted(query.items()))}"
-            request = AWSRequest(method="GET", url=self.endpoint + path)
-            self.signer.add_auth(request)
-            response = self.pool.request("GET", path, headers=dict(request.headers.items()))
+            response = self._signed("GET", f"/{bucket}?{urlencode(sorted(query.items()))}")
             if response.status != 200:
                 raise OSError(f"listing {bucket}/{prefix} on {self.endpoint}: HTTP {response.status} "
                               f"{response.data[:200]!r}")
@@ -116,6 +107,25 @@ class MarkedGetter:
             token = root.findtext(f"{ns}NextContinuationToken")
             if root.findtext(f"{ns}IsTruncated") != "true" or not token:
                 return
+
+    def answers(self, bucket: str, timeout: float = 1.0) -> bool:
+        """Whether this MinIO answers a signed HEAD of `bucket` within `timeout`. One retry: the
+        server may have closed the kept-alive connection just as it was reused."""
+        from urllib3 import Retry
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self._signed("HEAD", f"/{bucket}", timeout=timeout,
+                                retries=Retry(total=1, connect=1, read=1, redirect=0, status=0)).status == 200
+        except (HTTPError, OSError):
+            return False
+
+    def _signed(self, method: str, path: str, **options):
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method=method, url=self.endpoint + path)
+        self.signer.add_auth(request)
+        return self.pool.request(method, path, headers=dict(request.headers.items()), **options)
 
     def close(self) -> None:
         self.pool.close()

@@ -363,11 +363,10 @@ class StorageNode:
         r = self.cfg.repair
         down_since: dict[int, float] = {}
         seen, surveyed = None, float("-inf")  # what the last survey saw, and when
-        probes: dict = {}  # one kept-alive client per node
         while not self._stopping.wait(r.check_s):
             try:
                 state = self._cluster_state()
-                alive = repair.answering(state, self.minio.creds, clients=probes)
+                alive = repair.answering(state, self._marked)  # the fills' pooled connections
                 now = time.monotonic()
                 for node in state.nodes:
                     if node.index in alive:

@@ -4,13 +4,14 @@ are; a bad object is found by its node's scrub and rewritten from the others. Re
 other hosts, moving pieces home, hosts that come back empty and the peer cache tier are tested
 on the share-nothing lab (test_lab.py)."""
 import os
+import time
 
 import pytest
 import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cli, config, registry, repair, s3
+from fasterfs import cli, cluster, config, registry, repair, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import put
 from fasterfs.state import actor_name
@@ -106,6 +107,31 @@ def test_a_node_whose_listing_failed_is_waited_for(live_cluster, overrides, tmp_
     assert missing(failed_1, {0, 1}) == []
     assert missing(failed_1, {0}) == [(c.id, 1) for c in m.chunks]
     registry.remove(live_cluster.name, "repair/wait.bin")
+
+
+def test_the_lowest_live_node_surveys_after_a_change_and_then_rests(live_cluster, overrides, tmp_path):
+    """Auto repair's leader: node 0, the lowest whose MinIO answers its probe, surveys the
+    namespace after a change (a new file); node 1 does not; with nothing changed and nothing to
+    do, node 0 does not survey again at its next checks."""
+    actors = cluster.storage_nodes(live_cluster)
+    check_s = live_cluster.config["repair"]["check_s"]
+    since = time.time()
+    (tmp_path / "b").write_bytes(os.urandom(2**20))
+    m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/lead.bin")
+
+    def survey_of(i):
+        r = ray.get(actors[i].status.remote(max_age_s=60))["redundancy"]
+        return r if r and r["time"] > since else None
+    deadline = time.monotonic() + 3 * check_s + 10
+    while survey_of(0) is None and time.monotonic() < deadline:
+        time.sleep(1)
+    first = survey_of(0)
+    assert first is not None, f"node 0 did not survey within {3 * check_s + 10} s of the change"
+    assert first["chunks"] >= len(m) and first["degraded"] == 0 and first["nodes_down"] == [], first
+    assert survey_of(1) is None
+    time.sleep(2 * check_s + 1)
+    assert survey_of(0)["time"] == first["time"]  # two checks with nothing changed: no survey
+    registry.remove(live_cluster.name, "repair/lead.bin")
 
 
 def test_repair_options_checked():
