@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import OmegaConf
 from rich.table import Table
 
 from . import auth, cluster, config, registry, repair, report
-from .errors import ConfigError, FasterFSError
+from .errors import ConfigError, FasterFSError, UsageError
 
 console = report.console()
 
@@ -47,37 +50,37 @@ def cmd_lab_down(cfg) -> None:
                   "links and bridges removed")
 
 
-def cmd_lab_exec(cfg, host: str | None = None, command: list[str] = ()) -> int:
+def cmd_lab_exec(cfg, node: int, command: list[str]) -> int:
     """Run a command on a lab host, as on that machine (its own files and network)."""
     import os
 
     from . import lab
 
-    if host is None or not host.isdigit() or not command:
-        raise FasterFSError("usage: fasterfs lab exec NODE -- COMMAND... (NODE: a lab host's node id)")
-    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
-    args = lab.exec_args(state, int(host), list(command))
+    state = _lab_state(cfg, node)
+    args = lab.exec_args(state, node, list(command))
     os.execvp(args[0], args)
 
 
-def _lab_host(cfg, host: str | None, command: str):
-    if host is None or not host.isdigit():
-        raise FasterFSError(f"usage: fasterfs lab {command} NODE (NODE: a lab host's node id)")
-    return cluster.ClusterState.load(config.Layout.of(cfg).paths.root), int(host)
+def _lab_state(cfg, node: int):
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    if node not in [n.index for n in state.nodes]:
+        raise UsageError(f"argument NODE: lab host {node} does not exist (hosts: {[n.index for n in state.nodes]})")
+    return state
 
 
-def cmd_lab_power_off(cfg, host: str | None = None) -> None:
+def cmd_lab_power_off(cfg, node: int) -> None:
     from . import lab
 
-    state, index = _lab_host(cfg, host, "power-off")
+    state, index = _lab_state(cfg, node), node
     killed = lab.power_off(state, index)
     console.print(f"lab host {index} powered off: {killed} processes killed at once; its disk is kept")
 
 
-def cmd_lab_power_on(cfg, host: str | None = None, empty: bool = False) -> None:
+def cmd_lab_power_on(cfg, node: int, empty: bool = False) -> None:
     from . import lab
 
-    _, index = _lab_host(cfg, host, "power-on")
+    _lab_state(cfg, node)
+    index = node
     with console.status(f"starting lab host {index}"):
         state = lab.power_on(cfg, index, empty)
     console.print(f"lab host {index} back{' with a blank disk' if empty else ''}: Ray node "
@@ -101,12 +104,49 @@ def cmd_status(cfg) -> None:
     console.print(f"Ray dashboard: {state.dashboard_url}" + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
     if state.notebook:
         console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
+    for r in rows:
+        for m in r.get("mounts") or []:
+            health = "[green]healthy[/]" if m["healthy"] else ("[red]not mounted[/]" if m["alive"] else "[red]daemon dead[/]")
+            console.print(f"Mount on node {r['index']} ({r['address']}): {m['path']}  FUSE daemon pid {m['pid']}  "
+                          f"{health}", highlight=False)
+    if not any(r.get("mounts") for r in rows):
+        console.print("Mounts: none (`fasterfs mount /mnt/ffs`)")
     if state.insecure:
         console.print("[red]Insecure: Ray runs without token authentication (cluster.insecure=true): anyone who "
                       "reaches it can run code on the cluster.[/]")
     elif not state.attached:
         console.print(f"Access: Ray's token authentication; the token is in {auth.token_file(state.root)} (0600) on "
-                      f"the head: `ray job submit` needs RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>")
+                      "the head.")
+    if not state.attached:
+        console.print(f"Ray's own tools from any shell on this machine: eval \"$({shell_env_command(cfg)})\" then "
+                      "ray job submit --working-dir . -- python jobs/graysort.py", highlight=False, soft_wrap=True)
+
+
+def shell_env_command(cfg) -> str:
+    """The `fasterfs env` command line for this cluster (its root named unless it is the default)."""
+    line = f"{shlex.quote(str(Path(sys.prefix) / 'bin' / 'fasterfs'))} env"
+    if cfg.cluster.root != config.load([]).cluster.root:
+        line += f" cluster.root={shlex.quote(cfg.cluster.root)}"
+    return line
+
+
+def cmd_env(cfg) -> None:
+    """Shell lines for Ray's own tools (`ray job submit`, `ray list actors`) and FasterFS's: the
+    cluster's dashboard address, its token by file (never the token itself) and root, and this
+    checkout's virtualenv first on PATH. Printed plainly, for `eval "$(fasterfs env)"`."""
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    if not state.running():
+        raise FasterFSError(f"the cluster under {state.root} is not running: `fasterfs up` first")
+    lines = [f"# FasterFS cluster {state.name!r} under {state.root}: Ray's own tools in this shell",
+             f"export FASTERFS_ROOT={shlex.quote(str(state.root))}",
+             f"export RAY_ADDRESS={shlex.quote(state.dashboard_url)}"]
+    token = auth.token_file(state.root)
+    if not state.insecure and token.exists():
+        auth.read(token)  # refuses a token file others can read
+        lines += ["export RAY_AUTH_MODE=token", f"export RAY_AUTH_TOKEN_PATH={shlex.quote(str(token))}",
+                  "unset RAY_AUTH_TOKEN"]
+    lines.append(f"export PATH={shlex.quote(str(Path(sys.prefix) / 'bin'))}${{PATH:+:$PATH}}")
+    print("\n".join(lines))
 
 
 def _print_redundancy(health) -> None:
@@ -235,31 +275,33 @@ def cmd_cache_status(cfg) -> None:
     console.print(table)
 
 
-def parse_chunks(spec: str | None, count: int) -> list[int]:
-    """'all', '5', '0-9', '0-9,20,30-31' -> chunk ids, checked against the dataset."""
-    if spec in (None, "all"):
-        return list(range(count))
+def chunk_list(spec: str) -> list[int] | None:
+    """'all' (None), '5', '0-9', '0-9,20,30-31' -> chunk ids; argparse's type for CHUNKS."""
+    if spec == "all":
+        return None
     ids: list[int] = []
     for part in spec.split(","):
-        try:
-            lo, _, hi = part.partition("-")
-            ids += list(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            raise FasterFSError(f"bad chunk list {spec!r}: use e.g. 0-9,20") from None
-    bad = [i for i in ids if not 0 <= i < count]
-    if bad:
-        raise FasterFSError(f"chunk {bad[0]} does not exist: valid ids are 0..{count - 1}")
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise argparse.ArgumentTypeError(f"{spec!r}: {part!r} is not a chunk id or range (e.g. 0-9,20)")
+        if dash and int(hi) < int(lo):
+            raise argparse.ArgumentTypeError(f"{spec!r}: range {part!r} runs backwards (write {hi}-{lo})")
+        ids += list(range(int(lo), int(hi or lo) + 1))
     return ids
 
 
-def cmd_cache_warm(cfg, chunks: str | None = None) -> None:
+def cmd_cache_warm(cfg, chunks: list[int] | None = None) -> None:
     import ray
     from rich.progress import Progress
 
     from .client import connect
 
     client = connect(cfg.cluster.root)
-    ids = parse_chunks(chunks, len(client))
+    ids = list(range(len(client))) if chunks is None else chunks
+    bad = [i for i in ids if not 0 <= i < len(client)]
+    if bad:
+        raise UsageError(f"argument CHUNKS: chunk {bad[0]} does not exist in {client.manifest.name} "
+                         f"(chunks 0-{len(client) - 1})")
     actors = cluster.storage_nodes(client.state)
     cached = 0
     with Progress(console=console) as bar:
@@ -319,12 +361,9 @@ def cmd_umount(cfg, mountpoint: str) -> None:
     console.print(f"unmounted {mountpoint} on {hosts} host{'s' if hosts > 1 else ''}")
 
 
-def cmd_put(cfg, *paths: str, force: bool = False) -> None:
+def cmd_put(cfg, sources: list[str], dest: str, force: bool = False) -> None:
     from .ingest import put
 
-    if len(paths) < 2:
-        raise FasterFSError("usage: fasterfs put LOCAL... DEST (DEST ending in '/' or several LOCALs: a directory)")
-    *sources, dest = paths
     into_dir = dest.endswith("/") or len(sources) > 1
     for src in sources:
         name = f"{dest.rstrip('/')}/{src.rstrip('/').rsplit('/', 1)[-1]}" if into_dir else dest
@@ -372,97 +411,151 @@ def cmd_cat(cfg, path: str) -> None:
     out.flush()
 
 
-def cmd_rm(cfg, *names: str) -> None:
+def cmd_rm(cfg, names: list[str]) -> None:
     from .ingest import remove
 
-    if not names:
-        raise FasterFSError("usage: fasterfs rm NAME... (a dataset's name or a file's path)")
     for name in names:
         m = remove(cfg, name)
         console.print(f"removed {m.kind} {m.name} ({report.fmt_bytes(m.total_bytes)}); readers holding it keep "
                       f"reading it for ingest.keep_old_s={cfg.ingest.keep_old_s:g} s")
 
 
+@dataclass(frozen=True)
+class Command:
+    run: Callable
+    help: str
+    example: str
+    args: tuple[tuple[str, dict], ...] = ()  # positional arguments: (name, argparse keywords)
+    flags: tuple[tuple[str, dict], ...] = ()
+
+
+NODE = ("node", dict(type=int, metavar="NODE", help="a lab host's node id (0, 1, ...)"))
 COMMANDS = {
-    "up": (cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO"),
-    "status": (cmd_status, "show each node's Ray id, MinIO endpoint, health and contents"),
-    "ingest": (cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes"),
-    "down": (cmd_down, "stop everything the cluster started"),
-    "notebook": (cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can fasterfs.connect())"),
-    "cache status": (cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions"),
-    "cache warm": (cmd_cache_warm, "fill the caches with chunks now: `fasterfs cache warm 0-9,20` (default all)"),
-    "cache clear": (cmd_cache_clear, "empty every node's cache and start a new kernel epoch"),
-    "lab up": (cmd_lab_up, "create N hosts as network namespaces with bandwidth limits and start the cluster on them"),
-    "lab down": (cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs"),
-    "lab exec": (cmd_lab_exec, "run a command on a lab host: `fasterfs lab exec 1 -- fasterfs status "
-                              "cluster.ray_address=<head>:<port>`"),
-    "lab power-off": (cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing power"),
-    "lab power-on": (cmd_lab_power_on, "start a powered-off lab host again (--empty: with a blank disk)"),
-    "put": (cmd_put, "store files in the namespace: `fasterfs put book.parquet research/book.parquet` "
-                     "(--force replaces)"),
-    "ls": (cmd_ls, "list the namespace: datasets, their chunks, stored files"),
-    "cat": (cmd_cat, "write a dataset's or file's bytes to stdout"),
-    "rm": (cmd_rm, "remove datasets or files from the namespace"),
-    "mount": (cmd_mount, "mount the namespace read-only with FUSE on every host: `fasterfs mount /mnt/ffs`"),
-    "umount": (cmd_umount, "unmount it everywhere"),
-    "repair": (cmd_repair, "put every missing replica or shard back (and pieces moved away back home); "
-                           "names chunks that are lost"),
-    "kernel status": (cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, latency, tuning"),
+    "up": Command(cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO",
+                  "fasterfs up nodes=4"),
+    "status": Command(cmd_status, "show each node's Ray id, MinIO endpoint, health, contents and mounts",
+                      "fasterfs status cluster.ray_address=127.0.0.2:6379"),
+    "env": Command(cmd_env, "print the shell lines that let Ray's own tools (`ray job submit`) drive this cluster",
+                   'eval "$(.venv/bin/fasterfs env)"; ray job submit --working-dir . -- python jobs/graysort.py'),
+    "ingest": Command(cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes",
+                      "fasterfs ingest data.rows_per_chunk=500 replicas=2"),
+    "down": Command(cmd_down, "stop everything the cluster started", "fasterfs down"),
+    "notebook": Command(cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can "
+                        "fasterfs.connect())", "fasterfs notebook"),
+    "cache status": Command(cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions",
+                            "fasterfs cache status"),
+    "cache warm": Command(cmd_cache_warm, "fill the caches with chunks of the dataset ingested last, now",
+                          "fasterfs cache warm 0-9,20",
+                          (("chunks", dict(nargs="?", type=chunk_list, metavar="CHUNKS",
+                                           help="chunk ids: 'all' (the default), 5, 0-9 or 0-9,20,30-31")),)),
+    "cache clear": Command(cmd_cache_clear, "empty every node's cache and start a new kernel epoch",
+                           "fasterfs cache clear"),
+    "lab up": Command(cmd_lab_up, "create N hosts as network namespaces with bandwidth limits and start the cluster "
+                      "on them", "fasterfs lab up --nodes 4 lab=laptops"),
+    "lab down": Command(cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs",
+                        "fasterfs lab down"),
+    "lab exec": Command(cmd_lab_exec, "run a command on a lab host, as on that machine (its own files and network)",
+                        "fasterfs lab exec 1 -- fasterfs status cluster.ray_address=10.77.0.1:6379",
+                        (NODE, ("command", dict(nargs="+", metavar="COMMAND",
+                                                help="the command and its arguments, after --")))),
+    "lab power-off": Command(cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing "
+                             "power", "fasterfs lab power-off 2", (NODE,)),
+    "lab power-on": Command(cmd_lab_power_on, "start a powered-off lab host again", "fasterfs lab power-on 2 --empty",
+                            (NODE,), (("--empty", dict(action="store_true",
+                                                       help="with a blank disk, as a replaced machine")),)),
+    "put": Command(cmd_put, "store local files in the namespace (DEST ending in '/', or several LOCALs: a directory)",
+                   "fasterfs put book.parquet research/book.parquet",
+                   (("sources", dict(nargs="+", metavar="LOCAL", help="local files to store")),
+                    ("dest", dict(metavar="DEST", help="their path in the namespace"))),
+                   (("--force", dict(action="store_true", help="replace a file of the same name")),)),
+    "ls": Command(cmd_ls, "list the namespace: datasets, their chunks, stored files", "fasterfs ls research/",
+                  (("path", dict(nargs="?", default="", metavar="PATH",
+                                 help="a directory or file of the namespace (default: its top)")),)),
+    "cat": Command(cmd_cat, "write a dataset's or file's bytes to stdout", "fasterfs cat research/book.parquet > b.pq",
+                   (("path", dict(metavar="PATH", help="a file of the namespace")),)),
+    "rm": Command(cmd_rm, "remove datasets or files from the namespace", "fasterfs rm research/book.parquet",
+                  (("names", dict(nargs="+", metavar="NAME", help="a dataset's name or a file's path")),)),
+    "mount": Command(cmd_mount, "mount the namespace read-only with FUSE on every host", "fasterfs mount /mnt/ffs",
+                     (("mountpoint", dict(metavar="MOUNTPOINT",
+                                          help="an absolute path to an empty directory, the same on every host")),)),
+    "umount": Command(cmd_umount, "unmount it on every host", "fasterfs umount /mnt/ffs",
+                      (("mountpoint", dict(metavar="MOUNTPOINT", help="the path given to `fasterfs mount`")),)),
+    "repair": Command(cmd_repair, "put every missing replica or shard back (and pieces moved away back home); names "
+                      "chunks that are lost", "fasterfs repair repair.mb_per_s=50"),
+    "kernel status": Command(cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, "
+                             "latency, tuning", "fasterfs kernel status"),
 }
 
+OVERRIDES_RULE = """overrides: KEY=VALUE words whose KEY starts with a top-level option of conf/config.yaml
+(nodes=4, cluster.root=/data/ffs, data=synthetic, +x=1, ~x) are Hydra overrides, in any place;
+every other word is an argument. After `--` every word is an argument (fasterfs ls -- nodes=1.csv)."""
 
-POSITIONAL = {"cache warm": 1, "lab exec": 1, "lab power-off": 1, "lab power-on": 1, "put": 10_000, "ls": 1, "cat": 1, "rm": 10_000, "mount": 1, "umount": 1}
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (naming the argument) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fasterfs", description=__doc__,
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = Parser(prog="fasterfs", description=__doc__, epilog=OVERRIDES_RULE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=Parser)
     groups: dict[str, argparse._SubParsersAction] = {}
-    for name, (_, help_text) in COMMANDS.items():
+    parsers = {}
+    for name, c in COMMANDS.items():
+        kw = dict(help=c.help, description=c.help, formatter_class=argparse.RawDescriptionHelpFormatter,
+                  epilog=f"example:\n  {c.example}\n\n{OVERRIDES_RULE}")
         if " " in name:  # `fasterfs kernel status`
             group, action = name.split(" ", 1)
             if group not in groups:
-                groups[group] = sub.add_parser(group, help=f"{group} commands").add_subparsers(dest="action", required=True)
-            p = groups[group].add_parser(action, help=help_text)
+                groups[group] = sub.add_parser(group, help=f"{group} commands").add_subparsers(
+                    dest="action", required=True, metavar="ACTION", parser_class=Parser)
+            p = groups[group].add_parser(action, **kw)
         else:
-            p = sub.add_parser(name, help=help_text)
-        p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. nodes=4")
-        p.add_argument("--nodes", type=int, help="shorthand for the override nodes=N")
+            p = sub.add_parser(name, **kw)
+        for arg, spec in c.args:
+            p.add_argument(arg, **spec)
+        p.add_argument("--nodes", type=int, metavar="N", help="shorthand for the override nodes=N")
         p.add_argument("--cfg", choices=["job"], help="print the composed configuration (as Hydra's --cfg job) and exit")
-        if name == "put":
-            p.add_argument("--force", action="store_true", help="replace a file of the same name")
-        if name == "lab power-on":
-            p.add_argument("--empty", action="store_true", help="with a blank disk, as a replaced machine")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[argv.index("--") + 1:] if "--" in argv else []  # `lab exec N -- COMMAND...`
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    args = parser.parse_args(argv)
+        for flag, spec in c.flags:
+            p.add_argument(flag, **spec)
+        parsers[name] = p
+    return parser, parsers
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the words argparse reads, the Hydra overrides), by OVERRIDES_RULE."""
+    keys = config.override_keys()
+    words, overrides = [], []
+    for n, word in enumerate(argv):
+        if word == "--":
+            return words + argv[n:], overrides
+        (overrides if config.is_override(word, keys) else words).append(word)
+    return words, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, parsers = _parser()
+    words, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(words)
     if getattr(args, "action", None):
         args.command = f"{args.command} {args.action}"
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    command = COMMANDS[args.command]
     try:
-        overrides = ([f"nodes={args.nodes}"] if args.nodes else []) + [o for o in args.overrides if "=" in o]
-        positional = [o for o in args.overrides if "=" not in o]
-        cfg = config.load(overrides)
+        cfg = config.load(([f"nodes={args.nodes}"] if args.nodes else []) + overrides)
         if args.cfg:
             print(OmegaConf.to_yaml(cfg), end="")
             return 0
-        takes = POSITIONAL.get(args.command, 0)
-        if len(positional) > takes:
-            raise FasterFSError(f"unexpected argument {positional[takes]!r}: overrides look like key=value")
-        if args.command == "lab exec":
-            cmd_lab_exec(cfg, *positional[:1], command=command)
-        elif args.command in ("mount", "umount", "cat") and len(positional) != 1:
-            raise FasterFSError(f"usage: fasterfs {args.command} PATH")
-        elif args.command == "put":
-            cmd_put(cfg, *positional, force=args.force)
-        elif args.command == "lab power-on":
-            cmd_lab_power_on(cfg, *positional, empty=args.empty)
-        else:
-            COMMANDS[args.command][0](cfg, *positional)
+        names = [name for name, _ in command.args] + [flag.lstrip("-").replace("-", "_") for flag, _ in command.flags]
+        command.run(cfg, **{name: getattr(args, name) for name in names})
+    except UsageError as e:  # an argument that parsed but names nothing there: as argparse, exit 2
+        parsers[args.command].error(str(e))
     except FasterFSError as e:
         if args.verbose:
             raise

@@ -73,14 +73,17 @@ def _software_under_tmp() -> list[str]:
 def ray_env(root: str | Path) -> dict[str, str]:
     """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
     a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
-    project's environment whatever shell submitted it; the Ray token's file (fasterfs.auth)."""
+    project's environment whatever shell submitted it; the Ray token's file (fasterfs.auth);
+    the cluster's root, so every worker, job driver and process they spawn finds this
+    cluster's files and token, never those of another cluster on the machine."""
     venv_bin = str(Path(sys.prefix) / "bin")
     path = [venv_bin] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin]
     # a job's code comes from its uploaded copy (`--working-dir .`), not this checkout: the
     # sample data's place must come with the environment
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
     return dict(env, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
-                FASTERFS_LOBSTER_DIR=lobster_dir(), **auth.ray_env(auth.token_file(root)))
+                FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_ROOT=str(root),
+                **auth.ray_env(auth.token_file(root)))
 
 
 def _provision(host: Host, root: str | Path) -> None:

@@ -49,6 +49,22 @@ def load(overrides: Sequence[str] = ()) -> DictConfig:
     return checked(cfg)
 
 
+OVERRIDE = re.compile(r"(\+{1,2}|~)?([A-Za-z_]\w*)(?:\.[\w-]+)*(=|$)")
+
+
+def override_keys() -> set[str]:
+    """What a Hydra override may start with: conf/config.yaml's top-level keys, its config
+    groups (conf/<group>/) and hydra."""
+    top = set(OmegaConf.load(CONF_DIR / "config.yaml").keys()) - {"defaults"}
+    return top | {p.name for p in CONF_DIR.iterdir() if p.is_dir()} | {"hydra"}
+
+
+def is_override(word: str, keys: set[str]) -> bool:
+    """`nodes=4`, `data=synthetic`, `+x.y=1`, `~x`: an override; `nodes.csv`, `a=b.csv`, `dir/x=1`: not."""
+    m = OVERRIDE.match(word)
+    return bool(m) and m.group(2) in keys and (m.group(3) == "=" or m.group(1) == "~")
+
+
 def _culprit(overrides: Sequence[str]) -> str:
     """ ' x=[1' when Hydra's grammar refuses that override (its message does not say which)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -21,7 +21,7 @@ def _datasource_class():
     class ChunkSource(Datasource):
         """A node's chunks of one dataset, a read task per chunk."""
 
-        def __init__(self, cluster: str, dataset: str, generation: str, chunks: list, with_node: bool):
+        def __init__(self, cluster: tuple[str, ...], dataset: str, generation: str, chunks: list, with_node: bool):
             super().__init__()
             self.cluster, self.dataset, self.generation = cluster, dataset, generation
             self.chunks, self.with_node = chunks, with_node
@@ -46,7 +46,9 @@ def _datasource_class():
 _clients: dict = {}  # per worker process: (dataset, generation) -> client
 
 
-def _read_chunk(cluster: str, dataset: str, generation: str, i: int, with_node: bool):
+def _read_chunk(cluster: tuple[str, ...], dataset: str, generation: str, i: int, with_node: bool):
+    """`cluster`: the overrides naming the driver's cluster (its name and root), never the
+    default root's, which may hold another cluster on the same machine."""
     import ray
 
     from .client import connect
@@ -54,7 +56,7 @@ def _read_chunk(cluster: str, dataset: str, generation: str, i: int, with_node: 
     key = (dataset, generation)
     client = _clients.get(key)
     if client is None:
-        client = _clients[key] = connect(overrides=[f"cluster.name={cluster}"], dataset=dataset)
+        client = _clients[key] = connect(overrides=list(cluster), dataset=dataset)
         if client.manifest.generation != generation:
             raise FasterFSError(f"dataset {dataset} was re-ingested while Ray Data read it: read it again")
     table = client.read_table(i).to_arrow()
@@ -82,6 +84,7 @@ def read(dataset: str | None = None, overrides: Sequence[str] = (), nodes: Seque
     if manifest is None or manifest.kind != "dataset":
         raise FasterFSError(f"{dataset!r}: no such dataset in cluster {state.name!r} (`fasterfs ls`)")
     source = _datasource_class()
+    cluster = (f"cluster.name={state.name}", f"cluster.root={state.root}")
     parts = []
     for node in state.nodes:
         if nodes is not None and node.index not in nodes:
@@ -89,7 +92,7 @@ def read(dataset: str | None = None, overrides: Sequence[str] = (), nodes: Seque
         mine = [c for c in manifest.chunks if c.nodes[0] == node.index]  # each chunk read once, by its owner
         if mine:
             parts.append(ray.data.read_datasource(
-                source(state.name, manifest.name, manifest.generation, mine, with_node),
+                source(cluster, manifest.name, manifest.generation, mine, with_node),
                 label_selector={"ray.io/node-id": node.ray_node_id}))
     if not parts:
         raise FasterFSError(f"dataset {manifest.name}: no chunks on nodes {list(nodes or [])}")

@@ -11,3 +11,8 @@ class FasterFSError(Exception):
 
 class ConfigError(FasterFSError):
     """A bad override or configuration value: command lines exit with 2 on it, as argparse does."""
+
+
+class UsageError(ConfigError):
+    """A command-line argument that parsed but names nothing there (a chunk, a lab host): the
+    CLI reports it as argparse does, naming the argument, with exit code 2."""

@@ -10,6 +10,8 @@ Options (storage_options=...): root, overrides (Hydra overrides naming the clust
 from __future__ import annotations
 
 import errno
+import hashlib
+from datetime import datetime, timezone
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
@@ -37,8 +39,36 @@ class FasterFileSystem(AbstractFileSystem):
 
     @staticmethod
     def _details(entry: Entry) -> dict:
+        m = entry.manifest
         return {"name": entry.path, "size": entry.size, "type": "directory" if entry.is_dir else "file",
-                "mtime": entry.mtime, "chunks": len(entry.chunk_ids)}
+                "mtime": entry.mtime, "created": m.created if m else entry.mtime, "chunks": len(entry.chunk_ids),
+                "generation": m.generation if m else None}
+
+    # What tools ask beyond ls/info/cat (DuckDB's register_filesystem, fsspec's caches):
+    # times from the manifest; identity and checksum from what the file is made of.
+    def modified(self, path):
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
+
+    def created(self, path):
+        return datetime.fromtimestamp(self.info(path)["created"], tz=timezone.utc)
+
+    def invalidate_cache(self, path=None):
+        """Forget the namespace this filesystem holds (it is refreshed every
+        namespace.refresh_s otherwise): the next call sees every put and rm so far."""
+        self.ns.refresh(force=True)
+
+    def ukey(self, path):
+        """Changes whenever the file's bytes may have: a new generation of its manifest."""
+        entry = self._lookup(self._strip_protocol(path))
+        return hashlib.sha256(f"{entry.path}\0{entry.manifest.generation if entry.manifest else ''}".encode()).hexdigest()
+
+    def checksum(self, path):
+        """Of the bytes alone: the xxh3 of each chunk the file is made of (the manifest's), in order."""
+        entry = self._lookup(self._strip_protocol(path))
+        if entry.is_dir:
+            raise IsADirectoryError(path)
+        digest = hashlib.sha256(b"".join(entry.manifest.chunks[i].xxh3.to_bytes(8, "little") for i in entry.chunk_ids))
+        return int.from_bytes(digest.digest()[:8], "little")
 
     def ls(self, path, detail=True, **kwargs):
         path = self._strip_protocol(path)
@@ -67,13 +97,12 @@ class FasterFileSystem(AbstractFileSystem):
         return FasterFile(self, self._strip_protocol(path), mode, block_size or 4 * 1024 * 1024,
                           cache_options=cache_options, **kwargs)
 
-    def _rm(self, path):
-        raise OSError(errno.EROFS, "fasterfs:// is read-only: use `fasterfs rm`", path)
+    # Read-only: every way to change it names the CLI command that does.
+    def _read_only(self, path, *args, **kwargs):
+        raise OSError(errno.EROFS, "fasterfs:// is read-only: change the namespace with `fasterfs put` / "
+                                   "`fasterfs rm`", path)
 
-    def mkdir(self, path, create_parents=True, **kwargs):
-        raise OSError(errno.EROFS, "fasterfs:// is read-only", path)
-
-    makedirs = mkdir
+    _rm = rm_file = rmdir = mkdir = makedirs = touch = pipe_file = put_file = cp_file = mv = _read_only
 
 
 class FasterFile(AbstractBufferedFile):

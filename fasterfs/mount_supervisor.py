@@ -167,4 +167,12 @@ class Mounts:
                 self._save()
 
     def status(self) -> list[dict]:
-        return [{"path": p, "pid": proc.pid, "alive": proc.poll() is None} for p, proc in self._procs.items()]
+        """Each mount: its daemon's PID, whether the daemon runs and whether the kernel still has
+        the mount (read from the mount table: a hung daemon cannot hang this)."""
+        with self._lock:
+            procs = list(self._procs.items())
+        out = []
+        for path, proc in procs:
+            alive = proc.poll() is None
+            out.append({"path": path, "pid": proc.pid, "alive": alive, "healthy": alive and is_mounted(path)})
+        return out

@@ -496,10 +496,13 @@ class StorageNode:
         self.minio.ensure_reader(self._reader_keys, self.bucket)
 
     def _mount_overrides(self) -> list[str]:
-        """What a FUSE daemon on this host needs to find the cluster (its facts then come from the Registry)."""
+        """What a FUSE daemon on this host needs to find the cluster (its facts then come from the
+        Registry): named explicitly, root included, so it never takes the token of another
+        cluster under the default root."""
         import ray
 
-        return [f"cluster.name={self.cfg.cluster.name}", f"cluster.ray_address={ray.get_runtime_context().gcs_address}"]
+        return [f"cluster.name={self.cfg.cluster.name}", f"cluster.root={self.cfg.cluster.root}",
+                f"cluster.ray_address={ray.get_runtime_context().gcs_address}"]
 
     def _supervise(self) -> None:
         while not self._stopping.wait(self.cfg.minio.supervise_interval_s):
@@ -552,7 +555,7 @@ class StorageNode:
                 "endpoint": self.minio.endpoint, "healthy": healthy, "held": self._held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
                 "kernel_mode": self.kernel.mode, "redundancy": self.health, "repairs": self.repairs[-5:],
-                "scrub": self.scrubbed, "started": self.started}
+                "scrub": self.scrubbed, "started": self.started, "mounts": self.mounts.status()}
 
     def kernel_status(self, top: int = 10) -> dict:
         snap = self.kernel.snapshot(top, resolve=self.resolve)

@@ -3,6 +3,7 @@ servers) on loopback addresses and ports of its own, so it never meets a cluster
 runs with the defaults; and checks that it leaves nothing behind."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -75,6 +76,25 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
     assert not listening.strip(), f"dashboard port {port} still listening: {listening}"
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
     assert f"fasterfs-{state.name}/" not in tree, "SOCK_OPS attachment left"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def another_clusters_token_at_the_default_root():
+    """The suite runs as after `make run`: another cluster's Ray token under the default root
+    (that cluster's own, when one is there; else a stand-in made here and removed after). Every
+    process the test clusters start must find their own cluster, never take that token."""
+    from fasterfs import auth
+
+    default = Path(config.load([]).cluster.root)
+    token = auth.token_file(default)
+    made = [] if token.exists() else [p for p in (default, token) if not p.exists()]
+    if made:
+        default.mkdir(parents=True, exist_ok=True)
+        auth.create(token)
+    yield auth.read(token)
+    for path in reversed(made):
+        with contextlib.suppress(OSError):  # never more than what was made here
+            path.unlink() if path.is_file() else path.rmdir()
 
 
 @pytest.fixture(scope="session")
