@@ -108,7 +108,7 @@ def cmd_status(cfg) -> None:
         for m in r.get("mounts") or []:
             health = "[green]healthy[/]" if m["healthy"] else ("[red]not mounted[/]" if m["alive"] else "[red]daemon dead[/]")
             console.print(f"Mount on node {r['index']} ({r['address']}): {m['path']}  FUSE daemon pid {m['pid']}  "
-                          f"{health}", highlight=False)
+                          f"{health}", highlight=False, soft_wrap=True)
     if not any(r.get("mounts") for r in rows):
         console.print("Mounts: none (`fasterfs mount /mnt/ffs`)")
     if state.insecure:
@@ -138,7 +138,7 @@ def cmd_env(cfg) -> None:
     if not state.running():
         raise FasterFSError(f"the cluster under {state.root} is not running: `fasterfs up` first")
     lines = [f"# FasterFS cluster {state.name!r} under {state.root}: Ray's own tools in this shell",
-             f"export FASTERFS_ROOT={shlex.quote(str(state.root))}",
+             f"export FASTERFS_CLUSTER={shlex.quote(state.name)} FASTERFS_ROOT={shlex.quote(str(state.root))}",
              f"export RAY_ADDRESS={shlex.quote(state.dashboard_url)}"]
     token = auth.token_file(state.root)
     if not state.insecure and token.exists():

@@ -70,11 +70,11 @@ def _software_under_tmp() -> list[str]:
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
-def ray_env(root: str | Path) -> dict[str, str]:
+def ray_env(name: str, root: str | Path) -> dict[str, str]:
     """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
     a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
     project's environment whatever shell submitted it; the Ray token's file (fasterfs.auth);
-    the cluster's root, so every worker, job driver and process they spawn finds this
+    the cluster's name and root, so every worker, job driver and process they spawn finds this
     cluster's files and token, never those of another cluster on the machine."""
     venv_bin = str(Path(sys.prefix) / "bin")
     path = [venv_bin] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin]
@@ -82,7 +82,7 @@ def ray_env(root: str | Path) -> dict[str, str]:
     # sample data's place must come with the environment
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
     return dict(env, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
-                FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_ROOT=str(root),
+                FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_CLUSTER=name, FASTERFS_ROOT=str(root),
                 **auth.ray_env(auth.token_file(root)))
 
 
@@ -245,7 +245,7 @@ def _head_node_id(state: ClusterState) -> str:
 def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
     """One `ray start` per host (and one for a head without storage); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
-    env = ray_env(state.root)
+    env = ray_env(state.name, state.root)
     logs = layout.paths.log_dir
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
         proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log",
@@ -352,7 +352,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     head = Host(state.head_address)
     _provision(host, state.root)
     proc = cgroup.spawn(_ray_start_args(cfg, host, head, index, False), log_path,
-                        ray_env(state.root), child=f"node-{index}")
+                        ray_env(state.name, state.root), child=f"node-{index}")
     node.ray_pid = proc.pid
     state.save()
     deadline = time.monotonic() + cfg.cluster.start_timeout_s

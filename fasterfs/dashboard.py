@@ -97,8 +97,18 @@ def _nodes(snap: dict) -> str:
         mode = {"real": '<span class="ok">real eBPF</span>', "simulated": '<span class="bad">SIMULATED</span>'}
         rows.append([str(n["index"]), e(n["address"] + (f" ({n['netns']})" if n.get("netns") else "")),
                      e(n["endpoint"]), health, _num(st.get("objects")), e(fmt_bytes(st.get("bytes"))),
-                     _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-")])
-    return _table(["node", "address", "MinIO", "health", "objects", "stored", "MinIO restarts", "kernel"], rows, 4)
+                     _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-"), _mounts(st.get("mounts"))])
+    return _table(["node", "address", "MinIO", "health", "objects", "stored", "MinIO restarts", "kernel",
+                   "FUSE mounts"], rows, 4)
+
+
+def _mounts(mounts: list[dict] | None) -> str:
+    """A node's mounts: path, its daemon's PID, and whether both daemon and mount are there."""
+    if not mounts:
+        return '<span class="muted">none</span>' if mounts is not None else "-"
+    state = lambda m: ('<span class="ok">healthy</span>' if m["healthy"] else  # noqa: E731
+                       '<span class="bad">daemon dead</span>' if not m["alive"] else '<span class="bad">not mounted</span>')
+    return "<br>".join(f"{e(m['path'])} (daemon {m['pid']}) {state(m)}" for m in mounts)
 
 
 def _redundancy(snap: dict) -> str:

@@ -3,8 +3,8 @@ head's address, in the cluster's cgroup, behind the cluster's Ray token (fasterf
 cluster without one, a token generated here, kept 0600 under the cluster root), handed over
 in the environment, never on a command line. The server runs from an environment of its own
 (`make setup` puts it in .deps/jupyterlab: its dependencies would slow every Ray worker's
-`import ray` here); its kernels run in the project's environment with FASTERFS_ROOT set, so
-`fasterfs.connect()` finds the running cluster. `fasterfs down` stops it by its PID."""
+`import ray` here); its kernels run in the project's environment with FASTERFS_CLUSTER and
+FASTERFS_ROOT set, so `fasterfs.connect()` finds the running cluster. `fasterfs down` stops it by its PID."""
 from __future__ import annotations
 
 import json
@@ -72,7 +72,7 @@ def start(cfg, state: ClusterState) -> dict:
     server = server_binary()
     _write_kernel_spec(home / "path")
     venv_bin = str(Path(sys.prefix) / "bin")  # first on the kernels' PATH: `!fasterfs status` in a cell
-    env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
+    env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_CLUSTER=state.name, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
                PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
                JUPYTER_PATH=str(home / "path"), JUPYTER_CONFIG_DIR=str(home / "config"),
                JUPYTER_DATA_DIR=str(home / "data"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),

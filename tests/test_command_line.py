@@ -123,3 +123,69 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
                "FasterFS's gauges among Ray's metrics")
     text = exported()
     assert re.search(r'^ray_fasterfs_kernel_real\{[^}]*node="0"[^}]*\} 1\.0$', text, re.M)  # real eBPF, as measured
+
+
+def test_fasterfs_env_lets_a_new_shell_submit_a_job(live_cluster, overrides):
+    """The README's way from a new shell: `eval "$(.venv/bin/fasterfs env)"`, then Ray's own
+    `ray job submit` with no address or token on its command line; Ray records it SUCCEEDED."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from fasterfs import auth
+
+    root = live_cluster.root
+    script = (f'eval "$({PROJECT_DIR}/.venv/bin/fasterfs env cluster.root={root})" && '
+              "ray job submit --working-dir . -- python jobs/graysort.py size=2MB graysort.baseline=false "
+              "graysort.reference_mb=0")
+    out = subprocess.run(["env", "-i", "HOME=/root", "PATH=/usr/bin:/bin", "bash", "-c", script], cwd=PROJECT_DIR,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sid = re.search(r"Job '(raysubmit_\w+)' submitted successfully", out.stdout + out.stderr).group(1)
+    token = auth.read(auth.token_file(root))
+    jobs = JobSubmissionClient(live_cluster.dashboard_url, headers={"Authorization": f"Bearer {token}"})
+    assert jobs.get_job_status(sid) == JobStatus.SUCCEEDED
+    output = Path(re.search(r"^output: (\S+)$", jobs.get_job_logs(sid), re.M).group(1))
+    assert output.is_relative_to(root) and (output / "graysort.json").is_file()  # its own cluster's disk
+    env = subprocess.run([f"{PROJECT_DIR}/.venv/bin/fasterfs", "env", f"cluster.root={root}"], env=CLEAN_ENV,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert token not in env  # the token by its file only
+    assert f"export RAY_AUTH_TOKEN_PATH={auth.token_file(root)}" in env.splitlines()
+
+
+def test_every_subcommand_names_its_arguments_and_gives_an_example():
+    from fasterfs.cli import COMMANDS
+
+    fasterfs = str(PROJECT_DIR / ".venv/bin/fasterfs")
+    for name, command in COMMANDS.items():
+        out = run(fasterfs, *name.split(), "--help")
+        assert out.returncode == 0, (name, out.stderr)
+        usage = " ".join(out.stdout.split("\n\n")[0].split())  # argparse's usage, unwrapped
+        for _, spec in command.args:
+            assert spec["metavar"] in usage and spec["help"] in " ".join(out.stdout.split()), (name, out.stdout)
+        assert f"example:\n  fasterfs {name}" in out.stdout or f"example:\n  eval" in out.stdout, (name, out.stdout)
+    usage = run(fasterfs, "put", "--help").stdout
+    assert "LOCAL [LOCAL ...] DEST" in " ".join(usage.split())
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["cache", "warm", "3-1"], "argument CHUNKS: '3-1'"),
+    (["cache", "warm", "x"], "argument CHUNKS: 'x'"),
+    (["lab", "power-on", "one"], "argument NODE"),
+    (["mount"], "MOUNTPOINT"),
+    (["put", "only-one"], "DEST"),
+    (["cat", "a", "b"], "unrecognized arguments: b"),
+])
+def test_bad_arguments_are_one_line_naming_them_exit_2(args, culprit, tmp_path):
+    out = run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, f"cluster.root={tmp_path}")
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_paths_are_never_taken_for_overrides():
+    from fasterfs.cli import split_overrides
+
+    words, overrides = split_overrides(["put", "a=b.csv", "dir/nodes=1.csv", "nodes=3", "data=synthetic",
+                                        "research/", "--", "cluster.root=x"])
+    assert overrides == ["nodes=3", "data=synthetic"]
+    assert words == ["put", "a=b.csv", "dir/nodes=1.csv", "research/", "--", "cluster.root=x"]

@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import subprocess
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put, remove
 from fasterfs.reader import Namespace
 
-from conftest import wait_until
+from conftest import CLEAN_ENV, command_lines, wait_until
 
 
 @pytest.fixture
@@ -237,6 +238,34 @@ def test_mount_daemon_killed_is_replaced(ingest_as, mounted, live_cluster):
     wait_until(back, timeout=60, what="the FUSE daemon to be replaced")
     assert (point / m.name / "chunks" / "chunk-00000.csv").stat().st_size == m.chunk(0).bytes  # no ENOTCONN
     assert ray.get(actor.status.remote()) is not None
+
+
+def test_mounts_beside_another_clusters_token_listed_by_status_and_dashboard(
+        mounted, live_cluster, overrides, cfg_of, tmp_path, another_clusters_token_at_the_default_root):
+    """The default root holds another cluster's token (as after `make run`): this cluster's FUSE
+    daemon, started by its StorageNode, still joins this cluster and reads; `fasterfs status` and
+    the dashboard list the mount with the daemon /proc shows."""
+    from fasterfs import auth
+
+    point, _ = mounted
+    assert another_clusters_token_at_the_default_root != auth.read(auth.token_file(live_cluster.root))
+    data = os.urandom(300_000)
+    put(cfg_of(), write(tmp_path / "r.bin", data), "beside/r.bin")
+    try:
+        wait_until(lambda: (point / "beside" / "r.bin").exists(), timeout=10, what="the file in the mount")
+        assert (point / "beside" / "r.bin").read_bytes() == data
+    finally:
+        remove(cfg_of(), "beside/r.bin")
+    daemons = [pid for pid, cmd in command_lines() if b"fasterfs.mount" in cmd and str(point).encode() in cmd]
+    assert len(daemons) == 1, daemons
+    out = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/fasterfs"), "status", *overrides], env=CLEAN_ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    listed = [line for line in out.stdout.splitlines() if str(point) in line]
+    assert len(listed) == 1 and f"pid {daemons[0]}" in listed[0] and "healthy" in listed[0], out.stdout
+    page = lambda: urllib.request.urlopen(f"{live_cluster.web_url}/fragment", timeout=30).read().decode()  # noqa: E731
+    wait_until(lambda: f"{point} (daemon {daemons[0]}) <span class=\"ok\">healthy</span>" in page(), timeout=15,
+               what="the dashboard to list the mount")
 
 
 def test_bad_mount_points_named(live_cluster, cluster_root, mounted):
