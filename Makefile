@@ -17,7 +17,9 @@ run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample
 	$(VENV)/python jobs/demo_b.py $(ARGS)
 	$(VENV)/python jobs/graysort.py $(ARGS)
 	@$(VENV)/fasterfs status $(ARGS)
-	@echo "The cluster keeps running (FasterFS and Ray dashboards above; notebooks/quickstart.ipynb). Stop it with: $(VENV)/fasterfs down"
+	@echo "The cluster keeps running (FasterFS and Ray dashboards above; notebooks/quickstart.ipynb)."
+	@echo "Ray's tools from a new shell: eval \"\$$($(VENV)/fasterfs env)\"; ray job submit --working-dir . -- python jobs/graysort.py"
+	@echo "Stop it with: $(VENV)/fasterfs down"
 
 lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host limits, then the lab is removed
 	@$(VENV)/fasterfs status $(ARGS) >/dev/null 2>&1 && { echo "a cluster is running under this root: fasterfs down first"; exit 1; } || true
