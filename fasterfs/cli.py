@@ -455,7 +455,7 @@ COMMANDS = {
     "lab down": Command(cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs",
                         "fasterfs lab down"),
     "lab exec": Command(cmd_lab_exec, "run a command on a lab host, as on that machine (its own files and network)",
-                        "fasterfs lab exec 1 -- fasterfs status cluster.ray_address=10.77.0.1:6379",
+                        "fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391",
                         (NODE, ("command", dict(nargs="+", metavar="COMMAND",
                                                 help="the command and its arguments, after --")))),
     "lab power-off": Command(cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing "
@@ -528,8 +528,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the words argparse reads, the Hydra overrides), by OVERRIDES_RULE."""
+    """(the words argparse reads, the Hydra overrides), by OVERRIDES_RULE. A command that takes
+    no arguments hands every KEY=VALUE word to Hydra, which names a key that does not exist."""
     keys = config.override_keys()
+    plain = [w for w in argv if not w.startswith("-")]
+    name = next((n for n in (" ".join(plain[:2]), " ".join(plain[:1])) if n in COMMANDS), None)
+    if name is not None and not COMMANDS[name].args:
+        keys = None
     words, overrides = [], []
     for n, word in enumerate(argv):
         if word == "--":

@@ -59,10 +59,11 @@ def override_keys() -> set[str]:
     return top | {p.name for p in CONF_DIR.iterdir() if p.is_dir()} | {"hydra"}
 
 
-def is_override(word: str, keys: set[str]) -> bool:
-    """`nodes=4`, `data=synthetic`, `+x.y=1`, `~x`: an override; `nodes.csv`, `a=b.csv`, `dir/x=1`: not."""
+def is_override(word: str, keys: set[str] | None) -> bool:
+    """`nodes=4`, `data=synthetic`, `+x.y=1`, `~x`: an override; `nodes.csv`, `a=b.csv`, `dir/x=1`: not.
+    keys=None: any key (Hydra then names one that does not exist)."""
     m = OVERRIDE.match(word)
-    return bool(m) and m.group(2) in keys and (m.group(3) == "=" or m.group(1) == "~")
+    return bool(m) and (keys is None or m.group(2) in keys) and (m.group(3) == "=" or m.group(1) == "~")
 
 
 def _culprit(overrides: Sequence[str]) -> str:

@@ -328,8 +328,9 @@ def test_cache_cli(fresh, overrides, capsys):
     assert "4 of 4 chunks cached" in capsys.readouterr().out
     assert main(["cache", "status"] + overrides) == 0
     assert "node caches" in capsys.readouterr().out
-    assert main(["cache", "warm", "999"] + overrides) == 1
-    assert "valid ids are 0.." in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # as argparse: a usage error naming the argument, exit 2
+        main(["cache", "warm", "999"] + overrides)
+    assert e.value.code == 2 and "argument CHUNKS: chunk 999 does not exist" in capsys.readouterr().err
     assert main(["cache", "clear"] + overrides) == 0
 
 

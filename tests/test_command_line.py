@@ -189,3 +189,5 @@ def test_paths_are_never_taken_for_overrides():
                                         "research/", "--", "cluster.root=x"])
     assert overrides == ["nodes=3", "data=synthetic"]
     assert words == ["put", "a=b.csv", "dir/nodes=1.csv", "research/", "--", "cluster.root=x"]
+    # a command without arguments hands Hydra every KEY=VALUE word: it names an unknown key
+    assert split_overrides(["status", "nodez=2"]) == (["status"], ["nodez=2"])
