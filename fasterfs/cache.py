@@ -5,15 +5,18 @@ Two sides use it. Readers (any process on the machine) look entries up with
 The owner (the node's StorageNode, alone) writes, evicts and accounts with
 `ChunkCache`, so capacity is counted in one place.
 
-An entry is a 72-byte header (magic, size, xxh3 checksum, ETag, fill time, boot) and the
-object's bytes. It is written to a temporary name, fsynced, renamed into place and the
-directory fsynced, so a reader sees a whole entry or none, also after a crash; a reader
+An entry is a file holding exactly the object's bytes, so it can be handed to the kernel as
+it is (FUSE passthrough's backing file, a memory map); its 72-byte header (magic, size, xxh3
+checksum, ETag, fill time, boot) is the file's extended attribute `user.fasterfs.entry`. It is
+written to a temporary name with its header, fsynced, renamed into place and the directory
+fsynced, so a reader sees a whole entry or none, also after a crash; a reader
 that finds a bad header, a size that disagrees with the file, or (with verification) a
 checksum mismatch drops the entry and reads from MinIO instead. Fill times are on the
 kernel's clock (CLOCK_MONOTONIC, like the stale marks) and qualified by the boot they
 were taken in: an entry from an earlier boot cannot be compared with this boot's marks,
-so it is treated as stale. Readers touch an entry's mtime on each hit: the owner evicts
-the oldest first.
+so it is treated as stale. Readers touch an entry's mtime on a hit (at most every
+TOUCH_EVERY_NS: the LRU needs no finer order, and the write is a reader's dearest step):
+the owner evicts the oldest first.
 """
 from __future__ import annotations
 
@@ -29,8 +32,12 @@ from typing import Callable
 
 import xxhash
 
+from .errors import FasterFSError
+
 log = logging.getLogger("fasterfs.cache")
-MAGIC = b"FFSCACH2"
+MAGIC = b"FFSCACH3"
+XATTR = "user.fasterfs.entry"  # where an entry's header lives: the file itself is the object's bytes
+TOUCH_EVERY_NS = 1_000_000_000
 HEADER = struct.Struct("<8sQQ32sQQ")  # magic, size, xxh3_64, etag, fetched_ns (CLOCK_MONOTONIC), boot
 assert HEADER.size == 72
 SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
@@ -61,14 +68,22 @@ class Header:
     boot: int        # the boot fetched_ns belongs to
 
     @classmethod
-    def parse(cls, raw: bytes, file_size: int) -> "Header | None":
+    def parse(cls, raw: bytes | None, file_size: int) -> "Header | None":
         """None unless `raw` is a header whose size agrees with the file's."""
-        if len(raw) != HEADER.size:
+        if raw is None or len(raw) != HEADER.size:
             return None
         magic, size, checksum, etag, filled, boot = HEADER.unpack(raw)
-        if magic != MAGIC or HEADER.size + size != file_size:
+        if magic != MAGIC or size != file_size:
             return None
         return cls(size, checksum, etag.rstrip(b"\0").decode(errors="replace"), filled, boot)
+
+    @classmethod
+    def of(cls, fd: int, file_size: int) -> "Header | None":
+        """The header of the entry open at `fd` (None: none, or not one of this format)."""
+        try:
+            return cls.parse(os.getxattr(fd, XATTR), file_size)
+        except OSError:  # no such attribute: not a (whole) entry
+            return None
 
     def pack(self) -> bytes:
         return HEADER.pack(MAGIC, self.size, self.checksum, self.etag.encode()[:32], self.fetched_ns, self.boot)
@@ -78,8 +93,8 @@ DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found 
 STALE = "stale"      # ... for an entry fetched before the kernel last saw its key written (dropped)
 
 
-def _verdict(path: Path, fd: int, header: Header | None, data, verify: bool, stale_mark: int,
-             touch: bool = True) -> str | None:
+def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, data, verify: bool,
+             stale_mark: int, touch: bool = True) -> str | None:
     """None if the entry is good and fresh (then it is touched: LRU); else drop it, unless a
     fresh fill has already replaced it at `path`, and say why: STALE or DAMAGED."""
     if header is not None and (header.fetched_ns < stale_mark or header.boot != BOOT):
@@ -88,7 +103,7 @@ def _verdict(path: Path, fd: int, header: Header | None, data, verify: bool, sta
         log.warning("dropping damaged cache entry %s", path)
         verdict = DAMAGED
     else:
-        if touch:
+        if touch and time.time_ns() - st.st_mtime_ns >= TOUCH_EVERY_NS:
             os.utime(fd)
         return None
     try:
@@ -108,9 +123,10 @@ def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool
     except FileNotFoundError:
         return None
     try:
-        header = Header.parse(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
-        data = os.pread(fd, header.size, HEADER.size) if header else b""
-        return _verdict(path, fd, header, data, verify, stale_mark, touch) or data
+        st = os.fstat(fd)
+        header = Header.of(fd, st.st_size)
+        data = os.pread(fd, header.size, 0) if header else b""
+        return _verdict(path, fd, st, header, data, verify, stale_mark, touch) or data
     finally:
         os.close(fd)
 
@@ -122,7 +138,7 @@ def open_entry(path, stale_mark: int = 0) -> tuple[int, Header] | None:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
-    header = Header.parse(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
+    header = Header.of(fd, os.fstat(fd).st_size)
     if header is None or header.fetched_ns < stale_mark or header.boot != BOOT:
         os.close(fd)
         return None
@@ -141,11 +157,11 @@ def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):
     except FileNotFoundError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
-        header = Header.parse(bytes(mapped[:HEADER.size]), size)
-        data = pa.py_buffer(mapped).slice(HEADER.size) if header else b""  # the buffer keeps the map alive
-        return _verdict(path, fd, header, memoryview(data) if header else data, verify, stale_mark) or data
+        st = os.fstat(fd)
+        header = Header.of(fd, st.st_size)
+        mapped = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) if header and st.st_size else b""
+        data = pa.py_buffer(mapped) if header else b""  # the buffer keeps the map alive
+        return _verdict(path, fd, st, header, memoryview(data) if header else data, verify, stale_mark) or data
     finally:
         os.close(fd)
 
@@ -157,6 +173,7 @@ class ChunkCache:
         # on_evict(entry name): lets the owner reset the kernel's count for the key
         self.dir, self.capacity, self.on_evict = Path(directory), capacity, on_evict
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._check_xattrs()
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}   # entry name -> bytes on disk (or reserved for a fill)
         self._writing: set[str] = set()    # fills under way: never evicted, cancelled instead
@@ -170,6 +187,19 @@ class ChunkCache:
 
     def path(self, key: str) -> Path:
         return self.dir / entry_name(key)
+
+    def _check_xattrs(self) -> None:
+        """Entries keep their headers in an extended attribute: a file system that cannot
+        (some network file systems) is named now, not at the first fill."""
+        probe = self.dir / f"{TMP_PREFIX}probe.{os.getpid()}"
+        try:
+            with open(probe, "wb") as f:
+                os.setxattr(f.fileno(), XATTR, bytes(HEADER.size))
+        except OSError as e:
+            raise FasterFSError(f"cache directory {self.dir}: its file system does not keep user extended "
+                                f"attributes ({e.strerror}); put cluster.root on ext4, xfs, btrfs or tmpfs") from None
+        finally:
+            probe.unlink(missing_ok=True)
 
     def rebuild(self) -> None:
         """Index what is on disk: keep valid entries of this boot, remove temp files and the
@@ -193,7 +223,7 @@ class ChunkCache:
                 try:
                     with open(f, "rb") as fh:
                         size = os.fstat(fh.fileno()).st_size
-                        header = Header.parse(fh.read(HEADER.size), size)
+                        header = Header.of(fh.fileno(), size)
                         damaged = header is not None and verify and \
                             xxhash.xxh3_64_intdigest(fh.read(header.size)) != header.checksum
                 except OSError:
@@ -247,7 +277,7 @@ class ChunkCache:
     def put(self, key: str, data: bytes, etag: str = "", fetched_ns: int | None = None) -> bool:
         """Store an entry atomically, evicting the least recently used to make room.
         `fetched_ns` is when the GET for `data` began (time.monotonic_ns())."""
-        need = HEADER.size + len(data)
+        need = len(data)
         if need > self.capacity:
             self.counters["too_large"] += 1
             return False
@@ -268,9 +298,9 @@ class ChunkCache:
         tmp = self.dir / f"{TMP_PREFIX}{name}.{os.getpid()}.{threading.get_ident()}"
         try:
             with open(tmp, "wb") as f:
-                f.write(header)
                 f.write(data)
                 f.flush()
+                os.setxattr(f.fileno(), XATTR, header)
                 os.fsync(f.fileno())  # durable before visible: a crash leaves no entry or a whole one
             os.replace(tmp, self.dir / name)
             self._sync_dir()
@@ -313,7 +343,7 @@ class ChunkCache:
         for name in names:
             try:
                 with open(self.dir / name, "rb") as fh:
-                    header = Header.parse(fh.read(HEADER.size), os.fstat(fh.fileno()).st_size)
+                    header = Header.of(fh.fileno(), os.fstat(fh.fileno()).st_size)
             except OSError:
                 continue
             if header is not None:

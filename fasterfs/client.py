@@ -197,18 +197,19 @@ class Client:
                 return got
         return None
 
-    def open_cached(self, i: int, count: bool = True) -> tuple[int, cache.Header] | None:
-        """A descriptor and header of a whole, fresh entry of chunk i in a cache on this host,
-        or None. count=True makes it a read (a hit: counted, touched for the LRU); False only
-        looks."""
+    def open_cached(self, i: int, count: bool = True) -> tuple[int, cache.Header, str, int] | None:
+        """A descriptor, header, path and owning node of a whole, fresh entry of chunk i in a
+        cache on this host, or None. count=True makes it a read (a hit: counted, touched for
+        the LRU); False only looks."""
         for node in self._caches[i] if self.use_cache else ():
-            got = cache.open_entry(self.cache_path(node, i), self._stale_mark(node, i))
+            path = self.cache_path(node, i)
+            got = cache.open_entry(path, self._stale_mark(node, i))
             if got is not None:
                 if count:
                     self._note_order(i)
                     os.utime(got[0])
                     self._count_hit(node, got[1].size)
-                return got
+                return (*got, path, node)
         return None
 
     def _stale_mark(self, node: int, i: int) -> int:

@@ -1,138 +1,227 @@
 """The read-only FUSE mount of the namespace: `fasterfs mount /mnt/ffs`, then any program
 reads `/mnt/ffs/<dataset>/chunks/chunk-00003.csv` or a file stored with `put`.
 
-One daemon per host, started and supervised by that host's StorageNode (restarted with
-the mount point cleaned up if it dies). Reads take the client's path: this host's cache,
-else a holder's MinIO, so the kernel counts them and makes chunks hot as for any reader.
+Two processes per mount, started and supervised by the host's StorageNode (restarted with
+the mount point cleaned up if they die):
 
-The kernel page cache: an open keeps the file's pages (`keep_cache`) only when every chunk
-of the file is in this host's disk cache and was already so, as the same copies, at the
-previous open. Otherwise the pages are dropped at open, so reads reach the daemon and are
-counted (a chunk read twice becomes hot), and a chunk rewritten or a dataset replaced is
-never served from old pages to a new open.
-
-Library: mfusepy (ctypes over Debian's libfuse3, a thread per request) — see the README
-for the measurements behind the choice.
+- `ffs-mount` (native/ffs-mount: Rust on the `fuser` crate) talks to the kernel. It answers
+  lookups, attributes and listings from the tree this agent sends whenever the namespace
+  changes, and opens of hot files by itself: a file whose bytes are one fresh entry of this
+  host's cache is opened with FUSE passthrough on that entry file, so the kernel reads it as
+  a local file, with no daemon on the way. Before such an open it checks that the entry is
+  still the one declared (its inode) and that the kernel has seen no write of the chunk
+  since it was fetched (the pinned stale marks, as every reader does).
+- this agent, its parent, holds the namespace (`reader.Namespace`). Every other open and
+  read comes here and takes the client's path (this host's cache, else a holder's MinIO), so
+  the kernel counts the GETs and makes chunks hot; once a file's one chunk is cached, the
+  agent declares it hot to the daemon.
 
     python -m fasterfs.mount MOUNTPOINT [overrides...]     (what the StorageNode runs)
+
+Messages on the socket pair: newline-delimited JSON; a read's reply is followed by its bytes.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import itertools
+import json
 import logging
 import os
-import stat
+import signal
+import socket
+import subprocess
 import sys
 import threading
-
-import mfusepy
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import config
+from .errors import FasterFSError
+from .fsutil import atomic_write_json
 from .namespace import Entry
 from .reader import Namespace, OpenFile
 
 log = logging.getLogger("fasterfs.mount")
+DAEMON = config.PROJECT_DIR / "native" / "ffs-mount" / "target" / "release" / "ffs-mount"
 
 
-class Operations(mfusepy.Operations):
-    use_ns = True  # times in nanoseconds
+def daemon_binary() -> str:
+    if not os.access(DAEMON, os.X_OK):
+        raise FasterFSError(f"the native FUSE daemon {DAEMON} is not built: run `make setup` (it needs cargo)")
+    return str(DAEMON)
 
-    def __init__(self, ns: Namespace):
-        self.ns = ns
+
+class Agent:
+    """The daemon's other half: the namespace, opens and reads of what is not hot."""
+
+    def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8):
+        self.ns, self.sock = ns, sock
         self._files: dict[int, OpenFile] = {}
+        self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
         self._ids = itertools.count(1)
-        self._kept: dict[str, tuple] = {}  # path -> the cached copies its pages were read from
-        self._lock = threading.Lock()
-        self.uid, self.gid = os.getuid(), os.getgid()
+        self._lock = threading.Lock()        # _files
+        self._send_lock = threading.Lock()   # whole messages on the socket
+        self._pool = ThreadPoolExecutor(threads, "mount-agent")  # reads may wait on MinIO
+        self._sent_version = -1
+        self.stopping = threading.Event()
+        self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
+        self.passthrough = None  # whether the kernel took FUSE passthrough (the daemon's log says why not)
 
-    def _entry(self, path: str) -> Entry:
+    # -- to the daemon ----------------------------------------------------------------------
+
+    def _send(self, message: dict, payload: bytes | memoryview = b"") -> None:
+        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self._send_lock:
+            self.sock.sendall(line)
+            if payload:
+                self.sock.sendall(payload)
+
+    def send_tree(self) -> None:
+        tree = self.ns.refresh()
+        version = self.ns.version
+        if version == self._sent_version:
+            return
+        entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9)}
+                   for e in tree.all_entries() if e.path]
+        self._send({"op": "tree", "version": version, "entries": entries})
+        self._sent_version = version
+
+    def _hot(self, entry: Entry) -> dict | None:
+        """What lets the daemon open `entry` by passthrough: a file of one chunk, fresh in this
+        host's cache (its entry file is exactly the file's bytes), with what the daemon checks
+        before each such open (the entry's inode; the kernel's stale marks of the chunk)."""
+        if len(entry.chunk_ids) != 1:
+            return None
+        i = entry.chunk_ids[0]
+        client = self.ns.client(entry.manifest)
+        got = client.open_cached(i, count=False)
+        if got is None:
+            return None
+        fd, header, path, node = got
         try:
-            return self.ns.lookup(path)
-        except FileNotFoundError:
-            raise mfusepy.FuseOSError(errno.ENOENT) from None
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        return {"version": self._sent_version, "backing": path, "inode": inode, "fetched_ns": header.fetched_ns,
+                "pin": str(client.paths.stale_pin(node)), "key": client._key_hashes[i], "bucket": client._bucket_hash}
 
-    def getattr(self, path, fh=None):
-        entry = self._entry(path)
-        t = int(entry.mtime * 1e9)
-        mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
-        return {"st_mode": mode, "st_nlink": 2 if entry.is_dir else 1, "st_size": entry.size,
-                "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
-                "st_blocks": (entry.size + 511) // 512}
+    def _declare_hot(self, entry: Entry) -> None:
+        hot = self._hot(entry)
+        if hot is not None:
+            self._send({"op": "hot", "path": entry.path, **hot})
 
-    def readdir(self, path, fh):
+    # -- from the daemon --------------------------------------------------------------------
+
+    def serve(self) -> None:
+        reader = self.sock.makefile("rb", buffering=1 << 16)
+        for line in reader:
+            message = json.loads(line)
+            if "op" not in message:  # the reply to our stats request
+                self._write_stats(message.get("stats") or {})
+                continue
+            self._pool.submit(self._answer, message)
+        self.stopping.set()
+
+    def _write_stats(self, stats: dict) -> None:
+        """The daemon's counters, for the StorageNode's status (FASTERFS_MOUNT_STATS): reads of
+        passthrough opens never reach this agent nor the daemon, so only its opens count them."""
+        if self.stats_file:
+            atomic_write_json(self.stats_file, {**stats, "passthrough": self.passthrough, "time": time.time()})
+
+    def _answer(self, m: dict) -> None:
         try:
-            children = self.ns.listdir(path)
-        except FileNotFoundError:
-            raise mfusepy.FuseOSError(errno.ENOENT) from None
-        except NotADirectoryError:
-            raise mfusepy.FuseOSError(errno.ENOTDIR) from None
-        return [".", ".."] + [e.path.rsplit("/", 1)[-1] for e in children]
+            op = m["op"]
+            if op == "open":
+                self._send({"id": m["id"], **self._open(m["path"])})
+            elif op == "read":
+                data = self._read(m["handle"], m["offset"], m["size"])
+                self._send({"id": m["id"], "len": len(data)}, data)
+            elif op == "release":
+                self._release(m["handle"])
+                self._send({"id": m["id"]})
+            else:
+                self._send({"id": m["id"], "errno": errno.ENOSYS})
+        except OSError as e:
+            self._send({"id": m["id"], "errno": e.errno or errno.EIO})
+        except Exception as e:  # holders down, generation gone: the application gets EIO, the log says why
+            log.error("%s of %s failed: %s", m.get("op"), m.get("path", m.get("handle")), e)
+            self._send({"id": m["id"], "errno": errno.EIO})
 
-    def open(self, path, fi):
-        if fi.flags & os.O_ACCMODE != os.O_RDONLY:
-            raise mfusepy.FuseOSError(errno.EROFS)
-        entry = self._entry(path)
+    def _open(self, path: str) -> dict:
+        """A handle for reads through here; and either what makes the file hot (the daemon then
+        opens it by passthrough and releases the handle) or whether the kernel may keep its
+        pages: only when all its chunks are cached here and were, as the same copies, at the
+        previous open (else reads must reach us, to be counted, and never see old pages)."""
+        try:
+            entry = self.ns.lookup(path)
+        except FileNotFoundError:
+            raise OSError(errno.ENOENT, path) from None
         if entry.is_dir:
-            raise mfusepy.FuseOSError(errno.EISDIR)
+            raise OSError(errno.EISDIR, path)
+        with self._lock:
+            handle = next(self._ids)
+            self._files[handle] = self.ns.open_entry(entry)
+        hot = self._hot(entry)
+        if hot is not None:
+            return {"handle": handle, "hot": hot}
         copies = self.ns.cached_locally(entry)
         with self._lock:
-            fh = next(self._ids)
-            self._files[fh] = self.ns.open_entry(entry)
-            fi.keep_cache = int(copies is not None and self._kept.get(entry.path) == copies)
+            keep = copies is not None and self._kept.get(entry.path) == copies
             if copies is None:
                 self._kept.pop(entry.path, None)
             else:
                 self._kept[entry.path] = copies
-        fi.fh = fh
-        return 0
+        return {"handle": handle, "keep_cache": keep}
 
-    def read_into(self, path, fh: int, buf: memoryview, offset: int) -> int:
-        f = self._files.get(fh)
+    def _read(self, handle: int, offset: int, size: int) -> bytes:
+        f = self._files.get(handle)
         if f is None:
-            raise mfusepy.FuseOSError(errno.EBADF)
-        try:
-            return f.read_into(offset, buf)
-        except Exception as e:  # holders down, generation gone: the application gets EIO, the log says why
-            log.error("read of %s at %d+%d failed: %s", path, offset, len(buf), e)
-            raise mfusepy.FuseOSError(errno.EIO) from None
+            raise OSError(errno.EBADF, f"handle {handle}")
+        return f.read(offset, size)
 
-    def read(self, path, size, offset, fi):
-        """Registers the read operation with libfuse (_FUSE.read calls read_into instead)."""
-        buf = bytearray(size)
-        return bytes(buf[:self.read_into(path, fi.fh, memoryview(buf), offset)])
-
-    def release(self, path, fi):
+    def _release(self, handle: int) -> None:
         with self._lock:
-            f = self._files.pop(fi.fh, None)
+            f = self._files.pop(handle, None)
         if f is not None:
+            self._declare_hot(f.entry)  # read through: its chunk may be cached by now
             f.close()
-        return 0
 
-    def statfs(self, path):
-        tree = self.ns.refresh()
-        total = sum(m.total_bytes for m in tree.manifests.values())
-        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": (total + 4095) // 4096, "f_bfree": 0,
-                "f_bavail": 0, "f_files": sum(len(m.chunks) for m in tree.manifests.values()), "f_ffree": 0,
-                "f_namemax": 255}
-
-
-class _FUSE(mfusepy.FUSE):
-    """Reads go straight into libfuse's buffer (mfusepy would copy a returned bytes object)."""
-
-    def read(self, path, buf, size, offset, fip):
-        view = memoryview((ctypes.c_char * size).from_address(ctypes.cast(buf, ctypes.c_void_p).value)).cast("B")
-        return self.operations.read_into(None if path is None else path.decode(self.encoding, self.errors),
-                                         fip.contents.fh, view, offset)
+    def watch(self, every_s: float = 1.0) -> None:
+        """A new namespace version goes to the daemon (a replaced file: new attributes, and
+        its hot declarations no longer hold, being of the old version); its counters come back."""
+        while not self.stopping.wait(every_s):
+            try:
+                self.send_tree()
+                self._send({"op": "stats", "id": 0})
+            except OSError:
+                return
+            except Exception:
+                log.exception("namespace refresh failed; the daemon keeps the last tree")
 
 
 def serve(mountpoint: str, overrides: list[str]) -> None:
-    ns = Namespace(config.load(overrides))
-    log.info("serving namespace version %d of cluster %s at %s", ns.version, ns.state.name, mountpoint)
-    _FUSE(Operations(ns), mountpoint, raw_fi=True, foreground=True, nothreads=False, ro=True,
-                 fsname="fasterfs", default_permissions=True, allow_other=True,
-                 attr_timeout=1.0, entry_timeout=1.0)
+    cfg = config.load(overrides)
+    ns = Namespace(cfg)
+    if cfg.mount.engine == "python":
+        from . import python_mount
+
+        return python_mount.serve(mountpoint, ns)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    agent = Agent(ns, ours)
+    agent.send_tree()  # before the daemon mounts: its first answers need the tree
+    daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno())],
+                              pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+    theirs.close()
+    log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.version, ns.state.name,
+             mountpoint, daemon.pid)
+    signal.signal(signal.SIGTERM, lambda *_: (daemon.terminate(), sys.exit(0)))
+    threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
+    try:
+        agent.serve()  # until the daemon closes its end (unmounted, or it died)
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+        daemon.wait(timeout=30)
 
 
 if __name__ == "__main__":

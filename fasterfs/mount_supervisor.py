@@ -93,12 +93,14 @@ class Mounts:
 
     def _mount(self, path: str) -> str:
         real = self.check(path)
-        log_file = self.log_dir / f"mount-{real.strip('/').replace('/', '_') or 'root'}.log"
+        log_file = self.log_dir / f"mount-{self._slug(real)}.log"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._stats_file(real).unlink(missing_ok=True)
         with open(log_file, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", real, *self.overrides],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    env=dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real))))
         deadline = time.monotonic() + self.timeout
         while not is_mounted(real):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -110,6 +112,14 @@ class Mounts:
         self._save()
         self._set_read_ahead(real)
         return real
+
+    @staticmethod
+    def _slug(real: str) -> str:
+        return real.strip("/").replace("/", "_") or "root"
+
+    def _stats_file(self, real: str) -> Path:
+        """Where the mount's agent writes its daemon's counters (what passthrough hides from it)."""
+        return self.log_dir / f"mount-{self._slug(real)}.stats.json"
 
     def _set_read_ahead(self, real: str) -> None:
         """The kernel reads ahead 128 KiB on a FUSE mount by default: a request per 128 KiB
@@ -174,5 +184,10 @@ class Mounts:
         out = []
         for path, proc in procs:
             alive = proc.poll() is None
-            out.append({"path": path, "pid": proc.pid, "alive": alive, "healthy": alive and is_mounted(path)})
+            try:
+                daemon = read_json(self._stats_file(path), "mount statistics")
+            except (OSError, FasterFSError, ValueError):
+                daemon = None  # not written yet
+            out.append({"path": path, "pid": proc.pid, "alive": alive, "healthy": alive and is_mounted(path),
+                        "daemon": daemon})
         return out

@@ -110,6 +110,10 @@ class Tree:
             raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
         return entry
 
+    def all_entries(self) -> list[Entry]:
+        """Every directory and file, the root ("") first."""
+        return list(self._entries.values())
+
     def listdir(self, path: str) -> list[Entry]:
         entry = self.lookup(path)
         if not entry.is_dir:

@@ -155,7 +155,7 @@ class OpenFile:
             try:
                 src = slot.future.result()
                 if isinstance(src, int):
-                    got = os.preadv(src, [buf[pos:pos + stop - start]], cache.HEADER.size + start)
+                    got = os.preadv(src, [buf[pos:pos + stop - start]], start)
                     if got != stop - start:
                         raise FasterFSError(f"{self.entry.path}: cache entry of chunk {self.entry.chunk_ids[i]} "
                                             "shorter than its header says")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up for a fresh Debian 12 machine (run as root):
 #   Debian packages (BCC, kernel headers), the kernel build link BCC needs,
-#   MinIO built at a pinned version, and a virtualenv with FasterFS installed.
+#   MinIO built at a pinned version, a virtualenv with FasterFS installed, JupyterLab,
+#   and the native FUSE daemon (cargo).
 # Every step checks whether its result is already there and skips itself if so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,5 +101,21 @@ else
   "$LAB/bin/pip" install -q --upgrade pip
   "$LAB/bin/pip" install -q "jupyterlab==$JUPYTERLAB_VERSION"
   echo "$JUPYTERLAB_VERSION" > "$LAB/.version"
+fi
+# 6. The native FUSE daemon (native/ffs-mount: Rust on the fuser crate, no libfuse) ---------
+# Rebuilt when its sources are newer than the binary; crates pinned by Cargo.lock.
+NATIVE="$ROOT/native/ffs-mount"
+FFS_MOUNT="$NATIVE/target/release/ffs-mount"
+if [ -x "$FFS_MOUNT" ] && [ -z "$(find "$NATIVE/src" "$NATIVE/Cargo.toml" "$NATIVE/Cargo.lock" -newer "$FFS_MOUNT")" ]; then
+  say "FUSE daemon native/ffs-mount up to date"
+else
+  CARGO=$(command -v cargo || true)
+  [ -z "$CARGO" ] && [ -x "$HOME/.cargo/bin/cargo" ] && CARGO="$HOME/.cargo/bin/cargo"
+  if [ -z "$CARGO" ]; then
+    echo "setup: cargo (Rust >= 1.80) is needed to build the FUSE daemon native/ffs-mount; install it with rustup" >&2
+    exit 1
+  fi
+  say "building the FUSE daemon native/ffs-mount with $("$CARGO" --version)"
+  "$CARGO" build --release --locked --quiet --manifest-path "$NATIVE/Cargo.toml"
 fi
 say "done: activate with 'source .venv/bin/activate' or use .venv/bin/fasterfs"

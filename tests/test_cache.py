@@ -178,6 +178,13 @@ def test_concurrent_readers_see_only_whole_chunks(fresh, cluster_root):
         ray.get([a.cache_resize.remote(1024 * 1_000_000) for a in actors])
 
 
+def write_entry(path: Path, header: bytes, data: bytes) -> None:
+    """A cache entry as a fill leaves it: the bytes, and the header in the file's attribute."""
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+    os.setxattr(path, cache.XATTR, header)
+
+
 def _cached(client, actors, i):
     node = client.sources(i)[0]
     ray.get(actors[node].cache_warm.remote([client.manifest.chunk(i).key]))
@@ -189,7 +196,7 @@ def test_flipped_byte_caught_and_healed(fresh, cluster_root):
     client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=true"])
     entry = _cached(client, actors, 5)
     raw = bytearray(entry.read_bytes())
-    raw[cache.HEADER.size + 1000] ^= 0xFF
+    raw[1000] ^= 0xFF  # the entry file is the chunk's bytes; its header stays
     entry.write_bytes(bytes(raw))
     assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3  # served right, from MinIO
     wait_until(lambda: entry.exists() and cache.read_entry(entry, verify=True) not in (None, cache.DAMAGED),
@@ -204,7 +211,7 @@ def test_truncated_entry_caught_even_without_verification(fresh, cluster_root):
     with open(entry, "r+b") as f:
         f.truncate(entry.stat().st_size // 2)
     assert xxh3(client.read_chunk(6)) == manifest.chunk(6).xxh3
-    wait_until(lambda: entry.exists() and entry.stat().st_size == cache.HEADER.size + manifest.chunk(6).bytes,
+    wait_until(lambda: entry.exists() and entry.stat().st_size == manifest.chunk(6).bytes,
                what="the heal")
 
 
@@ -243,16 +250,16 @@ def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_
     i = 9
     node = client.sources(i)[0]
     entry = _cached(client, actors, i)
-    old_entry = entry.read_bytes()
+    old_entry, old_header = entry.read_bytes(), os.getxattr(entry, cache.XATTR)
     ingested = client._stale_mark(node, i)  # the ingest's own PUT
-    assert client.read_chunk(i) == old_entry[cache.HEADER.size:]  # fetched after that: served
+    assert client.read_chunk(i) == old_entry  # fetched after that: served
     creds = credentials.load(Paths(cluster_root).credentials_file).admin
     new = b"written after the fill\n"
     s3.client(live_cluster.nodes[node].endpoint, creds).put_object(Bucket=manifest.bucket,
                                                                    Key=manifest.chunk(i).key, Body=new)
     assert client._stale_mark(node, i) > ingested  # the kernel marked the key when the PUT went by
     wait_until(lambda: not entry.exists(), what="the STALE event to drop the entry")
-    entry.write_bytes(old_entry)  # the race: a fill of the old bytes lands after the write
+    write_entry(entry, old_header, old_entry)  # the race: a fill of the old bytes lands after the write
     assert client.read_chunk(i) == new
     assert not entry.exists()
 
@@ -268,10 +275,10 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     # under the old ETag); an entry of another cluster's dataset sits beside them
     changed = Path(client.cache_path(0, ids[1]))
     other = b"not these bytes" * 100
-    forged = cache.Header(len(other), xxh3(other), "0" * 32, time.monotonic_ns(), cache.BOOT).pack() + other
-    changed.write_bytes(forged)
+    forged = cache.Header(len(other), xxh3(other), "0" * 32, time.monotonic_ns(), cache.BOOT).pack()
+    write_entry(changed, forged, other)
     foreign = Paths(cluster_root).cache_dir(0) / cache.entry_name("another-cluster/AAPL/g1/chunk-00001.csv")
-    foreign.write_bytes(forged)
+    write_entry(foreign, forged, other)
     at_ingest = client._stale_mark(0, ids[0])  # the client has this incarnation's pinned marks open
     assert at_ingest > 0  # the ingest's PUT
     configured = ray.get(actors[0].cache_status.remote())["capacity"]

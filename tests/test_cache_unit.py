@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fasterfs import cache
-from fasterfs.cache import HEADER, ChunkCache, Header
+from fasterfs.cache import XATTR, ChunkCache, Header
 
 
 def _touch_later(c: ChunkCache, key: str, seconds: float) -> None:
@@ -16,7 +16,7 @@ def _touch_later(c: ChunkCache, key: str, seconds: float) -> None:
 
 
 def test_lru_evicts_the_least_recently_read(tmp_path):
-    c = ChunkCache(tmp_path, capacity=3 * (HEADER.size + 100))
+    c = ChunkCache(tmp_path, capacity=3 * 100)
     for k in ("a", "b", "c"):
         assert c.put(k, k.encode() * 100)
     _touch_later(c, "a", 10)  # a was read last (readers touch on a hit)
@@ -36,7 +36,7 @@ def test_scrub_keeps_the_lru_order(tmp_path):
 
 
 def test_capacity_holds_under_concurrent_fills(tmp_path):
-    cap = 10 * (HEADER.size + 1000)
+    cap = 10 * 1000
     c = ChunkCache(tmp_path, capacity=cap)
     peak, errors = [0], []
 
@@ -72,31 +72,37 @@ def test_contains_keeps_a_fill_in_flights_reservation(tmp_path):
     c = ChunkCache(tmp_path, capacity=100_000)
     name = cache.entry_name("k")
     with c._lock:  # a fill that has reserved its space and is writing
-        c._sizes[name] = HEADER.size + 10
-        c.used += HEADER.size + 10
+        c._sizes[name] = 10
+        c.used += 10
         c._writing.add(name)
     assert not c.contains("k")
-    assert c.used == HEADER.size + 10 and name in c._sizes
+    assert c.used == 10 and name in c._sizes
 
 
-@pytest.mark.parametrize("damage", ["truncated header", "size of 1 TB", "short body", "foreign magic"])
+@pytest.mark.parametrize("damage", ["no header", "truncated header", "size of 1 TB", "short body", "foreign magic"])
 def test_damaged_entries_are_named_and_dropped(tmp_path, damage):
     c = ChunkCache(tmp_path, capacity=100_000)
     c.put("k", b"y" * 500)
     path = c.path("k")
-    raw = bytearray(path.read_bytes())
+    raw, header = path.read_bytes(), bytearray(os.getxattr(path, XATTR))
     if damage == "truncated header":
-        raw = raw[:30]
+        header = header[:30]
     elif damage == "size of 1 TB":
-        raw[8:16] = (10**12).to_bytes(8, "little")
+        header[8:16] = (10**12).to_bytes(8, "little")
     elif damage == "short body":
         raw = raw[:-7]
-    else:
-        raw[:8] = b"NOTMINE!"
-    path.write_bytes(bytes(raw))
+    elif damage == "foreign magic":
+        header[:8] = b"NOTMINE!"
+
+    def damaged():  # the entry's bytes, and its header unless it has none
+        path.unlink(missing_ok=True)
+        path.write_bytes(raw)
+        if damage != "no header":
+            os.setxattr(path, XATTR, bytes(header))
+    damaged()
     assert cache.read_entry(path, verify=False) is cache.DAMAGED  # never a crash, never a wrong byte
     assert not path.exists()
-    path.write_bytes(bytes(raw))
+    damaged()
     c.rebuild()  # a node starting on such a directory drops it too
     assert not path.exists() and c.counters["invalid_removed"] >= 1
 
@@ -106,9 +112,7 @@ def test_rebuild_after_an_unclean_stop_verifies_every_entry(tmp_path):
     c.put("k", b"z" * 500)
     c.put("j", b"w" * 500)
     path = c.path("k")
-    raw = bytearray(path.read_bytes())
-    raw[HEADER.size:] = bytes(500)  # a crash left zeros where the bytes should be; header and size fine
-    path.write_bytes(bytes(raw))
+    path.write_bytes(bytes(500))  # a crash left zeros where the bytes should be; header and size fine
     ChunkCache(tmp_path, capacity=100_000)  # no clean-shutdown marker: verified
     assert not path.exists() and c.path("j").exists()
     # after a clean stop, sizes are trusted (fast start) and the scrub catches the rest
@@ -123,9 +127,8 @@ def test_entries_of_another_boot_are_stale(tmp_path):
     c = ChunkCache(tmp_path, capacity=100_000)
     c.put("k", b"v" * 100)
     path = c.path("k")
-    raw = path.read_bytes()
-    h = Header.parse(raw[:HEADER.size], len(raw))
-    path.write_bytes(Header(h.size, h.checksum, h.etag, h.fetched_ns, h.boot ^ 1).pack() + raw[HEADER.size:])
+    h = Header.parse(os.getxattr(path, XATTR), path.stat().st_size)
+    os.setxattr(path, XATTR, Header(h.size, h.checksum, h.etag, h.fetched_ns, h.boot ^ 1).pack())
     assert cache.read_entry(path) is cache.STALE  # its fill time cannot be compared with this boot's marks
 
 
@@ -142,7 +145,7 @@ def test_retain_drops_other_generations(tmp_path):
         c.put(k, b"q" * 10)
     assert c.retain(["d/g2/a"]) == 2
     assert [c.contains(k) for k in ("d/g1/a", "d/g1/b", "d/g2/a")] == [False, False, True]
-    assert c.used == HEADER.size + 10
+    assert c.used == 10
 
 
 def test_a_killed_fill_leaves_no_entry(tmp_path):
@@ -170,7 +173,7 @@ def test_a_cancelled_fill_keeps_its_room_until_its_write_ends(tmp_path, monkeypa
     t.start()
     assert writing.wait(10)
     assert c.clear() == 1
-    assert c.used == HEADER.size + 1000  # still reserved: the temp file is on disk
+    assert c.used == 1000  # still reserved: the temp file is on disk
     release.set()
     t.join(10)
     assert c.used == 0 and not c.path("k").exists() and not list(tmp_path.iterdir())
