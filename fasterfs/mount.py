@@ -54,6 +54,8 @@ def daemon_binary() -> str:
 class Agent:
     """The daemon's other half: the namespace, opens and reads of what is not hot."""
 
+    REFRESH_AT_MOST_S = 0.1  # programs probing for names that do not exist cost a Registry call this often
+
     def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8):
         self.ns, self.sock = ns, sock
         self._files: dict[int, OpenFile] = {}
@@ -63,9 +65,9 @@ class Agent:
         self._send_lock = threading.Lock()   # whole messages on the socket
         self._pool = ThreadPoolExecutor(threads, "mount-agent")  # reads may wait on MinIO
         self._sent_version = -1
+        self._refreshed = 0.0
         self.stopping = threading.Event()
         self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
-        self.passthrough = None  # whether the kernel took FUSE passthrough (the daemon's log says why not)
 
     # -- to the daemon ----------------------------------------------------------------------
 
@@ -76,8 +78,8 @@ class Agent:
             if payload:
                 self.sock.sendall(payload)
 
-    def send_tree(self) -> None:
-        tree = self.ns.refresh()
+    def send_tree(self, force: bool = False) -> None:
+        tree = self.ns.refresh(force)
         version = self.ns.version
         if version == self._sent_version:
             return
@@ -126,7 +128,7 @@ class Agent:
         """The daemon's counters, for the StorageNode's status (FASTERFS_MOUNT_STATS): reads of
         passthrough opens never reach this agent nor the daemon, so only its opens count them."""
         if self.stats_file:
-            atomic_write_json(self.stats_file, {**stats, "passthrough": self.passthrough, "time": time.time()})
+            atomic_write_json(self.stats_file, {**stats, "time": time.time()})
 
     def _answer(self, m: dict) -> None:
         try:
@@ -136,6 +138,11 @@ class Agent:
             elif op == "read":
                 data = self._read(m["handle"], m["offset"], m["size"])
                 self._send({"id": m["id"], "len": len(data)}, data)
+            elif op == "refresh":  # a name the daemon's tree lacks: is the namespace newer?
+                if time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
+                    self._refreshed = time.monotonic()
+                    self.send_tree(force=True)  # goes out before the reply: the daemon has it when it retries
+                self._send({"id": m["id"]})
             elif op == "release":
                 self._release(m["handle"])
                 self._send({"id": m["id"]})
@@ -186,12 +193,12 @@ class Agent:
             self._declare_hot(f.entry)  # read through: its chunk may be cached by now
             f.close()
 
-    def watch(self, every_s: float = 1.0) -> None:
+    def watch(self, every_s: float = 0.5) -> None:
         """A new namespace version goes to the daemon (a replaced file: new attributes, and
         its hot declarations no longer hold, being of the old version); its counters come back."""
         while not self.stopping.wait(every_s):
             try:
-                self.send_tree()
+                self.send_tree(force=True)
                 self._send({"op": "stats", "id": 0})
             except OSError:
                 return

@@ -1,0 +1,122 @@
+"""Unmodified readers on hot data, side by side in one run: per-file open().read() of every chunk
+file of the dataset ingested last, through the native mount (passthrough for hot files), through
+the former all-Python mount (`mount.engine=python`), with the client's `read_chunk`, from MinIO
+direct, and from a local copy of the same bytes (the floor). Every chunk is in the caches
+(`cache warm`) and read through each path twice before the timed rounds; rounds interleave the
+paths so the machine's drift falls on all of them.
+
+    python bench/mount.py                  (on `fasterfs up` with a dataset ingested)
+    python bench/mount.py bench.mount_rounds=9
+
+Writes mount.json into the run's output directory; prints p50/p95 per path and each p50 against
+the local copy's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fasterfs  # noqa: E402
+from fasterfs import cluster, config, report  # noqa: E402
+from fasterfs.mount_supervisor import is_mounted  # noqa: E402
+from fasterfs.process import terminate  # noqa: E402
+
+
+def start_mount(point: Path, engine: str, overrides: list[str]) -> subprocess.Popen:
+    """A mount of this host run by this process (as a StorageNode runs one), with `engine`."""
+    point.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides, f"mount.engine={engine}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, FASTERFS_MOUNT_STATS=f"{point}.stats.json"))
+    deadline = time.monotonic() + 60
+    while not is_mounted(str(point)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            terminate(proc.pid, proc=proc)
+            raise RuntimeError(f"the {engine} mount at {point} did not come up")
+        time.sleep(0.1)
+    return proc
+
+
+def stop_mount(point: Path, proc: subprocess.Popen) -> None:
+    subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True, timeout=30)
+    terminate(proc.pid, proc=proc)
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    rounds = int(cfg.bench.mount_rounds)
+    client = fasterfs.connect(overrides=argv)
+    state, m = client.state, client.manifest
+    cluster.connect_ray(state)
+    actors = cluster.storage_nodes(state)
+    ids = list(range(len(m)))
+    by_node: dict[int, list[str]] = {}
+    for i in ids:
+        by_node.setdefault(client.sources(i)[0], []).append(m.chunk(i).key)
+    ray.get([actors[n].cache_warm.remote(keys) for n, keys in by_node.items()])
+    names = [m.chunk(i).key.rsplit("/", 1)[-1] for i in ids]
+    cold = fasterfs.connect(overrides=argv, use_cache=False)
+    work = Path(tempfile.mkdtemp(prefix="ffs-bench-mount-", dir=state.root))
+    local = work / "local"
+    local.mkdir()
+    for i, name in zip(ids, names):
+        (local / name).write_bytes(cold.read_chunk(i))
+    overrides = [f"cluster.name={state.name}", f"cluster.root={state.root}", f"cluster.ray_address={state.ray_address}"]
+    mounts = {engine: (work / engine, start_mount(work / engine, engine, overrides)) for engine in ("native", "python")}
+    try:
+        def reader(directory: Path):
+            files = [directory / m.name / "chunks" / name for name in names]
+
+            def read(k):
+                with open(files[k], "rb") as f:
+                    return f.read()
+            return read
+        paths = {"local copy": reader(local), "native mount": reader(mounts["native"][0]),
+                 "python mount": reader(mounts["python"][0]),
+                 "client read_chunk": lambda k: client.read_chunk(ids[k]),
+                 "MinIO direct": lambda k: cold.read_chunk(ids[k])}
+        for name, read in paths.items():  # twice each: the native mount declares files hot at the first
+            for k in range(len(ids)):
+                assert read(k) == (local / names[k]).read_bytes(), f"{name}: chunk {ids[k]} differs"
+                read(k)
+        lat: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(rounds):
+            for name, read in paths.items():
+                lat[name] += report.timed(read, range(len(ids)))
+        time.sleep(2)  # the agent writes its daemon's counters every second
+        counts = {"native": json.loads(Path(f"{mounts['native'][0]}.stats.json").read_text())}
+    finally:
+        for point, proc in mounts.values():
+            stop_mount(point, proc)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    stats = {name: report.quantiles(xs) for name, xs in lat.items()}
+    floor = stats["local copy"]["p50_ms"]
+    vs_local = {name: s["p50_ms"] / floor for name, s in stats.items()}
+    result = {"dataset": m.name, "files": len(ids), "file_bytes_avg": m.total_bytes / len(ids), "rounds": rounds,
+              "paths": stats, "p50_vs_local": vs_local,
+              "native_vs_minio_x_faster": stats["MinIO direct"]["p50_ms"] / stats["native mount"]["p50_ms"],
+              "native_daemon": counts.get("native")}
+    console = report.console()
+    console.print(f"per-file open().read(), hot, {len(ids)} files of {report.fmt_bytes(result['file_bytes_avg'])}, "
+                  f"{rounds} rounds")
+    for name, s in stats.items():
+        console.print(f"  {name:18s} p50 {s['p50_ms']:7.3f} ms  p95 {s['p95_ms']:7.3f} ms  {vs_local[name]:5.2f}x local")
+    console.print(f"  native mount vs MinIO direct: {result['native_vs_minio_x_faster']:.1f}x faster; "
+                  f"native daemon: {counts.get('native')}")
+    out = report.run_dir(cfg, "bench_mount")
+    report.write_json(out, "mount", result)
+    console.print(f"output: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

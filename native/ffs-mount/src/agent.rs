@@ -1,0 +1,104 @@
+//! Request/reply plumbing over the agent socket.
+//!
+//! FUSE threads call `Agent::call`, which registers a one-shot channel under a
+//! fresh id and blocks on it; the single reader thread (see main.rs) hands
+//! each reply to its waiter by id, so replies may arrive in any order.
+//! A call may carry a hook that the reader thread runs on the reply first,
+//! so what the reply declares takes effect at its place in the stream.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Mutex};
+
+use serde_json::{json, Value};
+
+pub struct Reply {
+    pub v: Value,
+    /// Raw bytes that followed the JSON line (read replies only).
+    pub data: Vec<u8>,
+}
+
+/// Run by the reader thread on a reply's JSON before its waiter sees it.
+pub type Hook = Box<dyn FnOnce(&Value) + Send>;
+
+struct Pending {
+    waiters: HashMap<u64, (mpsc::SyncSender<Reply>, Option<Hook>)>,
+    closed: bool,
+}
+
+pub struct Agent {
+    writer: Mutex<UnixStream>,
+    pending: Mutex<Pending>,
+    next_id: AtomicU64,
+}
+
+impl Agent {
+    pub fn new(writer: UnixStream) -> Agent {
+        Agent {
+            writer: Mutex::new(writer),
+            pending: Mutex::new(Pending {
+                waiters: HashMap::new(),
+                closed: false,
+            }),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Write one JSON line; the mutex keeps lines from different threads whole.
+    pub fn send(&self, v: &Value) -> io::Result<()> {
+        let mut buf = serde_json::to_vec(v).map_err(io::Error::other)?;
+        buf.push(b'\n');
+        self.writer.lock().unwrap().write_all(&buf)
+    }
+
+    /// Send request `req` (an object without "id") and wait for its reply.
+    /// Err carries the errno for the kernel: the agent's own, or EIO when
+    /// the socket is gone.
+    pub fn call(&self, req: Value) -> Result<Reply, i32> {
+        self.call_with(req, None)
+    }
+
+    /// `call`, with `hook` run on the reply (error replies included).
+    pub fn call_with(&self, mut req: Value, hook: Option<Hook>) -> Result<Reply, i32> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::sync_channel(1);
+        {
+            let mut p = self.pending.lock().unwrap();
+            if p.closed {
+                return Err(libc::EIO);
+            }
+            p.waiters.insert(id, (tx, hook));
+        }
+        req["id"] = json!(id);
+        if self.send(&req).is_err() {
+            self.pending.lock().unwrap().waiters.remove(&id);
+            return Err(libc::EIO);
+        }
+        // A dropped sender (socket closed) also lands here as Err.
+        let r = rx.recv().map_err(|_| libc::EIO)?;
+        match r.v.get("errno") {
+            Some(e) => Err(e.as_i64().filter(|&e| e > 0).unwrap_or(libc::EIO as i64) as i32),
+            None => Ok(r),
+        }
+    }
+
+    /// Called by the reader thread for every message without "op".
+    pub fn deliver(&self, id: u64, r: Reply) {
+        let waiter = self.pending.lock().unwrap().waiters.remove(&id);
+        if let Some((tx, hook)) = waiter {
+            if let Some(hook) = hook {
+                hook(&r.v);
+            }
+            let _ = tx.send(r);
+        }
+    }
+
+    /// Socket closed: fail all current and future calls with EIO.
+    pub fn close(&self) {
+        let mut p = self.pending.lock().unwrap();
+        p.closed = true;
+        p.waiters.clear();
+    }
+}

@@ -1,0 +1,706 @@
+//! The FUSE filesystem: metadata from the pushed tree, opens either native
+//! passthrough (hot files) or forwarded to the agent.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    BackingId, BsdFileFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
+};
+use serde_json::{json, Value};
+
+use crate::agent::{Agent, Hook};
+use crate::marks::{Marks, Pins};
+use crate::tree::Tree;
+
+/// A "hot" declaration: `path` of tree `version` is byte-identical to
+/// `backing`, unless `marks` show a write after it was fetched.
+#[derive(Clone)]
+pub struct Hot {
+    pub backing: String,
+    pub inode: u64,
+    pub version: u64,
+    pub marks: Option<Marks>,
+}
+
+impl Hot {
+    /// From a "hot" message or the "hot" object of an open reply.
+    pub fn from_msg(v: &Value) -> Option<Hot> {
+        let f = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        Some(Hot {
+            backing: v.get("backing")?.as_str()?.to_string(),
+            inode: f("inode"),
+            version: f("version"),
+            marks: Marks::from_msg(v),
+        })
+    }
+}
+
+#[derive(Default)]
+pub struct Stats {
+    pub passthrough_opens: AtomicU64,
+    pub agent_opens: AtomicU64,
+    pub reads_forwarded: AtomicU64,
+    pub bytes_forwarded: AtomicU64,
+    pub lookups: AtomicU64,
+    pub getattrs: AtomicU64,
+    pub readdirs: AtomicU64,
+    pub stale_refused: AtomicU64,
+    pub hot_from_open_reply: AtomicU64,
+    pub lookup_refreshes: AtomicU64,
+    /// Whether the kernel took FUSE_PASSTHROUGH at INIT (else every open goes to the agent).
+    pub passthrough_enabled: AtomicBool,
+}
+
+impl Stats {
+    pub fn json(&self) -> Value {
+        json!({
+            "passthrough_opens": self.passthrough_opens.load(Relaxed),
+            "agent_opens": self.agent_opens.load(Relaxed),
+            "reads_forwarded": self.reads_forwarded.load(Relaxed),
+            "bytes_forwarded": self.bytes_forwarded.load(Relaxed),
+            "lookups": self.lookups.load(Relaxed),
+            "getattrs": self.getattrs.load(Relaxed),
+            "readdirs": self.readdirs.load(Relaxed),
+            "stale_refused": self.stale_refused.load(Relaxed),
+            "hot_from_open_reply": self.hot_from_open_reply.load(Relaxed),
+            "lookup_refreshes": self.lookup_refreshes.load(Relaxed),
+            "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
+        })
+    }
+}
+
+/// Kernel backing registration shared by all passthrough handles of one inode.
+/// The kernel rejects (EIO) a passthrough open whose backing differs from the
+/// one already attached to the inode, so every handle reuses this one; the
+/// BackingId's Drop closes the kernel id, so it lives until the last release.
+struct Backing {
+    id: BackingId,
+    file: File, // only for the pread fallback; the kernel holds its own ref
+    hot: Hot,   // the declaration it was opened for
+}
+
+/// Outcome of checking whether an open may be passthrough.
+enum Probe {
+    Cold,
+    Stale,
+    Ready(File, Hot),
+}
+
+enum Handle {
+    Passthrough { ino: u64, b: Arc<Backing> },
+    Agent { ino: u64, h: Value },
+}
+
+/// Per-inode open modes. The kernel fails a non-passthrough open while a
+/// passthrough one is open and vice versa, so each inode is in one mode.
+#[derive(Default)]
+struct InodeOpens {
+    pt: Option<Arc<Backing>>,
+    pt_count: u64,
+    agent_count: u64, // includes agent opens still in flight
+}
+
+#[derive(Default)]
+struct Opens {
+    inodes: HashMap<u64, InodeOpens>,
+    handles: HashMap<u64, Handle>,
+    next_fh: u64,
+}
+
+impl Opens {
+    fn add_handle(&mut self, h: Handle) -> u64 {
+        self.next_fh += 1;
+        self.handles.insert(self.next_fh, h);
+        self.next_fh
+    }
+    /// Make `ino` passthrough with `file` as its backing and one handle. The
+    /// caller checked that no other open holds the inode; its own pending
+    /// agent open, if any, becomes this one.
+    fn passthrough(
+        &mut self,
+        ino: u64,
+        file: File,
+        hot: Hot,
+        reply: &ReplyOpen,
+    ) -> io::Result<(u64, Arc<Backing>)> {
+        let id = reply.open_backing(&file)?;
+        let b = Arc::new(Backing { id, file, hot });
+        let io = self.inodes.entry(ino).or_default();
+        io.pt = Some(b.clone());
+        io.pt_count = 1;
+        io.agent_count = 0;
+        let fh = self.add_handle(Handle::Passthrough { ino, b: b.clone() });
+        Ok((fh, b))
+    }
+
+    fn gc(&mut self, ino: u64) {
+        if let Some(io) = self.inodes.get(&ino) {
+            if io.pt_count == 0 && io.agent_count == 0 {
+                self.inodes.remove(&ino);
+            }
+        }
+    }
+}
+
+pub struct Shared {
+    pub tree: RwLock<Arc<Tree>>,
+    pub hot: Mutex<HashMap<String, Hot>>,
+    pub stats: Stats,
+    pub agent: Agent,
+    pub ttl: Duration,
+    pins: Pins,
+    passthrough_ok: AtomicBool,
+    opens: Mutex<Opens>,
+}
+
+impl Shared {
+    pub fn new(agent: Agent, ttl: Duration) -> Shared {
+        Shared {
+            tree: RwLock::new(Arc::new(Tree::empty())),
+            hot: Mutex::new(HashMap::new()),
+            stats: Stats::default(),
+            agent,
+            ttl,
+            pins: Pins::default(),
+            passthrough_ok: AtomicBool::new(false),
+            opens: Mutex::new(Opens::default()),
+        }
+    }
+
+    fn tree(&self) -> Arc<Tree> {
+        self.tree.read().unwrap().clone()
+    }
+
+    /// Ready with the backing file if `path` is hot for tree `version`, its
+    /// marks do not say stale, and the backing still is the declared file
+    /// (same st_ino, checked with fstat on the opened fd so it cannot change
+    /// between check and use; same size).
+    fn probe(&self, path: &str, version: u64, size: u64) -> Probe {
+        let hot = match self.hot.lock().unwrap().get(path) {
+            Some(h) if h.version == version => h.clone(),
+            _ => return Probe::Cold,
+        };
+        if hot.marks.as_ref().is_some_and(|m| self.pins.stale(m)) {
+            return Probe::Stale;
+        }
+        // O_RDONLY|O_CLOEXEC
+        let Ok(f) = File::open(Path::new(&hot.backing)) else {
+            return Probe::Cold;
+        };
+        match f.metadata() {
+            Ok(md) if md.is_file() && md.ino() == hot.inode && md.len() == size => {
+                Probe::Ready(f, hot)
+            }
+            _ => Probe::Cold,
+        }
+    }
+
+    /// Are the bytes `b` serves stale? Judged by the hot entry's marks while
+    /// it still names b's backing file (its fetched_ns may be newer), else by
+    /// the marks b was opened with.
+    fn reuse_stale(&self, path: &str, b: &Backing) -> bool {
+        let marks = match self.hot.lock().unwrap().get(path) {
+            Some(h) if h.backing == b.hot.backing && h.inode == b.hot.inode => h.marks.clone(),
+            _ => b.hot.marks.clone(),
+        };
+        marks.is_some_and(|m| self.pins.stale(&m))
+    }
+
+    /// An open reply declared `path` hot: make that open (still counted in
+    /// agent_count) passthrough, if no other open holds the inode.
+    fn promote(
+        &self,
+        ino: u64,
+        path: &str,
+        version: u64,
+        size: u64,
+        reply: &ReplyOpen,
+    ) -> Option<(u64, Arc<Backing>)> {
+        if !self.passthrough_ok.load(Relaxed) {
+            return None;
+        }
+        let (file, hot) = match self.probe(path, version, size) {
+            Probe::Ready(file, hot) => (file, hot),
+            Probe::Stale => {
+                self.stats.stale_refused.fetch_add(1, Relaxed);
+                return None;
+            }
+            Probe::Cold => return None,
+        };
+        let mut st = self.opens.lock().unwrap();
+        let io = st.inodes.get(&ino)?;
+        if io.agent_count != 1 || io.pt.is_some() {
+            return None;
+        }
+        st.passthrough(ino, file, hot, reply)
+            .inspect_err(|e| eprintln!("ffs-mount: backing open for {path}: {e}"))
+            .ok()
+    }
+}
+
+pub struct FuseFs(pub Arc<Shared>);
+
+fn err(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Passthrough needs the capability plus a stacking depth of >= 1.
+        let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok();
+        if !ok {
+            eprintln!("ffs-mount: kernel lacks FUSE passthrough; all opens go to the agent");
+        }
+        self.0.passthrough_ok.store(ok, Relaxed);
+        self.0.stats.passthrough_enabled.store(ok, Relaxed);
+        // Lookups in one directory may run concurrently across our threads.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let s = &self.0;
+        s.stats.lookups.fetch_add(1, Relaxed);
+        let find = |t: &Tree| {
+            let ino = name
+                .to_str()
+                .and_then(|n| t.children.get(&parent.0)?.get(n).copied());
+            ino.and_then(|i| t.attr(i))
+        };
+        // A name the tree lacks may be newer than the last push (a dataset
+        // ingested a moment ago): the agent sends a newer tree, if there is
+        // one, before it replies, so one retry sees it.
+        let found = find(&s.tree()).or_else(|| {
+            s.stats.lookup_refreshes.fetch_add(1, Relaxed);
+            s.agent.call(json!({"op": "refresh"})).ok()?;
+            find(&s.tree())
+        });
+        match found {
+            Some(a) => reply.entry(&s.ttl, &a, Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.0.stats.getattrs.fetch_add(1, Relaxed);
+        match self.0.tree().attr(ino.0) {
+            Some(a) => reply.attr(&self.0.ttl, &a),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.0.tree().nodes.get(&ino.0) {
+            Some(n) if n.dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Some(_) => reply.error(Errno::ENOTDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.0.stats.readdirs.fetch_add(1, Relaxed);
+        let t = self.0.tree();
+        let (Some(node), Some(kids)) = (t.nodes.get(&ino.0), t.children.get(&ino.0)) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let dots = [
+            (ino.0, FileType::Directory, "."),
+            (node.parent, FileType::Directory, ".."),
+        ];
+        let kids = kids.iter().map(|(name, &i)| {
+            let dir = t.nodes.get(&i).is_some_and(|n| n.dir);
+            (
+                i,
+                if dir {
+                    FileType::Directory
+                } else {
+                    FileType::RegularFile
+                },
+                name.as_str(),
+            )
+        });
+        // Offsets are positions in this (sorted) listing; entry k carries k+1.
+        for (k, (i, kind, name)) in dots
+            .into_iter()
+            .chain(kids)
+            .enumerate()
+            .skip(offset as usize)
+        {
+            if reply.add(INodeNo(i), k as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let f = flags.0;
+        if f & libc::O_ACCMODE != libc::O_RDONLY || f & (libc::O_TRUNC | libc::O_APPEND) != 0 {
+            return reply.error(Errno::EROFS);
+        }
+        let s = &self.0;
+        let t = s.tree();
+        let Some(node) = t.nodes.get(&ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if node.dir {
+            return reply.error(Errno::EISDIR);
+        }
+        let ino = ino.0;
+        // NOFLUSH: read-only, so close() needs no FLUSH round trip.
+        let oflags = FopenFlags::FOPEN_NOFLUSH;
+
+        // Mark checks and backing opens run outside the lock; the mode
+        // decision and the counters are re-checked and updated under it.
+        let mut reuse: Option<(Arc<Backing>, bool)> = None; // (backing, stale)
+        let mut probe = None;
+        loop {
+            let mut st = s.opens.lock().unwrap();
+            let io = st.inodes.entry(ino).or_default();
+            if let Some(b) = io.pt.clone() {
+                // Inode already passthrough: must stay so (the kernel fails an
+                // agent open now), so reuse its backing unless that is stale.
+                match reuse.take() {
+                    Some((rb, stale)) if Arc::ptr_eq(&rb, &b) => {
+                        if stale {
+                            drop(st);
+                            s.stats.stale_refused.fetch_add(1, Relaxed);
+                            eprintln!(
+                                "ffs-mount: {} is stale but held open by passthrough: ESTALE",
+                                node.path
+                            );
+                            return reply.error(Errno::ESTALE);
+                        }
+                        io.pt_count += 1;
+                        let fh = st.add_handle(Handle::Passthrough { ino, b: b.clone() });
+                        drop(st);
+                        s.stats.passthrough_opens.fetch_add(1, Relaxed);
+                        return reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
+                    }
+                    _ => {
+                        drop(st);
+                        let stale = s.reuse_stale(&node.path, &b);
+                        reuse = Some((b, stale));
+                        continue;
+                    }
+                }
+            }
+            if io.agent_count == 0 && s.passthrough_ok.load(Relaxed) {
+                match probe.take() {
+                    None => {
+                        drop(st);
+                        probe = Some(s.probe(&node.path, t.version, node.size));
+                        continue;
+                    }
+                    Some(Probe::Ready(file, hot)) => match st.passthrough(ino, file, hot, &reply) {
+                        Ok((fh, b)) => {
+                            drop(st);
+                            s.stats.passthrough_opens.fetch_add(1, Relaxed);
+                            return reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
+                        }
+                        Err(e) => eprintln!("ffs-mount: backing open for {}: {e}", node.path),
+                    },
+                    Some(Probe::Stale) => {
+                        s.stats.stale_refused.fetch_add(1, Relaxed);
+                    }
+                    Some(Probe::Cold) => {}
+                }
+            }
+            // Not hot, stale, or the inode has non-passthrough opens: agent open.
+            st.inodes.entry(ino).or_default().agent_count += 1;
+            break;
+        }
+        // The reply's "hot" is recorded by the reader thread, in stream order
+        // with "hot"/"cold" messages, exactly as a "hot" message would be.
+        let hook: Hook = {
+            let (s, path) = (s.clone(), node.path.clone());
+            Box::new(move |v: &Value| {
+                if let Some(h) = v.get("hot").and_then(Hot::from_msg) {
+                    s.hot.lock().unwrap().insert(path, h);
+                }
+            })
+        };
+        let req = json!({"op": "open", "path": node.path});
+        let r = match s.agent.call_with(req, Some(hook)) {
+            Ok(r) => r,
+            Err(e) => {
+                let mut st = s.opens.lock().unwrap();
+                if let Some(io) = st.inodes.get_mut(&ino) {
+                    io.agent_count -= 1;
+                }
+                st.gc(ino);
+                drop(st);
+                return reply.error(err(e));
+            }
+        };
+        let h = r.v.get("handle").cloned().unwrap_or(Value::Null);
+        if r.v.get("hot").is_some_and(Value::is_object) {
+            if let Some((fh, b)) = s.promote(ino, &node.path, t.version, node.size, &reply) {
+                s.stats.passthrough_opens.fetch_add(1, Relaxed);
+                s.stats.hot_from_open_reply.fetch_add(1, Relaxed);
+                reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
+                // The agent's handle was never used; the kernel is answered first.
+                let _ = s.agent.call(json!({"op": "release", "handle": h}));
+                return;
+            }
+        }
+        let fh = s.opens.lock().unwrap().add_handle(Handle::Agent { ino, h });
+        s.stats.agent_opens.fetch_add(1, Relaxed);
+        // Without KEEP_CACHE the kernel drops the file's cached pages at this
+        // open; with it the agent vouches that they are still right. Never on
+        // a passthrough open (above): the kernel fails that combination.
+        let keep = r.v.get("keep_cache").and_then(Value::as_bool) == Some(true);
+        let flags = match keep {
+            true => oflags | FopenFlags::FOPEN_KEEP_CACHE,
+            false => oflags,
+        };
+        reply.opened(FileHandle(fh), flags);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let s = &self.0;
+        let (agent_h, backing) = match s.opens.lock().unwrap().handles.get(&fh.0) {
+            Some(Handle::Agent { h, .. }) => (Some(h.clone()), None),
+            Some(Handle::Passthrough { b, .. }) => (None, Some(b.clone())),
+            None => return reply.error(Errno::EBADF),
+        };
+        if let Some(b) = backing {
+            // The kernel reads passthrough files itself; this is just a safety net.
+            let mut buf = vec![0u8; size as usize];
+            return match b.file.read_at(&mut buf, offset) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(e.into()),
+            };
+        }
+        let req = json!({"op": "read", "handle": agent_h, "offset": offset, "size": size});
+        match s.agent.call(req) {
+            Ok(r) => {
+                let n = r.data.len().min(size as usize);
+                s.stats.reads_forwarded.fetch_add(1, Relaxed);
+                s.stats.bytes_forwarded.fetch_add(n as u64, Relaxed);
+                reply.data(&r.data[..n]);
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lo: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.0;
+        let mut st = s.opens.lock().unwrap();
+        let agent_h = match st.handles.remove(&fh.0) {
+            Some(Handle::Passthrough { ino, .. }) => {
+                if let Some(io) = st.inodes.get_mut(&ino) {
+                    io.pt_count -= 1;
+                    if io.pt_count == 0 {
+                        io.pt = None; // last user: closes the kernel backing id
+                    }
+                }
+                st.gc(ino);
+                None
+            }
+            Some(Handle::Agent { ino, h }) => {
+                if let Some(io) = st.inodes.get_mut(&ino) {
+                    io.agent_count -= 1;
+                }
+                st.gc(ino);
+                Some(h)
+            }
+            None => None,
+        };
+        drop(st);
+        reply.ok(); // the kernel does not wait on the agent's bookkeeping
+        if let Some(h) = agent_h {
+            let _ = s.agent.call(json!({"op": "release", "handle": h}));
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        match self.0.tree().nodes.contains_key(&ino.0) {
+            true => reply.ok(),
+            false => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::NO_XATTR);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
+    }
+
+    // ---- everything that would modify the tree: read-only filesystem ----
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+    fn mknod(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _d: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+    fn mkdir(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+    fn unlink(&self, _r: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+    fn rmdir(&self, _r: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+    fn symlink(&self, _r: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+    fn rename(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+    fn link(&self, _r: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+    fn write(
+        &self,
+        _r: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _o: u64,
+        _d: &[u8],
+        _wf: WriteFlags,
+        _f: OpenFlags,
+        _lo: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+    fn create(
+        &self,
+        _r: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+    fn setxattr(
+        &self,
+        _r: &Request,
+        _i: INodeNo,
+        _n: &OsStr,
+        _v: &[u8],
+        _f: i32,
+        _p: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+    fn removexattr(&self, _r: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+    fn fallocate(
+        &self,
+        _r: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _o: u64,
+        _l: u64,
+        _m: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

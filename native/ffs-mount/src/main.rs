@@ -1,0 +1,399 @@
+//! ffs-mount: read-only FUSE daemon for FasterFS.
+//!
+//! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 1000] [--threads 4]
+//!
+//! The Python agent (our parent) owns the other end of the socketpair at fd N.
+//! Metadata is served from the tree it pushes; opens of files it declared hot
+//! become kernel passthrough opens; everything else is forwarded to it.
+//! We exit (unmounting) when the socket closes, on SIGTERM/SIGINT/SIGHUP
+//! (PR_SET_PDEATHSIG turns the parent's death into SIGTERM), or when the
+//! filesystem gets unmounted from outside.
+//!
+//! # Protocol (the agent must follow it exactly)
+//!
+//! Framing: each message is one compact JSON object on one line ending in
+//! "\n". A reply with "len": L is followed by exactly L raw bytes. Each side
+//! must write a message (line plus raw bytes) contiguously. Lines that are
+//! not JSON are logged and skipped. Integers are JSON numbers: u64 unless
+//! said otherwise; a field of the wrong type counts as absent.
+//! A message with "op" is a request or notice, one without is a reply,
+//! matched by "id". The two directions have separate id spaces.
+//!
+//! ## Agent -> daemon
+//!
+//! {"op":"tree","version":V,"entries":[{"path":P,"dir":bool,"size":S,
+//!   "mtime_ns":i64}, ...]}
+//!   Replaces the whole tree; the first one triggers the mount. P is
+//!   relative to the mount root, "/"-separated, outer slashes stripped;
+//!   entries with empty, "." or ".." components are skipped, missing parents
+//!   become directories, entries below a file are dropped. A path keeps its
+//!   inode number across trees. Defaults: version 0, dir false, size 0,
+//!   mtime_ns 0. Files are 0444, directories 0555, owner root.
+//!
+//! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
+//!  "pin":S,"key":K,"bucket":K2,"fetched_ns":F}
+//!   P of tree V is byte-identical to the local file B (st_ino I); replaces
+//!   any entry for P (needs "path" and "backing"; inode and version default
+//!   to 0). An open of P becomes a kernel passthrough open of B only if all
+//!   hold: the tree version is V; B, opened O_RDONLY, is a regular file with
+//!   st_ino I and P's tree size; the marks do not say stale; no agent handle
+//!   of P's inode is open or being opened. Otherwise the open goes to the
+//!   agent. Stored entries of other versions stay but do not apply.
+//!   Marks (the last four fields) are checked only if "pin", "fetched_ns"
+//!   and at least one of "key"/"bucket" are present. "pin" is a BPF map
+//!   pinned on a bpffs: BPF_MAP_TYPE_HASH or LRU_HASH, 8-byte key and value,
+//!   native-endian u64s. The entry is stale if map[K] > F or map[K2] > F
+//!   (equal is fresh); no entry, or nothing pinned at S, means 0. Marks and
+//!   F are compared as plain numbers: they must come from the same clock.
+//!   A map that cannot be read or has another shape counts as stale
+//!   (logged). The map fd is kept per pin path and the pin re-stat'ed at
+//!   most once a second: a map re-pinned or removed is seen within ~1 s.
+//!   While passthrough handles of P's inode are open, every new open must
+//!   reuse their backing (even after "cold" or a "hot" naming another
+//!   file): the kernel fails an agent open then. Such an open checks the
+//!   marks of the current entry if it names the same B and I, else those the
+//!   backing was opened with; if stale it fails with ESTALE (116) (the
+//!   kernel retries it once, so two ESTALEs and two stale_refused). When
+//!   no passthrough handle is open, a stale open goes to the agent.
+//!
+//! {"op":"cold","path":P}
+//!   Forgets P's hot entry. Open passthrough handles stay (see above).
+//!
+//! {"op":"stats","id":N}
+//!   Answered with {"id":N,"stats":{...}}: u64 counters since start:
+//!   passthrough_opens, agent_opens (agent handles kept), reads_forwarded,
+//!   bytes_forwarded, lookups, getattrs, readdirs, stale_refused (opens
+//!   whose marks said stale, whatever then happened), hot_from_open_reply
+//!   (opens made passthrough by their open reply's "hot"; also counted in
+//!   passthrough_opens, not in agent_opens).
+//!
+//! Messages are applied in stream order by one reader thread, and an open
+//! reply's "hot" at its place in that order. Unknown ops are logged and
+//! ignored; replies with unknown ids are dropped.
+//!
+//! ## Daemon -> agent
+//!
+//! Every request must be answered: the FUSE thread that sent it waits for
+//! the reply (for a release, after answering the kernel), so up to
+//! --threads requests are outstanding at once. Reply in any order.
+//! {"id":N,"errno":E} fails any request with errno E (E > 0, else EIO).
+//!
+//! {"op":"open","path":P,"id":N} (read-only opens only)
+//!   -> {"id":N,"handle":H} with optionally
+//!      "keep_cache":true  the kernel keeps the pages it has cached for P
+//!                         (else it drops them at this open);
+//!      "hot":{"backing":B,"inode":I,"version":V,"pin":S,"key":K,
+//!             "bucket":K2,"fetched_ns":F}
+//!                         recorded exactly like a "hot" message for P,
+//!                         then, if this open can now be passthrough, it is
+//!                         (no keep_cache) and H is released right away,
+//!                         having served no read; else H is used as usual.
+//!   H is any JSON value (null if absent), echoed back verbatim.
+//!
+//! {"op":"read","handle":H,"offset":O,"size":S,"id":N}
+//!   -> {"id":N,"len":L} + L raw bytes. L < S means end of file; bytes
+//!   beyond S are read off the socket and dropped. Never put "len" in any
+//!   other reply without the bytes.
+//!
+//! {"op":"release","handle":H,"id":N} -> {"id":N}
+//!   H gets no further request.
+//!
+//! {"id":N,"stats":{...}}: the reply to the agent's "stats".
+//!
+//! Closing the socket makes the daemon unmount and exit; its pending and
+//! later FUSE requests to the agent fail with EIO.
+
+mod agent;
+mod fs;
+mod marks;
+mod tree;
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::FromRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use serde_json::{json, Value};
+
+use agent::{Agent, Reply};
+use fs::{FuseFs, Hot, Shared};
+use tree::{InoMap, Tree};
+
+enum Event {
+    FirstTree,
+    AgentClosed,
+    Signal(i32),
+}
+
+struct Args {
+    mountpoint: PathBuf,
+    agent_fd: i32,
+    ttl_ms: u64,
+    threads: usize,
+}
+
+fn usage() -> ! {
+    eprintln!("usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 1000] [--threads 4]");
+    std::process::exit(2);
+}
+
+fn parse_args() -> Args {
+    let mut mountpoint = None;
+    let (mut agent_fd, mut ttl_ms, mut threads) = (None, 1000u64, 4usize);
+    let mut it = std::env::args_os().skip(1);
+    while let Some(a) = it.next() {
+        let mut num = || -> u64 {
+            it.next()
+                .and_then(|v| v.to_str()?.parse().ok())
+                .unwrap_or_else(|| usage())
+        };
+        match a.to_str() {
+            Some("--agent-fd") => agent_fd = Some(num() as i32),
+            Some("--attr-ttl-ms") => ttl_ms = num(),
+            Some("--threads") => threads = num().max(1) as usize,
+            Some(s) if s.starts_with("--") => usage(),
+            _ if mountpoint.is_none() => mountpoint = Some(PathBuf::from(a)),
+            _ => usage(),
+        }
+    }
+    match (mountpoint, agent_fd) {
+        (Some(mountpoint), Some(agent_fd)) => Args {
+            mountpoint,
+            agent_fd,
+            ttl_ms,
+            threads,
+        },
+        _ => usage(),
+    }
+}
+
+/// fuser asserts that /dev/fuse is not fd 0-2; make sure those are taken
+/// even if the agent spawned us with closed stdio.
+fn ensure_stdio() {
+    for fd in 0..3 {
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            let null = CString::new("/dev/null").unwrap();
+            unsafe { libc::open(null.as_ptr(), libc::O_RDWR) };
+        }
+    }
+}
+
+/// Reader thread: dispatches replies by id and applies unsolicited messages.
+fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>) {
+    let mut r = BufReader::with_capacity(1 << 20, sock);
+    let mut inos = InoMap::new();
+    let mut have_tree = false;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let v: Value = match serde_json::from_slice(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("ffs-mount: bad message from agent: {e}");
+                continue;
+            }
+        };
+        match v.get("op").and_then(Value::as_str) {
+            None => {
+                // A reply. Read replies carry `len` raw bytes after the line.
+                let len = v.get("len").and_then(Value::as_u64).unwrap_or(0) as usize;
+                let mut data = vec![0u8; len];
+                if r.read_exact(&mut data).is_err() {
+                    break;
+                }
+                if let Some(id) = v.get("id").and_then(Value::as_u64) {
+                    s.agent.deliver(id, Reply { v, data });
+                }
+            }
+            Some("tree") => {
+                let t = Tree::from_msg(&v, &mut inos);
+                *s.tree.write().unwrap() = Arc::new(t);
+                if !have_tree {
+                    have_tree = true;
+                    let _ = ev.send(Event::FirstTree);
+                }
+            }
+            Some("hot") => {
+                let (Some(path), Some(hot)) =
+                    (v.get("path").and_then(Value::as_str), Hot::from_msg(&v))
+                else {
+                    continue;
+                };
+                s.hot
+                    .lock()
+                    .unwrap()
+                    .insert(path.trim_matches('/').to_string(), hot);
+            }
+            Some("cold") => {
+                if let Some(path) = v.get("path").and_then(Value::as_str) {
+                    s.hot.lock().unwrap().remove(path.trim_matches('/'));
+                }
+            }
+            Some("stats") => {
+                let _ = s
+                    .agent
+                    .send(&json!({"id": v.get("id"), "stats": s.stats.json()}));
+            }
+            Some(op) => eprintln!("ffs-mount: unknown op from agent: {op}"),
+        }
+    }
+    s.agent.close();
+    let _ = ev.send(Event::AgentClosed);
+}
+
+/// Device ("major:minor") of the topmost mount at `mp`, from mountinfo.
+/// Reading mountinfo never calls into our own filesystem.
+fn mount_dev(mp: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mp.as_os_str().as_bytes();
+    // Later lines are mounted on top of earlier ones: search from the end.
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && unescape(f[4]) == want).then(|| f[2].to_string())
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Unmount only if the topmost mount at `mp` is still ours (the agent may
+/// already have detached it and mounted a successor at the same path).
+fn unmount_if_ours(mp: &Path, dev: &Option<String>) {
+    if dev.is_none() || mount_dev(mp) != *dev {
+        return;
+    }
+    let c = CString::new(mp.as_os_str().as_bytes()).unwrap();
+    // Plain umount first; if files are still open, detach lazily. Our exit
+    // then closes /dev/fuse, which aborts the connection for those files.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+fn main() {
+    ensure_stdio();
+    // The agent is our parent: if it dies, so do we (and we unmount).
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
+    let args = parse_args();
+
+    // Block the exit signals in every thread; one thread sigwait()s for them.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    let (ev_tx, ev_rx) = mpsc::channel();
+    {
+        let ev = ev_tx.clone();
+        std::thread::spawn(move || loop {
+            let mut sig = 0;
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                let _ = ev.send(Event::Signal(sig));
+            }
+        });
+    }
+
+    if unsafe { libc::fcntl(args.agent_fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        eprintln!("ffs-mount: --agent-fd {} is not an open fd", args.agent_fd);
+        std::process::exit(2);
+    }
+    let sock = unsafe { UnixStream::from_raw_fd(args.agent_fd) };
+    let writer = sock.try_clone().expect("dup agent socket");
+    let shared = Arc::new(Shared::new(
+        Agent::new(writer),
+        Duration::from_millis(args.ttl_ms),
+    ));
+    {
+        let s = shared.clone();
+        let ev = ev_tx.clone();
+        std::thread::spawn(move || reader(sock, s, ev));
+    }
+
+    // Mount only once the first tree has arrived.
+    match ev_rx.recv() {
+        Ok(Event::FirstTree) => {}
+        _ => {
+            eprintln!("ffs-mount: agent socket closed or signal before the first tree");
+            std::process::exit(1);
+        }
+    }
+
+    let mountpoint = args.mountpoint.canonicalize().unwrap_or_else(|e| {
+        eprintln!("ffs-mount: mountpoint {}: {e}", args.mountpoint.display());
+        std::process::exit(1);
+    });
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("fasterfs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    cfg.acl = SessionACL::All; // fuser 0.18's spelling of allow_other
+    cfg.n_threads = Some(args.threads);
+    let session = match Session::new(FuseFs(shared.clone()), &mountpoint, &cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ffs-mount: mount {}: {e}", mountpoint.display());
+            std::process::exit(1);
+        }
+    };
+    let dev = mount_dev(&mountpoint);
+    // The BackgroundSession is deliberately never dropped: its Drop would
+    // unmount by path without checking that the mount is still ours.
+    let bg = session.spawn().unwrap_or_else(|e| {
+        eprintln!("ffs-mount: session: {e}");
+        unmount_if_ours(&mountpoint, &dev);
+        std::process::exit(1);
+    });
+    eprintln!(
+        "ffs-mount: mounted {} ({} threads)",
+        mountpoint.display(),
+        args.threads
+    );
+
+    let code = loop {
+        match ev_rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(Event::AgentClosed) => break 0,
+            Ok(Event::Signal(sig)) => {
+                eprintln!("ffs-mount: signal {sig}, exiting");
+                break 0;
+            }
+            Ok(Event::FirstTree) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) if bg.guard.is_finished() => break 0, // unmounted elsewhere
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break 1,
+        }
+    };
+    unmount_if_ours(&mountpoint, &dev);
+    // exit() without running destructors: closing /dev/fuse ends the session.
+    std::process::exit(code);
+}

@@ -1,0 +1,135 @@
+"""The native mount on the live cluster (native/ffs-mount answering the kernel, its agent
+fasterfs.mount holding the namespace): a hot file is opened by FUSE passthrough, so its reads
+reach no daemon (the daemon's own counters say so) and its bytes are the source's; a write the
+kernel sees is never served old to a new open; evicting an entry under an open passthrough file
+leaves its bytes; fio verifies every block it reads through the mount by its own CRC32C.
+Expected bytes come from the local files and from MinIO read with boto3, never from FasterFS."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import ray
+
+from fasterfs import cluster, config, credentials, s3
+from fasterfs.config import Paths
+from fasterfs.ingest import put, remove
+
+from conftest import wait_until
+
+
+@pytest.fixture
+def mount(live_cluster, cluster_root):
+    point = cluster_root / "native-mnt"
+    point.mkdir(exist_ok=True)
+    actor = cluster.storage_nodes(live_cluster)[0]  # one host: one mount
+    ray.get(actor.mount.remote(str(point)))
+    yield point, actor
+    ray.get(actor.umount.remote(str(point)))
+
+
+def daemon_counts(actor, point, after: float) -> dict:
+    """The daemon's counters as its agent last wrote them, once written after `after`."""
+    def fresh():
+        rows = [m for m in ray.get(actor.mount_status.remote()) if m["path"] == str(point)]
+        stats = rows[0]["daemon"] if rows else None
+        return stats if stats and stats["time"] > after else None
+    wait_until(lambda: fresh() is not None, timeout=15, what="the mount's counters")
+    return fresh()
+
+
+def make_hot(path, actor, key: str) -> None:
+    """Read through the mount until the kernel has made the chunk hot and the cache holds it
+    (bounded: at most 20 s)."""
+    def filled():
+        path.read_bytes()
+        return ray.get(actor.cache_contains.remote(key))
+    wait_until(filled, timeout=20, what="the kernel to make the chunk hot and the cache to fill")
+
+
+def test_hot_file_is_read_by_passthrough_never_by_a_daemon(mount, live_cluster, overrides, tmp_path):
+    point, actor = mount
+    data = os.urandom(3_000_000)  # one chunk (files.chunk_mb=4): its cache entry is the whole file
+    (tmp_path / "book.bin").write_bytes(data)
+    m = put(config.load(overrides), tmp_path / "book.bin", "native/book.bin")
+    try:
+        f = point / "native" / "book.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        make_hot(f, actor, m.chunk(0).key)
+        assert f.read_bytes() == data  # the open that finds it hot
+        before = daemon_counts(actor, point, time.time())
+        for _ in range(20):
+            with open(f, "rb") as fh:
+                assert fh.read() == data
+                fh.seek(1_234_567)
+                assert fh.read(4096) == data[1_234_567:1_234_567 + 4096]
+        after = daemon_counts(actor, point, time.time())
+        assert after["passthrough_enabled"], after
+        assert after["passthrough_opens"] - before["passthrough_opens"] >= 20, (before, after)
+        assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)  # zero READs reached the agent
+        assert after["agent_opens"] - before["agent_opens"] == 0, (before, after)
+    finally:
+        remove(config.load(overrides), "native/book.bin")
+
+
+def test_a_write_the_kernel_sees_is_never_served_old(mount, ingest_as, live_cluster, cluster_root):
+    """A chunk object overwritten behind FasterFS's back (same key, same length): the next open
+    through the mount has the new bytes, although its old entry had been opened by passthrough."""
+    point, actor = mount
+    m = ingest_as("csv")
+    i = next(c.id for c in m.chunks if c.nodes[0] == 0)
+    f = point / m.name / "chunks" / m.chunk(i).key.rsplit("/", 1)[-1]
+    make_hot(f, actor, m.chunk(i).key)
+    creds = credentials.load(Paths(cluster_root).credentials_file).admin
+    minio = s3.client(live_cluster.nodes[0].endpoint, creds)
+    old = minio.get_object(Bucket=m.bucket, Key=m.chunk(i).key)["Body"].read()
+    assert f.read_bytes() == old
+    new = b"#" * 100 + old[100:]
+    minio.put_object(Bucket=m.bucket, Key=m.chunk(i).key, Body=new)
+    assert f.read_bytes() == new  # at once: the kernel's stale mark refuses the old entry
+
+
+def test_eviction_under_an_open_passthrough_file_keeps_its_bytes(mount, live_cluster, overrides, tmp_path):
+    point, actor = mount
+    data = os.urandom(2_000_000)
+    (tmp_path / "ev.bin").write_bytes(data)
+    m = put(config.load(overrides), tmp_path / "ev.bin", "native/ev.bin")
+    try:
+        f = point / "native" / "ev.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        make_hot(f, actor, m.chunk(0).key)
+        before = daemon_counts(actor, point, time.time())
+        with open(f, "rb") as fh:
+            head = fh.read(1_000_000)
+            assert ray.get(actor.cache_clear.remote()) >= 1  # the entry file is unlinked under the reader
+            assert not ray.get(actor.cache_contains.remote(m.chunk(0).key))
+            assert head + fh.read() == data
+        after = daemon_counts(actor, point, time.time())
+        assert after["passthrough_opens"] > before["passthrough_opens"]
+        assert f.read_bytes() == data  # a new open: through the agent, from MinIO
+    finally:
+        remove(config.load(overrides), "native/ev.bin")
+
+
+def test_fio_verifies_every_block_read_through_the_mount(mount, live_cluster, overrides, tmp_path):
+    """fio writes a file whose every 64 KiB block carries its CRC32C; read back through the mount,
+    sequentially and at random, cold and then hot (by passthrough), fio checks each block."""
+    point, actor = mount
+    local = tmp_path / "verify.fio"
+    job = ["--bs=64k", "--size=24M", "--verify=crc32c", "--ioengine=psync"]
+    subprocess.run(["fio", "--name=write", f"--filename={local}", "--rw=write", "--do_verify=0", *job],
+                   check=True, capture_output=True, timeout=120)
+    cfg = config.load(overrides + ["files.chunk_mb=8"])  # several chunks: reads cross chunk ends
+    put(cfg, local, "native/verify.fio")
+    try:
+        f = point / "native" / "verify.fio"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        for rw in ("read", "randread", "read", "randread"):
+            out = subprocess.run(["fio", f"--name={rw}", f"--filename={f}", f"--rw={rw}", "--readonly", *job],
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+            assert "verify" not in out.stderr.lower(), out.stderr[-2000:]
+    finally:
+        remove(cfg, "native/verify.fio")
