@@ -67,9 +67,10 @@ def main(argv: list[str]) -> dict:
     cold = fasterfs.connect(overrides=argv, use_cache=False)
     work = Path(tempfile.mkdtemp(prefix="ffs-bench-mount-", dir=state.root))
     local = work / "local"
-    local.mkdir()
+    copies = local / m.name / "chunks"  # laid out as in the mounts
+    copies.mkdir(parents=True)
     for i, name in zip(ids, names):
-        (local / name).write_bytes(cold.read_chunk(i))
+        (copies / name).write_bytes(cold.read_chunk(i))
     overrides = [f"cluster.name={state.name}", f"cluster.root={state.root}", f"cluster.ray_address={state.ray_address}"]
     mounts = {engine: (work / engine, start_mount(work / engine, engine, overrides)) for engine in ("native", "python")}
     try:
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> dict:
                  "MinIO direct": lambda k: cold.read_chunk(ids[k])}
         for name, read in paths.items():  # twice each: the native mount declares files hot at the first
             for k in range(len(ids)):
-                assert read(k) == (local / names[k]).read_bytes(), f"{name}: chunk {ids[k]} differs"
+                assert read(k) == (copies / names[k]).read_bytes(), f"{name}: chunk {ids[k]} differs"
                 read(k)
         lat: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(rounds):

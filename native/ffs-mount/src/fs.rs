@@ -95,6 +95,7 @@ enum Probe {
     Cold,
     Stale,
     Ready(File, Hot),
+    Kept(Arc<Backing>),
 }
 
 enum Handle {
@@ -116,7 +117,14 @@ struct Opens {
     inodes: HashMap<u64, InodeOpens>,
     handles: HashMap<u64, Handle>,
     next_fh: u64,
+    /// Backings of hot files no longer open, registered with the kernel still:
+    /// the next open of the file reuses one after a stat instead of opening
+    /// the entry and registering it again (two ioctls and an open per open).
+    kept: HashMap<u64, Arc<Backing>>,
 }
+
+/// Kept backings hold their files, evicted or not: at most this many.
+const KEPT_MAX: usize = 128;
 
 impl Opens {
     fn add_handle(&mut self, h: Handle) -> u64 {
@@ -186,13 +194,21 @@ impl Shared {
     /// marks do not say stale, and the backing still is the declared file
     /// (same st_ino, checked with fstat on the opened fd so it cannot change
     /// between check and use; same size).
-    fn probe(&self, path: &str, version: u64, size: u64) -> Probe {
+    fn probe(&self, ino: u64, path: &str, version: u64, size: u64) -> Probe {
         let hot = match self.hot.lock().unwrap().get(path) {
             Some(h) if h.version == version => h.clone(),
             _ => return Probe::Cold,
         };
         if hot.marks.as_ref().is_some_and(|m| self.pins.stale(m)) {
             return Probe::Stale;
+        }
+        let kept = self.opens.lock().unwrap().kept.remove(&ino);
+        if let Some(b) = kept.filter(|b| b.hot.backing == hot.backing && b.hot.inode == hot.inode) {
+            // Still the declared entry at its path (not evicted nor refilled)?
+            match std::fs::metadata(&hot.backing) {
+                Ok(md) if md.ino() == hot.inode && md.len() == size => return Probe::Kept(b),
+                _ => return Probe::Cold,
+            }
         }
         // O_RDONLY|O_CLOEXEC
         let Ok(f) = File::open(Path::new(&hot.backing)) else {
@@ -230,22 +246,27 @@ impl Shared {
         if !self.passthrough_ok.load(Relaxed) {
             return None;
         }
-        let (file, hot) = match self.probe(path, version, size) {
-            Probe::Ready(file, hot) => (file, hot),
-            Probe::Stale => {
-                self.stats.stale_refused.fetch_add(1, Relaxed);
-                return None;
-            }
-            Probe::Cold => return None,
-        };
+        let probe = self.probe(ino, path, version, size);
         let mut st = self.opens.lock().unwrap();
-        let io = st.inodes.get(&ino)?;
+        let io = st.inodes.get_mut(&ino)?;
         if io.agent_count != 1 || io.pt.is_some() {
             return None;
         }
-        st.passthrough(ino, file, hot, reply)
-            .inspect_err(|e| eprintln!("ffs-mount: backing open for {path}: {e}"))
-            .ok()
+        match probe {
+            Probe::Ready(file, hot) => st
+                .passthrough(ino, file, hot, reply)
+                .inspect_err(|e| eprintln!("ffs-mount: backing open for {path}: {e}"))
+                .ok(),
+            Probe::Kept(b) => {
+                (io.pt, io.pt_count, io.agent_count) = (Some(b.clone()), 1, 0);
+                Some((st.add_handle(Handle::Passthrough { ino, b: b.clone() }), b))
+            }
+            Probe::Stale => {
+                self.stats.stale_refused.fetch_add(1, Relaxed);
+                None
+            }
+            Probe::Cold => None,
+        }
     }
 }
 
@@ -408,7 +429,7 @@ impl Filesystem for FuseFs {
                 match probe.take() {
                     None => {
                         drop(st);
-                        probe = Some(s.probe(&node.path, t.version, node.size));
+                        probe = Some(s.probe(ino, &node.path, t.version, node.size));
                         continue;
                     }
                     Some(Probe::Ready(file, hot)) => match st.passthrough(ino, file, hot, &reply) {
@@ -419,6 +440,14 @@ impl Filesystem for FuseFs {
                         }
                         Err(e) => eprintln!("ffs-mount: backing open for {}: {e}", node.path),
                     },
+                    Some(Probe::Kept(b)) => {
+                        io.pt = Some(b.clone());
+                        io.pt_count = 1;
+                        let fh = st.add_handle(Handle::Passthrough { ino, b: b.clone() });
+                        drop(st);
+                        s.stats.passthrough_opens.fetch_add(1, Relaxed);
+                        return reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
+                    }
                     Some(Probe::Stale) => {
                         s.stats.stale_refused.fetch_add(1, Relaxed);
                     }
@@ -541,7 +570,12 @@ impl Filesystem for FuseFs {
                 if let Some(io) = st.inodes.get_mut(&ino) {
                     io.pt_count -= 1;
                     if io.pt_count == 0 {
-                        io.pt = None; // last user: closes the kernel backing id
+                        if let Some(b) = io.pt.take() {
+                            if st.kept.len() >= KEPT_MAX {
+                                st.kept.clear(); // drops close their kernel backing ids
+                            }
+                            st.kept.insert(ino, b);
+                        }
                     }
                 }
                 st.gc(ino);

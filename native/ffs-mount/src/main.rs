@@ -1,6 +1,6 @@
 //! ffs-mount: read-only FUSE daemon for FasterFS.
 //!
-//! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 1000] [--threads 4]
+//! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]
 //!
 //! The Python agent (our parent) owns the other end of the socketpair at fd N.
 //! Metadata is served from the tree it pushes; opens of files it declared hot
@@ -117,7 +117,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{Config, INodeNo, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
 
 use agent::{Agent, Reply};
@@ -138,13 +138,13 @@ struct Args {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 1000] [--threads 4]");
+    eprintln!("usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]");
     std::process::exit(2);
 }
 
 fn parse_args() -> Args {
     let mut mountpoint = None;
-    let (mut agent_fd, mut ttl_ms, mut threads) = (None, 1000u64, 4usize);
+    let (mut agent_fd, mut ttl_ms, mut threads) = (None, 60_000u64, 2usize);
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> u64 {
@@ -184,7 +184,12 @@ fn ensure_stdio() {
 }
 
 /// Reader thread: dispatches replies by id and applies unsolicited messages.
-fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>) {
+fn reader(
+    sock: UnixStream,
+    s: Arc<Shared>,
+    ev: mpsc::Sender<Event>,
+    inval: mpsc::Sender<Vec<(u64, String, u64)>>,
+) {
     let mut r = BufReader::with_capacity(1 << 20, sock);
     let mut inos = InoMap::new();
     let mut have_tree = false;
@@ -215,8 +220,12 @@ fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>) {
                 }
             }
             Some("tree") => {
-                let t = Tree::from_msg(&v, &mut inos);
-                *s.tree.write().unwrap() = Arc::new(t);
+                let t = Arc::new(Tree::from_msg(&v, &mut inos));
+                let old = std::mem::replace(&mut *s.tree.write().unwrap(), t.clone());
+                // Not from this thread: an invalidation waits for the directory
+                // locks of requests in flight, which may wait for a reply that
+                // only this thread delivers.
+                let _ = inval.send(old.changed_in(&t));
                 if !have_tree {
                     have_tree = true;
                     let _ = ev.send(Event::FirstTree);
@@ -332,10 +341,13 @@ fn main() {
         Agent::new(writer),
         Duration::from_millis(args.ttl_ms),
     ));
+    // Entries and attributes are cached by the kernel for --attr-ttl-ms; what a
+    // new tree changes is invalidated at once, once the session can notify.
+    let (inval_tx, inval_rx) = mpsc::channel::<Vec<(u64, String, u64)>>();
     {
         let s = shared.clone();
         let ev = ev_tx.clone();
-        std::thread::spawn(move || reader(sock, s, ev));
+        std::thread::spawn(move || reader(sock, s, ev, inval_tx));
     }
 
     // Mount only once the first tree has arrived.
@@ -359,6 +371,7 @@ fn main() {
     ];
     cfg.acl = SessionACL::All; // fuser 0.18's spelling of allow_other
     cfg.n_threads = Some(args.threads);
+    cfg.clone_fd = true; // a /dev/fuse fd per worker thread: no queue shared between them
     let session = match Session::new(FuseFs(shared.clone()), &mountpoint, &cfg) {
         Ok(s) => s,
         Err(e) => {
@@ -366,6 +379,15 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let notifier = session.notifier();
+    std::thread::spawn(move || {
+        for changed in inval_rx {
+            for (parent, name, ino) in changed {
+                let _ = notifier.inval_entry(INodeNo(parent), std::ffi::OsStr::new(&name));
+                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+            }
+        }
+    });
     let dev = mount_dev(&mountpoint);
     // The BackgroundSession is deliberately never dropped: its Drop would
     // unmount by path without checking that the mount is still ours.

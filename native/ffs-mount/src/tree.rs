@@ -55,6 +55,24 @@ impl InoMap {
 }
 
 impl Tree {
+    /// What the kernel may hold wrongly once `new` replaces `self`: (parent,
+    /// name, ino) of every entry removed, or whose kind, size or time changed.
+    pub fn changed_in(&self, new: &Tree) -> Vec<(u64, String, u64)> {
+        self.nodes
+            .iter()
+            .filter(|&(ino, old)| {
+                *ino != ROOT_INO
+                    && new.nodes.get(ino).is_none_or(|n| {
+                        (n.dir, n.size, n.mtime_ns) != (old.dir, old.size, old.mtime_ns)
+                    })
+            })
+            .map(|(&ino, old)| {
+                let name = old.path.rsplit('/').next().unwrap_or_default().to_string();
+                (old.parent, name, ino)
+            })
+            .collect()
+    }
+
     pub fn empty() -> Tree {
         let mut t = Tree {
             version: 0,
