@@ -15,6 +15,7 @@ from rich.table import Table
 
 from . import auth, cluster, config, registry, repair, report
 from .errors import ConfigError, FasterFSError, UsageError
+from .mount_supervisor import mount_counts
 
 console = report.console()
 
@@ -106,9 +107,10 @@ def cmd_status(cfg) -> None:
         console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
     for r in rows:
         for m in r.get("mounts") or []:
-            health = "[green]healthy[/]" if m["healthy"] else ("[red]not mounted[/]" if m["alive"] else "[red]daemon dead[/]")
+            health = ("[green]healthy[/]" if m["healthy"] else
+                      "[red]not mounted[/]" if m["alive"] else "[red]daemon dead[/]")
             console.print(f"Mount on node {r['index']} ({r['address']}): {m['path']}  FUSE daemon pid {m['pid']}  "
-                          f"{health}", highlight=False, soft_wrap=True)
+                          f"{health}  {mount_counts(m.get('daemon'))}", highlight=False, soft_wrap=True)
     if not any(r.get("mounts") for r in rows):
         console.print("Mounts: none (`fasterfs mount /mnt/ffs`)")
     if state.insecure:

@@ -20,6 +20,7 @@ from fastapi import WebSocket  # at module level: FastAPI resolves the handler's
 from . import auth
 from .errors import FasterFSError
 from .monitor import RATES, Heat, Monitor, RayMetrics
+from .mount_supervisor import mount_counts
 from .report import fmt_bytes
 
 log = logging.getLogger("fasterfs.dashboard")
@@ -108,7 +109,8 @@ def _mounts(mounts: list[dict] | None) -> str:
         return '<span class="muted">none</span>' if mounts is not None else "-"
     state = lambda m: ('<span class="ok">healthy</span>' if m["healthy"] else  # noqa: E731
                        '<span class="bad">daemon dead</span>' if not m["alive"] else '<span class="bad">not mounted</span>')
-    return "<br>".join(f"{e(m['path'])} (daemon {m['pid']}) {state(m)}" for m in mounts)
+    return "<br>".join(f"{e(m['path'])} (daemon {m['pid']}) {state(m)}<br><small>{e(mount_counts(m.get('daemon')))}"
+                       "</small>" for m in mounts)
 
 
 def _redundancy(snap: dict) -> str:

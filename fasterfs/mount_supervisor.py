@@ -191,3 +191,13 @@ class Mounts:
             out.append({"path": path, "pid": proc.pid, "alive": alive, "healthy": alive and is_mounted(path),
                         "daemon": daemon})
         return out
+
+
+def mount_counts(daemon: dict | None) -> str:
+    """What a mount's native daemon counted; reads of passthrough opens reach no process."""
+    if not daemon:
+        return "(no counters: the Python daemon, or none written yet)"
+    why = ("" if daemon.get("passthrough_enabled")
+           else "; passthrough OFF: the kernel refused it, every read goes through the agent")
+    return (f"opens by passthrough {daemon['passthrough_opens']:,} (their reads unseen), through the agent "
+            f"{daemon['agent_opens']:,} ({daemon['reads_forwarded']:,} reads){why}")

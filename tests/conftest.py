@@ -124,6 +124,20 @@ def live_cluster(cfg):
         assert_nothing_left(state)
 
 
+@pytest.fixture
+def mounted(live_cluster, cluster_root):
+    """The namespace mounted on this host by its StorageNode (one host: one mount); unmounted after."""
+    import ray
+
+    point = cluster_root / "mnt"
+    point.mkdir(exist_ok=True)
+    actor = cluster.storage_nodes(live_cluster)[0]
+    ray.get(actor.mount.remote(str(point)))
+    yield point, actor
+    ray.get(actor.umount.remote(str(point)))
+    assert str(point) not in mounts_under(cluster_root), "the mount is left"
+
+
 def load_job(name: str):
     """A job script of jobs/ as a module, to call its main(argv) as `python jobs/<name>.py` would."""
     import importlib.util

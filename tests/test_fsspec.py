@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import io
 import posixpath
 import time
 from datetime import datetime, timezone

@@ -10,24 +10,13 @@ import os
 import subprocess
 import time
 
-import pytest
 import ray
 
-from fasterfs import cluster, config, credentials, s3
+from fasterfs import config, credentials, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
 
 from conftest import wait_until
-
-
-@pytest.fixture
-def mount(live_cluster, cluster_root):
-    point = cluster_root / "native-mnt"
-    point.mkdir(exist_ok=True)
-    actor = cluster.storage_nodes(live_cluster)[0]  # one host: one mount
-    ray.get(actor.mount.remote(str(point)))
-    yield point, actor
-    ray.get(actor.umount.remote(str(point)))
 
 
 def daemon_counts(actor, point, after: float) -> dict:
@@ -40,6 +29,16 @@ def daemon_counts(actor, point, after: float) -> dict:
     return fresh()
 
 
+def put_hot(point, actor, overrides, local, name: str):
+    """`local` stored at `name`, seen through the mount, made hot and cached: its path there
+    and its manifest."""
+    m = put(config.load(overrides), local, name)
+    f = point / name
+    wait_until(f.exists, timeout=10, what="the file in the mount")
+    make_hot(f, actor, m.chunk(0).key)
+    return f, m
+
+
 def make_hot(path, actor, key: str) -> None:
     """Read through the mount until the kernel has made the chunk hot and the cache holds it
     (bounded: at most 20 s)."""
@@ -49,15 +48,12 @@ def make_hot(path, actor, key: str) -> None:
     wait_until(filled, timeout=20, what="the kernel to make the chunk hot and the cache to fill")
 
 
-def test_hot_file_is_read_by_passthrough_never_by_a_daemon(mount, live_cluster, overrides, tmp_path):
-    point, actor = mount
+def test_hot_file_is_read_by_passthrough_never_by_a_daemon(mounted, live_cluster, overrides, tmp_path):
+    point, actor = mounted
     data = os.urandom(3_000_000)  # one chunk (files.chunk_mb=4): its cache entry is the whole file
     (tmp_path / "book.bin").write_bytes(data)
-    m = put(config.load(overrides), tmp_path / "book.bin", "native/book.bin")
     try:
-        f = point / "native" / "book.bin"
-        wait_until(f.exists, timeout=10, what="the file in the mount")
-        make_hot(f, actor, m.chunk(0).key)
+        f, _ = put_hot(point, actor, overrides, tmp_path / "book.bin", "native/book.bin")
         assert f.read_bytes() == data  # the open that finds it hot
         before = daemon_counts(actor, point, time.time())
         for _ in range(20):
@@ -74,10 +70,10 @@ def test_hot_file_is_read_by_passthrough_never_by_a_daemon(mount, live_cluster, 
         remove(config.load(overrides), "native/book.bin")
 
 
-def test_a_write_the_kernel_sees_is_never_served_old(mount, ingest_as, live_cluster, cluster_root):
+def test_a_write_the_kernel_sees_is_never_served_old(mounted, ingest_as, live_cluster, cluster_root):
     """A chunk object overwritten behind FasterFS's back (same key, same length): the next open
     through the mount has the new bytes, although its old entry had been opened by passthrough."""
-    point, actor = mount
+    point, actor = mounted
     m = ingest_as("csv")
     i = next(c.id for c in m.chunks if c.nodes[0] == 0)
     f = point / m.name / "chunks" / m.chunk(i).key.rsplit("/", 1)[-1]
@@ -91,15 +87,12 @@ def test_a_write_the_kernel_sees_is_never_served_old(mount, ingest_as, live_clus
     assert f.read_bytes() == new  # at once: the kernel's stale mark refuses the old entry
 
 
-def test_eviction_under_an_open_passthrough_file_keeps_its_bytes(mount, live_cluster, overrides, tmp_path):
-    point, actor = mount
+def test_eviction_under_an_open_passthrough_file_keeps_its_bytes(mounted, live_cluster, overrides, tmp_path):
+    point, actor = mounted
     data = os.urandom(2_000_000)
     (tmp_path / "ev.bin").write_bytes(data)
-    m = put(config.load(overrides), tmp_path / "ev.bin", "native/ev.bin")
     try:
-        f = point / "native" / "ev.bin"
-        wait_until(f.exists, timeout=10, what="the file in the mount")
-        make_hot(f, actor, m.chunk(0).key)
+        f, m = put_hot(point, actor, overrides, tmp_path / "ev.bin", "native/ev.bin")
         before = daemon_counts(actor, point, time.time())
         with open(f, "rb") as fh:
             head = fh.read(1_000_000)
@@ -113,10 +106,10 @@ def test_eviction_under_an_open_passthrough_file_keeps_its_bytes(mount, live_clu
         remove(config.load(overrides), "native/ev.bin")
 
 
-def test_fio_verifies_every_block_read_through_the_mount(mount, live_cluster, overrides, tmp_path):
+def test_fio_verifies_every_block_read_through_the_mount(mounted, live_cluster, overrides, tmp_path):
     """fio writes a file whose every 64 KiB block carries its CRC32C; read back through the mount,
     sequentially and at random, cold and then hot (by passthrough), fio checks each block."""
-    point, actor = mount
+    point, actor = mounted
     local = tmp_path / "verify.fio"
     job = ["--bs=64k", "--size=24M", "--verify=crc32c", "--ioengine=psync", "--verify_state_save=0"]
     subprocess.run(["fio", "--name=write", f"--filename={local}", "--rw=write", "--do_verify=0", *job],

@@ -178,17 +178,6 @@ def test_fsspec_pandas_pyarrow_polars(ingest_as, fs, cfg_of, tmp_path, client_fo
     remove(cfg_of(), "team/book/part-1.parquet")
 
 
-@pytest.fixture
-def mounted(live_cluster, cluster_root):
-    point = cluster_root / "mnt"
-    point.mkdir(exist_ok=True)
-    actor = cluster.storage_nodes(live_cluster)[0]  # one host: one mount
-    ray.get(actor.mount.remote(str(point)))
-    yield point, actor
-    ray.get(actor.umount.remote(str(point)))
-    assert not any(line.split()[1] == str(point) for line in Path("/proc/mounts").read_text().splitlines())
-
-
 def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_cluster, cfg_of, tmp_path, client_for):
     point, _ = mounted
     m = ingest_as("csv")
