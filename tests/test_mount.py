@@ -126,3 +126,11 @@ def test_fio_verifies_every_block_read_through_the_mount(mounted, live_cluster, 
             assert "verify" not in out.stderr.lower(), out.stderr[-2000:]
     finally:
         remove(cfg, "native/verify.fio")
+
+
+def test_the_daemon_alone_against_a_scripted_agent():
+    """native/ffs-mount/selftest.py: the daemon's protocol, passthrough rules, stale marks on a real
+    pinned BPF map, tree updates and every way it exits, with nothing of FasterFS around it."""
+    out = subprocess.run(["/usr/bin/python3", str(config.PROJECT_DIR / "native/ffs-mount/selftest.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.rstrip().endswith("PASS"), out.stdout[-3000:] + out.stderr[-2000:]
