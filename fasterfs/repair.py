@@ -155,10 +155,24 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
     return health, plans
 
 
-def survey(state: ClusterState, creds, load_slack: float) -> Health:
-    listing = listings(state, creds)
+def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health, list[_Plan]]]):
+    """The nodes' listings and the manifests, planned by `plan(listing, manifests)`, so that a
+    piece another writer moves meanwhile (a concurrent repair, a refill) is not taken for
+    missing. Listed before the manifests are fetched, so a piece retired since still counts;
+    when that finds anything to do, listed again after, so a piece written since counts too,
+    and a node is up or down by its later answer (a host back from a power cut mid-survey)."""
+    first = listings(state, creds)
     _, manifests = registry.fetch_manifests(state.name)
-    return _plan(manifests.values(), state, listing, load_slack)[0]
+    health, plans = plan(first, manifests)
+    if not plans and not health.nodes_down:
+        return first, manifests, health, plans
+    again = listings(state, creds)
+    merged = {n: None if keys is None else keys | (first.get(n) or set()) for n, keys in again.items()}
+    return (merged, manifests, *plan(merged, manifests))
+
+
+def survey(state: ClusterState, creds, load_slack: float) -> Health:
+    return _look(state, creds, lambda listing, ms: _plan(ms.values(), state, listing, load_slack))[2]
 
 
 class Throttle:
@@ -201,10 +215,9 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
 
     started = time.monotonic()
     _delete_retired(cfg, state, creds)
-    listing = listings(state, creds)  # before the manifests: a piece written since is not taken for lost
-    _, manifests = registry.fetch_manifests(state.name)
+    listing, manifests, health, plans = _look(state, creds, lambda listing, ms: _plan(
+        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only))
     alive = {n for n, keys in listing.items() if keys is not None}
-    health, plans = _plan(manifests.values(), state, listing, cfg.placement.load_slack, waiting, bad, only)
     out = Outcome(health)
     if not plans:
         out.seconds = time.monotonic() - started
