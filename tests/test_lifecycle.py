@@ -11,7 +11,7 @@ from fasterfs import cluster, config
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 
-from conftest import assert_nothing_left, cluster_overrides, mounts_under
+from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under
 
 
 @pytest.fixture
@@ -131,8 +131,7 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         report = cluster.down(cfg)
         assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 0
         assert head.poll() is None  # the Ray cluster we did not start keeps running
-        minio_left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
-                      and str(root).encode() in (p / "cmdline").read_bytes() and b"minio" in (p / "cmdline").read_bytes()]
+        minio_left = [pid for pid, cmd in command_lines() if str(root).encode() in cmd and b"minio" in cmd]
         assert not minio_left
     finally:
         head.send_signal(signal.SIGTERM)
