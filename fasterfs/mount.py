@@ -59,7 +59,6 @@ class Agent:
     def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8):
         self.ns, self.sock = ns, sock
         self._files: dict[int, OpenFile] = {}
-        self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
         self._ids = itertools.count(1)
         self._lock = threading.Lock()        # _files
         self._send_lock = threading.Lock()   # whole messages on the socket
@@ -157,8 +156,7 @@ class Agent:
     def _open(self, path: str) -> dict:
         """A handle for reads through here; and either what makes the file hot (the daemon then
         opens it by passthrough and releases the handle) or whether the kernel may keep its
-        pages: only when all its chunks are cached here and were, as the same copies, at the
-        previous open (else reads must reach us, to be counted, and never see old pages)."""
+        pages (Namespace.may_keep_pages)."""
         try:
             entry = self.ns.lookup(path)
         except FileNotFoundError:
@@ -171,14 +169,7 @@ class Agent:
         hot = self._hot(entry)
         if hot is not None:
             return {"handle": handle, "hot": hot}
-        copies = self.ns.cached_locally(entry)
-        with self._lock:
-            keep = copies is not None and self._kept.get(entry.path) == copies
-            if copies is None:
-                self._kept.pop(entry.path, None)
-            else:
-                self._kept[entry.path] = copies
-        return {"handle": handle, "keep_cache": keep}
+        return {"handle": handle, "keep_cache": self.ns.may_keep_pages(entry)}
 
     def _read(self, handle: int, offset: int, size: int) -> bytes:
         f = self._files.get(handle)

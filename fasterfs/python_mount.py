@@ -33,7 +33,6 @@ class Operations(mfusepy.Operations):
         self.ns = ns
         self._files: dict[int, OpenFile] = {}
         self._ids = itertools.count(1)
-        self._kept: dict[str, tuple] = {}  # path -> the cached copies its pages were read from
         self._lock = threading.Lock()
         self.uid, self.gid = os.getuid(), os.getgid()
 
@@ -66,15 +65,10 @@ class Operations(mfusepy.Operations):
         entry = self._entry(path)
         if entry.is_dir:
             raise mfusepy.FuseOSError(errno.EISDIR)
-        copies = self.ns.cached_locally(entry)
+        fi.keep_cache = int(self.ns.may_keep_pages(entry))
         with self._lock:
             fh = next(self._ids)
             self._files[fh] = self.ns.open_entry(entry)
-            fi.keep_cache = int(copies is not None and self._kept.get(entry.path) == copies)
-            if copies is None:
-                self._kept.pop(entry.path, None)
-            else:
-                self._kept[entry.path] = copies
         fi.fh = fh
         return 0
 

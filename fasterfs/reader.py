@@ -36,6 +36,7 @@ class Namespace:
         self.version = -1
         self.tree = Tree({})
         self._clients: dict[str, Client] = {}
+        self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
         self._base: Client | None = None
         self.read_ahead = int(cfg.namespace.read_ahead_chunks)
         self._pool = ThreadPoolExecutor(self.read_ahead, "fasterfs-read-ahead") if self.read_ahead > 0 else None
@@ -102,7 +103,20 @@ class Namespace:
         finally:
             f.close()
 
-    def cached_locally(self, entry: Entry) -> tuple | None:
+    def may_keep_pages(self, entry: Entry) -> bool:
+        """Whether an open of `entry` may keep the kernel's pages of it: only when all its
+        chunks are cached on this host and were, as the same copies, at the previous open of
+        it here (else reads must reach the mount, to be counted, and never see old pages)."""
+        copies = self._cached_locally(entry)
+        with self._lock:
+            keep = copies is not None and self._kept.get(entry.path) == copies
+            if copies is None:
+                self._kept.pop(entry.path, None)
+            else:
+                self._kept[entry.path] = copies
+        return keep
+
+    def _cached_locally(self, entry: Entry) -> tuple | None:
         """If every chunk of the file is in a cache on this host, what identifies those
         copies (key, fill time) — the same tuple means the same bytes; else None."""
         client = self.client(entry.manifest)
