@@ -17,6 +17,14 @@ were taken in: an entry from an earlier boot cannot be compared with this boot's
 so it is treated as stale. Readers touch an entry's mtime on a hit (at most every
 TOUCH_EVERY_NS: the LRU needs no finer order, and the write is a reader's dearest step):
 the owner evicts the oldest first.
+
+A chunk of a stored file of several chunks (`places`) lives instead at its offset in the
+file's one entry, `<name>.file` (sparse until filled), with its header in its slot of
+`<name>.idx`: a file whose chunks are all cached is one local file of exactly its bytes,
+which the mount hands to the kernel as a passthrough backing file. Its chunks are filled
+one by one (bytes fsynced before their slot is written, so a crash leaves whole chunks or
+none) but touched, evicted and dropped as one: dropping any chunk unlinks the file entry,
+so a reader that has it open keeps reading the bytes it opened (no hole is punched).
 """
 from __future__ import annotations
 
@@ -40,7 +48,9 @@ XATTR = "user.fasterfs.entry"  # where an entry's header lives: the file itself 
 TOUCH_EVERY_NS = 1_000_000_000
 HEADER = struct.Struct("<8sQQ32sQQ")  # magic, size, xxh3_64, etag, fetched_ns (CLOCK_MONOTONIC), boot
 assert HEADER.size == 72
+SLOT = struct.Struct("<72sQ16s")  # a file entry's chunk: its header, offset in the file, entry name
 SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
+FILE_SUFFIX, INDEX_SUFFIX = ".file", ".idx"
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
 
 
@@ -57,6 +67,37 @@ BOOT = _boot_id()
 
 def entry_name(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=16).hexdigest() + SUFFIX
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a chunk of a stored file of several chunks is cached: in the file's entry."""
+    unit: str       # the file entry's name, without suffix
+    index: int      # the chunk's place in the file: its slot
+    offset: int     # where its bytes start in the file
+    size: int
+    file_size: int
+    home: int = 0   # the node whose cache holds the file where each node caches what its MinIO serves
+
+    def paths(self, directory) -> tuple[Path, Path]:
+        d = Path(directory)
+        return d / (self.unit + FILE_SUFFIX), d / (self.unit + INDEX_SUFFIX)
+
+
+def places(manifest) -> list[Place | None]:
+    """Where each chunk of `manifest` is cached: in its file's entry for a stored file of
+    several chunks (so the file can be opened by passthrough), else in an entry of its own."""
+    if manifest.kind != "file" or len(manifest.chunks) < 2:
+        return [None] * len(manifest.chunks)
+    unit = hashlib.blake2b(f"file:{manifest.chunks[0].key}".encode(), digest_size=16).hexdigest()
+    offsets = manifest.offsets()
+    home = manifest.chunks[0].nodes[0]
+    return [Place(unit, i, offsets[i], c.bytes, offsets[-1], home) for i, c in enumerate(manifest.chunks)]
+
+
+def entry_path(directory, key: str, place: Place | None) -> Path:
+    """The file holding the chunk's bytes: its own entry, or its file's."""
+    return place.paths(directory)[0] if place else Path(directory) / entry_name(key)
 
 
 @dataclass(frozen=True)
@@ -89,8 +130,67 @@ class Header:
         return HEADER.pack(MAGIC, self.size, self.checksum, self.etag.encode()[:32], self.fetched_ns, self.boot)
 
 
+def _read_slot(path: Path, place: Place) -> tuple[Header | None, bytes] | None:
+    """The header in `place`'s slot of the file entry at `path` (None if it does not describe
+    the place) and the entry name it was filled under (16 raw bytes); None if the slot was
+    never filled."""
+    try:
+        fd = os.open(path.with_suffix(INDEX_SUFFIX), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        raw = os.pread(fd, SLOT.size, place.index * SLOT.size)
+    finally:
+        os.close(fd)
+    if len(raw) != SLOT.size or not raw.startswith(MAGIC):
+        return None
+    head, offset, name = SLOT.unpack(raw)
+    return (Header.parse(head, place.size) if offset == place.offset else None), name
+
+
+def _open(path: Path, place: Place | None) -> tuple[int, os.stat_result, Header | None] | None:
+    """A descriptor of the file holding the chunk, its stat and the chunk's header (None: not
+    a whole entry); None if there is no such file, or no filled slot for the chunk in it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    st = os.fstat(fd)
+    if place is None:
+        return fd, st, Header.of(fd, st.st_size)
+    slot = _read_slot(path, place)
+    if slot is None:
+        os.close(fd)
+        return None
+    return fd, st, slot[0] if st.st_size == place.file_size else None
+
+
+def _remove(path: Path) -> None:
+    """Unlink an entry's file, and a file entry's index after it (a reader that opened the
+    file then finds no slot: a miss)."""
+    path.unlink(missing_ok=True)
+    if path.suffix == FILE_SUFFIX:
+        path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+
+
+def _unlink_entry(path: Path, fd: int) -> None:
+    """Drop the entry at `path` if it is still the file open at `fd`: a fresh fill may have
+    replaced it."""
+    try:
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            _remove(path)
+    except FileNotFoundError:
+        pass
+
+
 DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found bad and dropped
 STALE = "stale"      # ... for an entry fetched before the kernel last saw its key written (dropped)
+
+
+def _touch(fd: int, st: os.stat_result) -> None:
+    """A hit moves the entry up the LRU order; at most once per TOUCH_EVERY_NS."""
+    if time.time_ns() - st.st_mtime_ns >= TOUCH_EVERY_NS:
+        os.utime(fd)
 
 
 def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, data, verify: bool,
@@ -103,71 +203,75 @@ def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, dat
         log.warning("dropping damaged cache entry %s", path)
         verdict = DAMAGED
     else:
-        if touch and time.time_ns() - st.st_mtime_ns >= TOUCH_EVERY_NS:
-            os.utime(fd)
+        if touch:
+            _touch(fd, st)
         return None
-    try:
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+    _unlink_entry(path, fd)
     return verdict
 
 
-def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool = True) -> bytes | str | None:
-    """An entry's bytes; None if absent; DAMAGED if it was bad, STALE if fetched before
-    `stale_mark` (the kernel's last write of the key) or in another boot — either way it is
-    now dropped. touch=False leaves the LRU order alone (the owner's scrub)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool = True,
+               place: Place | None = None) -> bytes | str | None:
+    """An entry's bytes (`place`: a chunk's in a file entry at `path`); None if absent; DAMAGED
+    if it was bad, STALE if fetched before `stale_mark` (the kernel's last write of the key) or
+    in another boot — either way it is now dropped. touch=False leaves the LRU order alone
+    (the owner's scrub)."""
+    got = _open(path, place)
+    if got is None:
         return None
+    fd, st, header = got
     try:
-        st = os.fstat(fd)
-        header = Header.of(fd, st.st_size)
-        data = os.pread(fd, header.size, 0) if header else b""
+        data = os.pread(fd, header.size, place.offset if place else 0) if header else b""
         return _verdict(path, fd, st, header, data, verify, stale_mark, touch) or data
     finally:
         os.close(fd)
 
 
-def open_entry(path, stale_mark: int = 0) -> tuple[int, Header] | None:
-    """A descriptor (the caller closes it) and the header of a whole, fresh entry at `path`;
-    None if there is none. Nothing is dropped or touched."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+def open_entry(path, stale_mark: int = 0, place: Place | None = None,
+               touch: bool = False) -> tuple[int, Header] | None:
+    """A descriptor of the file (the caller closes it) and the header of a whole, fresh entry
+    at `path`; None if there is none. Nothing is dropped; touch=True counts it as a hit."""
+    got = _open(Path(path), place)
+    if got is None:
         return None
-    header = Header.of(fd, os.fstat(fd).st_size)
+    fd, st, header = got
     if header is None or header.fetched_ns < stale_mark or header.boot != BOOT:
         os.close(fd)
         return None
+    if touch:
+        _touch(fd, st)
     return fd, header
 
 
-def map_entry(path: Path, verify: bool = True, stale_mark: int = 0):
+def map_entry(path: Path, verify: bool = True, stale_mark: int = 0, place: Place | None = None):
     """An entry's bytes as a read-only pyarrow buffer over a memory map of the file (no copy);
     None, DAMAGED or STALE as for read_entry."""
     import mmap
 
     import pyarrow as pa
 
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    if place is not None and place.offset % mmap.ALLOCATIONGRANULARITY:
+        return read_entry(path, verify, stale_mark, place=place)
+    got = _open(path, place)
+    if got is None:
         return None
+    fd, st, header = got
     try:
-        st = os.fstat(fd)
-        header = Header.of(fd, st.st_size)
-        mapped = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) if header and st.st_size else b""
+        offset = place.offset if place else 0
+        mapped = mmap.mmap(fd, header.size, prot=mmap.PROT_READ, offset=offset) if header and header.size else b""
         data = pa.py_buffer(mapped) if header else b""  # the buffer keeps the map alive
         return _verdict(path, fd, st, header, memoryview(data) if header else data, verify, stale_mark) or data
     finally:
         os.close(fd)
 
 
+def _name_bytes(name: str) -> bytes:
+    return bytes.fromhex(name.removesuffix(SUFFIX))
+
+
 class ChunkCache:
-    """The owner's side: fills, eviction, capacity. Never exceeds `capacity` bytes on disk."""
+    """The owner's side: fills, eviction, capacity. Never exceeds `capacity` bytes on disk.
+    Entries are named per chunk (entry_name of its key); a file entry is one unit of several."""
 
     def __init__(self, directory: Path, capacity: int, on_evict: Callable[[str], None] | None = None):
         # on_evict(entry name): lets the owner reset the kernel's count for the key
@@ -176,6 +280,10 @@ class ChunkCache:
         self._check_xattrs()
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}   # entry name -> bytes on disk (or reserved for a fill)
+        self._places: dict[str, Place] = {}  # entry name -> its place, for chunks in file entries
+        self._units: dict[str, set[str]] = {}  # file entry -> the names of its chunks
+        self._layout: dict[str, Place] = {}  # key -> place, for the keys set_places names
+        self._unit_locks = [threading.Lock() for _ in range(16)]  # one writer per file entry at a time
         self._writing: set[str] = set()    # fills under way: never evicted, cancelled instead
         self._cancelled: set[str] = set()  # removed while being written: deleted when the write ends
         self.used = 0
@@ -185,8 +293,26 @@ class ChunkCache:
                          "foreign_files": 0, "changed_at_source": 0}
         self.rebuild()
 
+    def set_places(self, layout: dict[str, Place]) -> None:
+        """Which keys are chunks of files of several chunks, and where (from `places`)."""
+        with self._lock:
+            self._layout = dict(layout)
+
     def path(self, key: str) -> Path:
-        return self.dir / entry_name(key)
+        return entry_path(self.dir, key, self._layout.get(key))
+
+    def read(self, key: str, verify: bool = True) -> bytes | str | None:
+        """The key's cached bytes, as read_entry gives them (not touched: the owner is no reader)."""
+        place = self._layout.get(key)
+        return read_entry(entry_path(self.dir, key, place), verify, touch=False, place=place)
+
+    def _file(self, name: str) -> Path:
+        place = self._places.get(name)
+        return place.paths(self.dir)[0] if place else self.dir / name
+
+    def _unit(self, name: str) -> str:
+        place = self._places.get(name)
+        return place.unit if place else name
 
     def _check_xattrs(self) -> None:
         """Entries keep their headers in an extended attribute: a file system that cannot
@@ -210,32 +336,72 @@ class ChunkCache:
         clean.unlink(missing_ok=True)
         with self._lock:
             self._sizes.clear()
+            self._places.clear()
+            self._units.clear()
             self.used = 0
             for f in self.dir.iterdir():
                 if f.name.startswith(TMP_PREFIX):
                     f.unlink(missing_ok=True)
                     self.counters["stray_temp_removed"] += 1
-                    continue
-                if not f.name.endswith(SUFFIX):
+                elif f.name.endswith(FILE_SUFFIX):
+                    self._rebuild_file(f, verify)
+                elif f.name.endswith(INDEX_SUFFIX):
+                    if not f.with_suffix(FILE_SUFFIX).exists():
+                        f.unlink(missing_ok=True)
+                        self.counters["invalid_removed"] += 1
+                elif not f.name.endswith(SUFFIX):
                     log.warning("cache directory %s: ignoring %s, which is not a cache entry", self.dir, f.name)
                     self.counters["foreign_files"] += 1
-                    continue
-                try:
-                    with open(f, "rb") as fh:
-                        size = os.fstat(fh.fileno()).st_size
-                        header = Header.of(fh.fileno(), size)
-                        damaged = header is not None and verify and \
-                            xxhash.xxh3_64_intdigest(fh.read(header.size)) != header.checksum
-                except OSError:
-                    continue
-                if header is None or damaged or header.boot != BOOT:
-                    f.unlink(missing_ok=True)
-                    self.counters["invalid_removed"] += 1
-                    continue
-                self._sizes[f.name] = size
-                self.used += size
-                self.counters["rebuilt_entries"] += 1
+                else:
+                    self._rebuild_entry(f, verify)
             self._evict_to(self.capacity)
+
+    def _rebuild_entry(self, f: Path, verify: bool) -> None:
+        try:
+            with open(f, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                header = Header.of(fh.fileno(), size)
+                damaged = header is not None and verify and \
+                    xxhash.xxh3_64_intdigest(fh.read(header.size)) != header.checksum
+        except OSError:
+            return
+        if header is None or damaged or header.boot != BOOT:
+            f.unlink(missing_ok=True)
+            self.counters["invalid_removed"] += 1
+            return
+        self._sizes[f.name] = size
+        self.used += size
+        self.counters["rebuilt_entries"] += 1
+
+    def _rebuild_file(self, f: Path, verify: bool) -> None:
+        """A file entry's whole chunks, from its index. It goes whole if it has none, or one
+        that fails its checksum (its slot would still vouch for the bytes)."""
+        unit, found = f.name.removesuffix(FILE_SUFFIX), {}
+        try:
+            with open(f, "rb") as fh, open(f.with_suffix(INDEX_SUFFIX), "rb") as idx:
+                file_size, slots = os.fstat(fh.fileno()).st_size, idx.read()
+                for index in range(len(slots) // SLOT.size):
+                    head, offset, raw_name = SLOT.unpack_from(slots, index * SLOT.size)
+                    header = Header.parse(head, HEADER.unpack(head)[1])
+                    if header is None:
+                        continue  # never filled
+                    if header.boot != BOOT or offset + header.size > file_size or (verify and xxhash.xxh3_64_intdigest(
+                            os.pread(fh.fileno(), header.size, offset)) != header.checksum):
+                        found = {}
+                        break
+                    found[raw_name.hex() + SUFFIX] = Place(unit, index, offset, header.size, file_size)
+        except OSError:
+            found = {}
+        if not found:
+            _remove(f)
+            self.counters["invalid_removed"] += 1
+            return
+        for name, place in found.items():
+            self._places[name] = place
+            self._units.setdefault(unit, set()).add(name)
+            self._sizes[name] = place.size
+            self.used += place.size
+            self.counters["rebuilt_entries"] += 1
 
     def resize(self, capacity: int) -> None:
         """Change the capacity; shrinking evicts at once."""
@@ -246,13 +412,11 @@ class ChunkCache:
     def scrub(self) -> int:
         """Verify every entry's checksum; drop the damaged ones. Returns how many were dropped."""
         with self._lock:
-            names = list(self._sizes)
+            names = [(n, self._file(n), self._places.get(n)) for n in self._sizes]
         dropped = 0
-        for name in names:
-            if read_entry(self.dir / name, verify=True, touch=False) in (DAMAGED, STALE):
-                with self._lock:
-                    if name not in self._writing:  # a refill under way keeps its reservation
-                        self._forget(name)
+        for name, path, place in names:
+            if read_entry(path, verify=True, touch=False, place=place) in (DAMAGED, STALE):
+                self._drop(lambda n: n == name)
                 dropped += 1
         self.counters["scrubs"] += 1
         self.counters["scrub_dropped"] += dropped
@@ -263,10 +427,11 @@ class ChunkCache:
         with self._lock:
             if name in self._writing:  # a fill under way holds its reservation: not cached yet
                 return False
-            if name in self._sizes and (self.dir / name).exists():
+            if name in self._sizes and self._file(name).exists():
                 return True
             if name in self._sizes:  # a reader dropped it as damaged
-                self.used -= self._sizes.pop(name)
+                for n in self._members(name):
+                    self._forget(n)
             return False
 
     def names(self) -> frozenset[str]:
@@ -285,16 +450,45 @@ class ChunkCache:
         header = Header(len(data), xxhash.xxh3_64_intdigest(data), etag,
                         time.monotonic_ns() if fetched_ns is None else fetched_ns, BOOT).pack()
         with self._lock:
+            place = self._layout.get(key)
+            if place is not None and place.size != need:
+                raise FasterFSError(f"chunk {key}: {need} bytes, its manifest says {place.size}")
             if name in self._writing:
                 return False  # another fill of the same key is under way
-            self._forget(name)
-            self._evict_to(self.capacity - need)
+            self._forget(name)  # a refill: the rest of its file entry stays
+            self._evict_to(self.capacity - need, keep=place.unit if place else None)
             if self.used + need > self.capacity:  # the rest is being written: no room now
                 self.counters["no_room"] += 1
                 return False
             self._sizes[name] = need  # reserved before the write, so concurrent fills cannot overshoot
             self.used += need
+            if place is not None:
+                self._places[name] = place
+                self._units.setdefault(place.unit, set()).add(name)
             self._writing.add(name)
+        try:
+            if place is None:
+                self._write_entry(name, data, header)
+            else:
+                self._write_slot(name, place, data, header)
+        except BaseException:
+            with self._lock:
+                self._writing.discard(name)
+                self._cancelled.discard(name)
+                self._forget(name)
+            raise
+        with self._lock:
+            self._writing.discard(name)
+            if name in self._cancelled:  # removed (stale, cleared) while we wrote: only now is the room free
+                self._cancelled.discard(name)
+                _remove(self._file(name))
+                self._forget(name)
+                return False
+        self.counters["fills"] += 1
+        self.counters["fill_bytes"] += len(data)
+        return True
+
+    def _write_entry(self, name: str, data: bytes, header: bytes) -> None:
         tmp = self.dir / f"{TMP_PREFIX}{name}.{os.getpid()}.{threading.get_ident()}"
         try:
             with open(tmp, "wb") as f:
@@ -306,21 +500,41 @@ class ChunkCache:
             self._sync_dir()
         except BaseException:
             tmp.unlink(missing_ok=True)
-            with self._lock:
-                self._writing.discard(name)
-                self._cancelled.discard(name)
-                self._forget(name)
             raise
-        with self._lock:
-            self._writing.discard(name)
-            if name in self._cancelled:  # removed (stale, cleared) while we wrote: only now is the room free
-                self._cancelled.discard(name)
-                (self.dir / name).unlink(missing_ok=True)
-                self._forget(name)
-                return False
-        self.counters["fills"] += 1
-        self.counters["fill_bytes"] += len(data)
-        return True
+
+    def _write_slot(self, name: str, place: Place, data: bytes, header: bytes) -> None:
+        """The chunk's bytes at its offset in the file entry, durable before its slot says so.
+        A new file entry is made whole-sized under a temporary name and renamed into place after
+        any old index is gone, so no slot ever describes another file's bytes."""
+        path, index = place.paths(self.dir)
+        with self._unit_locks[hash(place.unit) % len(self._unit_locks)]:
+            try:
+                fd = os.open(path, os.O_RDWR)
+                if os.fstat(fd).st_size != place.file_size:  # a leftover of another shape
+                    os.close(fd)
+                    fd = None
+            except FileNotFoundError:
+                fd = None
+            created = fd is None
+            if created:
+                index.unlink(missing_ok=True)
+                tmp = self.dir / f"{TMP_PREFIX}{place.unit}.{os.getpid()}.{threading.get_ident()}"
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(fd, place.file_size)  # sparse: only filled chunks take room
+                os.replace(tmp, path)
+            try:
+                os.pwrite(fd, data, place.offset)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fd = os.open(index, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.pwrite(fd, SLOT.pack(header, place.offset, _name_bytes(name)), place.index * SLOT.size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                self._sync_dir()
 
     def _sync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -338,12 +552,15 @@ class ChunkCache:
     def etags(self) -> dict[str, str]:
         """Entry name -> the ETag of the object it was filled from, for every entry on disk."""
         with self._lock:
-            names = [n for n in self._sizes if n not in self._writing]
+            names = [(n, self._file(n), self._places.get(n)) for n in self._sizes if n not in self._writing]
         out = {}
-        for name in names:
+        for name, path, place in names:
             try:
-                with open(self.dir / name, "rb") as fh:
-                    header = Header.of(fh.fileno(), os.fstat(fh.fileno()).st_size)
+                if place is not None:
+                    header = (_read_slot(path, place) or (None, b""))[0]
+                else:
+                    with open(path, "rb") as fh:
+                        header = Header.of(fh.fileno(), os.fstat(fh.fileno()).st_size)
             except OSError:
                 continue
             if header is not None:
@@ -370,18 +587,20 @@ class ChunkCache:
         return self._drop(lambda name: True)
 
     def _drop(self, doomed: Callable[[str], bool]) -> int:
-        """Remove the entries `doomed` names. A fill under way is cancelled but keeps its
-        reservation until its write ends: its bytes are on disk until then."""
+        """Remove the entries `doomed` names, with every chunk of their file entries. A fill
+        under way is cancelled but keeps its reservation until its write ends: its bytes are
+        on disk until then."""
         with self._lock:
-            names = [n for n in self._sizes if doomed(n)]
+            units = {self._unit(n) for n in self._sizes if doomed(n)}
+            names = [n for n in self._sizes if self._unit(n) in units]
+            paths = {self._file(n) for n in names}
             for name in names:
                 if name in self._writing:
                     self._cancelled.add(name)
                 else:
                     self._forget(name)
-        for name in names:
-            if name not in self._cancelled:
-                (self.dir / name).unlink(missing_ok=True)
+        for path in paths:
+            _remove(path)
         self.counters["removed"] += len(names)
         return len(names)
 
@@ -389,30 +608,45 @@ class ChunkCache:
         size = self._sizes.pop(name, None)
         if size is not None:
             self.used -= size
+        place = self._places.pop(name, None)
+        if place is not None:
+            members = self._units.get(place.unit, set())
+            members.discard(name)
+            if not members:
+                self._units.pop(place.unit, None)
         return size is not None
 
-    def _evict_to(self, limit: int) -> None:
-        """Evict least recently used entries (oldest mtime; readers touch on hit) until used <= limit."""
+    def _members(self, name: str) -> list[str]:
+        """The names that go with `name`: its file entry's chunks, or itself."""
+        place = self._places.get(name)
+        return list(self._units.get(place.unit, ())) if place else [name]
+
+    def _evict_to(self, limit: int, keep: str | None = None) -> None:
+        """Evict least recently used entries (oldest mtime; readers touch on hit) until used <=
+        limit; a file entry goes whole. `keep`: the file entry being filled."""
         if self.used <= limit:
             return
-        ages = []
+        ages = {}
         for name in self._sizes:
-            if name in self._writing:
+            unit = self._unit(name)
+            if unit in ages or unit == keep or any(n in self._writing for n in self._members(name)):
                 continue
             try:
-                ages.append((os.stat(self.dir / name).st_mtime_ns, name))
+                ages[unit] = (os.stat(self._file(name)).st_mtime_ns, name)
             except FileNotFoundError:
-                ages.append((0, name))  # dropped by a reader: forget it first
-        for _, name in sorted(ages):
+                ages[unit] = (0, name)  # dropped by a reader: forget it first
+        for _, name in sorted(ages.values()):
             if self.used <= limit:
                 break
-            size = self._sizes.pop(name)
-            self.used -= size
-            (self.dir / name).unlink(missing_ok=True)
-            self.counters["evictions"] += 1
-            self.counters["evicted_bytes"] += size
-            if self.on_evict:
-                self.on_evict(name)
+            path = self._file(name)
+            for victim in self._members(name):
+                size = self._sizes[victim]
+                self._forget(victim)
+                self.counters["evictions"] += 1
+                self.counters["evicted_bytes"] += size
+                if self.on_evict:
+                    self.on_evict(victim)
+            _remove(path)
 
     def stats(self) -> dict:
         with self._lock:

@@ -78,8 +78,10 @@ class Client:
         """Derived once per manifest, so a hit costs only the file read."""
         self.manifest = manifest
         self._sources = [self._order(c.nodes) for c in manifest.chunks]
-        self._caches = [self._cache_nodes(c.nodes) for c in manifest.chunks]
-        self._entries = [cache.entry_name(c.key) for c in manifest.chunks]
+        self._places = cache.places(manifest)  # a file's chunks are cached together, at its home
+        self._caches = [self._cache_nodes([p.home] if p else c.nodes) for c, p in zip(manifest.chunks, self._places)]
+        self._paths = {n: [str(cache.entry_path(d, c.key, p)) for c, p in zip(manifest.chunks, self._places)]
+                       for n, d in self._cache_dirs.items()}
         self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
         self._bucket_hash = key_hash(f"/{manifest.bucket}")
         self._last_read, self._in_order, self._prefetched_to = None, 0, -1
@@ -126,7 +128,18 @@ class Client:
         return self._sources[i]
 
     def cache_path(self, node: int, i: int) -> str:
-        return f"{self._cache_dirs[node]}/{self._entries[i]}"
+        """The file in `node`'s cache holding chunk i: its own entry, or its file's."""
+        return self._paths[node][i]
+
+    def mark_keys(self, ids) -> tuple[list[int], int]:
+        """What the kernel's stale marks of chunks `ids` are kept under: their keys' hashes and
+        the bucket's (a bucket-wide write marks the bucket)."""
+        return [self._key_hashes[i] for i in ids], self._bucket_hash
+
+    def cache_place(self, i: int) -> cache.Place | None:
+        """Where chunk i is cached: in its file's entry (a stored file of several chunks), or None:
+        in an entry of its own."""
+        return self._places[i]
 
     def stats(self, node: int) -> reader_stats.ReaderStats:
         """Counters of reads served by `node`, kept where a StorageNode of this host sums them:
@@ -189,7 +202,7 @@ class Client:
         """Chunk i from the first cache on this host that has a good, fresh entry, through
         `lookup` (cache.read_entry: bytes; cache.map_entry: a mapped buffer); else None."""
         for node in self._caches[i]:
-            got = lookup(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i))
+            got = lookup(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i), place=self._places[i])
             if got is cache.DAMAGED:
                 self._damaged(node, i)
             elif got is not None and got is not cache.STALE:
@@ -203,11 +216,10 @@ class Client:
         the LRU); False only looks."""
         for node in self._caches[i] if self.use_cache else ():
             path = self.cache_path(node, i)
-            got = cache.open_entry(path, self._stale_mark(node, i))
+            got = cache.open_entry(path, self._stale_mark(node, i), self._places[i], touch=count)
             if got is not None:
                 if count:
                     self._note_order(i)
-                    os.utime(got[0])
                     self._count_hit(node, got[1].size)
                 return (*got, path, node)
         return None

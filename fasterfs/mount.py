@@ -7,13 +7,14 @@ the mount point cleaned up if they die):
 - `ffs-mount` (native/ffs-mount: Rust on the `fuser` crate) talks to the kernel. It answers
   lookups, attributes and listings from the tree this agent sends whenever the namespace
   changes, and opens of hot files by itself: a file whose bytes are one fresh entry of this
-  host's cache is opened with FUSE passthrough on that entry file, so the kernel reads it as
-  a local file, with no daemon on the way. Before such an open it checks that the entry is
+  host's cache (a file of one chunk: its entry; a stored file of several: its file entry,
+  every chunk filled) is opened with FUSE passthrough on that file, so the kernel reads it
+  as a local file, with no daemon on the way. Before such an open it checks that the entry is
   still the one declared (its inode) and that the kernel has seen no write of the chunk
   since it was fetched (the pinned stale marks, as every reader does).
 - this agent, its parent, holds the namespace (`reader.Namespace`). Every other open and
   read comes here and takes the client's path (this host's cache, else a holder's MinIO), so
-  the kernel counts the GETs and makes chunks hot; once a file's one chunk is cached, the
+  the kernel counts the GETs and makes chunks hot; once all of a file's chunks are cached, the
   agent declares it hot to the daemon.
 
     python -m fasterfs.mount MOUNTPOINT [overrides...]     (what the StorageNode runs)
@@ -88,23 +89,30 @@ class Agent:
         self._sent_version = version
 
     def _hot(self, entry: Entry) -> dict | None:
-        """What lets the daemon open `entry` by passthrough: a file of one chunk, fresh in this
-        host's cache (its entry file is exactly the file's bytes), with what the daemon checks
-        before each such open (the entry's inode; the kernel's stale marks of the chunk)."""
-        if len(entry.chunk_ids) != 1:
-            return None
-        i = entry.chunk_ids[0]
+        """What lets the daemon open `entry` by passthrough: a file whose bytes are one local
+        file of this host's cache, fresh (a file of one chunk: its entry; a stored file of
+        several: its file entry, every chunk filled), with what the daemon checks before each
+        such open (the file's inode; the kernel's stale marks of every chunk)."""
         client = self.ns.client(entry.manifest)
-        got = client.open_cached(i, count=False)
-        if got is None:
-            return None
-        fd, header, path, node = got
-        try:
-            inode = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
-        return {"version": self._sent_version, "backing": path, "inode": inode, "fetched_ns": header.fetched_ns,
-                "pin": str(client.paths.stale_pin(node)), "key": client._key_hashes[i], "bucket": client._bucket_hash}
+        if len(entry.chunk_ids) != 1 and any(client.cache_place(i) is None for i in entry.chunk_ids):
+            return None  # its chunks are entries of their own (a dataset's whole CSV): no one file
+        backing, fetched, node = None, [], None
+        for i in entry.chunk_ids:
+            got = client.open_cached(i, count=False)
+            if got is None:
+                return None
+            fd, header, path, node = got
+            try:
+                inode = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            if backing not in (None, (path, inode)):
+                return None  # refilled meanwhile: declared at the next release
+            backing = (path, inode)
+            fetched.append(header.fetched_ns)
+        keys, bucket = client.mark_keys(entry.chunk_ids)
+        return {"version": self._sent_version, "backing": backing[0], "inode": backing[1],
+                "fetched_ns": min(fetched), "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
 
     def _declare_hot(self, entry: Entry) -> None:
         hot = self._hot(entry)

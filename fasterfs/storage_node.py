@@ -19,7 +19,7 @@ from functools import partial
 from . import bpf, erasure, heatmap, identity, reader_stats, registry, repair, s3, tls
 from .bpf.events import key_hash
 from .bpf.pinned import mount_bpffs, unmount_bpffs
-from .cache import ChunkCache, entry_name, read_entry
+from .cache import ChunkCache, entry_name, places
 from .cache_filler import CacheFiller
 from .cgroup import own_cgroup
 from .config import Layout, as_cfg, minio_binary
@@ -165,12 +165,12 @@ class StorageNode:
                 # readers' own; where each node counts only requests to its MinIO, the chunk's
                 # first holder fills it for every reader of the machine.
                 if self.cfg.kernel.watch == "any" or self._names["holders"][key][0] == self.index:
-                    self.filler.request(key, "hot")
+                    self._fill_hot(key)
                 return
             hashed = key_hash(f"/{self.bucket}/{key}")
             self.kernel.mark_stale(hashed)  # readers check the chunk's mark; the kernel marked the shard
         if event["type"] == "HOT":
-            self.filler.request(key, "hot")
+            self._fill_hot(key)
             return
         # STALE at the request line, COMMITTED when the write is done: both drop and tell
         self._forget(hashed, key)
@@ -222,19 +222,21 @@ class StorageNode:
             self._cluster = registry.find_in_ray(self.cfg.cluster.name)
         return self._cluster
 
-    def _peer_actors(self) -> list:
+    def _peer(self, index: int):
+        """Node `index`'s StorageNode actor, None if it is not running."""
         import ray
 
-        out = []
-        for n in self._cluster_state().nodes:
-            if n.index != self.index and n.index not in self._peers:
-                try:
-                    self._peers[n.index] = ray.get_actor(actor_name(n.index), namespace=self._cluster.namespace)
-                except ValueError:
-                    continue
-            if n.index != self.index:
-                out.append(self._peers[n.index])
-        return out
+        if index not in self._peers:
+            self._cluster_state()
+            try:
+                self._peers[index] = ray.get_actor(actor_name(index), namespace=self._cluster.namespace)
+            except ValueError:
+                return None
+        return self._peers[index]
+
+    def _peer_actors(self) -> list:
+        return [a for n in self._cluster_state().nodes if n.index != self.index
+                for a in [self._peer(n.index)] if a is not None]
 
     def _marked(self, node: int) -> s3.MarkedGetter:
         """GETs to `node`'s MinIO that this host's kernel does not count (the filler's own)."""
@@ -242,6 +244,22 @@ class StorageNode:
         if endpoint not in self._getters:
             self._getters[endpoint] = s3.MarkedGetter(endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
         return self._getters[endpoint]
+
+    def _fill_hot(self, key: str) -> None:
+        """Fill a hot chunk here, or, where each node counts only what its MinIO serves, at its
+        file's home: a file's chunks are cached together, so the whole file can be one backing
+        file for the mount's passthrough."""
+        place = self._names["places"].get(key)
+        if place is None or place.home == self.index or self.cfg.kernel.watch == "any":
+            self.filler.request(key, "hot")
+            return
+        home = self._peer(place.home)
+        if home is not None:
+            home.hot.remote(key)
+
+    def hot(self, key: str) -> None:
+        """Another node's kernel found a chunk of a file at home here hot."""
+        self.filler.request(key, "hot")
 
     def _getter_for(self, key: str):
         """How a fill fetches `key`: an erasure-coded chunk from its shards' nodes; a replica
@@ -297,7 +315,11 @@ class StorageNode:
                        "shards": shards,  # shard key -> (chunk key, slot)
                        "ec": {c.key: (c, m.ec_data, m.ec_parity) for m in self._manifests.values()
                               for c in m.chunks if m.layout == "ec"},
-                       "pieces": pieces}
+                       "pieces": pieces,
+                       # a file's chunks are cached together: key -> its place in the file's entry
+                       "places": {c.key: p for m in self._manifests.values()
+                                  for c, p in zip(m.chunks, places(m)) if p is not None}}
+        self.cache.set_places(self._names["places"])
         self.cache.retain(self._names["holders"])
         self._heat = heatmap.Index(self._manifests)
 
@@ -482,7 +504,7 @@ class StorageNode:
     def cache_read(self, key: str) -> bytes | None:
         """`key`'s bytes from this node's cache (checked), for a reader on another host whose
         holders are down; None if not cached (the caller checks it against its manifest)."""
-        got = read_entry(self.cache.path(key), verify=True)
+        got = self.cache.read(key)
         return got if isinstance(got, bytes) else None
 
     def _prepare_minio(self) -> None:

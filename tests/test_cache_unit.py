@@ -200,3 +200,87 @@ def test_cancel_all_drops_queued_and_running_fills(tmp_path):
     assert futures[0].result(10) is False and futures[1].cancelled() and futures[2].cancelled()
     assert not any(c.contains(k) for k in ("a", "b", "c")) and filler.pending() == 0
     filler.close()
+
+
+# -- file entries: a stored file of several chunks is one local file --------------------------
+
+def _file_manifest(sizes, key="c/f/g1/chunk-"):
+    from fasterfs.manifest import ChunkInfo, Manifest
+
+    chunks = [ChunkInfo(i, f"{key}{i:05d}", [0], n, 0, 0, 0.0, 0.0, 0) for i, n in enumerate(sizes)]
+    return Manifest("f", "bytes", 0, 0, 0, 1, 1, "b", "g1", chunks, kind="file")
+
+
+def _file_cache(tmp_path, sizes, capacity=1 << 20, **kw):
+    m = _file_manifest(sizes)
+    c = ChunkCache(tmp_path, capacity, **kw)
+    places = cache.places(m)
+    c.set_places({ch.key: p for ch, p in zip(m.chunks, places)})
+    blobs = [bytes([65 + i]) * n for i, n in enumerate(sizes)]
+    return c, m, places, blobs
+
+
+def test_a_files_chunks_fill_one_local_file_of_exactly_its_bytes(tmp_path):
+    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096, 1000])
+    path = places[0].paths(tmp_path)[0]
+    for i in (2, 0):  # out of order; chunk 1 not yet
+        assert c.put(m.chunks[i].key, blobs[i])
+    assert cache.open_entry(path, place=places[1]) is None  # the hole is no chunk
+    assert cache.read_entry(path, place=places[2]) == blobs[2]
+    assert c.used == 4096 + 1000 and os.stat(path).st_blocks * 512 < 9192  # sparse: unfilled takes no room
+    assert c.put(m.chunks[1].key, blobs[1])
+    with open(path, "rb") as f:  # the file entry is the file: what the mount hands to the kernel
+        assert f.read() == b"".join(blobs)
+    assert c.names() == {cache.entry_name(ch.key) for ch in m.chunks}
+
+
+def test_dropping_one_chunk_unlinks_the_file_entry_under_an_open_reader(tmp_path):
+    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096])
+    for ch, b in zip(m.chunks, blobs):
+        c.put(ch.key, b)
+    path = places[0].paths(tmp_path)[0]
+    with open(path, "rb") as reader:
+        assert c.remove(m.chunks[1].key)
+        assert not path.exists() and not path.with_suffix(cache.INDEX_SUFFIX).exists()
+        assert not c.contains(m.chunks[0].key) and c.used == 0
+        c.put(m.chunks[0].key, b"Z" * 4096)  # a refill makes a new file: the open one is untouched
+        assert reader.read() == b"".join(blobs)
+
+
+def test_a_file_entry_is_evicted_whole_and_each_chunk_reported(tmp_path):
+    evicted = []
+    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096], capacity=2 * 4096 + 100, on_evict=evicted.append)
+    for ch, b in zip(m.chunks, blobs):
+        c.put(ch.key, b)
+    old = time.time() - 100
+    os.utime(places[0].paths(tmp_path)[0], (old, old))
+    assert c.put("other", b"o" * 4096)
+    assert sorted(evicted) == sorted(cache.entry_name(ch.key) for ch in m.chunks)
+    assert c.used == 4096 and sorted(p.name for p in tmp_path.iterdir()) == [cache.entry_name("other")]
+
+
+def test_rebuild_keeps_whole_chunks_of_file_entries_and_drops_rotten_ones(tmp_path):
+    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096, 4096])
+    for ch, b in zip(m.chunks, blobs):
+        c.put(ch.key, b)
+    path = places[0].paths(tmp_path)[0]
+    with open(path, "r+b") as f:  # a flipped byte in chunk 1; no clean-shutdown marker
+        f.seek(4096 + 7)
+        f.write(b"!")
+    c = ChunkCache(tmp_path, 1 << 20)  # verifies every chunk: its slot would vouch for the rotten bytes
+    assert c.names() == frozenset() and c.used == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_a_clean_restart_finds_a_file_entrys_chunks_and_a_killed_fill_leaves_none(tmp_path):
+    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096, 4096])
+    for ch, b in zip(m.chunks[:2], blobs):
+        c.put(ch.key, b)
+    path = places[0].paths(tmp_path)[0]
+    with open(path, "r+b") as f:  # killed after chunk 2's bytes, before its slot
+        f.seek(2 * 4096)
+        f.write(blobs[2])
+    c.close()
+    c = ChunkCache(tmp_path, 1 << 20)
+    assert c.names() == {cache.entry_name(ch.key) for ch in m.chunks[:2]} and c.used == 2 * 4096
+    assert cache.read_entry(path, place=places[2]) is None
+    assert [cache.read_entry(path, place=p) for p in places[:2]] == blobs[:2]

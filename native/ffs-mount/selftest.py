@@ -401,6 +401,15 @@ def main():
         mark(pin, bucket, fetched)
         check("bucket marked == fetched_ns -> passthrough",
               served(agent, p, m, data[m]) == "passthrough")
+        other = 0x4242  # a file of several chunks: every chunk's key is checked
+        agent.send({"op": "hot", "path": m, "backing": backings[m],
+                    "inode": os.stat(backings[m]).st_ino, "version": 1,
+                    "pin": pin, "keys": [key, other], "bucket": bucket, "fetched_ns": fetched})
+        time.sleep(0.2)
+        check("keys unmarked -> passthrough", served(agent, p, m, data[m]) == "passthrough")
+        mark(pin, other, fetched + 1000)
+        check("second of keys marked > fetched_ns -> agent", served(agent, p, m, data[m]) == "agent")
+        mark(pin, other, fetched)
         with open(p, "rb") as held:
             mark(pin, key, fetched + 1)
             expect_errno(errno.ESTALE, os.open, p, os.O_RDONLY)

@@ -31,7 +31,7 @@
 //!   mtime_ns 0. Files are 0444, directories 0555, owner root.
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
-//!  "pin":S,"key":K,"bucket":K2,"fetched_ns":F}
+//!  "pin":S,"key":K,"keys":[K...],"bucket":K2,"fetched_ns":F}
 //!   P of tree V is byte-identical to the local file B (st_ino I); replaces
 //!   any entry for P (needs "path" and "backing"; inode and version default
 //!   to 0). An open of P becomes a kernel passthrough open of B only if all
@@ -39,11 +39,12 @@
 //!   st_ino I and P's tree size; the marks do not say stale; no agent handle
 //!   of P's inode is open or being opened. Otherwise the open goes to the
 //!   agent. Stored entries of other versions stay but do not apply.
-//!   Marks (the last four fields) are checked only if "pin", "fetched_ns"
-//!   and at least one of "key"/"bucket" are present. "pin" is a BPF map
+//!   Marks (the last five fields) are checked only if "pin", "fetched_ns"
+//!   and at least one of "key"/"keys"/"bucket" are present (a file of
+//!   several chunks lists each chunk's key in "keys"). "pin" is a BPF map
 //!   pinned on a bpffs: BPF_MAP_TYPE_HASH or LRU_HASH, 8-byte key and value,
-//!   native-endian u64s. The entry is stale if map[K] > F or map[K2] > F
-//!   (equal is fresh); no entry, or nothing pinned at S, means 0. Marks and
+//!   native-endian u64s. The entry is stale if map[k] > F for K, any of
+//!   "keys" or K2 (equal is fresh); no entry, or nothing pinned at S, means 0. Marks and
 //!   F are compared as plain numbers: they must come from the same clock.
 //!   A map that cannot be read or has another shape counts as stale
 //!   (logged). The map fd is kept per pin path and the pin re-stat'ed at

@@ -1,6 +1,6 @@
 //! Stale marks: a pinned BPF hash map (u64 key -> u64 mark) in which a kernel
 //! program records, per file key and per bucket, when it last saw a write.
-//! A hot entry fetched at `fetched_ns` is stale once either of its marks is
+//! A hot entry fetched at `fetched_ns` is stale once any of its marks is
 //! newer: the kernel saw a write the agent had not fetched.
 
 use std::collections::HashMap;
@@ -18,23 +18,20 @@ use serde_json::Value;
 #[derive(Clone)]
 pub struct Marks {
     pub pin: String,
-    pub key: Option<u64>,
-    pub bucket: Option<u64>,
+    /// "key", then every number of "keys", then "bucket".
+    pub keys: Vec<u64>,
     pub fetched_ns: u64,
 }
 
 impl Marks {
     /// None when there is nothing to check: no pin, no fetched_ns, or
-    /// neither key nor bucket.
+    /// no key, keys or bucket.
     pub fn from_msg(v: &Value) -> Option<Marks> {
         let u = |k: &str| v.get(k).and_then(Value::as_u64);
-        let m = Marks {
-            pin: v.get("pin")?.as_str()?.to_string(),
-            key: u("key"),
-            bucket: u("bucket"),
-            fetched_ns: u("fetched_ns")?,
-        };
-        (m.key.is_some() || m.bucket.is_some()).then_some(m)
+        let listed = v.get("keys").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_u64);
+        let keys: Vec<u64> = u("key").into_iter().chain(listed).chain(u("bucket")).collect();
+        let m = Marks { pin: v.get("pin")?.as_str()?.to_string(), keys, fetched_ns: u("fetched_ns")? };
+        (!m.keys.is_empty()).then_some(m)
     }
 }
 
@@ -243,7 +240,7 @@ impl Pins {
             Map::Broken => return true,
             Map::Open(fd) => fd,
         };
-        for k in [m.key, m.bucket].into_iter().flatten() {
+        for &k in &m.keys {
             match lookup(&fd, k) {
                 Ok(mark) if mark <= m.fetched_ns => {}
                 Ok(_) => return true,
