@@ -158,7 +158,7 @@ def _open(path: Path, place: Place | None) -> tuple[int, os.stat_result, Header 
     st = os.fstat(fd)
     if place is None:
         return fd, st, Header.of(fd, st.st_size)
-    slot = _read_slot(path, place)
+    slot = _read_slot(Path(path), place)
     if slot is None:
         os.close(fd)
         return None
@@ -168,6 +168,7 @@ def _open(path: Path, place: Place | None) -> tuple[int, os.stat_result, Header 
 def _remove(path: Path) -> None:
     """Unlink an entry's file, and a file entry's index after it (a reader that opened the
     file then finds no slot: a miss)."""
+    path = Path(path)
     path.unlink(missing_ok=True)
     if path.suffix == FILE_SUFFIX:
         path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)

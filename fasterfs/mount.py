@@ -83,7 +83,10 @@ class Agent:
         version = self.ns.version
         if version == self._sent_version:
             return
-        entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9)}
+        # a file's generation is its identity: a replaced file gets a new inode, so a handle open
+        # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
+        entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
+                    "gen": "" if e.is_dir else e.manifest.generation}
                    for e in tree.all_entries() if e.path]
         self._send({"op": "tree", "version": version, "entries": entries})
         self._sent_version = version
@@ -145,8 +148,8 @@ class Agent:
             elif op == "read":
                 data = self._read(m["handle"], m["offset"], m["size"])
                 self._send({"id": m["id"], "len": len(data)}, data)
-            elif op == "refresh":  # a name the daemon's tree lacks: is the namespace newer?
-                if time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
+            elif op == "refresh":  # a name the daemon's tree lacks, or a hot file marked stale: newer?
+                if m.get("why") == "stale" or time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
                     self._refreshed = time.monotonic()
                     self.send_tree(force=True)  # goes out before the reply: the daemon has it when it retries
                 self._send({"id": m["id"]})

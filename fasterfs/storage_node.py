@@ -289,14 +289,23 @@ class StorageNode:
 
     def set_manifest(self, manifest: Manifest) -> int:
         """A name's new current generation (pushed by the Registry when a write switches to it)."""
+        self._mark_replaced(self._manifests.get(manifest.name), manifest)
         self._manifests[manifest.name] = manifest
         self._derive_names()
         self._cluster_state(refresh=True)  # a new generation may place data on nodes that joined since
         return len(manifest.chunks)
 
+    def _mark_replaced(self, old: Manifest | None, new: Manifest | None) -> None:
+        """Mark a replaced or removed generation's chunks written, before the write that
+        replaced them returns: whoever still holds the old view (the mount's hot files, opened
+        without asking anyone) finds them stale at its next open and looks again."""
+        if old is not None and (new is None or new.generation != old.generation):
+            for c in old.chunks:
+                self.kernel.mark_stale(key_hash(f"/{old.bucket}/{c.key}"))
+
     def drop_manifest(self, name: str) -> None:
         """`name` left the namespace: its entries go from the cache."""
-        self._manifests.pop(name, None)
+        self._mark_replaced(self._manifests.pop(name, None), None)
         self._derive_names()
 
     def _derive_names(self) -> None:

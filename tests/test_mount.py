@@ -12,7 +12,7 @@ import time
 
 import ray
 
-from fasterfs import config, credentials, s3
+from fasterfs import cluster, config, credentials, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
 
@@ -68,6 +68,70 @@ def test_hot_file_is_read_by_passthrough_never_by_a_daemon(mounted, live_cluster
         assert after["agent_opens"] - before["agent_opens"] == 0, (before, after)
     finally:
         remove(config.load(overrides), "native/book.bin")
+
+
+def make_file_hot(path, live_cluster, m) -> None:
+    """Read a stored file of several chunks through the mount until every chunk is cached at
+    its file's home (kernel.watch=own: the first chunk's first holder), bounded: 30 s."""
+    home = cluster.storage_nodes(live_cluster)[m.chunk(0).nodes[0]]
+
+    def filled():
+        path.read_bytes()
+        return all(ray.get([home.cache_contains.remote(c.key) for c in m.chunks]))
+    wait_until(filled, timeout=30, what="every chunk of the file to be cached")
+
+
+def test_a_file_of_several_chunks_is_one_passthrough_file(mounted, live_cluster, overrides, tmp_path):
+    """Chunks on both nodes, filled one by one into one file entry at the file's home: once all
+    are there, opens are passthrough (zero READs reach the agent) and the bytes are the source's."""
+    point, actor = mounted
+    data = os.urandom(3 * 1024 * 1024 + 12_345)
+    (tmp_path / "multi.bin").write_bytes(data)
+    cfg = config.load(overrides + ["files.chunk_mb=1"])
+    m = put(cfg, tmp_path / "multi.bin", "native/multi.bin")
+    try:
+        assert len(m.chunks) == 4 and len({c.nodes[0] for c in m.chunks}) == 2, m.chunks
+        f = point / "native" / "multi.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        make_file_hot(f, live_cluster, m)
+        assert f.read_bytes() == data  # the open that finds it hot
+        before = daemon_counts(actor, point, time.time())
+        for k in range(10):
+            with open(f, "rb") as fh:
+                at = 1_000_000 * (k % 4)
+                fh.seek(at)
+                assert fh.read(70_000) == data[at:at + 70_000]  # across a chunk's end
+                fh.seek(0)
+                assert fh.read() == data
+        after = daemon_counts(actor, point, time.time())
+        assert after["passthrough_opens"] - before["passthrough_opens"] >= 10, (before, after)
+        assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
+    finally:
+        remove(cfg, "native/multi.bin")
+
+
+def test_a_replaced_file_is_never_served_old_to_a_new_open(mounted, live_cluster, overrides, tmp_path):
+    """`put` over a hot file opened by passthrough and still held: the next open, right after
+    `put` returns, reads the new bytes; the held handle keeps reading the old (a snapshot)."""
+    point, actor = mounted
+    cfg = config.load(overrides + ["files.chunk_mb=1"])
+    versions = [os.urandom(2 * 1024 * 1024 + 7) for _ in range(2)]
+    for k, v in enumerate(versions):
+        (tmp_path / f"v{k}").write_bytes(v)
+    m = put(cfg, tmp_path / "v0", "native/replaced.bin")
+    f = point / "native" / "replaced.bin"
+    try:
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        for k in range(1, 4):
+            old, new = versions[(k - 1) % 2], versions[k % 2]
+            make_file_hot(f, live_cluster, m)
+            assert f.read_bytes() == old
+            with open(f, "rb") as held:
+                m = put(cfg, tmp_path / f"v{k % 2}", "native/replaced.bin", force=True)
+                assert f.read_bytes() == new, f"replacement {k}: a new open read old bytes"
+                assert held.read() == old, f"replacement {k}: the held handle changed"
+    finally:
+        remove(cfg, "native/replaced.bin")
 
 
 def test_a_write_the_kernel_sees_is_never_served_old(mounted, ingest_as, live_cluster, cluster_root):

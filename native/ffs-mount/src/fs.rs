@@ -222,6 +222,15 @@ impl Shared {
         }
     }
 
+    /// A hot file's marks say stale: has it been replaced? Asks the agent for
+    /// the newest tree (sent before its reply); true if `ino` is not in it.
+    /// The open then fails with ESTALE, and the kernel's retry looks the
+    /// path up again and finds the new file's inode.
+    fn replaced(&self, ino: u64) -> bool {
+        let _ = self.agent.call(json!({"op": "refresh", "why": "stale"}));
+        !self.tree().nodes.contains_key(&ino)
+    }
+
     /// Are the bytes `b` serves stale? Judged by the hot entry's marks while
     /// it still names b's backing file (its fetched_ns may be newer), else by
     /// the marks b was opened with.
@@ -405,6 +414,7 @@ impl Filesystem for FuseFs {
                         if stale {
                             drop(st);
                             s.stats.stale_refused.fetch_add(1, Relaxed);
+                            s.replaced(ino); // the retry then finds a new file, if it is one
                             eprintln!(
                                 "ffs-mount: {} is stale but held open by passthrough: ESTALE",
                                 node.path
@@ -449,7 +459,13 @@ impl Filesystem for FuseFs {
                         return reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
                     }
                     Some(Probe::Stale) => {
+                        drop(st); // asking the agent must not hold up other opens
                         s.stats.stale_refused.fetch_add(1, Relaxed);
+                        if s.replaced(ino) {
+                            return reply.error(Errno::ESTALE);
+                        }
+                        probe = Some(Probe::Cold); // decide again: another open may have come
+                        continue;
                     }
                     Some(Probe::Cold) => {}
                 }

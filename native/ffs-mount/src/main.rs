@@ -22,13 +22,14 @@
 //! ## Agent -> daemon
 //!
 //! {"op":"tree","version":V,"entries":[{"path":P,"dir":bool,"size":S,
-//!   "mtime_ns":i64}, ...]}
+//!   "mtime_ns":i64,"gen":G}, ...]}
 //!   Replaces the whole tree; the first one triggers the mount. P is
 //!   relative to the mount root, "/"-separated, outer slashes stripped;
 //!   entries with empty, "." or ".." components are skipped, missing parents
 //!   become directories, entries below a file are dropped. A path keeps its
-//!   inode number across trees. Defaults: version 0, dir false, size 0,
-//!   mtime_ns 0. Files are 0444, directories 0555, owner root.
+//!   inode number across trees while its G (a string) stays the same; a new G
+//!   is a new inode, and the old one's entry is invalidated in the kernel.
+//!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Files are 0444, directories 0555, owner root.
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
 //!  "pin":S,"key":K,"keys":[K...],"bucket":K2,"fetched_ns":F}
@@ -95,6 +96,14 @@
 //!   -> {"id":N,"len":L} + L raw bytes. L < S means end of file; bytes
 //!   beyond S are read off the socket and dropped. Never put "len" in any
 //!   other reply without the bytes.
+//!
+//! {"op":"refresh","id":N} or {"op":"refresh","why":"stale","id":N} -> {"id":N}
+//!   A lookup found no such name, or (why "stale") an open found a hot
+//!   file's marks stale: the agent sends its newest tree first, if newer
+//!   (for a lookup it may skip that if it looked a moment ago). A stale
+//!   open whose inode is then gone from the tree (its file replaced or
+//!   removed) fails with ESTALE; the kernel looks the path up again and
+//!   retries the open, on the new file's inode.
 //!
 //! {"op":"release","handle":H,"id":N} -> {"id":N}
 //!   H gets no further request.

@@ -2,7 +2,9 @@
 //!
 //! Each tree message produces a fresh `Tree`; readers swap an `Arc` so FUSE
 //! threads never block on a rebuild. Inode numbers come from `InoMap`, which
-//! only ever grows: a path keeps its inode across versions and an inode is
+//! only ever grows: a path keeps its inode across versions while its "gen"
+//! stays (a file replaced is a new inode, as a file renamed over is on a
+//! local disk: handles open on the old one keep reading it), and an inode is
 //! never handed to another path (the kernel may still cache old ones).
 
 use std::collections::{BTreeMap, HashMap};
@@ -105,7 +107,7 @@ impl Tree {
             .and_then(Value::as_array)
             .unwrap_or(&empty);
         // Declared entries first, so implicit parents never override real metadata.
-        let mut declared: HashMap<String, (bool, u64, i64)> = HashMap::new();
+        let mut declared: HashMap<String, (bool, u64, i64, String)> = HashMap::new();
         for e in entries {
             let Some(p) = e.get("path").and_then(Value::as_str) else {
                 continue;
@@ -121,12 +123,13 @@ impl Tree {
                 e.get("size").and_then(Value::as_u64).unwrap_or(0)
             };
             let mtime = e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0);
-            declared.insert(p.to_string(), (dir, size, mtime));
+            let gen = e.get("gen").and_then(Value::as_str).unwrap_or_default().to_string();
+            declared.insert(p.to_string(), (dir, size, mtime, gen));
         }
         let mut paths: Vec<&String> = declared.keys().collect();
         paths.sort(); // parents sort before their children
         'entry: for p in paths {
-            let (dir, size, mtime) = declared[p];
+            let (dir, size, mtime, ref gen) = declared[p];
             // Ensure ancestors exist as directories.
             let mut parent = ROOT_INO;
             let comps: Vec<&str> = p.split('/').collect();
@@ -151,7 +154,7 @@ impl Tree {
                 }
                 parent = ino;
             }
-            let ino = inos.ino(p);
+            let ino = if gen.is_empty() { inos.ino(p) } else { inos.ino(&format!("{p}\0{gen}")) };
             t.add(
                 ino,
                 Node {
