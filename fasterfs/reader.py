@@ -168,8 +168,8 @@ class OpenFile:
             slot = self._acquire(i)
             try:
                 src = slot.future.result()
-                if isinstance(src, int):
-                    got = os.preadv(src, [buf[pos:pos + stop - start]], start)
+                if isinstance(src, tuple):  # (descriptor, where the chunk starts in that file)
+                    got = os.preadv(src[0], [buf[pos:pos + stop - start]], src[1] + start)
                     if got != stop - start:
                         raise FasterFSError(f"{self.entry.path}: cache entry of chunk {self.entry.chunk_ids[i]} "
                                             "shorter than its header says")
@@ -213,7 +213,11 @@ class OpenFile:
         try:
             chunk = self.entry.chunk_ids[i]
             got = self.client.open_cached(chunk)
-            slot.future.set_result(got[0] if got is not None else self.client.read_chunk(chunk))
+            if got is not None:
+                place = self.client.cache_place(chunk)
+                slot.future.set_result((got[0], place.offset if place else 0))
+            else:
+                slot.future.set_result(self.client.read_chunk(chunk))
         except BaseException as e:
             slot.future.set_exception(e)
             with self._lock:
@@ -249,7 +253,8 @@ class OpenFile:
 
 
 class _Slot:
-    """A chunk of an open file: a future of its descriptor or bytes, and how many reads use it."""
+    """A chunk of an open file: a future of (descriptor, offset of the chunk in its file) or of
+    its bytes, and how many reads use it."""
     __slots__ = ("future", "users")
 
     def __init__(self):
@@ -263,7 +268,7 @@ class _Slot:
 
 
 def _release(future: Future) -> None:
-    if future.exception() is None and isinstance(future.result(), int):
-        os.close(future.result())
+    if future.exception() is None and isinstance(future.result(), tuple):
+        os.close(future.result()[0])
 
 
