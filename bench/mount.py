@@ -14,7 +14,6 @@ the local copy's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,31 +23,11 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mounts  # noqa: E402
 
 import fasterfs  # noqa: E402
 from fasterfs import cluster, config, report  # noqa: E402
-from fasterfs.mount_supervisor import is_mounted  # noqa: E402
-from fasterfs.process import terminate  # noqa: E402
-
-
-def start_mount(point: Path, engine: str, overrides: list[str]) -> subprocess.Popen:
-    """A mount of this host run by this process (as a StorageNode runs one), with `engine`."""
-    point.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides, f"mount.engine={engine}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=dict(os.environ, FASTERFS_MOUNT_STATS=f"{point}.stats.json"))
-    deadline = time.monotonic() + 60
-    while not is_mounted(str(point)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            terminate(proc.pid, proc=proc)
-            raise RuntimeError(f"the {engine} mount at {point} did not come up")
-        time.sleep(0.1)
-    return proc
-
-
-def stop_mount(point: Path, proc: subprocess.Popen) -> None:
-    subprocess.run(["fusermount3", "-u", "-z", str(point)], capture_output=True, timeout=30)
-    terminate(proc.pid, proc=proc)
 
 
 def main(argv: list[str]) -> dict:
@@ -72,7 +51,7 @@ def main(argv: list[str]) -> dict:
     for i, name in zip(ids, names):
         (copies / name).write_bytes(cold.read_chunk(i))
     overrides = [f"cluster.name={state.name}", f"cluster.root={state.root}", f"cluster.ray_address={state.ray_address}"]
-    mounts = {engine: (work / engine, start_mount(work / engine, engine, overrides)) for engine in ("native", "python")}
+    started = {engine: mounts.fasterfs(work / engine, engine, overrides) for engine in ("native", "python")}
     try:
         def reader(directory: Path):
             files = [directory / m.name / "chunks" / name for name in names]
@@ -81,8 +60,8 @@ def main(argv: list[str]) -> dict:
                 with open(files[k], "rb") as f:
                     return f.read()
             return read
-        paths = {"local copy": reader(local), "native mount": reader(mounts["native"][0]),
-                 "python mount": reader(mounts["python"][0]),
+        paths = {"local copy": reader(local), "native mount": reader(started["native"].point),
+                 "python mount": reader(started["python"].point),
                  "client read_chunk": lambda k: client.read_chunk(ids[k]),
                  "MinIO direct": lambda k: cold.read_chunk(ids[k])}
         for name, read in paths.items():  # twice each: the native mount declares files hot at the first
@@ -94,10 +73,10 @@ def main(argv: list[str]) -> dict:
             for name, read in paths.items():
                 lat[name] += report.timed(read, range(len(ids)))
         time.sleep(2)  # the agent writes its daemon's counters every second
-        counts = {"native": json.loads(Path(f"{mounts['native'][0]}.stats.json").read_text())}
+        counts = {"native": json.loads(Path(f"{started['native'].point}.stats.json").read_text())}
     finally:
-        for point, proc in mounts.values():
-            stop_mount(point, proc)
+        for mount in started.values():
+            mount.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
     stats = {name: report.quantiles(xs) for name, xs in lat.items()}
     floor = stats["local copy"]["p50_ms"]
@@ -114,7 +93,7 @@ def main(argv: list[str]) -> dict:
     console.print(f"  native mount vs MinIO direct: {result['native_vs_minio_x_faster']:.1f}x faster; "
                   f"native daemon: {counts.get('native')}")
     out = report.run_dir(cfg, "bench_mount")
-    report.write_json(out, "mount", result)
+    report.write_json(out, "mount.json", result)
     console.print(f"output: {out}")
     return result
 

@@ -130,6 +130,9 @@ def validate(cfg: DictConfig) -> None:
         bad("cache.peer_slower_ms", "must be a number of milliseconds >= 0 (0: peers only when holders are down)")
     if not isinstance(cfg.cache.prefetch.window, int) or cfg.cache.prefetch.window < 0:
         bad("cache.prefetch.window", "must be a whole number >= 0")
+    shed = cfg.namespace.shed_read_ahead_above
+    if not isinstance(shed, (int, float)) or isinstance(shed, bool) or not 0 <= shed <= 100:
+        bad("namespace.shed_read_ahead_above", "must be a percentage, 0 to 100")
     if not isinstance(cfg.ingest.keep_old_s, (int, float)) or cfg.ingest.keep_old_s < 0:
         bad("ingest.keep_old_s", "must be a number of seconds >= 0")
     for opt in ("repair.after_s", "repair.mb_per_s", "scrub.interval_s", "scrub.mb_per_s"):

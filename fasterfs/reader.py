@@ -22,6 +22,30 @@ from .manifest import Manifest
 from .namespace import Entry, Tree
 
 
+class CpuPressure:
+    """Whether this machine's CPUs are contended: the kernel's pressure stall figure (the share
+    of the last 10 s in which some runnable task waited for a CPU, /proc/pressure/cpu), read at
+    most once a second. Read-ahead is shed while it is above `limit` percent: on a busy machine
+    loading chunks nobody asked for yet takes CPU from the reads that were asked for (WFS Ultra's
+    load-adaptive prefetch); without PSI it is never shed."""
+
+    def __init__(self, limit: float = 50.0, path: str = "/proc/pressure/cpu"):
+        self.limit, self.path = limit, path
+        self._at, self._busy = 0.0, False
+
+    def busy(self) -> bool:
+        now = time.monotonic()
+        if now - self._at >= 1.0:
+            self._at = now
+            try:
+                with open(self.path) as f:
+                    some = f.readline().split()  # some avg10=.. avg60=.. avg300=.. total=..
+                self._busy = float(some[1].split("=")[1]) > self.limit
+            except (OSError, IndexError, ValueError):
+                self._busy = False
+        return self._busy
+
+
 class Namespace:
     """The cluster's namespace as this process sees it, refreshed from the Registry at most
     every `refresh_s` (a new version re-reads it; manifests of unchanged names keep their
@@ -40,6 +64,7 @@ class Namespace:
         self._base: Client | None = None
         self.read_ahead = int(cfg.namespace.read_ahead_chunks)
         self._pool = ThreadPoolExecutor(self.read_ahead, "fasterfs-read-ahead") if self.read_ahead > 0 else None
+        self._pressure = CpuPressure(float(cfg.namespace.shed_read_ahead_above))
         self.refresh(force=True)
 
     def refresh(self, force: bool = False) -> Tree:
@@ -94,7 +119,7 @@ class Namespace:
             self._pool.shutdown(wait=True)
 
     def open_entry(self, entry: Entry) -> "OpenFile":
-        return OpenFile(entry, self.client(entry.manifest), self.read_ahead, self._pool)
+        return OpenFile(entry, self.client(entry.manifest), self.read_ahead, self._pool, self._pressure)
 
     def cat(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         f = self.open(path)
@@ -139,17 +164,24 @@ class OpenFile:
     Reading ahead: when the file's reads move on to the next chunk, the following
     `read_ahead` chunks are loaded on `pool`'s threads, so a sequential reader's next GET
     overlaps its copy of this one (requests of the mount's threads never wait on another
-    chunk's GET: each chunk has its own future)."""
+    chunk's GET: each chunk has its own future); not while the CPUs are contended (`pressure`).
+    A small read elsewhere than where the last one ended (a random reader's) of a chunk neither
+    at hand nor cached fetches only its range."""
 
     KEEP = 8  # chunks at hand per open file (descriptors or bytes); fetched bytes: read_ahead + 4
+    RANGE_MAX = 32 * 1024  # a read this small, not where the last one ended, of a chunk neither
+    # at hand nor cached here, fetches its range only (a random reader's; a sequential reader's
+    # requests are larger and contiguous, and get the whole chunk)
 
-    def __init__(self, entry: Entry, client: Client, read_ahead: int = 0, pool: ThreadPoolExecutor | None = None):
+    def __init__(self, entry: Entry, client: Client, read_ahead: int = 0, pool: ThreadPoolExecutor | None = None,
+                 pressure: CpuPressure | None = None):
         self.entry, self.client = entry, client
         self.read_ahead = read_ahead if pool is not None else 0
-        self._pool = pool
+        self._pool, self._pressure = pool, pressure
         self._lock = threading.Lock()
         self._at_hand: collections.OrderedDict[int, _Slot] = collections.OrderedDict()
         self._last = -1  # the chunk most recently moved on to
+        self._next = 0   # where the last read ended
 
     def read(self, offset: int, length: int) -> bytes:
         """The bytes at [offset, offset+length)."""
@@ -163,8 +195,13 @@ class OpenFile:
         """Fill `buf` with the bytes at `offset`; returns how many (fewer at the end of the file)."""
         if offset < 0:
             raise FasterFSError(f"{self.entry.path}: bad offset {offset}")
+        random, self._next = offset != self._next and len(buf) <= self.RANGE_MAX, offset + len(buf)
         pos = 0
         for i, start, stop in self.entry.pieces(offset, len(buf)):
+            if random and (part := self._range(i, start, stop)) is not None:
+                buf[pos:pos + len(part)] = part
+                pos += len(part)
+                continue
             slot = self._acquire(i)
             try:
                 src = slot.future.result()
@@ -181,6 +218,18 @@ class OpenFile:
             pos += stop - start
         return pos
 
+    def _range(self, i: int, start: int, stop: int) -> bytes | None:
+        """Chunk i's bytes [start, stop) by a ranged GET, if it is neither at hand nor cached here."""
+        chunk = self.entry.chunk_ids[i]
+        with self._lock:
+            if i in self._at_hand:
+                return None
+        got = self.client.open_cached(chunk, count=False)
+        if got is not None:
+            os.close(got[0])
+            return None
+        return self.client.read_range(chunk, start, stop)
+
     def _acquire(self, i: int) -> "_Slot":
         """Chunk i's slot, in use by the caller until it lowers `users` (a slot in use is never
         released); loaded by this thread if nobody has started it."""
@@ -193,7 +242,7 @@ class OpenFile:
                 self._at_hand.move_to_end(i)
             slot.users += 1
             ahead = []
-            if i == self._last + 1:  # moving on in order: load the next ones in the background
+            if i == self._last + 1 and not (self._pressure and self._pressure.busy()):  # moving on in order: load the next ones
                 for j in range(i + 1, min(i + 1 + self.read_ahead, len(self.entry.chunk_ids))):
                     if j not in self._at_hand:
                         ahead.append((j, self._at_hand.setdefault(j, _Slot())))

@@ -245,17 +245,30 @@ class StorageNode:
             self._getters[endpoint] = s3.MarkedGetter(endpoint, self.minio.creds, self.cfg.kernel.fill_mark)
         return self._getters[endpoint]
 
-    def _fill_hot(self, key: str) -> None:
-        """Fill a hot chunk here, or, where each node counts only what its MinIO serves, at its
-        file's home: a file's chunks are cached together, so the whole file can be one backing
-        file for the mount's passthrough."""
+    def _home_of(self, key: str) -> int:
+        """The node whose cache a fill of `key` goes to: where each node counts only what its
+        MinIO serves (kernel.watch=own), a file's chunks are all cached at its home, so the
+        whole file is one backing file for the mount's passthrough; else this node."""
         place = self._names["places"].get(key)
-        if place is None or place.home == self.index or self.cfg.kernel.watch == "any":
+        return place.home if place is not None and self.cfg.kernel.watch == "own" else self.index
+
+    def _elsewhere(self, keys) -> tuple[list[str], dict[int, list[str]]]:
+        """`keys` split into those filled here and those filled at another home, by home."""
+        here, away = [], {}
+        for k in keys:
+            home = self._home_of(k)
+            if home == self.index:
+                here.append(k)
+            else:
+                away.setdefault(home, []).append(k)
+        return here, away
+
+    def _fill_hot(self, key: str) -> None:
+        home = self._home_of(key)
+        if home == self.index:
             self.filler.request(key, "hot")
-            return
-        home = self._peer(place.home)
-        if home is not None:
-            home.hot.remote(key)
+        elif (peer := self._peer(home)) is not None:
+            peer.hot.remote(key)
 
     def hot(self, key: str) -> None:
         """Another node's kernel found a chunk of a file at home here hot."""
@@ -635,16 +648,25 @@ class StorageNode:
         return self.cache.contains(key)
 
     def cache_warm(self, keys: list[str]) -> int:
-        """Fill these keys now (waits); returns how many are cached afterwards."""
-        futures = [self.filler.request(k, "warm") for k in keys]
+        """Fill these keys now, each at its home (waits); returns how many are cached afterwards."""
+        import ray
+
+        here, away = self._elsewhere(keys)
+        refs = [peer.cache_warm.remote(ks) for home, ks in away.items() if (peer := self._peer(home)) is not None]
+        futures = [self.filler.request(k, "warm") for k in here]
         for f in futures:
             if f is not None:
                 f.result()
-        return sum(self.cache.contains(k) for k in keys)
+        return sum(self.cache.contains(k) for k in here) + sum(ray.get(refs))
 
     def prefetch(self, keys: list[str]) -> int:
-        """Queue fills ahead of a sequential reader; sheds them under load. Returns how many were queued."""
-        return sum(self.filler.request(k, "prefetch") is not None for k in keys)
+        """Queue fills ahead of a sequential reader, each at its home; sheds them under load.
+        Returns how many were queued here."""
+        here, away = self._elsewhere(keys)
+        for home, ks in away.items():
+            if (peer := self._peer(home)) is not None:
+                peer.prefetch.remote(ks)
+        return sum(self.filler.request(k, "prefetch") is not None for k in here)
 
     def _capacity(self) -> int:
         """The configured capacity; after a crash, the one set at run time (cache_resize) if any:
@@ -664,8 +686,12 @@ class StorageNode:
         return self.cache.stats()
 
     def heal(self, key: str) -> None:
-        """A reader found this key's entry damaged and dropped it: fetch it again."""
-        self.filler.request(key, "heal")
+        """A reader found this key's entry damaged and dropped it: fetch it again (at its home)."""
+        home = self._home_of(key)
+        if home == self.index:
+            self.filler.request(key, "heal")
+        elif (peer := self._peer(home)) is not None:
+            peer.heal.remote(key)
 
     def cache_scrub(self) -> int:
         """Verify every cache entry now; returns how many damaged ones were dropped."""

@@ -12,8 +12,9 @@ MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # pinned; see README
 JUPYTERLAB_VERSION="4.6.6"                            # pinned; `fasterfs notebook`
 DEPS="$ROOT/.deps"
 VENV="$ROOT/.venv"
-# chromium: the headless browser the dashboard's page test drives; fuse3: the mount; fio: its benchmark
-APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium fuse3 libfuse3-3 fio)
+# chromium: the headless browser the dashboard's page test drives; fuse3: the mount; fio: its benchmark;
+# s3fs, rclone: the peer mounts bench/mount_fio.py measures against
+APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium fuse3 libfuse3-3 fio s3fs rclone)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 

@@ -33,10 +33,23 @@ def test_synthetic_data_group():
     (["minio.tls=maybe"], "minio.tls"),
     (["cluster.insecure=1"], "cluster.insecure"),
     (["dashboard.require_token=never"], "dashboard.require_token"),
+    (["namespace.shed_read_ahead_above=150"], "namespace.shed_read_ahead_above"),
 ])
 def test_bad_option_named(override, culprit):
     with pytest.raises(FasterFSError, match=culprit):
         config.load(override)
+
+
+def test_read_ahead_is_shed_while_the_cpus_are_contended(tmp_path):
+    """CpuPressure reads the kernel's PSI line; the figure decides, once a second at most."""
+    from fasterfs.reader import CpuPressure
+
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=72.50 avg60=10.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert CpuPressure(50, str(psi)).busy() and not CpuPressure(80, str(psi)).busy()
+    assert not CpuPressure(50, str(tmp_path / "none")).busy()  # no PSI: never shed
+    real = CpuPressure(100)
+    assert real.busy() is False  # nothing waits more than 100% of the time
 
 
 def test_credentials_private_and_stable(tmp_path):

@@ -136,6 +136,40 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
         remove(cfg_of(), name)
 
 
+def _bytes_read() -> int:
+    """What this process has read through read(2)-like calls, sockets included (the kernel's
+    count, /proc/self/io rchar)."""
+    return int(next(line.split()[1] for line in open("/proc/self/io") if line.startswith("rchar:")))
+
+
+def test_small_random_reads_of_a_cold_chunk_fetch_ranges_the_kernel_counts(cfg_of, live_cluster, tmp_path):
+    """A random 4 KiB read of a chunk cached nowhere costs a ranged GET, not the 4 MiB chunk (the
+    kernel's count of this process' bytes read says so), and the kernel counts it as an access
+    of the chunk: the second makes it hot, and later reads come from the cache."""
+    data = os.urandom(8 * 2**20)
+    cfg = cfg_of("files.chunk_mb=4")
+    m = put(cfg, write(tmp_path / "src", data), "random/r.bin")
+    try:
+        actors = cluster.storage_nodes(live_cluster)
+        counts = [lambda i=i: ray.get(actors[m.chunk(i).nodes[0]].kernel_key_count.remote(
+            f"/{m.bucket}/{m.chunk(i).key}")) for i in range(2)]
+        assert [c() for c in counts] == [0, 0]
+        f = Namespace(cfg).open("random/r.bin")
+        before = _bytes_read()
+        for at in (1_000_001, 6_000_003):  # one per chunk, neither where the last read ended
+            assert f.read(at, 4096) == data[at:at + 4096]
+        assert _bytes_read() - before < 256 * 1024, "a 4 KiB random read fetched far more than its range"
+        assert [c() for c in counts] == [1, 1]  # each range GET counted as an access of its chunk
+        assert f.read(2_000_007, 4096) == data[2_000_007:2_000_007 + 4096]  # the second access: hot
+        home = actors[m.chunk(0).nodes[0]]
+        wait_until(lambda: ray.get(home.cache_contains.remote(m.chunk(0).key)), what="the hot chunk's fill")
+        assert f.read(3_000_009, 4096) == data[3_000_009:3_000_009 + 4096]
+        assert counts[0]() == 2  # served by the cache: no GET
+        f.close()
+    finally:
+        remove(cfg, "random/r.bin")
+
+
 def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_path, live_cluster):
     ingest_as("csv")
     m = put(cfg_of(), write(tmp_path / "f", b"abc" * 1000), "gc/f.bin")

@@ -305,6 +305,12 @@ def main():
         check("agent errno passed through (EACCES)", True)
         s = agent.stats()
         check("daemon stats passthrough_opens >= 1", s["passthrough_opens"] >= 1, s)
+        time.sleep(0.3)  # every handle of HOT released: the next open probes the backing anew
+        old = time.time() - 100
+        os.utime(backing, (old, old))
+        read_all(hp)
+        check("a passthrough open touches its backing (the cache's LRU)",
+              os.stat(backing).st_mtime > old + 50, os.stat(backing).st_mtime - old)
 
         print("mode switching:")
         agent.send({"op": "cold", "path": HOT})
@@ -449,6 +455,20 @@ def main():
         time.sleep(0.2)
         read_all(hp)
         check("hot msg for new version -> passthrough", agent.opens[HOT] == before + 1)
+        with open(hp, "rb") as held:  # held by passthrough while its file is replaced
+            agent.send({"op": "tree", "version": 3, "entries": [
+                {"path": HOT, "dir": False, "size": len(cold_bytes), "mtime_ns": now, "gen": "g2"}]})
+            time.sleep(1.2)
+            check("a new gen is a new inode", os.stat(hp).st_ino != ino, (os.stat(hp).st_ino, ino))
+            agent.contents[HOT] = cold_bytes
+            check("a new open reads the new file (agent)", read_all(hp) == cold_bytes)
+            check("the held handle keeps its bytes", held.read() == hot_bytes)
+        agent.contents[HOT] = hot_bytes  # back to the first file, hot, for what follows
+        agent.send({"op": "tree", "version": 4, "entries": [
+            {"path": HOT, "dir": False, "size": len(hot_bytes), "mtime_ns": now}]})
+        agent.send(dict(hot_msg, version=4))
+        time.sleep(1.2)
+        check("the old gen's inode again", os.stat(hp).st_ino == ino)
 
         print("read-only:")
         expect_errno(errno.EROFS, os.open, hp, os.O_WRONLY)

@@ -206,7 +206,10 @@ impl Shared {
         if let Some(b) = kept.filter(|b| b.hot.backing == hot.backing && b.hot.inode == hot.inode) {
             // Still the declared entry at its path (not evicted nor refilled)?
             match std::fs::metadata(&hot.backing) {
-                Ok(md) if md.ino() == hot.inode && md.len() == size => return Probe::Kept(b),
+                Ok(md) if md.ino() == hot.inode && md.len() == size => {
+                    touch(&hot.backing, &md);
+                    return Probe::Kept(b);
+                }
                 _ => return Probe::Cold,
             }
         }
@@ -216,6 +219,7 @@ impl Shared {
         };
         match f.metadata() {
             Ok(md) if md.is_file() && md.ino() == hot.inode && md.len() == size => {
+                touch(&hot.backing, &md);
                 Probe::Ready(f, hot)
             }
             _ => Probe::Cold,
@@ -275,6 +279,21 @@ impl Shared {
                 None
             }
             Probe::Cold => None,
+        }
+    }
+}
+
+/// A passthrough open is a read of the cache entry the agent never sees:
+/// move it up the cache's LRU order (its mtime; at most once a second, the
+/// cache's own rule for readers).
+fn touch(backing: &str, md: &std::fs::Metadata) {
+    let age = SystemTime::now()
+        .duration_since(md.modified().unwrap_or(SystemTime::UNIX_EPOCH))
+        .unwrap_or_default();
+    if age >= Duration::from_secs(1) {
+        if let Ok(p) = std::ffi::CString::new(backing) {
+            // SAFETY: a valid C string; NULL times means "now".
+            unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), std::ptr::null(), 0) };
         }
     }
 }

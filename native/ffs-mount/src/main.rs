@@ -39,7 +39,9 @@
 //!   hold: the tree version is V; B, opened O_RDONLY, is a regular file with
 //!   st_ino I and P's tree size; the marks do not say stale; no agent handle
 //!   of P's inode is open or being opened. Otherwise the open goes to the
-//!   agent. Stored entries of other versions stay but do not apply.
+//!   agent. Stored entries of other versions stay but do not apply. A
+//!   passthrough open sets B's mtime to now if it is a second old or more
+//!   (the cache's LRU order: such reads never reach the agent).
 //!   Marks (the last five fields) are checked only if "pin", "fetched_ns"
 //!   and at least one of "key"/"keys"/"bucket" are present (a file of
 //!   several chunks lists each chunk's key in "keys"). "pin" is a BPF map

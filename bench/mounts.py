@@ -1,0 +1,112 @@
+"""The mounts the benchmarks read through: FasterFS's own (native or the Python engine), run by
+the benchmark's process as a StorageNode runs one, and its peers, s3fs-fuse (`-o use_cache`)
+and rclone (`mount --vfs-cache-mode full`) of an object in a MinIO. Each is started by its
+pid, stopped by that pid, and its CPU time (the whole process tree) can be read.
+
+Peers get the MinIO keys in files of their own (0600, in the caller's directory), never on a
+command line.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fasterfs.mount_supervisor import is_mounted
+from fasterfs.process import terminate
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+class Mount:
+    """One mount at `point`, served by the process `proc` (and its children)."""
+
+    def __init__(self, name: str, point: Path, proc: subprocess.Popen, cache_dir: Path | None = None):
+        self.name, self.point, self.proc, self.cache_dir = name, point, proc, cache_dir
+
+    def wait_up(self, timeout: float = 60.0) -> "Mount":
+        deadline = time.monotonic() + timeout
+        while not is_mounted(str(self.point)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the {self.name} mount at {self.point} did not come up")
+            time.sleep(0.1)
+        return self
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the mount's process and its descendants, so far."""
+        return sum(_cpu_s(pid) for pid in _tree(self.proc.pid))
+
+    def stop(self) -> None:
+        subprocess.run(["fusermount3", "-u", "-z", str(self.point)], capture_output=True, timeout=30)
+        terminate(self.proc.pid, proc=self.proc)
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def fasterfs(point: Path, engine: str, overrides: list[str]) -> Mount:
+    """FasterFS's mount of the namespace, with `engine` (native | python)."""
+    point.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides, f"mount.engine={engine}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, FASTERFS_MOUNT_STATS=f"{point}.stats.json"))
+    return Mount(f"fasterfs {engine}", point, proc).wait_up()
+
+
+def s3fs(point: Path, endpoint: str, bucket: str, access: str, secret: str, work: Path) -> Mount:
+    """s3fs-fuse over `bucket` with its disk cache on (use_cache), read-only."""
+    point.mkdir(parents=True, exist_ok=True)
+    cache = work / "s3fs-cache"
+    cache.mkdir(exist_ok=True)
+    keys = work / "s3fs.passwd"
+    keys.touch(mode=0o600)
+    keys.write_text(f"{access}:{secret}\n")
+    proc = subprocess.Popen(["s3fs", bucket, str(point), "-f", "-o", f"passwd_file={keys}", "-o", f"url={endpoint}",
+                             "-o", "use_path_request_style", "-o", f"use_cache={cache}", "-o", "ro",
+                             "-o", "max_stat_cache_size=100000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return Mount("s3fs", point, proc, cache).wait_up()
+
+
+def rclone(point: Path, endpoint: str, bucket: str, access: str, secret: str, work: Path) -> Mount:
+    """rclone's mount of `bucket` with its full VFS cache (what it reads it keeps on disk)."""
+    point.mkdir(parents=True, exist_ok=True)
+    cache = work / "rclone-cache"
+    cache.mkdir(exist_ok=True)
+    conf = work / "rclone.conf"
+    conf.touch(mode=0o600)
+    conf.write_text(f"[minio]\ntype = s3\nprovider = Minio\naccess_key_id = {access}\n"
+                    f"secret_access_key = {secret}\nendpoint = {endpoint}\n")
+    proc = subprocess.Popen(["rclone", "mount", f"minio:{bucket}", str(point), "--read-only", "--vfs-cache-mode",
+                             "full", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, RCLONE_CONFIG=str(conf)))
+    return Mount("rclone", point, proc, cache).wait_up()
+
+
+def drop_page_cache() -> None:
+    """Every clean page out of the kernel's page cache (MinIO's disk files, cache entries, the
+    local copy alike): a cold read reads disks."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
