@@ -588,9 +588,9 @@ class ChunkCache:
         return self._drop(lambda name: True)
 
     def _drop(self, doomed: Callable[[str], bool]) -> int:
-        """Remove the entries `doomed` names, with every chunk of their file entries. A fill
-        under way is cancelled but keeps its reservation until its write ends: its bytes are
-        on disk until then."""
+        """Remove the entries `doomed` names, with every chunk of their file entries (those go
+        as evicted ones do: on_evict). A fill under way is cancelled but keeps its reservation
+        until its write ends: its bytes are on disk until then."""
         with self._lock:
             units = {self._unit(n) for n in self._sizes if doomed(n)}
             names = [n for n in self._sizes if self._unit(n) in units]
@@ -602,6 +602,9 @@ class ChunkCache:
                     self._forget(name)
         for path in paths:
             _remove(path)
+        for name in names:  # chunks that went with their file entry may become hot again
+            if not doomed(name) and self.on_evict:
+                self.on_evict(name)
         self.counters["removed"] += len(names)
         return len(names)
 

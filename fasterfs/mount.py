@@ -144,7 +144,7 @@ class Agent:
         try:
             op = m["op"]
             if op == "open":
-                self._send({"id": m["id"], **self._open(m["path"])})
+                self._send({"id": m["id"], **self._open(m["path"], m.get("gen"))})
             elif op == "read":
                 data = self._read(m["handle"], m["offset"], m["size"])
                 self._send({"id": m["id"], "len": len(data)}, data)
@@ -164,16 +164,21 @@ class Agent:
             log.error("%s of %s failed: %s", m.get("op"), m.get("path", m.get("handle")), e)
             self._send({"id": m["id"], "errno": errno.EIO})
 
-    def _open(self, path: str) -> dict:
+    def _open(self, path: str, gen: str | None = None) -> dict:
         """A handle for reads through here; and either what makes the file hot (the daemon then
         opens it by passthrough and releases the handle) or whether the kernel may keep its
-        pages (Namespace.may_keep_pages)."""
+        pages (Namespace.may_keep_pages). `gen`: the file's generation in the daemon's tree; if
+        the path is another file here now, the newer tree goes out first and the open fails
+        ESTALE (the kernel looks the path up again, finding the new file's inode)."""
         try:
             entry = self.ns.lookup(path)
         except FileNotFoundError:
             raise OSError(errno.ENOENT, path) from None
         if entry.is_dir:
             raise OSError(errno.EISDIR, path)
+        if gen is not None and entry.manifest.generation != gen:
+            self.send_tree()
+            raise OSError(errno.ESTALE, path)
         with self._lock:
             handle = next(self._ids)
             self._files[handle] = self.ns.open_entry(entry)

@@ -235,7 +235,8 @@ def test_a_files_chunks_fill_one_local_file_of_exactly_its_bytes(tmp_path):
 
 
 def test_dropping_one_chunk_unlinks_the_file_entry_under_an_open_reader(tmp_path):
-    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096])
+    evicted = []
+    c, m, places, blobs = _file_cache(tmp_path, [4096, 4096], on_evict=evicted.append)
     for ch, b in zip(m.chunks, blobs):
         c.put(ch.key, b)
     path = places[0].paths(tmp_path)[0]
@@ -243,6 +244,7 @@ def test_dropping_one_chunk_unlinks_the_file_entry_under_an_open_reader(tmp_path
         assert c.remove(m.chunks[1].key)
         assert not path.exists() and not path.with_suffix(cache.INDEX_SUFFIX).exists()
         assert not c.contains(m.chunks[0].key) and c.used == 0
+        assert evicted == [cache.entry_name(m.chunks[0].key)]  # went with it: its kernel count is reset
         c.put(m.chunks[0].key, b"Z" * 4096)  # a refill makes a new file: the open one is untouched
         assert reader.read() == b"".join(blobs)
 

@@ -463,6 +463,7 @@ def main():
             agent.contents[HOT] = cold_bytes
             check("a new open reads the new file (agent)", read_all(hp) == cold_bytes)
             check("the held handle keeps its bytes", held.read() == hot_bytes)
+            check("... and its attributes", os.fstat(held.fileno()).st_size == len(hot_bytes))
         agent.contents[HOT] = hot_bytes  # back to the first file, hot, for what follows
         agent.send({"op": "tree", "version": 4, "entries": [
             {"path": HOT, "dir": False, "size": len(hot_bytes), "mtime_ns": now}]})

@@ -186,8 +186,14 @@ impl Shared {
         }
     }
 
-    fn tree(&self) -> Arc<Tree> {
+    pub fn tree(&self) -> Arc<Tree> {
         self.tree.read().unwrap().clone()
+    }
+
+    /// Inodes with handles open (or opens under way).
+    pub fn open_inodes(&self) -> std::collections::HashSet<u64> {
+        let st = self.opens.lock().unwrap();
+        st.inodes.iter().filter(|(_, io)| io.pt_count + io.agent_count > 0).map(|(&i, _)| i).collect()
     }
 
     /// Ready with the backing file if `path` is hot for tree `version`, its
@@ -409,7 +415,9 @@ impl Filesystem for FuseFs {
         let s = &self.0;
         let t = s.tree();
         let Some(node) = t.nodes.get(&ino.0) else {
-            return reply.error(Errno::ENOENT);
+            // A file replaced or removed: the kernel's retry looks its path up again.
+            let gone = t.orphans.contains_key(&ino.0);
+            return reply.error(if gone { Errno::ESTALE } else { Errno::ENOENT });
         };
         if node.dir {
             return reply.error(Errno::EISDIR);
@@ -503,7 +511,7 @@ impl Filesystem for FuseFs {
                 }
             })
         };
-        let req = json!({"op": "open", "path": node.path});
+        let req = json!({"op": "open", "path": node.path, "gen": node.gen});
         let r = match s.agent.call_with(req, Some(hook)) {
             Ok(r) => r,
             Err(e) => {

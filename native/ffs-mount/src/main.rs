@@ -29,6 +29,9 @@
 //!   become directories, entries below a file are dropped. A path keeps its
 //!   inode number across trees while its G (a string) stays the same; a new G
 //!   is a new inode, and the old one's entry is invalidated in the kernel.
+//!   A file inode that leaves the tree keeps its attributes while open (and
+//!   until the next tree); opening it fails with ESTALE (the kernel looks
+//!   the path up again and retries).
 //!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Files are 0444, directories 0555, owner root.
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
@@ -82,7 +85,9 @@
 //! --threads requests are outstanding at once. Reply in any order.
 //! {"id":N,"errno":E} fails any request with errno E (E > 0, else EIO).
 //!
-//! {"op":"open","path":P,"id":N} (read-only opens only)
+//! {"op":"open","path":P,"gen":G,"id":N} (read-only opens only)
+//!   G is P's "gen" in the daemon's tree: an agent whose P is another file
+//!   now fails the open with ESTALE, after sending the newer tree.
 //!   -> {"id":N,"handle":H} with optionally
 //!      "keep_cache":true  the kernel keeps the pages it has cached for P
 //!                         (else it drops them at this open);
@@ -232,7 +237,9 @@ fn reader(
                 }
             }
             Some("tree") => {
-                let t = Arc::new(Tree::from_msg(&v, &mut inos));
+                let mut t = Tree::from_msg(&v, &mut inos);
+                t.keep_orphans(&s.tree(), &s.open_inodes());
+                let t = Arc::new(t);
                 let old = std::mem::replace(&mut *s.tree.write().unwrap(), t.clone());
                 // Not from this thread: an invalidation waits for the directory
                 // locks of requests in flight, which may wait for a reply that

@@ -7,7 +7,7 @@
 //! local disk: handles open on the old one keep reading it), and an inode is
 //! never handed to another path (the kernel may still cache old ones).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo};
@@ -15,12 +15,14 @@ use serde_json::Value;
 
 pub const ROOT_INO: u64 = 1;
 
+#[derive(Clone)]
 pub struct Node {
     pub path: String,
     pub parent: u64,
     pub dir: bool,
     pub size: u64,
     pub mtime_ns: i64,
+    pub gen: String,
 }
 
 pub struct Tree {
@@ -28,6 +30,11 @@ pub struct Tree {
     pub nodes: HashMap<u64, Node>,
     /// Directory inode -> children by name (BTreeMap: stable readdir order).
     pub children: HashMap<u64, BTreeMap<String, u64>>,
+    /// Files gone from the tree (replaced or removed) in its last change, or
+    /// still open: no name leads to them, but their attributes stay (fstat
+    /// of an open handle, a getattr racing the change); opening one fails
+    /// with ESTALE, so the kernel looks the path up again.
+    pub orphans: HashMap<u64, Node>,
 }
 
 pub struct InoMap {
@@ -75,11 +82,23 @@ impl Tree {
             .collect()
     }
 
+    /// Keep as orphans what `old` had and this tree lacks: all of it that
+    /// just went, and of its orphans those still `open`.
+    pub fn keep_orphans(&mut self, old: &Tree, open: &HashSet<u64>) {
+        let gone = old.nodes.iter().chain(old.orphans.iter().filter(|(i, _)| open.contains(i)));
+        for (&ino, n) in gone {
+            if !self.nodes.contains_key(&ino) && !n.dir {
+                self.orphans.insert(ino, n.clone());
+            }
+        }
+    }
+
     pub fn empty() -> Tree {
         let mut t = Tree {
             version: 0,
             nodes: HashMap::new(),
             children: HashMap::new(),
+            orphans: HashMap::new(),
         };
         t.nodes.insert(
             ROOT_INO,
@@ -89,6 +108,7 @@ impl Tree {
                 dir: true,
                 size: 0,
                 mtime_ns: 0,
+                gen: String::new(),
             },
         );
         t.children.insert(ROOT_INO, BTreeMap::new());
@@ -149,6 +169,7 @@ impl Tree {
                             dir: true,
                             size: 0,
                             mtime_ns: mtime,
+                            gen: String::new(),
                         },
                     ),
                 }
@@ -163,6 +184,7 @@ impl Tree {
                     dir,
                     size,
                     mtime_ns: mtime,
+                    gen: gen.clone(),
                 },
             );
         }
@@ -179,7 +201,7 @@ impl Tree {
     }
 
     pub fn attr(&self, ino: u64) -> Option<FileAttr> {
-        let n = self.nodes.get(&ino)?;
+        let n = self.nodes.get(&ino).or_else(|| self.orphans.get(&ino))?;
         let t = if n.mtime_ns >= 0 {
             UNIX_EPOCH + Duration::from_nanos(n.mtime_ns as u64)
         } else {
