@@ -45,7 +45,7 @@ FIO_RANDOM_S = 10      # each random-read run is bounded in time ...
 FIO_RANDOM_BYTES = 64 << 20  # ... and in bytes
 PEER_BUCKET = "ffs-bench-peers"
 SMALL = "BENCH_SMALL"
-ROW_BYTES = 750        # a synthetic LOBSTER row (message + 10-level book) in CSV, about
+ROW_BYTES = 290        # a synthetic LOBSTER row (message + 10-level book) in CSV, about
 
 
 def fio(path: Path, rw: str, bs: str) -> dict:
@@ -186,7 +186,9 @@ class Run:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(copy, range(len(m))))
         self.warm_fasterfs(m)
-        roots = {"local": local / SMALL, **{name: mnt.point / SMALL for name, mnt in self.mounts.items()}}
+        self.restart_peers_empty()  # they listed the bucket before these objects were there
+        roots = {"local": local / SMALL / "chunks",
+                 **{name: mnt.point / SMALL / "chunks" for name, mnt in self.mounts.items()}}
         out = {}
         for name, root in roots.items():
             find_cat(root)  # the first pass fills the peers' caches and the kernel's dentries

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from fasterfs.mount_supervisor import is_mounted
+from fasterfs import config
+from fasterfs.mount_supervisor import is_mounted, set_read_ahead
 from fasterfs.process import terminate
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -71,7 +72,9 @@ def fasterfs(point: Path, engine: str, overrides: list[str]) -> Mount:
     proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides, f"mount.engine={engine}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env=dict(os.environ, FASTERFS_MOUNT_STATS=f"{point}.stats.json"))
-    return Mount(f"fasterfs {engine}", point, proc).wait_up()
+    mount = Mount(f"fasterfs {engine}", point, proc).wait_up()
+    set_read_ahead(str(point), int(config.load(overrides).mount.read_ahead_kb))  # as a StorageNode's mount has
+    return mount
 
 
 def s3fs(point: Path, endpoint: str, bucket: str, access: str, secret: str, work: Path) -> Mount:
@@ -85,7 +88,8 @@ def s3fs(point: Path, endpoint: str, bucket: str, access: str, secret: str, work
     proc = subprocess.Popen(["s3fs", bucket, str(point), "-f", "-o", f"passwd_file={keys}", "-o", f"url={endpoint}",
                              "-o", "use_path_request_style", "-o", f"use_cache={cache}", "-o", "ro",
                              "-o", "max_stat_cache_size=100000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=_peer_env())
     return Mount("s3fs", point, proc, cache).wait_up()
 
 
@@ -101,8 +105,14 @@ def rclone(point: Path, endpoint: str, bucket: str, access: str, secret: str, wo
     proc = subprocess.Popen(["rclone", "mount", f"minio:{bucket}", str(point), "--read-only", "--vfs-cache-mode",
                              "full", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=dict(os.environ, RCLONE_CONFIG=str(conf)))
+                            env=_peer_env(RCLONE_CONFIG=str(conf)))
     return Mount("rclone", point, proc, cache).wait_up()
+
+
+def _peer_env(**extra) -> dict:
+    """This environment without AWS_*: FasterFS points AWS_CA_BUNDLE at its cluster CA, which the
+    peers would try to load for a plain-HTTP MinIO (rclone refuses to start)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **extra}
 
 
 def drop_page_cache() -> None:

@@ -165,6 +165,38 @@ def _open(path: Path, place: Place | None) -> tuple[int, os.stat_result, Header 
     return fd, st, slot[0] if st.st_size == place.file_size else None
 
 
+def filled(path, places: list[Place]) -> tuple[int, list[Header | None]] | None:
+    """The inode of the file entry at `path` and, for each of `places` (chunks of its file),
+    the header of its filled slot of this boot (None: not filled); None if there is no entry,
+    or it was replaced while we looked (one read of the index for them all)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        try:
+            raw = Path(path).with_suffix(INDEX_SUFFIX).read_bytes()
+        except FileNotFoundError:
+            raw = b""
+    finally:
+        os.close(fd)
+    try:
+        if os.stat(path).st_ino != st.st_ino:
+            return None  # a new file entry took its place: its index may be the one just read
+    except FileNotFoundError:
+        return None
+    out: list[Header | None] = []
+    for p in places:
+        slot = raw[p.index * SLOT.size:(p.index + 1) * SLOT.size]
+        header = None
+        if st.st_size == p.file_size and len(slot) == SLOT.size and slot.startswith(MAGIC):
+            head, offset, _ = SLOT.unpack(slot)
+            header = Header.parse(head, p.size) if offset == p.offset else None
+        out.append(header if header is not None and header.boot == BOOT else None)
+    return st.st_ino, out
+
+
 def _remove(path: Path) -> None:
     """Unlink an entry's file, and a file entry's index after it (a reader that opened the
     file then finds no slot: a miss)."""

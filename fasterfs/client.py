@@ -131,6 +131,23 @@ class Client:
         """The file in `node`'s cache holding chunk i: its own entry, or its file's."""
         return self._paths[node][i]
 
+    def cached_parts(self, ids) -> tuple[str, int, list[int], int, int] | None:
+        """Chunks `ids` of a stored file of several chunks, as far as its file entry on this host
+        holds them: the entry's path and inode, the ids it holds, their oldest fill time and the
+        entry's node; None if there is no entry. Not checked against the stale marks: whoever
+        reads the entry on the strength of this checks them (the mount's daemon does)."""
+        places = [self._places[i] for i in ids]
+        if not ids or places[0] is None or not self.use_cache:
+            return None
+        for node in self._caches[ids[0]]:
+            path = self.cache_path(node, ids[0])
+            got = cache.filled(path, places)
+            if got is not None:
+                inode, headers = got
+                have = [(i, h.fetched_ns) for i, h in zip(ids, headers) if h is not None]
+                return path, inode, [i for i, _ in have], min((f for _, f in have), default=0), node
+        return None
+
     def mark_keys(self, ids) -> tuple[list[int], int]:
         """What the kernel's stale marks of chunks `ids` are kept under: their keys' hashes and
         the bucket's (a bucket-wide write marks the bucket)."""

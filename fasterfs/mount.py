@@ -56,10 +56,12 @@ class Agent:
     """The daemon's other half: the namespace, opens and reads of what is not hot."""
 
     REFRESH_AT_MOST_S = 0.1  # programs probing for names that do not exist cost a Registry call this often
+    CACHED_EVERY_S = 0.1     # how often a handle's reads look for newly cached parts of its file
 
     def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8):
         self.ns, self.sock = ns, sock
         self._files: dict[int, OpenFile] = {}
+        self._told: dict[int, tuple[float, int]] = {}  # handle -> when, and how many chunks, "cached" was sent
         self._ids = itertools.count(1)
         self._lock = threading.Lock()        # _files
         self._send_lock = threading.Lock()   # whole messages on the socket
@@ -117,6 +119,26 @@ class Agent:
         return {"version": self._sent_version, "backing": backing[0], "inode": backing[1],
                 "fetched_ns": min(fetched), "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
 
+    def _cached(self, entry: Entry) -> dict | None:
+        """The parts of `entry` (a stored file of several chunks) that its file entry in this
+        host's cache holds, at the same offsets: the daemon reads those itself."""
+        client = self.ns.client(entry.manifest)
+        got = client.cached_parts(entry.chunk_ids) if len(entry.chunk_ids) > 1 else None
+        if got is None or not got[2]:
+            return None
+        path, inode, have, fetched, node = got
+        held, ranges = set(have), []
+        for k, i in enumerate(entry.chunk_ids):  # a file's chunks, in order: file offsets are entry offsets
+            if i in held:
+                start, end = entry.starts[k], entry.starts[k] + entry.manifest.chunks[i].bytes
+                if ranges and ranges[-1][1] == start:
+                    ranges[-1][1] = end
+                else:
+                    ranges.append([start, end])
+        keys, bucket = client.mark_keys(have)
+        return {"backing": path, "inode": inode, "ranges": ranges, "fetched_ns": fetched,
+                "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
+
     def _declare_hot(self, entry: Entry) -> None:
         hot = self._hot(entry)
         if hot is not None:
@@ -147,7 +169,8 @@ class Agent:
                 self._send({"id": m["id"], **self._open(m["path"], m.get("gen"))})
             elif op == "read":
                 data = self._read(m["handle"], m["offset"], m["size"])
-                self._send({"id": m["id"], "len": len(data)}, data)
+                cached = self._cached_since(m["handle"])
+                self._send({"id": m["id"], "len": len(data), **({"cached": cached} if cached else {})}, data)
             elif op == "refresh":  # a name the daemon's tree lacks, or a hot file marked stale: newer?
                 if m.get("why") == "stale" or time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
                     self._refreshed = time.monotonic()
@@ -185,7 +208,26 @@ class Agent:
         hot = self._hot(entry)
         if hot is not None:
             return {"handle": handle, "hot": hot}
-        return {"handle": handle, "keep_cache": self.ns.may_keep_pages(entry)}
+        cached = self._cached(entry)
+        with self._lock:
+            self._told[handle] = (time.monotonic(), len(cached["keys"]) if cached else 0)
+        return {"handle": handle, "keep_cache": self.ns.may_keep_pages(entry), **({"cached": cached} if cached else {})}
+
+    def _cached_since(self, handle: int) -> dict | None:
+        """What the daemon may now read itself of this handle's file, if more than it was told
+        (looked at most every CACHED_EVERY_S per handle: fills land while a file is read)."""
+        with self._lock:
+            told = self._told.get(handle)
+            f = self._files.get(handle)
+            if told is None or f is None or time.monotonic() - told[0] < self.CACHED_EVERY_S:
+                return None
+            self._told[handle] = (time.monotonic(), told[1])
+        cached = self._cached(f.entry)
+        if cached is None or len(cached["keys"]) <= told[1]:
+            return None
+        with self._lock:
+            self._told[handle] = (time.monotonic(), len(cached["keys"]))
+        return cached
 
     def _read(self, handle: int, offset: int, size: int) -> bytes:
         f = self._files.get(handle)
@@ -196,6 +238,7 @@ class Agent:
     def _release(self, handle: int) -> None:
         with self._lock:
             f = self._files.pop(handle, None)
+            self._told.pop(handle, None)
         if f is not None:
             self._declare_hot(f.entry)  # read through: its chunk may be cached by now
             f.close()

@@ -29,6 +29,18 @@ def is_mounted(path: str) -> bool:
         return any(line.split()[1].replace("\\040", " ") == real for line in f)
 
 
+def set_read_ahead(mount_point: str, kb: int) -> None:
+    """The kernel reads ahead 128 KiB on a FUSE mount by default: a request per 128 KiB
+    through the daemon. Chunks are MiBs; a larger window measured 1.7x the first read of
+    cached chunks (README)."""
+    dev = os.stat(mount_point).st_dev
+    knob = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    try:
+        knob.write_text(str(kb))
+    except OSError as e:
+        log.warning("could not set %s to %d (reads stay at the kernel's window): %s", knob, kb, e)
+
+
 def _detach(path: str) -> None:
     subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, timeout=30)
 
@@ -110,7 +122,7 @@ class Mounts:
             time.sleep(0.1)
         self._procs[real] = proc
         self._save()
-        self._set_read_ahead(real)
+        set_read_ahead(real, self.read_ahead_kb)
         return real
 
     @staticmethod
@@ -120,17 +132,6 @@ class Mounts:
     def _stats_file(self, real: str) -> Path:
         """Where the mount's agent writes its daemon's counters (what passthrough hides from it)."""
         return self.log_dir / f"mount-{self._slug(real)}.stats.json"
-
-    def _set_read_ahead(self, real: str) -> None:
-        """The kernel reads ahead 128 KiB on a FUSE mount by default: a request per 128 KiB
-        through the daemon. Chunks are MiBs; a larger window measured 1.7x the first read of
-        cached chunks (README)."""
-        dev = os.stat(real).st_dev
-        knob = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
-        try:
-            knob.write_text(str(self.read_ahead_kb))
-        except OSError as e:
-            log.warning("could not set %s to %d (reads stay at the kernel's window): %s", knob, self.read_ahead_kb, e)
 
     def unmount(self, path: str) -> bool:
         with self._lock:

@@ -46,12 +46,62 @@ impl Hot {
     }
 }
 
+/// Byte ranges of an agent-opened file that lie at the same offsets in a
+/// local file (a file entry of the cache, partly filled): reads inside them
+/// are served from it here, the rest go to the agent.
+pub struct Cached {
+    file: File,
+    ranges: Vec<(u64, u64)>, // [start, end), sorted
+}
+
+impl Cached {
+    /// From the "cached" object of an open or read reply: None unless the
+    /// backing opens as a regular file with the declared inode and the marks
+    /// do not say stale.
+    fn from_msg(v: &Value, pins: &Pins) -> Option<Cached> {
+        let inode = v.get("inode")?.as_u64()?;
+        let file = File::open(v.get("backing")?.as_str()?).ok()?;
+        let md = file.metadata().ok()?;
+        if !md.is_file() || md.ino() != inode {
+            return None;
+        }
+        if Marks::from_msg(v).is_some_and(|m| pins.stale(&m)) {
+            return None;
+        }
+        let mut ranges: Vec<(u64, u64)> = v
+            .get("ranges")?
+            .as_array()?
+            .iter()
+            .filter_map(|r| Some((r.get(0)?.as_u64()?, r.get(1)?.as_u64()?)))
+            .filter(|&(a, b)| a < b && b <= md.len())
+            .collect();
+        ranges.sort_unstable();
+        Some(Cached { file, ranges })
+    }
+
+    /// The bytes [offset, offset+size) (cut at `file_size`) if they are all
+    /// inside one range; else None.
+    fn read(&self, offset: u64, size: u32, file_size: u64) -> Option<io::Result<Vec<u8>>> {
+        let end = (offset + size as u64).min(file_size);
+        let k = self.ranges.partition_point(|&(a, _)| a <= offset).checked_sub(1)?;
+        let (_, b) = self.ranges[k];
+        if end > b || offset >= end {
+            return None;
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        Some(self.file.read_exact_at(&mut buf, offset).map(|_| buf))
+    }
+}
+
 #[derive(Default)]
 pub struct Stats {
     pub passthrough_opens: AtomicU64,
     pub agent_opens: AtomicU64,
     pub reads_forwarded: AtomicU64,
     pub bytes_forwarded: AtomicU64,
+    /// Reads of agent-opened files served from their "cached" ranges here.
+    pub reads_cached: AtomicU64,
+    pub bytes_cached: AtomicU64,
     pub lookups: AtomicU64,
     pub getattrs: AtomicU64,
     pub readdirs: AtomicU64,
@@ -69,6 +119,8 @@ impl Stats {
             "agent_opens": self.agent_opens.load(Relaxed),
             "reads_forwarded": self.reads_forwarded.load(Relaxed),
             "bytes_forwarded": self.bytes_forwarded.load(Relaxed),
+            "reads_cached": self.reads_cached.load(Relaxed),
+            "bytes_cached": self.bytes_cached.load(Relaxed),
             "lookups": self.lookups.load(Relaxed),
             "getattrs": self.getattrs.load(Relaxed),
             "readdirs": self.readdirs.load(Relaxed),
@@ -100,7 +152,7 @@ enum Probe {
 
 enum Handle {
     Passthrough { ino: u64, b: Arc<Backing> },
-    Agent { ino: u64, h: Value },
+    Agent { ino: u64, h: Value, size: u64, cached: Option<Arc<Cached>> },
 }
 
 /// Per-inode open modes. The kernel fails a non-passthrough open while a
@@ -535,7 +587,9 @@ impl Filesystem for FuseFs {
                 return;
             }
         }
-        let fh = s.opens.lock().unwrap().add_handle(Handle::Agent { ino, h });
+        let cached = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)).map(Arc::new);
+        let handle = Handle::Agent { ino, h, size: node.size, cached };
+        let fh = s.opens.lock().unwrap().add_handle(handle);
         s.stats.agent_opens.fetch_add(1, Relaxed);
         // Without KEEP_CACHE the kernel drops the file's cached pages at this
         // open; with it the agent vouches that they are still right. Never on
@@ -560,11 +614,21 @@ impl Filesystem for FuseFs {
         reply: ReplyData,
     ) {
         let s = &self.0;
-        let (agent_h, backing) = match s.opens.lock().unwrap().handles.get(&fh.0) {
-            Some(Handle::Agent { h, .. }) => (Some(h.clone()), None),
-            Some(Handle::Passthrough { b, .. }) => (None, Some(b.clone())),
+        let (agent_h, backing, cached, file_size) = match s.opens.lock().unwrap().handles.get(&fh.0) {
+            Some(Handle::Agent { h, cached, size, .. }) => (Some(h.clone()), None, cached.clone(), *size),
+            Some(Handle::Passthrough { b, .. }) => (None, Some(b.clone()), None, 0),
             None => return reply.error(Errno::EBADF),
         };
+        if let Some(got) = cached.and_then(|c| c.read(offset, size, file_size)) {
+            return match got {
+                Ok(buf) => {
+                    s.stats.reads_cached.fetch_add(1, Relaxed);
+                    s.stats.bytes_cached.fetch_add(buf.len() as u64, Relaxed);
+                    reply.data(&buf)
+                }
+                Err(e) => reply.error(e.into()),
+            };
+        }
         if let Some(b) = backing {
             // The kernel reads passthrough files itself; this is just a safety net.
             let mut buf = vec![0u8; size as usize];
@@ -580,6 +644,12 @@ impl Filesystem for FuseFs {
                 s.stats.reads_forwarded.fetch_add(1, Relaxed);
                 s.stats.bytes_forwarded.fetch_add(n as u64, Relaxed);
                 reply.data(&r.data[..n]);
+                // More of the file cached since: later reads there are ours.
+                if let Some(c) = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)) {
+                    if let Some(Handle::Agent { cached, .. }) = s.opens.lock().unwrap().handles.get_mut(&fh.0) {
+                        *cached = Some(Arc::new(c));
+                    }
+                }
             }
             Err(e) => reply.error(err(e)),
         }
@@ -624,7 +694,7 @@ impl Filesystem for FuseFs {
                 st.gc(ino);
                 None
             }
-            Some(Handle::Agent { ino, h }) => {
+            Some(Handle::Agent { ino, h, .. }) => {
                 if let Some(io) = st.inodes.get_mut(&ino) {
                     io.agent_count -= 1;
                 }

@@ -72,7 +72,8 @@
 //!   bytes_forwarded, lookups, getattrs, readdirs, stale_refused (opens
 //!   whose marks said stale, whatever then happened), hot_from_open_reply
 //!   (opens made passthrough by their open reply's "hot"; also counted in
-//!   passthrough_opens, not in agent_opens).
+//!   passthrough_opens, not in agent_opens), reads_cached, bytes_cached
+//!   (reads of agent handles served from their "cached" ranges).
 //!
 //! Messages are applied in stream order by one reader thread, and an open
 //! reply's "hot" at its place in that order. Unknown ops are logged and
@@ -97,12 +98,21 @@
 //!                         then, if this open can now be passthrough, it is
 //!                         (no keep_cache) and H is released right away,
 //!                         having served no read; else H is used as usual.
+//!      "cached":{"backing":B,"inode":I,"ranges":[[S,E],...],"pin":S,
+//!                "keys":[K...],"bucket":K2,"fetched_ns":F}
+//!                         bytes [S,E) of P are the same bytes at the same
+//!                         offsets of the local file B (st_ino I); the
+//!                         daemon reads those itself for this handle (only
+//!                         a read inside one range). Taken only if B opens
+//!                         with inode I and the marks (as for "hot") do
+//!                         not say stale; ranges past B's size are dropped.
 //!   H is any JSON value (null if absent), echoed back verbatim.
 //!
 //! {"op":"read","handle":H,"offset":O,"size":S,"id":N}
 //!   -> {"id":N,"len":L} + L raw bytes. L < S means end of file; bytes
 //!   beyond S are read off the socket and dropped. Never put "len" in any
-//!   other reply without the bytes.
+//!   other reply without the bytes. A "cached" object (as in the open
+//!   reply) replaces the handle's.
 //!
 //! {"op":"refresh","id":N} or {"op":"refresh","why":"stale","id":N} -> {"id":N}
 //!   A lookup found no such name, or (why "stale") an open found a hot
