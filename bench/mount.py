@@ -1,7 +1,6 @@
 """Unmodified readers on hot data, side by side in one run: per-file open().read() of every chunk
-file of the dataset ingested last, through the native mount (passthrough for hot files), through
-the former all-Python mount (`mount.engine=python`), with the client's `read_chunk`, from MinIO
-direct, and from a local copy of the same bytes (the floor). Every chunk is in the caches
+file of the dataset ingested last, through the mount (passthrough for hot files), with the
+client's `read_chunk`, from MinIO direct, and from a local copy of the same bytes (the floor). Every chunk is in the caches
 (`cache warm`) and read through each path twice before the timed rounds; rounds interleave the
 paths so the machine's drift falls on all of them.
 
@@ -51,7 +50,7 @@ def main(argv: list[str]) -> dict:
     for i, name in zip(ids, names):
         (copies / name).write_bytes(cold.read_chunk(i))
     overrides = [f"cluster.name={state.name}", f"cluster.root={state.root}", f"cluster.ray_address={state.ray_address}"]
-    started = {engine: mounts.fasterfs(work / engine, engine, overrides) for engine in ("native", "python")}
+    mount = mounts.fasterfs(work / "mnt", overrides)
     try:
         def reader(directory: Path):
             files = [directory / m.name / "chunks" / name for name in names]
@@ -60,8 +59,7 @@ def main(argv: list[str]) -> dict:
                 with open(files[k], "rb") as f:
                     return f.read()
             return read
-        paths = {"local copy": reader(local), "native mount": reader(started["native"].point),
-                 "python mount": reader(started["python"].point),
+        paths = {"local copy": reader(local), "native mount": reader(mount.point),
                  "client read_chunk": lambda k: client.read_chunk(ids[k]),
                  "MinIO direct": lambda k: cold.read_chunk(ids[k])}
         for name, read in paths.items():  # twice each: the native mount declares files hot at the first
@@ -73,10 +71,9 @@ def main(argv: list[str]) -> dict:
             for name, read in paths.items():
                 lat[name] += report.timed(read, range(len(ids)))
         time.sleep(2)  # the agent writes its daemon's counters every second
-        counts = {"native": json.loads(Path(f"{started['native'].point}.stats.json").read_text())}
+        counts = {"native": json.loads(Path(f"{mount.point}.stats.json").read_text())}
     finally:
-        for mount in started.values():
-            mount.stop()
+        mount.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
     stats = {name: report.quantiles(xs) for name, xs in lat.items()}
     floor = stats["local copy"]["p50_ms"]

@@ -1,7 +1,6 @@
 """Unmodified programs reading FasterFS, side by side in one run (issue 28's benchmarks): through
-FasterFS's native mount, its Python mount, s3fs-fuse (`-o use_cache`) and rclone (`mount
---vfs-cache-mode full`) mounts of the same bytes in the same MinIO (node 0's), and from a local
-copy on this disk.
+FasterFS's mount, s3fs-fuse (`-o use_cache`) and rclone (`mount --vfs-cache-mode full`) mounts of
+the same bytes in the same MinIO (node 0's), and from a local copy on this disk.
 
 1. fio (Debian's) on a file of bench.file_mb (1024) stored with `put` (and, for the peers, as
    one object), sequential 1 MiB and random 4 KiB (bounded in time):
@@ -10,6 +9,7 @@ copy on this disk.
    - first read of cached bytes: FasterFS's caches filled (`cache warm`), the peers' by their
      cold read; the page cache dropped; against the local copy read after the same drop;
    - repeated: read again at once, against the local copy read again.
+   Each figure is the median of bench.io_rounds (3) rounds of all of these; min and max are kept.
 2. `find` + `cat` of bench.small_files (10,000) files of about 4 KiB (a dataset of tiny
    chunks; the same files as objects for the peers), hot (the second pass), against a copy.
 3. Each mount's CPU seconds (all its processes, from /proc) per GB read, per phase.
@@ -20,8 +20,10 @@ Writes mount_io.json to <output_dir>/bench-mount-io-<time>/ and prints a table.
 """
 from __future__ import annotations
 
+import collections
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,14 +85,15 @@ class Run:
         self.keys = credentials.load(Paths(Path(self.state.root)).credentials_file).admin
         self.endpoint = self.state.nodes[0].endpoint
         self.mounts: dict[str, mounts.Mount] = {}
+        self.capacities: list[int] = []
+        self._cpu: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
         self.result: dict = {"file_mb": int(self.cfg.bench.file_mb), "chunk_mb": self.cfg.files.chunk_mb,
-                             "nodes": len(self.state.nodes), "fio": {}, "cpu_s_per_gb": {}}
+                             "nodes": len(self.state.nodes), "fio": {}, "fio_min_max": {}, "cpu_s_per_gb": {}}
 
     def start_mounts(self) -> None:
         own = [f"cluster.name={self.state.name}", f"cluster.root={self.state.root}",
                f"cluster.ray_address={self.state.ray_address}"]
-        for engine in ("native", "python"):
-            self.mounts[engine] = mounts.fasterfs(self.work / engine, engine, own)
+        self.mounts["fasterfs"] = mounts.fasterfs(self.work / "fasterfs", own)
         peer = (self.endpoint, PEER_BUCKET, self.keys.access_key, self.keys.secret_key, self.work)
         self.mounts["s3fs"] = mounts.s3fs(self.work / "s3fs", *peer)
         self.mounts["rclone"] = mounts.rclone(self.work / "rclone", *peer)
@@ -112,17 +115,25 @@ class Run:
         report.wait_for_fills(self.actors, len(manifest), timeout=600)
 
     def measured(self, name: str, phase: str, fn) -> dict:
-        """fn() -> {"bytes": ...}, with the mount's CPU seconds per GB read added."""
+        """fn() -> {"bytes": ...}; the mount's CPU seconds are added up per phase."""
         mount = self.mounts.get(name)
         before = mount.cpu_s() if mount else 0.0
         row = fn()
         if mount:
-            row["cpu_s_per_gb"] = (mount.cpu_s() - before) / max(row["bytes"], 1) * 1e9
-            self.result["cpu_s_per_gb"].setdefault(name, {})[phase] = row["cpu_s_per_gb"]
+            self._cpu[(name, phase)][0] += mount.cpu_s() - before
+            self._cpu[(name, phase)][1] += row["bytes"]
         return row
+
+    def room_for(self, nbytes: int) -> None:
+        """Caches large enough for `nbytes` (a 1 GiB file does not fit cache.capacity_mb=1024,
+        which counts decimal MB); close() gives back the capacities they had."""
+        rows = ray.get([a.cache_status.remote() for a in self.actors])
+        self.capacities = [r["capacity"] for r in rows]
+        ray.get([a.cache_resize.remote(max(c, 2 * nbytes)) for a, c in zip(self.actors, self.capacities)])
 
     def big_file(self) -> None:
         size_mb = int(self.cfg.bench.file_mb)
+        self.room_for(size_mb * 2**20)
         local = self.work / "local.bin"
         rng = np.random.default_rng(1)
         with open(local, "wb") as f:
@@ -143,28 +154,31 @@ class Run:
         self.result["client_cold_mb_s"] = local.stat().st_size / 1e6 / (time.perf_counter() - t)
 
         for rw, bs in (("read", "1M"), ("randread", "4k")):
-            rows: dict[str, dict] = {}
-            mounts.drop_page_cache()
-            rows["local: cold"] = fio(local, rw, bs)
-            rows["local: repeated"] = fio(local, rw, bs)
-            self.clear_fasterfs()
-            self.restart_peers_empty()
-            for name, path in paths.items():
+            runs: dict[str, list[float]] = collections.defaultdict(list)
+            for _ in range(int(self.cfg.bench.io_rounds)):
                 mounts.drop_page_cache()
-                rows[f"{name}: cold"] = self.measured(name, f"{rw} cold", lambda: fio(path, rw, bs))
-            self.warm_fasterfs(manifest)
-            for name, path in paths.items():
-                mounts.drop_page_cache()
-                rows[f"{name}: first read of cached"] = self.measured(name, f"{rw} cached",
-                                                                      lambda: fio(path, rw, bs))
-                rows[f"{name}: repeated"] = self.measured(name, f"{rw} repeated", lambda: fio(path, rw, bs))
-            self.result["fio"][f"{rw} {bs}"] = {k: round(v["mb_s"], 1) for k, v in rows.items()}
+                runs["local: cold"].append(fio(local, rw, bs)["mb_s"])
+                runs["local: repeated"].append(fio(local, rw, bs)["mb_s"])
+                self.clear_fasterfs()
+                self.restart_peers_empty()
+                for name, path in paths.items():
+                    mounts.drop_page_cache()
+                    runs[f"{name}: cold"].append(self.measured(name, f"{rw} cold", lambda: fio(path, rw, bs))["mb_s"])
+                self.warm_fasterfs(manifest)
+                for name, path in paths.items():
+                    mounts.drop_page_cache()
+                    for phase in ("first read of cached", "repeated"):
+                        got = self.measured(name, f"{rw} {phase}", lambda: fio(path, rw, bs))
+                        runs[f"{name}: {phase}"].append(got["mb_s"])
+            key = f"{rw} {bs}"
+            self.result["fio"][key] = {k: round(statistics.median(v), 1) for k, v in runs.items()}
+            self.result["fio_min_max"][key] = {k: [round(min(v), 1), round(max(v), 1)] for k, v in runs.items()}
         seq, rnd = self.result["fio"]["read 1M"], self.result["fio"]["randread 4k"]
         self.result["ratios"] = {
-            "sequential first read of cached / local cold": seq["native: first read of cached"] / seq["local: cold"],
-            "sequential repeated / local repeated": seq["native: repeated"] / seq["local: repeated"],
-            "sequential cold / client cold": seq["native: cold"] / self.result["client_cold_mb_s"],
-            "random 4k cold MB/s": rnd["native: cold"],
+            "sequential first read of cached / local cold": seq["fasterfs: first read of cached"] / seq["local: cold"],
+            "sequential repeated / local repeated": seq["fasterfs: repeated"] / seq["local: repeated"],
+            "sequential cold / client cold": seq["fasterfs: cold"] / self.result["client_cold_mb_s"],
+            "random 4k cold MB/s": rnd["fasterfs: cold"],
         }
         remove(self.cfg, "bench/file.bin")
 
@@ -203,6 +217,8 @@ class Run:
     def close(self) -> None:
         for mount in self.mounts.values():
             mount.stop()
+        if self.capacities:
+            ray.get([a.cache_resize.remote(c) for a, c in zip(self.actors, self.capacities)])
         try:
             admin = s3.client(self.endpoint, self.keys)
             for page in admin.get_paginator("list_objects_v2").paginate(Bucket=PEER_BUCKET):
@@ -223,21 +239,23 @@ def main(argv: list[str]) -> dict:
     finally:
         run.close()
     result = run.result
+    for (name, phase), (cpu, nbytes) in run._cpu.items():
+        result["cpu_s_per_gb"].setdefault(name, {})[phase] = round(cpu / max(nbytes, 1) * 1e9, 2)
     out = report.run_dir(run.cfg, "bench-mount-io")
     report.write_json(out, "mount_io.json", result)
     console = report.console()
     for test, rows in result["fio"].items():
-        console.print(f"fio {test}, MB/s:")
+        console.print(f"fio {test}, MB/s, median of {run.cfg.bench.io_rounds} (min-max):")
         for k, v in rows.items():
-            console.print(f"  {k:34s} {v:9.1f}")
+            lo, hi = result["fio_min_max"][test][k]
+            console.print(f"  {k:34s} {v:9.1f}  ({lo:.1f}-{hi:.1f})")
     console.print(f"client's own cold read: {result['client_cold_mb_s']:.1f} MB/s")
     for k, v in result["ratios"].items():
         console.print(f"  {k}: {v:.2f}")
     sf = result["small_files"]
     console.print(f"find + cat of {sf['files']} files of {report.fmt_bytes(sf['bytes_avg'])}, hot: "
                   + ", ".join(f"{k} {s:.2f} s ({sf['vs_local'][k]:.2f}x)" for k, s in sf["seconds"].items()))
-    console.print("CPU seconds per GB read: " + json.dumps(
-        {k: {p: round(x, 2) for p, x in v.items()} for k, v in result["cpu_s_per_gb"].items()}))
+    console.print("CPU seconds per GB read: " + json.dumps(result["cpu_s_per_gb"]))
     console.print(f"output: {out}")
     return result
 

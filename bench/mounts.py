@@ -1,5 +1,5 @@
-"""The mounts the benchmarks read through: FasterFS's own (native or the Python engine), run by
-the benchmark's process as a StorageNode runs one, and its peers, s3fs-fuse (`-o use_cache`)
+"""The mounts the benchmarks read through: FasterFS's own, run by the benchmark's process as a
+StorageNode runs one (with its read-ahead window), and its peers, s3fs-fuse (`-o use_cache`)
 and rclone (`mount --vfs-cache-mode full`) of an object in a MinIO. Each is started by its
 pid, stopped by that pid, and its CPU time (the whole process tree) can be read.
 
@@ -66,13 +66,13 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
-def fasterfs(point: Path, engine: str, overrides: list[str]) -> Mount:
-    """FasterFS's mount of the namespace, with `engine` (native | python)."""
+def fasterfs(point: Path, overrides: list[str]) -> Mount:
+    """FasterFS's mount of the namespace."""
     point.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides, f"mount.engine={engine}"],
+    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env=dict(os.environ, FASTERFS_MOUNT_STATS=f"{point}.stats.json"))
-    mount = Mount(f"fasterfs {engine}", point, proc).wait_up()
+    mount = Mount("fasterfs", point, proc).wait_up()
     set_read_ahead(str(point), int(config.load(overrides).mount.read_ahead_kb))  # as a StorageNode's mount has
     return mount
 

@@ -115,8 +115,6 @@ def validate(cfg: DictConfig) -> None:
         bad("data.level", "must be a whole number >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", str(cfg.cluster.name)):
         bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
-    if cfg.mount.engine not in ("native", "python"):
-        bad("mount.engine", "must be native (passthrough for hot files) or python (the former daemon)")
     if cfg.dashboard.require_token not in ("auto", "always"):
         bad("dashboard.require_token", "must be auto or always")
     for flag in ("cluster.insecure", "credentials.rotate", "minio.tls"):

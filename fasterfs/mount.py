@@ -257,12 +257,7 @@ class Agent:
 
 
 def serve(mountpoint: str, overrides: list[str]) -> None:
-    cfg = config.load(overrides)
-    ns = Namespace(cfg)
-    if cfg.mount.engine == "python":
-        from . import python_mount
-
-        return python_mount.serve(mountpoint, ns)
+    ns = Namespace(config.load(overrides))
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     agent = Agent(ns, ours)
     agent.send_tree()  # before the daemon mounts: its first answers need the tree

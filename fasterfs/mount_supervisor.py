@@ -195,10 +195,13 @@ class Mounts:
 
 
 def mount_counts(daemon: dict | None) -> str:
-    """What a mount's native daemon counted; reads of passthrough opens reach no process."""
+    """What a mount's native daemon counted. Reads of passthrough opens reach no process: the
+    kernel reads the cache entry itself, so neither this, the kernel's GET counts nor the
+    cache's hit counters see them; only their opens are counted."""
     if not daemon:
-        return "(no counters: the Python daemon, or none written yet)"
+        return "(no counters written yet)"
     why = ("" if daemon.get("passthrough_enabled")
            else "; passthrough OFF: the kernel refused it, every read goes through the agent")
-    return (f"opens by passthrough {daemon['passthrough_opens']:,} (their reads unseen), through the agent "
-            f"{daemon['agent_opens']:,} ({daemon['reads_forwarded']:,} reads){why}")
+    return (f"opens by passthrough {daemon['passthrough_opens']:,} (their reads unseen by any counter), "
+            f"through the agent {daemon['agent_opens']:,} ({daemon['reads_forwarded']:,} reads forwarded, "
+            f"{daemon.get('reads_cached', 0):,} read from the cache by the daemon){why}")

@@ -110,6 +110,38 @@ def test_a_file_of_several_chunks_is_one_passthrough_file(mounted, live_cluster,
         remove(cfg, "native/multi.bin")
 
 
+def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster, overrides, tmp_path):
+    """Chunks 0 and 2 of a 4-chunk file cached, 1 and 3 not: the daemon reads the cached ones
+    from the file's entry itself (no READ reaches the agent), the others go to the agent."""
+    point, actor = mounted
+    data = os.urandom(4 * 2**20)
+    (tmp_path / "part.bin").write_bytes(data)
+    cfg = config.load(overrides + ["files.chunk_mb=1"])
+    m = put(cfg, tmp_path / "part.bin", "native/part.bin")
+    try:
+        home = cluster.storage_nodes(live_cluster)[m.chunk(0).nodes[0]]
+        assert ray.get(home.cache_warm.remote([m.chunk(0).key, m.chunk(2).key])) == 2
+        f = point / "native" / "part.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # one request per read
+            before = daemon_counts(actor, point, time.time())
+            for at in (5_000, 2 * 2**20 + 77_777, 900_000):  # in chunks 0, 2, 0
+                assert os.pread(fd, 4096, at) == data[at:at + 4096]
+            mid = daemon_counts(actor, point, time.time())
+            assert mid["reads_forwarded"] == before["reads_forwarded"], (before, mid)
+            assert mid["reads_cached"] - before["reads_cached"] >= 3, (before, mid)
+            at = 2**20 + 5_555  # chunk 1: not cached
+            assert os.pread(fd, 4096, at) == data[at:at + 4096]
+            after = daemon_counts(actor, point, time.time())
+            assert after["reads_forwarded"] > mid["reads_forwarded"], (mid, after)
+        finally:
+            os.close(fd)
+    finally:
+        remove(cfg, "native/part.bin")
+
+
 def test_a_replaced_file_is_never_served_old_to_a_new_open(mounted, live_cluster, overrides, tmp_path):
     """`put` over a hot file opened by passthrough and still held: the next open, right after
     `put` returns, reads the new bytes; the held handle keeps reading the old (a snapshot)."""

@@ -30,6 +30,7 @@ BIN = os.path.join(HERE, "target", "release", "ffs-mount")
 HOT, COLD = "d/hot.bin", "d/cold.bin"
 WARM, BADHOT = "d/warm.bin", "d/badhot.bin"  # get "hot" in their open replies
 CACHE, MARKED = "d/cache.bin", "d/marked.bin"
+PARTIAL = "d/partial.bin"  # gets "cached" ranges in its open and read replies
 BPFFS = "/sys/fs/bpf"
 
 
@@ -43,6 +44,7 @@ class Agent:
         self.opens = {p: 0 for p in contents}
         self.reads = {p: 0 for p in contents}
         self.extra = {}  # path -> fields added to its open replies
+        self.read_extra = {}  # path -> fields added to its read replies
         self.last_handle, self.released = {}, []
         self.refreshes = 0
         self.replies = queue.Queue()  # replies to our own requests (stats)
@@ -74,7 +76,7 @@ class Agent:
                 p = self.handles[m["handle"]]
                 self.reads[p] += 1
                 d = self.contents[p][m["offset"]:m["offset"] + m["size"]]
-                self.send({"id": m["id"], "len": len(d)}, d)
+                self.send(dict(self.read_extra.get(p, {}), id=m["id"], len=len(d)), d)
             elif op == "refresh":  # a lookup miss: the tree sent is the newest this agent has
                 self.refreshes += 1
                 self.send({"id": m["id"]})
@@ -230,9 +232,9 @@ def main():
     cold_bytes = os.urandom(300_001)
     with open(backing, "wb") as f:
         f.write(hot_bytes)
-    data = {p: os.urandom(200_000 + k) for k, p in enumerate((WARM, BADHOT, CACHE, MARKED))}
+    data = {p: os.urandom(200_000 + k) for k, p in enumerate((WARM, BADHOT, CACHE, MARKED, PARTIAL))}
     backings = {}
-    for p in (WARM, BADHOT, MARKED):
+    for p in (WARM, BADHOT, MARKED, PARTIAL):
         backings[p] = os.path.join(tmp, os.path.basename(p))
         with open(backings[p], "wb") as f:
             f.write(data[p])
@@ -339,6 +341,40 @@ def main():
         agent.extra[CACHE] = {}
         check("open without keep_cache drops the pages",
               served(agent, p, CACHE, data[CACHE]) == "agent")
+
+        print("cached ranges in open and read replies:")
+        p = os.path.join(mnt, PARTIAL)
+        agent.extra[PARTIAL] = {"cached": {"backing": backings[PARTIAL], "inode": os.stat(backings[PARTIAL]).st_ino,
+                                           "ranges": [[0, 100_000]]}}
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: each read is one request
+            r = agent.reads[PARTIAL]
+            check("a read inside a cached range is the daemon's",
+                  os.pread(fd, 4096, 8192) == data[PARTIAL][8192:12288] and agent.reads[PARTIAL] == r)
+            agent.extra[PARTIAL] = {}
+            agent.read_extra[PARTIAL] = {"cached": {"backing": backings[PARTIAL],
+                                                    "inode": os.stat(backings[PARTIAL]).st_ino,
+                                                    "ranges": [[0, len(data[PARTIAL])]]}}
+            check("a read outside goes to the agent",
+                  os.pread(fd, 4096, 150_000) == data[PARTIAL][150_000:154_096] and agent.reads[PARTIAL] == r + 1)
+            agent.read_extra[PARTIAL] = {}
+            check("... whose reply widened the ranges",
+                  os.pread(fd, 4096, 180_000) == data[PARTIAL][180_000:184_096] and agent.reads[PARTIAL] == r + 1)
+        finally:
+            os.close(fd)
+        agent.extra[PARTIAL] = {"cached": {"backing": backings[PARTIAL], "inode": 1, "ranges": [[0, 100_000]]}}
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            r = agent.reads[PARTIAL]
+            check("a backing of another inode is not read",
+                  os.pread(fd, 4096, 8192) == data[PARTIAL][8192:12288] and agent.reads[PARTIAL] == r + 1)
+        finally:
+            os.close(fd)
+        agent.extra[PARTIAL] = {}
+        s = agent.stats()
+        check("stats reads_cached >= 2", s["reads_cached"] >= 2, s)
 
         print("hot in open replies:")
         p = os.path.join(mnt, WARM)
