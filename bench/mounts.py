@@ -77,36 +77,35 @@ def fasterfs(point: Path, overrides: list[str]) -> Mount:
     return mount
 
 
+def _peer(name: str, point: Path, work: Path, secret: str, argv, env=lambda keys: {}) -> Mount:
+    """A peer mount: `argv(cache_dir, keys_file)` started with its keys in a file of its own
+    (`secret`, 0600) and a cache directory under `work`."""
+    point.mkdir(parents=True, exist_ok=True)
+    cache = work / f"{name}-cache"
+    cache.mkdir(exist_ok=True)
+    keys = work / f"{name}.keys"
+    keys.touch(mode=0o600)
+    keys.write_text(secret)
+    proc = subprocess.Popen(argv(cache, keys), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=_peer_env(**env(keys)))
+    return Mount(name, point, proc, cache).wait_up()
+
+
 def s3fs(point: Path, endpoint: str, bucket: str, access: str, secret: str, work: Path) -> Mount:
     """s3fs-fuse over `bucket` with its disk cache on (use_cache), read-only."""
-    point.mkdir(parents=True, exist_ok=True)
-    cache = work / "s3fs-cache"
-    cache.mkdir(exist_ok=True)
-    keys = work / "s3fs.passwd"
-    keys.touch(mode=0o600)
-    keys.write_text(f"{access}:{secret}\n")
-    proc = subprocess.Popen(["s3fs", bucket, str(point), "-f", "-o", f"passwd_file={keys}", "-o", f"url={endpoint}",
-                             "-o", "use_path_request_style", "-o", f"use_cache={cache}", "-o", "ro",
-                             "-o", "max_stat_cache_size=100000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=_peer_env())
-    return Mount("s3fs", point, proc, cache).wait_up()
+    return _peer("s3fs", point, work, f"{access}:{secret}\n", lambda cache, keys: [
+        "s3fs", bucket, str(point), "-f", "-o", f"passwd_file={keys}", "-o", f"url={endpoint}",
+        "-o", "use_path_request_style", "-o", f"use_cache={cache}", "-o", "ro", "-o", "max_stat_cache_size=100000"])
 
 
 def rclone(point: Path, endpoint: str, bucket: str, access: str, secret: str, work: Path) -> Mount:
     """rclone's mount of `bucket` with its full VFS cache (what it reads it keeps on disk)."""
-    point.mkdir(parents=True, exist_ok=True)
-    cache = work / "rclone-cache"
-    cache.mkdir(exist_ok=True)
-    conf = work / "rclone.conf"
-    conf.touch(mode=0o600)
-    conf.write_text(f"[minio]\ntype = s3\nprovider = Minio\naccess_key_id = {access}\n"
-                    f"secret_access_key = {secret}\nendpoint = {endpoint}\n")
-    proc = subprocess.Popen(["rclone", "mount", f"minio:{bucket}", str(point), "--read-only", "--vfs-cache-mode",
-                             "full", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=_peer_env(RCLONE_CONFIG=str(conf)))
-    return Mount("rclone", point, proc, cache).wait_up()
+    return _peer("rclone", point, work,
+                 f"[minio]\ntype = s3\nprovider = Minio\naccess_key_id = {access}\n"
+                 f"secret_access_key = {secret}\nendpoint = {endpoint}\n",
+                 lambda cache, keys: ["rclone", "mount", f"minio:{bucket}", str(point), "--read-only",
+                                      "--vfs-cache-mode", "full", "--cache-dir", str(cache), "--dir-cache-time", "1h"],
+                 env=lambda keys: {"RCLONE_CONFIG": str(keys)})
 
 
 def _peer_env(**extra) -> dict:

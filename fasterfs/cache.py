@@ -226,11 +226,21 @@ def _touch(fd: int, st: os.stat_result) -> None:
         os.utime(fd)
 
 
+Mark = int | Callable[[], int]  # a stale mark, or how to look it up (only once an entry is there)
+
+
+def _stale(header: Header, stale_mark: Mark) -> bool:
+    """Fetched before the kernel's last write of its key, or in another boot."""
+    if header.boot != BOOT:
+        return True
+    return header.fetched_ns < (stale_mark() if callable(stale_mark) else stale_mark)
+
+
 def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, data, verify: bool,
-             stale_mark: int, touch: bool = True) -> str | None:
+             stale_mark: Mark, touch: bool = True) -> str | None:
     """None if the entry is good and fresh (then it is touched: LRU); else drop it, unless a
     fresh fill has already replaced it at `path`, and say why: STALE or DAMAGED."""
-    if header is not None and (header.fetched_ns < stale_mark or header.boot != BOOT):
+    if header is not None and _stale(header, stale_mark):
         verdict = STALE
     elif header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
         log.warning("dropping damaged cache entry %s", path)
@@ -243,7 +253,7 @@ def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, dat
     return verdict
 
 
-def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool = True,
+def read_entry(path: Path, verify: bool = True, stale_mark: Mark = 0, touch: bool = True,
                place: Place | None = None) -> bytes | str | None:
     """An entry's bytes (`place`: a chunk's in a file entry at `path`); None if absent; DAMAGED
     if it was bad, STALE if fetched before `stale_mark` (the kernel's last write of the key) or
@@ -260,7 +270,7 @@ def read_entry(path: Path, verify: bool = True, stale_mark: int = 0, touch: bool
         os.close(fd)
 
 
-def open_entry(path, stale_mark: int = 0, place: Place | None = None,
+def open_entry(path, stale_mark: Mark = 0, place: Place | None = None,
                touch: bool = False) -> tuple[int, Header] | None:
     """A descriptor of the file (the caller closes it) and the header of a whole, fresh entry
     at `path`; None if there is none. Nothing is dropped; touch=True counts it as a hit."""
@@ -268,7 +278,7 @@ def open_entry(path, stale_mark: int = 0, place: Place | None = None,
     if got is None:
         return None
     fd, st, header = got
-    if header is None or header.fetched_ns < stale_mark or header.boot != BOOT:
+    if header is None or _stale(header, stale_mark):
         os.close(fd)
         return None
     if touch:
@@ -276,7 +286,7 @@ def open_entry(path, stale_mark: int = 0, place: Place | None = None,
     return fd, header
 
 
-def map_entry(path: Path, verify: bool = True, stale_mark: int = 0, place: Place | None = None):
+def map_entry(path: Path, verify: bool = True, stale_mark: Mark = 0, place: Place | None = None):
     """An entry's bytes as a read-only pyarrow buffer over a memory map of the file (no copy);
     None, DAMAGED or STALE as for read_entry."""
     import mmap

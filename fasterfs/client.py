@@ -52,6 +52,8 @@ class Client:
                     for n in state.nodes}
         self._marked = {n.index: s3.MarkedGetter(n.endpoint, creds, mark, cfg.client.read_timeout_s)
                         for n in state.nodes} if mark else None
+        self._creds, self._read_timeout = creds, cfg.client.read_timeout_s
+        self._plain: dict[int, s3.MarkedGetter] = {}  # unmarked lean GETs (ranges), made when first needed
         self._here = host_id()
         self.local_node = self._local_node()
         # whose kernel counts a GET: the reader's host (kernel.watch=any, the lab) or the holder's
@@ -116,11 +118,13 @@ class Client:
         return nodes
 
     def _cache_nodes(self, holders: list[int]) -> list[int]:
-        """Caches a reader here can read as local files: its own node's, then those of the
-        chunk's holders on the same host (every node, on a one-machine cluster)."""
-        nodes = [] if self.local_node is None else [self.local_node]
-        nodes += [n for n in self._order(holders) if n not in nodes and self.state.node(n).host_id == self._here]
-        return nodes
+        """Caches a reader here can read as local files, where a fill is likeliest first: its own
+        node's where this host's kernel counts its GETs (kernel.watch=any), else the chunk's
+        holders' on the same host (every node, on a one-machine cluster), then its own."""
+        here = [n for n in self._order(holders) if self.state.node(n).host_id == self._here]
+        own = [] if self.local_node is None else [self.local_node]
+        first, then = (own, here) if self._counted_here else (here, own)
+        return first + [n for n in then if n not in first]
 
     def sources(self, i: int) -> list[int]:
         """Nodes to try for chunk i, in order: this node if it holds a copy, then the owner first."""
@@ -189,9 +193,8 @@ class Client:
         chunk = self.manifest.chunk(i)
         if self.manifest.layout != "ec":
             for node in sorted(self.sources(i), key=self._down):
-                try:
-                    body = self._s3[node].get_object(Bucket=self.manifest.bucket, Key=chunk.key,
-                                                     Range=f"bytes={start}-{stop - 1}")["Body"].read()
+                try:  # a plain signed GET: boto3's own overhead is most of a small read's cost
+                    body = self._getter(node).get_object(self.manifest.bucket, chunk.key, start, stop)[0]
                 except Exception as e:
                     self._note_failure(node, e)
                     continue
@@ -202,6 +205,15 @@ class Client:
                     self._report_read(node, f"/{self.manifest.bucket}/{chunk.key}")
                     return body
         return self.read_chunk(i)[start:stop]
+
+    def _getter(self, node: int) -> s3.MarkedGetter:
+        """Lean signed GETs to `node`'s MinIO, with this client's mark (none: counted as reads)."""
+        if self._marked is not None:
+            return self._marked[node]
+        if node not in self._plain:
+            n = self.state.node(node)
+            self._plain[node] = s3.MarkedGetter(n.endpoint, self._creds, 0, self._read_timeout)
+        return self._plain[node]
 
     def read_table(self, i: int) -> pl.DataFrame:
         """Chunk i as a DataFrame with LOBSTER column names; prices are integers (USD x 10000).
@@ -242,7 +254,8 @@ class Client:
         """Chunk i from the first cache on this host that has a good, fresh entry, through
         `lookup` (cache.read_entry: bytes; cache.map_entry: a mapped buffer); else None."""
         for node in self._caches[i]:
-            got = lookup(self.cache_path(node, i), self.verify_cache, self._stale_mark(node, i), place=self._places[i])
+            got = lookup(self.cache_path(node, i), self.verify_cache, lambda: self._stale_mark(node, i),
+                         place=self._places[i])
             if got is cache.DAMAGED:
                 self._damaged(node, i)
             elif got is not None and got is not cache.STALE:
@@ -256,7 +269,7 @@ class Client:
         the LRU); False only looks."""
         for node in self._caches[i] if self.use_cache else ():
             path = self.cache_path(node, i)
-            got = cache.open_entry(path, self._stale_mark(node, i), self._places[i], touch=count)
+            got = cache.open_entry(path, lambda: self._stale_mark(node, i), self._places[i], touch=count)
             if got is not None:
                 if count:
                     self._note_order(i)

@@ -74,15 +74,18 @@ class MarkedGetter:
         data, headers = self.get_object(bucket, key)
         return data, headers.get("ETag", "").strip('"')
 
-    def get_object(self, bucket: str, key: str) -> tuple[bytes, dict]:
-        """The object's bytes and response headers (its metadata among them)."""
+    def get_object(self, bucket: str, key: str, start: int | None = None,
+                   stop: int | None = None) -> tuple[bytes, dict]:
+        """The object's bytes (or bytes [start, stop): a ranged GET) and response headers (its
+        metadata among them)."""
         from urllib.parse import quote
 
         path = f"/{bucket}/{quote(key)}"
-        response = self._signed("GET", path)
+        ranged = start is not None
+        response = self._signed("GET", path, {"Range": f"bytes={start}-{stop - 1}"} if ranged else {})
         if response.status == 404:
             raise KeyError(f"{path} not found on {self.endpoint}")
-        if response.status != 200:
+        if response.status != (206 if ranged else 200):
             raise OSError(f"GET {path} on {self.endpoint}: HTTP {response.status} {response.data[:200]!r}")
         return response.data, response.headers
 
@@ -115,15 +118,15 @@ class MarkedGetter:
         from urllib3.exceptions import HTTPError
 
         try:
-            return self._signed("HEAD", f"/{bucket}", timeout=timeout,
+            return self._signed("HEAD", f"/{bucket}", None, timeout=timeout,
                                 retries=Retry(total=1, connect=1, read=1, redirect=0, status=0)).status == 200
         except (HTTPError, OSError):
             return False
 
-    def _signed(self, method: str, path: str, **options):
+    def _signed(self, method: str, path: str, headers: dict | None = None, **options):
         from botocore.awsrequest import AWSRequest
 
-        request = AWSRequest(method=method, url=self.endpoint + path)
+        request = AWSRequest(method=method, url=self.endpoint + path, headers=headers or {})
         self.signer.add_auth(request)
         return self.pool.request(method, path, headers=dict(request.headers.items()), **options)
 

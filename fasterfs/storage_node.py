@@ -165,12 +165,12 @@ class StorageNode:
                 # readers' own; where each node counts only requests to its MinIO, the chunk's
                 # first holder fills it for every reader of the machine.
                 if self.cfg.kernel.watch == "any" or self._names["holders"][key][0] == self.index:
-                    self._fill_hot(key)
+                    self._fill_at_home(key, "hot")
                 return
             hashed = key_hash(f"/{self.bucket}/{key}")
             self.kernel.mark_stale(hashed)  # readers check the chunk's mark; the kernel marked the shard
         if event["type"] == "HOT":
-            self._fill_hot(key)
+            self._fill_at_home(key, "hot")
             return
         # STALE at the request line, COMMITTED when the write is done: both drop and tell
         self._forget(hashed, key)
@@ -263,16 +263,17 @@ class StorageNode:
                 away.setdefault(home, []).append(k)
         return here, away
 
-    def _fill_hot(self, key: str) -> None:
+    def _fill_at_home(self, key: str, reason: str) -> None:
         home = self._home_of(key)
         if home == self.index:
-            self.filler.request(key, "hot")
+            self.filler.request(key, reason)
         elif (peer := self._peer(home)) is not None:
-            peer.hot.remote(key)
+            peer.fill.remote(key, reason)
 
-    def hot(self, key: str) -> None:
-        """Another node's kernel found a chunk of a file at home here hot."""
-        self.filler.request(key, "hot")
+    def fill(self, key: str, reason: str) -> None:
+        """Another node asks for a fill of a chunk whose file is at home here (reason: its
+        kernel found it hot, or a reader found its entry damaged)."""
+        self.filler.request(key, reason)
 
     def _getter_for(self, key: str):
         """How a fill fetches `key`: an erasure-coded chunk from its shards' nodes; a replica
@@ -687,11 +688,7 @@ class StorageNode:
 
     def heal(self, key: str) -> None:
         """A reader found this key's entry damaged and dropped it: fetch it again (at its home)."""
-        home = self._home_of(key)
-        if home == self.index:
-            self.filler.request(key, "heal")
-        elif (peer := self._peer(home)) is not None:
-            peer.heal.remote(key)
+        self._fill_at_home(key, "heal")
 
     def cache_scrub(self) -> int:
         """Verify every cache entry now; returns how many damaged ones were dropped."""
