@@ -57,11 +57,13 @@ class Agent:
 
     REFRESH_AT_MOST_S = 0.1  # programs probing for names that do not exist cost a Registry call this often
     CACHED_EVERY_S = 0.1     # how often a handle's reads look for newly cached parts of its file
+    PENDING_S = 5.0          # how long a file read through here is watched for its fills to land
 
     def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8):
         self.ns, self.sock = ns, sock
         self._files: dict[int, OpenFile] = {}
         self._told: dict[int, tuple[float, int]] = {}  # handle -> when, and how many chunks, "cached" was sent
+        self._pending: dict[str, tuple[Entry, float]] = {}  # path -> its entry, watched until (hot_soon)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()        # _files
         self._send_lock = threading.Lock()   # whole messages on the socket
@@ -139,10 +141,31 @@ class Agent:
         return {"backing": path, "inode": inode, "ranges": ranges, "fetched_ns": fetched,
                 "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
 
-    def _declare_hot(self, entry: Entry) -> None:
+    def _declare_hot(self, entry: Entry) -> bool:
         hot = self._hot(entry)
         if hot is not None:
             self._send({"op": "hot", "path": entry.path, **hot})
+        return hot is not None
+
+    def hot_soon(self, every_s: float = 0.05) -> None:
+        """Files read through here but not cached at their release: the read that made their
+        chunks hot has a fill running beside it. Declared hot as soon as it lands (looked at every
+        `every_s` for PENDING_S), so even their next open is a passthrough one."""
+        while not self.stopping.wait(every_s):
+            with self._lock:
+                pending = list(self._pending.items())
+            for path, (entry, until) in pending:
+                try:
+                    done = time.monotonic() > until or self.ns.tree.lookup(path) is not entry \
+                        or self._declare_hot(entry)
+                except FileNotFoundError:
+                    done = True  # gone from the namespace
+                except OSError:
+                    return
+                if done:
+                    with self._lock:
+                        if self._pending.get(path, (None,))[0] is entry:
+                            del self._pending[path]
 
     # -- from the daemon --------------------------------------------------------------------
 
@@ -240,7 +263,9 @@ class Agent:
             f = self._files.pop(handle, None)
             self._told.pop(handle, None)
         if f is not None:
-            self._declare_hot(f.entry)  # read through: its chunk may be cached by now
+            if not self._declare_hot(f.entry):  # read through: its chunks may be cached by now, or soon
+                with self._lock:
+                    self._pending[f.entry.path] = (f.entry, time.monotonic() + self.PENDING_S)
             f.close()
 
     def watch(self, every_s: float = 0.5) -> None:
@@ -268,6 +293,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
              mountpoint, daemon.pid)
     signal.signal(signal.SIGTERM, lambda *_: (daemon.terminate(), sys.exit(0)))
     threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
+    threading.Thread(target=agent.hot_soon, name="hot-soon", daemon=True).start()
     try:
         agent.serve()  # until the daemon closes its end (unmounted, or it died)
     finally:
