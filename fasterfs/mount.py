@@ -101,34 +101,42 @@ class Agent:
         several: its file entry, every chunk filled), with what the daemon checks before each
         such open (the file's inode; the kernel's stale marks of every chunk)."""
         client = self.ns.client(entry.manifest)
-        if len(entry.chunk_ids) != 1 and any(client.cache_place(i) is None for i in entry.chunk_ids):
-            return None  # its chunks are entries of their own (a dataset's whole CSV): no one file
-        backing, fetched, node = None, [], None
-        for i in entry.chunk_ids:
-            got = client.open_cached(i, count=False)
-            if got is None:
-                return None
-            fd, header, path, node = got
-            try:
-                inode = os.fstat(fd).st_ino
-            finally:
-                os.close(fd)
-            if backing not in (None, (path, inode)):
-                return None  # refilled meanwhile: declared at the next release
-            backing = (path, inode)
-            fetched.append(header.fetched_ns)
-        keys, bucket = client.mark_keys(entry.chunk_ids)
-        return {"version": self._sent_version, "backing": backing[0], "inode": backing[1],
-                "fetched_ns": min(fetched), "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
+        if len(entry.chunk_ids) > 1:
+            got = self._file_entry(client, entry)
+            return got[0] if got is not None and len(got[1]) == len(entry.chunk_ids) else None
+        got = client.open_cached(entry.chunk_ids[0], count=False)
+        if got is None:
+            return None
+        fd, header, path, node = got
+        try:
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        return self._backing(client, path, inode, entry.chunk_ids, header.fetched_ns, node)
+
+    def _file_entry(self, client, entry: Entry) -> tuple[dict, list[int]] | None:
+        """The file entry holding `entry`'s chunks in this host's cache (a stored file of
+        several chunks), as the daemon is told of a backing, and the chunks it holds so far."""
+        got = client.cached_parts(entry.chunk_ids)
+        if got is None or not got[2]:
+            return None
+        path, inode, have, fetched, node = got
+        return self._backing(client, path, inode, have, fetched, node), have
+
+    def _backing(self, client, path: str, inode: int, ids, fetched_ns: int, node: int) -> dict:
+        """A local file holding chunks `ids` (fetched at `fetched_ns` at the oldest), with the
+        stale marks the daemon checks before it trusts it."""
+        keys, bucket = client.mark_keys(ids)
+        return {"version": self._sent_version, "backing": path, "inode": inode, "fetched_ns": fetched_ns,
+                "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
 
     def _cached(self, entry: Entry) -> dict | None:
         """The parts of `entry` (a stored file of several chunks) that its file entry in this
         host's cache holds, at the same offsets: the daemon reads those itself."""
-        client = self.ns.client(entry.manifest)
-        got = client.cached_parts(entry.chunk_ids) if len(entry.chunk_ids) > 1 else None
-        if got is None or not got[2]:
+        got = self._file_entry(self.ns.client(entry.manifest), entry) if len(entry.chunk_ids) > 1 else None
+        if got is None:
             return None
-        path, inode, have, fetched, node = got
+        backing, have = got
         held, ranges = set(have), []
         for k, i in enumerate(entry.chunk_ids):  # a file's chunks, in order: file offsets are entry offsets
             if i in held:
@@ -137,9 +145,7 @@ class Agent:
                     ranges[-1][1] = end
                 else:
                     ranges.append([start, end])
-        keys, bucket = client.mark_keys(have)
-        return {"backing": path, "inode": inode, "ranges": ranges, "fetched_ns": fetched,
-                "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
+        return {**backing, "ranges": ranges}
 
     def _declare_hot(self, entry: Entry) -> bool:
         hot = self._hot(entry)

@@ -198,11 +198,14 @@ class OpenFile:
         random, self._next = offset != self._next and len(buf) <= self.RANGE_MAX, offset + len(buf)
         pos = 0
         for i, start, stop in self.entry.pieces(offset, len(buf)):
+            loaded = None
             if random and (part := self._range(i, start, stop)) is not None:
-                buf[pos:pos + len(part)] = part
-                pos += len(part)
-                continue
-            slot = self._acquire(i)
+                if isinstance(part, bytes):
+                    buf[pos:pos + len(part)] = part
+                    pos += len(part)
+                    continue
+                loaded = part  # cached after all: its descriptor serves this read and the next
+            slot = self._acquire(i, loaded)
             try:
                 src = slot.future.result()
                 if isinstance(src, tuple):  # (descriptor, where the chunk starts in that file)
@@ -218,21 +221,26 @@ class OpenFile:
             pos += stop - start
         return pos
 
-    def _range(self, i: int, start: int, stop: int) -> bytes | None:
-        """Chunk i's bytes [start, stop) by a ranged GET, if it is neither at hand nor cached here."""
-        chunk = self.entry.chunk_ids[i]
+    def _range(self, i: int, start: int, stop: int) -> bytes | tuple | None:
+        """Chunk i's bytes [start, stop) by a ranged GET if it is neither at hand nor cached here;
+        None if at hand; if cached, what `_load` would have made of it (one look, not two)."""
         with self._lock:
             if i in self._at_hand:
                 return None
-        got = self.client.open_cached(chunk, count=False)
-        if got is not None:
-            os.close(got[0])
-            return None
-        return self.client.read_range(chunk, start, stop)
+        chunk = self.entry.chunk_ids[i]
+        return self._cached(chunk) or self.client.read_range(chunk, start, stop)
 
-    def _acquire(self, i: int) -> "_Slot":
+    def _cached(self, chunk: int) -> tuple[int, int] | None:
+        """The chunk's descriptor (a hit, counted) and where it starts in that file, if cached here."""
+        got = self.client.open_cached(chunk)
+        if got is None:
+            return None
+        place = self.client.cache_place(chunk)
+        return got[0], place.offset if place else 0
+
+    def _acquire(self, i: int, loaded: tuple | None = None) -> "_Slot":
         """Chunk i's slot, in use by the caller until it lowers `users` (a slot in use is never
-        released); loaded by this thread if nobody has started it."""
+        released); loaded by this thread if nobody has started it (`loaded`: already opened)."""
         with self._lock:
             slot = self._at_hand.get(i)
             mine = slot is None
@@ -251,8 +259,12 @@ class OpenFile:
             self._trim()
         for j, later in ahead:
             self._pool.submit(self._load, later, j)
-        if mine:
+        if mine and loaded is not None:
+            slot.future.set_result(loaded)
+        elif mine:
             self._load(slot, i)
+        elif loaded is not None:
+            os.close(loaded[0])  # another read got there first
         return slot
 
     def _load(self, slot: "_Slot", i: int) -> None:
@@ -261,12 +273,7 @@ class OpenFile:
         goes, so a later read tries again."""
         try:
             chunk = self.entry.chunk_ids[i]
-            got = self.client.open_cached(chunk)
-            if got is not None:
-                place = self.client.cache_place(chunk)
-                slot.future.set_result((got[0], place.offset if place else 0))
-            else:
-                slot.future.set_result(self.client.read_chunk(chunk))
+            slot.future.set_result(self._cached(chunk) or self.client.read_chunk(chunk))
         except BaseException as e:
             slot.future.set_exception(e)
             with self._lock:

@@ -1,6 +1,7 @@
 """Configuration and credentials: overrides, clear errors, secrets kept private."""
 import os
 import stat
+import time
 
 import pytest
 
@@ -48,8 +49,12 @@ def test_read_ahead_is_shed_while_the_cpus_are_contended(tmp_path):
     psi.write_text("some avg10=72.50 avg60=10.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     assert CpuPressure(50, str(psi)).busy() and not CpuPressure(80, str(psi)).busy()
     assert not CpuPressure(50, str(tmp_path / "none")).busy()  # no PSI: never shed
-    real = CpuPressure(100)
-    assert real.busy() is False  # nothing waits more than 100% of the time
+    pressure = CpuPressure(50, str(psi))
+    assert pressure.busy()
+    psi.write_text("some avg10=3.00 avg60=1.00 avg300=1.00 total=1\n")
+    assert pressure.busy()  # read at most once a second: still the figure it read
+    time.sleep(1.05)
+    assert not pressure.busy()  # a second later, the new one
 
 
 def test_credentials_private_and_stable(tmp_path):
