@@ -23,12 +23,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import ray
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fasterfs import cluster, config, registry, report  # noqa: E402
-from fasterfs.ingest import put, remove  # noqa: E402
+from fasterfs import cluster, config, registry, report
+from fasterfs.ingest import put, remove
 
 TICK = os.sysconf("SC_CLK_TCK")
 

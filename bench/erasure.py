@@ -26,9 +26,9 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fasterfs  # noqa: E402
-from fasterfs import repair, cluster, config, erasure, registry, report, s3  # noqa: E402
-from fasterfs.ingest import object_prefix, put, remove  # noqa: E402
+import fasterfs
+from fasterfs import cluster, config, erasure, registry, repair, report, s3
+from fasterfs.ingest import object_prefix, put, remove
 
 
 def per_core_gb_s(fn, data_bytes: int, seconds: float = 2.0) -> float:

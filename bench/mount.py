@@ -23,10 +23,10 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mounts  # noqa: E402
+import mounts
 
-import fasterfs  # noqa: E402
-from fasterfs import cluster, config, report  # noqa: E402
+import fasterfs
+from fasterfs import cluster, config, report
 
 
 def main(argv: list[str]) -> dict:

@@ -36,12 +36,12 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mounts  # noqa: E402
+import mounts
 
-import fasterfs  # noqa: E402
-from fasterfs import cluster, config, credentials, registry, report, s3  # noqa: E402
-from fasterfs.config import Paths  # noqa: E402
-from fasterfs.ingest import ingest, put, remove  # noqa: E402
+import fasterfs
+from fasterfs import cluster, config, credentials, registry, report, s3
+from fasterfs.config import Paths
+from fasterfs.ingest import ingest, put, remove
 
 FIO_RANDOM_S = 10      # each random-read run is bounded in time ...
 FIO_RANDOM_BYTES = 64 << 20  # ... and in bytes

@@ -27,7 +27,7 @@ class Mount:
     def __init__(self, name: str, point: Path, proc: subprocess.Popen, cache_dir: Path | None = None):
         self.name, self.point, self.proc, self.cache_dir = name, point, proc, cache_dir
 
-    def wait_up(self, timeout: float = 60.0) -> "Mount":
+    def wait_up(self, timeout: float = 60.0) -> Mount:
         deadline = time.monotonic() + timeout
         while not is_mounted(str(self.point)):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -22,8 +22,9 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fasterfs  # noqa: E402
-from fasterfs import cluster, config, registry, report  # noqa: E402
+import fasterfs
+from fasterfs import cluster, config, registry, report
+
 
 def main(argv: list[str]) -> dict:
     cfg = config.load(argv)

@@ -8,7 +8,7 @@ try:
 except PackageNotFoundError:  # a checkout run without installing it
     __version__ = "0+unknown"
 
-__all__ = ["connect", "data", "FasterFSError"]
+__all__ = ["FasterFSError", "connect", "data"]
 
 
 def connect(root=None, overrides=(), use_cache: bool = True, dataset: str | None = None):

@@ -34,9 +34,9 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import xxhash
 
@@ -109,7 +109,7 @@ class Header:
     boot: int        # the boot fetched_ns belongs to
 
     @classmethod
-    def parse(cls, raw: bytes | None, file_size: int) -> "Header | None":
+    def parse(cls, raw: bytes | None, file_size: int) -> Header | None:
         """None unless `raw` is a header whose size agrees with the file's."""
         if raw is None or len(raw) != HEADER.size:
             return None
@@ -119,7 +119,7 @@ class Header:
         return cls(size, checksum, etag.rstrip(b"\0").decode(errors="replace"), filled, boot)
 
     @classmethod
-    def of(cls, fd: int, file_size: int) -> "Header | None":
+    def of(cls, fd: int, file_size: int) -> Header | None:
         """The header of the entry open at `fd` (None: none, or not one of this format)."""
         try:
             return cls.parse(os.getxattr(fd, XATTR), file_size)

@@ -13,9 +13,8 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-
-from typing import Callable
 
 from .cache import ChunkCache
 from .s3 import MarkedGetter

@@ -50,7 +50,7 @@ class ProjectCgroup:
         self.path, self.mounted_at = path, mounted_at
 
     @classmethod
-    def create(cls, name: str, root: Path) -> "ProjectCgroup":
+    def create(cls, name: str, root: Path) -> ProjectCgroup:
         base, mounted = cgroup2_mount(), None
         if base is None:
             mnt = root / "cgroup2"
@@ -71,7 +71,7 @@ class ProjectCgroup:
                 "mounted_at": str(self.mounted_at) if self.mounted_at else None}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ProjectCgroup":
+    def from_dict(cls, d: dict) -> ProjectCgroup:
         return cls(Path(d["path"]) if d.get("path") else None, Path(d["mounted_at"]) if d.get("mounted_at") else None)
 
     def spawn(self, args: list[str], log_path: Path, env: dict | None = None, child: str | None = None) -> subprocess.Popen:

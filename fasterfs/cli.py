@@ -6,9 +6,9 @@ import argparse
 import logging
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from omegaconf import OmegaConf
 from rich.table import Table

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import collections
 import copy
-import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import polars as pl
 import xxhash
@@ -29,8 +28,8 @@ from .bpf.events import key_hash
 from .config import Paths
 from .errors import FasterFSError
 from .manifest import Manifest
-from .state import ClusterState, host_id
 from .reader_stats import BYTES_CACHE, BYTES_MINIO, DAMAGED, HITS, MISSES, PREFETCH
+from .state import ClusterState, host_id
 
 
 class Client:
@@ -88,7 +87,7 @@ class Client:
         self._bucket_hash = key_hash(f"/{manifest.bucket}")
         self._last_read, self._in_order, self._prefetched_to = None, 0, -1
 
-    def sibling(self, manifest: Manifest) -> "Client":
+    def sibling(self, manifest: Manifest) -> Client:
         """A client of another dataset or file of the namespace, sharing this one's connections,
         counters, stale marks and hint thread."""
         other = copy.copy(self)

@@ -19,15 +19,24 @@ import time
 from pathlib import Path
 
 from . import auth, credentials, identity, notebook, process, registry, tls
+from .bpf.pinned import unmount_bpffs
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binary, to_dict
 from .errors import FasterFSError
 from .fsutil import atomic_write
-from .bpf.pinned import unmount_bpffs
 from .minio_server import check_port_free, endpoint
-from .state import (ClusterState, Host, NodeState, actor_name, connect_ray, filter_prefix, is_ray_start,
-                    local_address_towards, storage_nodes)
-from .state import pinned  # noqa: F401  (jobs and notebooks call cluster.pinned)
+from .state import (
+    ClusterState,
+    Host,
+    NodeState,
+    actor_name,
+    connect_ray,
+    filter_prefix,
+    is_ray_start,
+    local_address_towards,
+    pinned,
+    storage_nodes,
+)
 from .storage_node import StorageNode
 
 log = logging.getLogger("fasterfs.cluster")

@@ -9,9 +9,9 @@ import ipaddress
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -237,7 +237,7 @@ class Layout:
     nodes: int
 
     @classmethod
-    def of(cls, cfg) -> "Layout":
+    def of(cls, cfg) -> Layout:
         return cls(Paths(Path(cfg.cluster.root)), cfg.cluster.first_address, cfg.nodes)
 
     def address(self, index: int) -> str:

@@ -396,9 +396,9 @@ async def stream_heat(ws, heat: Heat, max_viewers: int) -> None:
                 sent = seq
             try:
                 await asyncio.wait_for(closed.wait(), 0.2)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
-    except (asyncio.TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+    except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
         pass  # slow or gone: drop it
     finally:
         heat.watch(-1)

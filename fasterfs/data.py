@@ -9,7 +9,7 @@ the client: this host's cache first, else the node's own MinIO.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import config, registry
 from .errors import FasterFSError

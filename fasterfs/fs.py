@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
@@ -47,10 +47,10 @@ class FasterFileSystem(AbstractFileSystem):
     # What tools ask beyond ls/info/cat (DuckDB's register_filesystem, fsspec's caches):
     # times from the manifest; identity and checksum from what the file is made of.
     def modified(self, path):
-        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=UTC)
 
     def created(self, path):
-        return datetime.fromtimestamp(self.info(path)["created"], tz=timezone.utc)
+        return datetime.fromtimestamp(self.info(path)["created"], tz=UTC)
 
     def invalidate_cache(self, path=None):
         """Forget the namespace this filesystem holds (it is refreshed every

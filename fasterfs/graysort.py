@@ -24,8 +24,8 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import ray
@@ -124,7 +124,7 @@ def plan(cfg, cluster_nodes: int, nodes: int | None = None) -> SortPlan:
 # -- tasks (each pinned to the node whose data it touches) -----------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _s3(cluster_name: str, node: int):
     """One client per node (position in the cluster's nodes) per worker process: making one
     costs ~0.1 s, as much as a 64 MB GET. Endpoints and keys come from the Registry."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import xxhash
 

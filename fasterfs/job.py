@@ -14,7 +14,7 @@ input) is one line and exit code 1; in a sweep the other runs go on and the summ
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import ConfigError, FasterFSError
 

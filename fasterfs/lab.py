@@ -31,8 +31,8 @@ from pathlib import Path
 from . import cluster
 from .config import Layout, as_cfg
 from .errors import FasterFSError
+from .lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names
 from .state import Host
-from .lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names  # noqa: F401
 
 
 def up(cfg) -> cluster.ClusterState:

@@ -82,7 +82,7 @@ class Manifest:
         atomic_write_json(path, asdict(self))
 
     @classmethod
-    def load(cls, path: Path) -> "Manifest":
+    def load(cls, path: Path) -> Manifest:
         if not Path(path).exists():
             raise FasterFSError(f"no dataset has been ingested into this cluster ({path} is missing): "
                                 "run `fasterfs ingest`")

@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+from .bpf.events import hist_quantile
 from .config import Paths
 from .fsutil import read_json
-from .bpf.events import hist_quantile
 from .reader_stats import LATENCY_SLOTS
 from .state import ClusterState, actor_name
 

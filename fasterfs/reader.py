@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from . import cache, registry
+from . import registry
 from .client import Client
 from .errors import FasterFSError
 from .manifest import Manifest
@@ -107,7 +107,7 @@ class Namespace:
         self.lookup(path)
         return self.tree.listdir(path)
 
-    def open(self, path: str) -> "OpenFile":
+    def open(self, path: str) -> OpenFile:
         entry = self.lookup(path)
         if entry.is_dir:
             raise IsADirectoryError(f"{path}: is a directory")
@@ -118,7 +118,7 @@ class Namespace:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
-    def open_entry(self, entry: Entry) -> "OpenFile":
+    def open_entry(self, entry: Entry) -> OpenFile:
         return OpenFile(entry, self.client(entry.manifest), self.read_ahead, self._pool, self._pressure)
 
     def cat(self, path: str, start: int = 0, end: int | None = None) -> bytes:
@@ -238,7 +238,7 @@ class OpenFile:
         place = self.client.cache_place(chunk)
         return got[0], place.offset if place else 0
 
-    def _acquire(self, i: int, loaded: tuple | None = None) -> "_Slot":
+    def _acquire(self, i: int, loaded: tuple | None = None) -> _Slot:
         """Chunk i's slot, in use by the caller until it lowers `users` (a slot in use is never
         released); loaded by this thread if nobody has started it (`loaded`: already opened)."""
         with self._lock:
@@ -267,7 +267,7 @@ class OpenFile:
             os.close(loaded[0])  # another read got there first
         return slot
 
-    def _load(self, slot: "_Slot", i: int) -> None:
+    def _load(self, slot: _Slot, i: int) -> None:
         """Cached here: a descriptor, checked once per open file; else the holder's MinIO,
         one GET (counted by the kernel). A failure is the reader's to see, once: the slot
         goes, so a later read tries again."""

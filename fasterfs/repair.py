@@ -20,16 +20,16 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import urllib3
 
 from . import erasure, registry, s3
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
-from .placement import chunk_homes, score, node_name
+from .placement import chunk_homes, node_name, score
 from .state import ClusterState
 
 log = logging.getLogger("fasterfs.repair")

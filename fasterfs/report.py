@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from .fsutil import atomic_write_json
 

@@ -11,7 +11,6 @@ from botocore.config import Config
 from . import tls
 from .credentials import Credentials
 
-
 _session = None
 _session_lock = threading.Lock()
 

@@ -92,7 +92,7 @@ class ClusterState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ClusterState":
+    def from_dict(cls, data: dict) -> ClusterState:
         data = dict(data, nodes=[NodeState(**n) for n in data["nodes"]])
         return cls(**data)
 
@@ -100,7 +100,7 @@ class ClusterState:
         atomic_write_json(Paths(Path(self.root)).state_file, self.to_dict())
 
     @classmethod
-    def load(cls, root: Path) -> "ClusterState":
+    def load(cls, root: Path) -> ClusterState:
         """The head's own state file: only `up`/`down` on the head (and drivers there) read it."""
         path = Paths(Path(root)).state_file
         if not path.exists():

@@ -40,7 +40,7 @@ def create_ca(ca_dir: Path, cluster_name: str, rotate: bool = False) -> str:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"FasterFS CA of cluster {cluster_name}")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=3650))
@@ -68,7 +68,7 @@ def issue(ca_dir: Path, address: str, public_key_pem: str) -> str:
     except ValueError:
         raise FasterFSError(f"a MinIO certificate is for an IP address, not {address!r}") from None
     public = serialization.load_pem_public_key(public_key_pem.encode())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"MinIO at {address}")]))
             .issuer_name(ca_cert.subject).public_key(public).serial_number(x509.random_serial_number())

@@ -27,8 +27,8 @@ import ray
 from xxhash import xxh3_64_intdigest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import backtest  # noqa: E402
-from backtest import crossover_pnl, home_node, plan_windows  # noqa: E402
+import backtest
+from backtest import crossover_pnl, home_node, plan_windows
 
 ray.cloudpickle.register_pickle_by_value(backtest)  # the workers have no jobs/ on their path
 

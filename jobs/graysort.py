@@ -11,7 +11,6 @@ fails with the first bad position if validation fails.
 """
 from __future__ import annotations
 
-
 from rich.progress import Progress
 
 from fasterfs import cluster, config, graysort, job, registry, report

@@ -4,10 +4,9 @@ nodes holding their windows; the strategy's vectorised P&L equals a plain loop's
 from fractions import Fraction
 
 import pytest
+from conftest import load_job, submit_job
 
 from fasterfs.errors import FasterFSError
-
-from conftest import load_job, submit_job
 
 SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
 

@@ -12,10 +12,9 @@ import ray
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cache, cluster, credentials, erasure, registry, s3
+from fasterfs import cache, cluster, config, credentials, erasure, registry, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import load_source, put
-from fasterfs import config
 
 NO_PREFETCH = ["cache.prefetch.enabled=false"]
 

@@ -8,14 +8,13 @@ import signal
 import pytest
 import ray
 from botocore.exceptions import ClientError
+from conftest import data_overrides, submit_job, wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 from fasterfs import cluster, config, credentials, lobster, registry, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, load_source
 from fasterfs.minio_server import MinioServer, _cmdline
-
-from conftest import data_overrides, submit_job, wait_until
 
 
 def statuses(state):
@@ -169,8 +168,9 @@ def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_
     for c in manifest.on_node(0):
         assert xxh3(client.read_chunk(c.id)) == c.xxh3
     # the new incarnation replaced its predecessor's kernel attachments instead of adding to them
-    from fasterfs.bpf import tc
     import subprocess
+
+    from fasterfs.bpf import tc
     assert sorted(n for n in tc.list_filters("lo") if n.startswith(f"ffs:{live_cluster.name}:")) == \
         [f"ffs:{live_cluster.name}:{n.index}:lo:egress" for n in live_cluster.nodes]
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout.split("\n")

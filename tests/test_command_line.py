@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import CLEAN_ENV
+
 from fasterfs.config import PROJECT_DIR
 
 PYTHON = str(PROJECT_DIR / ".venv/bin/python")
@@ -90,9 +90,9 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     import urllib.request
 
     import ray
+    from conftest import wait_until
     from ray.util.state import list_actors, list_tasks
 
-    from conftest import wait_until
     from fasterfs import auth, cluster
 
     out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "size=1MB", "graysort.baseline=false",
@@ -161,7 +161,7 @@ def test_every_subcommand_names_its_arguments_and_gives_an_example():
         usage = " ".join(out.stdout.split("\n\n")[0].split())  # argparse's usage, unwrapped
         for _, spec in command.args:
             assert spec["metavar"] in usage and spec["help"] in " ".join(out.stdout.split()), (name, out.stdout)
-        assert f"example:\n  fasterfs {name}" in out.stdout or f"example:\n  eval" in out.stdout, (name, out.stdout)
+        assert f"example:\n  fasterfs {name}" in out.stdout or "example:\n  eval" in out.stdout, (name, out.stdout)
     usage = run(fasterfs, "put", "--help").stdout
     assert "LOCAL [LOCAL ...] DEST" in " ".join(usage.split())
 

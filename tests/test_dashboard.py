@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import load_job, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from fasterfs import bpf, cluster, config
 from fasterfs.dashboard import _banners, _nodes
 from fasterfs.errors import FasterFSError
 from fasterfs.monitor import Monitor
-
-from conftest import load_job, wait_until
 
 
 def get(url: str) -> tuple[int, bytes, str]:

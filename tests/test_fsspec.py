@@ -8,7 +8,7 @@ import csv
 import errno
 import posixpath
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import duckdb
 import fsspec
@@ -76,7 +76,7 @@ def test_what_tools_ask_of_a_file(ffs, stored, overrides, tmp_path):
     put(cfg, tmp_path / "v", path)
     try:
         modified = ffs.modified(path)
-        assert isinstance(modified, datetime) and modified.tzinfo == timezone.utc
+        assert isinstance(modified, datetime) and modified.tzinfo == UTC
         assert before - 1 <= modified.timestamp() <= time.time() + 1
         assert ffs.created(path) == modified
         key, check = ffs.ukey(path), ffs.checksum(path)

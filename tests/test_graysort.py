@@ -2,17 +2,16 @@
 keys); corrupted output fails validation at the right place; the driver's memory stays
 flat as the size grows; bad input is refused before anything starts."""
 import threading
-from pathlib import Path
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import submit_job
 
 from fasterfs import config, credentials, graysort, records, s3
 from fasterfs.config import Paths
 from fasterfs.errors import FasterFSError
-
-from conftest import submit_job
 
 
 def sort_cfg(overrides, *extra):

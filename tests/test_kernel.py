@@ -8,13 +8,12 @@ import uuid
 
 import pytest
 import ray
+from conftest import wait_until
 
 from fasterfs import bpf, cluster, credentials, s3
 from fasterfs.bpf import events as ev
 from fasterfs.bpf import tc, testrun
 from fasterfs.config import Layout
-
-from conftest import wait_until
 
 MARK = 0x5FF5
 

@@ -13,6 +13,15 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import (
+    assert_nothing_left,
+    cluster_overrides,
+    data_overrides,
+    load_job,
+    mounts_under,
+    submit_job,
+    wait_until,
+)
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
@@ -20,9 +29,6 @@ from fasterfs import auth, cluster, config, erasure, identity, lab, registry, re
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put
-
-from conftest import (assert_nothing_left, cluster_overrides, data_overrides, load_job, mounts_under, submit_job,
-                      wait_until)
 
 SUBNET = "198.18.7"
 PROJECT = config.PROJECT_DIR

@@ -5,13 +5,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under
 from omegaconf import OmegaConf
 
 from fasterfs import cluster, config
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
-
-from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under
 
 
 @pytest.fixture
@@ -88,12 +87,12 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
     import signal
     import sys
 
+    from conftest import data_overrides
+
     import fasterfs
     from fasterfs import auth
     from fasterfs.cgroup import ProjectCgroup
     from fasterfs.ingest import ingest
-
-    from conftest import data_overrides
 
     root = Path(str(tmp_path_factory.mktemp("att"))[:60])
     own = cluster_overrides(root, "127.0.3.2", 2, nodes=1)

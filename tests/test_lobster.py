@@ -4,11 +4,10 @@ import gzip
 import numpy as np
 import polars as pl
 import pytest
+from conftest import HAVE_SAMPLE, LOBSTER
 
 from fasterfs import lobster
 from fasterfs.errors import FasterFSError
-
-from conftest import HAVE_SAMPLE, LOBSTER
 
 MSG = "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz"
 OB = "AAPL_2012-06-21_34200000_37800000_orderbook_30.csv.gz"

@@ -11,12 +11,11 @@ import subprocess
 import time
 
 import ray
+from conftest import wait_until
 
 from fasterfs import cluster, config, credentials, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
-
-from conftest import wait_until
 
 
 def daemon_counts(actor, point, after: float) -> dict:

@@ -20,14 +20,13 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 import ray
+from conftest import CLEAN_ENV, command_lines, wait_until
 
 import fasterfs
 from fasterfs import cluster, config, namespace
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put, remove
 from fasterfs.reader import Namespace
-
-from conftest import CLEAN_ENV, command_lines, wait_until
 
 
 @pytest.fixture

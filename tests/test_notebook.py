@@ -52,10 +52,10 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
     import urllib.error
     import urllib.request
 
-    from jupyter_client import BlockingKernelClient
-
     from browser import Browser
     from conftest import CLEAN_ENV
+    from jupyter_client import BlockingKernelClient
+
     from fasterfs import cluster, notebook
 
     manifest = ingest_as("csv")

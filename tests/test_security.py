@@ -8,12 +8,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import CLEAN_ENV, assert_nothing_left, cluster_overrides, command_lines, data_overrides, submit_job
 
 import fasterfs
 from fasterfs import auth, cluster, config, credentials, registry, s3
 from fasterfs.config import Paths
-
-from conftest import CLEAN_ENV, assert_nothing_left, command_lines, cluster_overrides, data_overrides, submit_job
 
 PROJECT = config.PROJECT_DIR
 # a driver that joins and runs one task: what anyone reaching the GCS would try

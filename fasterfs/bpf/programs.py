@@ -15,13 +15,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import FasterFSError
 from . import events as ev
-from .events import hist_quantile
 from . import tc
+from .events import hist_quantile
 
 log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
