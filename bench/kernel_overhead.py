@@ -116,7 +116,8 @@ def main(argv: list[str]) -> dict:
     print(f"MinIO GETs of {args.size_mb} MB, {args.rounds} interleaved rounds x {args.gets}:")
     for side in ("without", "with"):
         print(f"  programs {side:8s}: {med[side]['mb_s']:7.1f} MB/s   p50 {med[side]['p50_ms']:.3f} ms")
-    print(f"  throughput cost: {result['throughput_cost_pct']:+.2f}%   p50 ratio: {result['p50_ratio_with_over_without']:.3f}")
+    print(f"  throughput cost: {result['throughput_cost_pct']:+.2f}%   "
+          f"p50 ratio: {result['p50_ratio_with_over_without']:.3f}")
     print(f"  TC program: {n_runs} runs, {result['tc_ns_per_run']:.0f} ns per run (bpf_stats)")
     if sock_runs[0]:
         print(f"  SOCK_OPS program: {sock_runs[0]} runs, {result['sockops_ns_per_run']:.0f} ns per run")

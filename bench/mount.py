@@ -1,8 +1,8 @@
 """Unmodified readers on hot data, side by side in one run: per-file open().read() of every chunk
 file of the dataset ingested last, through the mount (passthrough for hot files), with the
-client's `read_chunk`, from MinIO direct, and from a local copy of the same bytes (the floor). Every chunk is in the caches
-(`cache warm`) and read through each path twice before the timed rounds; rounds interleave the
-paths so the machine's drift falls on all of them.
+client's `read_chunk`, from MinIO direct, and from a local copy of the same bytes (the floor).
+Every chunk is in the caches (`cache warm`) and read through each path twice before the timed
+rounds; rounds interleave the paths so the machine's drift falls on all of them.
 
     python bench/mount.py                  (on `fasterfs up` with a dataset ingested)
     python bench/mount.py bench.mount_rounds=9
@@ -86,7 +86,8 @@ def main(argv: list[str]) -> dict:
     console.print(f"per-file open().read(), hot, {len(ids)} files of {report.fmt_bytes(result['file_bytes_avg'])}, "
                   f"{rounds} rounds")
     for name, s in stats.items():
-        console.print(f"  {name:18s} p50 {s['p50_ms']:7.3f} ms  p95 {s['p95_ms']:7.3f} ms  {vs_local[name]:5.2f}x local")
+        console.print(f"  {name:18s} p50 {s['p50_ms']:7.3f} ms  p95 {s['p95_ms']:7.3f} ms  "
+                      f"{vs_local[name]:5.2f}x local")
     console.print(f"  native mount vs MinIO direct: {result['native_vs_minio_x_faster']:.1f}x faster; "
                   f"native daemon: {counts.get('native')}")
     out = report.run_dir(cfg, "bench_mount")

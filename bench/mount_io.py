@@ -163,12 +163,13 @@ class Run:
                 self.restart_peers_empty()
                 for name, path in paths.items():
                     mounts.drop_page_cache()
-                    runs[f"{name}: cold"].append(self.measured(name, f"{rw} cold", lambda: fio(path, rw, bs))["mb_s"])
+                    got = self.measured(name, f"{rw} cold", lambda path=path, rw=rw, bs=bs: fio(path, rw, bs))
+                    runs[f"{name}: cold"].append(got["mb_s"])
                 self.warm_fasterfs(manifest)
                 for name, path in paths.items():
                     mounts.drop_page_cache()
                     for phase in ("first read of cached", "repeated"):
-                        got = self.measured(name, f"{rw} {phase}", lambda: fio(path, rw, bs))
+                        got = self.measured(name, f"{rw} {phase}", lambda path=path, rw=rw, bs=bs: fio(path, rw, bs))
                         runs[f"{name}: {phase}"].append(got["mb_s"])
             key = f"{rw} {bs}"
             self.result["fio"][key] = {k: round(statistics.median(v), 1) for k, v in runs.items()}
@@ -206,7 +207,8 @@ class Run:
         out = {}
         for name, root in roots.items():
             find_cat(root)  # the first pass fills the peers' caches and the kernel's dentries
-            out[name] = self.measured(name, "small files hot", lambda: {**find_cat(root), "bytes": m.total_bytes})
+            out[name] = self.measured(name, "small files hot",
+                                      lambda root=root: {**find_cat(root), "bytes": m.total_bytes})
             if out[name]["files"] != len(m):
                 raise RuntimeError(f"{name}: find saw {out[name]['files']} files, the dataset has {len(m)}")
         self.result["small_files"] = {"files": len(m), "bytes_avg": m.total_bytes / len(m),

@@ -14,7 +14,7 @@ __all__ = ["FasterFSError", "connect", "data"]
 def connect(root=None, overrides=(), use_cache: bool = True, dataset: str | None = None):
     """A client of a dataset (default: the one ingested last) or a file of the running
     cluster (see fasterfs.client.Client)."""
-    from .client import connect as _connect
+    from .tables import connect as _connect
 
     return _connect(root, overrides, use_cache, dataset)
 

@@ -69,7 +69,10 @@ def prepare_driver(root: str | os.PathLike | None) -> None:
     if "ray._raylet" in sys.modules:
         # Ray reads RAY_AUTH_* when it loads and caches the token: make it read them again
         # (what Ray's own tests do between clusters). Only ever before ray.init.
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import (  # type: ignore[attr-defined]  # Ray's _raylet.pyi omits these
+            AuthenticationTokenLoader,
+            Config,
+        )
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
@@ -121,7 +124,9 @@ def accepts(token: str, authorization: str | None, cookie: str | None) -> bool:
     """A request carrying `Authorization: Bearer <token>` or the cookie /login set."""
     if authorization and authorization.lower().startswith("bearer "):
         return hmac.compare_digest(authorization[7:].strip().encode(), token.encode())
-    return bool(cookie) and hmac.compare_digest(cookie.encode(), session_value(token).encode())
+    if not cookie:
+        return False
+    return hmac.compare_digest(cookie.encode(), session_value(token).encode())
 
 
 LOGIN_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>FasterFS: sign in</title></head>

@@ -28,8 +28,10 @@ so a reader that has it open keeps reading the bytes it opened (no hole is punch
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import operator
 import os
 import struct
 import threading
@@ -419,7 +421,8 @@ class ChunkCache:
     def _rebuild_file(self, f: Path, verify: bool) -> None:
         """A file entry's whole chunks, from its index. It goes whole if it has none, or one
         that fails its checksum (its slot would still vouch for the bytes)."""
-        unit, found = f.name.removesuffix(FILE_SUFFIX), {}
+        unit = f.name.removesuffix(FILE_SUFFIX)
+        found: dict[str, Place] = {}
         try:
             with open(f, "rb") as fh, open(f.with_suffix(INDEX_SUFFIX), "rb") as idx:
                 file_size, slots = os.fstat(fh.fileno()).st_size, idx.read()
@@ -459,7 +462,7 @@ class ChunkCache:
         dropped = 0
         for name, path, place in names:
             if read_entry(path, verify=True, touch=False, place=place) in (DAMAGED, STALE):
-                self._drop(lambda n: n == name)
+                self._drop(functools.partial(operator.eq, name))  # this entry alone
                 dropped += 1
         self.counters["scrubs"] += 1
         self.counters["scrub_dropped"] += dropped
@@ -551,6 +554,7 @@ class ChunkCache:
         any old index is gone, so no slot ever describes another file's bytes."""
         path, index = place.paths(self.dir)
         with self._unit_locks[hash(place.unit) % len(self._unit_locks)]:
+            fd: int | None
             try:
                 fd = os.open(path, os.O_RDWR)
                 if os.fstat(fd).st_size != place.file_size:  # a leftover of another shape
@@ -559,7 +563,7 @@ class ChunkCache:
             except FileNotFoundError:
                 fd = None
             created = fd is None
-            if created:
+            if fd is None:
                 index.unlink(missing_ok=True)
                 tmp = self.dir / f"{TMP_PREFIX}{place.unit}.{os.getpid()}.{threading.get_ident()}"
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)

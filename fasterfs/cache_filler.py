@@ -30,7 +30,7 @@ class CacheFiller:
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
         self._stale_seq: collections.Counter = collections.Counter()
-        self.counters = collections.Counter()
+        self.counters: collections.Counter[str] = collections.Counter()
 
     def pending(self) -> int:
         with self._lock:

@@ -74,7 +74,8 @@ class ProjectCgroup:
     def from_dict(cls, d: dict) -> ProjectCgroup:
         return cls(Path(d["path"]) if d.get("path") else None, Path(d["mounted_at"]) if d.get("mounted_at") else None)
 
-    def spawn(self, args: list[str], log_path: Path, env: dict | None = None, child: str | None = None) -> subprocess.Popen:
+    def spawn(self, args: list[str], log_path: Path, env: dict | None = None,
+              child: str | None = None) -> subprocess.Popen:
         """Start a process inside the cgroup (or its `child` cgroup), in a session of its own.
 
         A small shell writes its own PID into cgroup.procs and then execs the command, so
@@ -105,7 +106,7 @@ class ProjectCgroup:
     def kill_all(self, timeout: float = 10.0) -> int:
         """SIGKILL whatever is left in the cgroup; returns how many processes that was."""
         left = self.pids()
-        if not left:
+        if not left or self.path is None:  # (no cgroup: pids() found none)
             return 0
         kill_file = self.path / "cgroup.kill"
         if kill_file.exists():
@@ -126,7 +127,7 @@ class ProjectCgroup:
             self.kill_all()
             # children first; the kernel frees a cgroup a moment after its last process
             for directory in sorted((Path(d) for d, _, _ in os.walk(self.path)), key=lambda p: -len(p.parts)):
-                for attempt in range(50):
+                for _attempt in range(50):
                     try:
                         directory.rmdir()
                         break

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from rich.table import Table
@@ -34,6 +35,7 @@ def cmd_lab_up(cfg) -> None:
     with console.status(f"creating {cfg.nodes} lab hosts (profile {cfg.lab.profile}) and starting the cluster"):
         state = lab.up(cfg)
     rec = state.lab
+    assert rec is not None  # lab.up records the lab network it made
     limits = (f"disk {rec['disk_mbit'] or 'unlimited'} Mbit/s, link {rec['link_mbit'] or 'unlimited'} Mbit/s per host")
     console.print(f"[green]FasterFS lab up[/]: {len(state.nodes)} hosts on bridge {rec['bridge']} "
                   f"({', '.join(f'{n.netns}={n.address}' for n in state.nodes)}); {limits}; "
@@ -85,7 +87,7 @@ def cmd_lab_power_on(cfg, node: int, empty: bool = False) -> None:
     with console.status(f"starting lab host {index}"):
         state = lab.power_on(cfg, index, empty)
     console.print(f"lab host {index} back{' with a blank disk' if empty else ''}: Ray node "
-                  f"{state.node(index).ray_node_id[:12]}, StorageNode up; "
+                  f"{(state.node(index).ray_node_id or '-')[:12]}, StorageNode up; "
                   f"`fasterfs repair` (or the StorageNodes after repair.check_s) refills it")
 
 
@@ -102,7 +104,8 @@ def cmd_status(cfg) -> None:
                       str(r.get("objects", "-")), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
     console.print(table)
     _print_redundancy(repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack))
-    console.print(f"Ray dashboard: {state.dashboard_url}" + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
+    console.print(f"Ray dashboard: {state.dashboard_url}"
+                  + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
     if state.notebook:
         console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
     for r in rows:
@@ -182,7 +185,8 @@ def cmd_down(cfg) -> None:
     with console.status("stopping the cluster"):
         report = cluster.down(cfg)
     console.print(f"[green]FasterFS cluster down[/]: {report['actors_stopped']} StorageNodes and "
-                  f"{report['ray_nodes_stopped']} Ray nodes stopped, {report['processes_killed']} stray processes killed")
+                  f"{report['ray_nodes_stopped']} Ray nodes stopped, "
+                  f"{report['processes_killed']} stray processes killed")
     for err in report["actor_errors"]:
         console.print(f"[yellow]warning[/]: {err}")
 
@@ -242,7 +246,8 @@ def cmd_kernel_status(cfg) -> None:
                           f"{p['latency_count']} (log2 µs histogram {p['latency_hist_log2_us']})")
         sock = snap["sockops"]
         if "options" in sock:
-            opts = ", ".join(f"{name} ok {o['ok']} failed {o['fail']}" + (f" (errno {o['last_error']})" if o["last_error"] else "")
+            opts = ", ".join(f"{name} ok {o['ok']} failed {o['fail']}"
+                             + (f" (errno {o['last_error']})" if o["last_error"] else "")
                              for name, o in sock["options"].items())
             console.print(f"  SOCK_OPS on {snap['sockops_cgroup']}: {sock.get('connections_matched', 0)} MinIO "
                           f"connections of {sock.get('connections_seen', 0)}; {opts}")
@@ -268,9 +273,9 @@ def cmd_cache_status(cfg) -> None:
     for r in rows:
         f, rd = r["filler"], r["readers"]
         mode = r["kernel_mode"] if r["kernel_mode"] == "real" else "[yellow]SIMULATED[/]"
-        table.add_row(str(r["index"]), mode, str(r["entries"]), report.fmt_bytes(r["bytes"]), report.fmt_bytes(r["capacity"]),
-                      str(rd["hits"]), str(rd["misses"]), report.fmt_bytes(rd["bytes_from_cache"]),
-                      report.fmt_bytes(rd["bytes_from_minio"]),
+        table.add_row(str(r["index"]), mode, str(r["entries"]), report.fmt_bytes(r["bytes"]),
+                      report.fmt_bytes(r["capacity"]), str(rd["hits"]), str(rd["misses"]),
+                      report.fmt_bytes(rd["bytes_from_cache"]), report.fmt_bytes(rd["bytes_from_minio"]),
                       f"{f.get('hot_fills', 0)}/{f.get('prefetch_fills', 0)}/{f.get('warm_fills', 0)}",
                       str(r["evictions"]), str(f.get("prefetch_shed", 0)),
                       str(rd["damaged_dropped"] + r["scrub_dropped"]))
@@ -296,7 +301,7 @@ def cmd_cache_warm(cfg, chunks: list[int] | None = None) -> None:
     import ray
     from rich.progress import Progress
 
-    from .client import connect
+    from .tables import connect
 
     client = connect(cfg.cluster.root)
     ids = list(range(len(client))) if chunks is None else chunks
@@ -323,8 +328,8 @@ def cmd_cache_clear(cfg) -> None:
 
     state = registry.find(cfg)
     removed = ray.get([a.cache_clear.remote() for a in cluster.storage_nodes(state)])
-    console.print(f"removed {sum(removed)} cache entries ({', '.join(f'node {i}: {n}' for i, n in enumerate(removed))}); "
-                  "kernel counts start over")
+    per_node = ", ".join(f"node {i}: {n}" for i, n in enumerate(removed))
+    console.print(f"removed {sum(removed)} cache entries ({per_node}); kernel counts start over")
 
 
 def _one_node_per_host(state) -> list:
@@ -350,7 +355,8 @@ def cmd_mount(cfg, mountpoint: str) -> None:
             ray.get(actor.umount.remote(path))
         raise e.as_instanceof_cause() from None
     console.print(f"[green]mounted[/] the namespace read-only at {mountpoint} on "
-                  f"{len(done)} host{'s' if len(done) > 1 else ''} (nodes {', '.join(str(n.index) for n, _, _ in done)})")
+                  f"{len(done)} host{'s' if len(done) > 1 else ''} "
+                  f"(nodes {', '.join(str(n.index) for n, _, _ in done)})")
 
 
 def cmd_umount(cfg, mountpoint: str) -> None:
@@ -369,11 +375,14 @@ def cmd_put(cfg, sources: list[str], dest: str, force: bool = False) -> None:
     into_dir = dest.endswith("/") or len(sources) > 1
     for src in sources:
         name = f"{dest.rstrip('/')}/{src.rstrip('/').rsplit('/', 1)[-1]}" if into_dir else dest
-        from rich.progress import Progress
+        from rich.progress import Progress, TaskID
 
         with Progress(console=console) as bar:
             task = bar.add_task(f"put {src} -> {name}", total=None)
-            m = put(cfg, src, name, force, progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+            def progress(done: int, total: int, bar: Progress = bar, task: TaskID = task) -> None:
+                bar.update(task, completed=done, total=total)  # called by put, within this iteration
+            m = put(cfg, src, name, force, progress=progress)
         console.print(f"[green]stored[/] {name}: {report.fmt_bytes(m.total_bytes)} in {len(m)} chunks, "
                       f"{m.redundancy()}")
 
@@ -393,11 +402,11 @@ def cmd_ls(cfg, path: str = "") -> None:
         raise FasterFSError(str(e)) from None
     import time
 
-    for e in entries:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime)) if e.mtime else "-"
-        kind = "dir " if e.is_dir else (e.manifest.kind if e.manifest else "")
-        console.print(f"{kind:8s} {report.fmt_bytes(e.size) if not e.is_dir else '':>10s}  {when}  "
-                      f"{e.path + ('/' if e.is_dir else '')}", highlight=False)
+    for ent in entries:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(ent.mtime)) if ent.mtime else "-"
+        kind = "dir " if ent.is_dir else (ent.manifest.kind if ent.manifest else "")
+        console.print(f"{kind:8s} {report.fmt_bytes(ent.size) if not ent.is_dir else '':>10s}  {when}  "
+                      f"{ent.path + ('/' if ent.is_dir else '')}", highlight=False)
 
 
 def cmd_cat(cfg, path: str) -> None:
@@ -509,8 +518,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     groups: dict[str, argparse._SubParsersAction] = {}
     parsers = {}
     for name, c in COMMANDS.items():
-        kw = dict(help=c.help, description=c.help, formatter_class=argparse.RawDescriptionHelpFormatter,
-                  epilog=f"example:\n  {c.example}\n\n{OVERRIDES_RULE}")
+        kw: dict[str, Any] = dict(help=c.help, description=c.help,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter,
+                                  epilog=f"example:\n  {c.example}\n\n{OVERRIDES_RULE}")
         if " " in name:  # `fasterfs kernel status`
             group, action = name.split(" ", 1)
             if group not in groups:
@@ -522,7 +532,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         for arg, spec in c.args:
             p.add_argument(arg, **spec)
         p.add_argument("--nodes", type=int, metavar="N", help="shorthand for the override nodes=N")
-        p.add_argument("--cfg", choices=["job"], help="print the composed configuration (as Hydra's --cfg job) and exit")
+        p.add_argument("--cfg", choices=["job"],
+                       help="print the composed configuration (as Hydra's --cfg job) and exit")
         for flag, spec in c.flags:
             p.add_argument(flag, **spec)
         parsers[name] = p
@@ -532,12 +543,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the words argparse reads, the Hydra overrides), by OVERRIDES_RULE. A command that takes
     no arguments hands every KEY=VALUE word to Hydra, which names a key that does not exist."""
-    keys = config.override_keys()
+    keys: set[str] | None = config.override_keys()
     plain = [w for w in argv if not w.startswith("-")]
     name = next((n for n in (" ".join(plain[:2]), " ".join(plain[:1])) if n in COMMANDS), None)
     if name is not None and not COMMANDS[name].args:
         keys = None
-    words, overrides = [], []
+    words: list[str] = []
+    overrides: list[str] = []
     for n, word in enumerate(argv):
         if word == "--":
             return words + argv[n:], overrides

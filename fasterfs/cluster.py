@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import auth, credentials, identity, notebook, process, registry, tls
 from .bpf.pinned import unmount_bpffs
@@ -25,6 +26,7 @@ from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binar
 from .errors import FasterFSError
 from .fsutil import atomic_write
 from .minio_server import check_port_free, endpoint
+from .node_directory import NodeDirectory
 from .state import (
     ClusterState,
     Host,
@@ -221,6 +223,7 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
     try:
         state.save()  # provisional: lets `down` clean up if we fail from here on
         if not cfg.cluster.attach:
+            assert hosts is not None  # set above when not attaching
             _start_ray(cfg, layout, state, hosts, head)
         connect_ray(state)  # as a driver on the head, as `ray exec` runs
         head_id = _head_node_id(state)
@@ -244,7 +247,8 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
 def _head_node_id(state: ClusterState) -> str:
     import ray
 
-    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address), None)
+    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address),
+                None)
     if head is None:
         raise FasterFSError(f"no Ray node has the head's address {state.head_address}; give cluster.ray_address "
                             "as <head IP>:<port>")
@@ -301,14 +305,16 @@ def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
     silent = [a for a, ref in refs.items() if ref not in done]
     if silent:
         raise FasterFSError(f"hosts {silent} did not answer FasterFS's probe within {cfg.cluster.start_timeout_s} s")
-    hosts = [dict(ray.get(refs[a]), address=a) for a in addresses]
+    answers: dict[str, dict] = {a: ray.get(refs[a]) for a in addresses}
+    hosts = [dict(answers[a], address=a) for a in addresses]
     identity.check_versions(hosts)
     ids = identity.assign(hosts)
     nodes = []
     for h in hosts:
         a, old = h["address"], started.get(h["address"])
-        nodes.append(NodeState(ids[a], a, endpoint(a, cfg.minio.port, cfg.minio.tls), old.ray_pid if old else None, alive[a],
-                               netns=old.netns if old else None, host_id=h["host_id"], disk=old.disk if old else None))
+        nodes.append(NodeState(ids[a], a, endpoint(a, cfg.minio.port, cfg.minio.tls), old.ray_pid if old else None,
+                               alive[a], netns=old.netns if old else None, host_id=h["host_id"],
+                               disk=old.disk if old else None))
     state.nodes = sorted(nodes, key=lambda n: n.index)
 
 
@@ -324,7 +330,7 @@ def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys
         name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
         max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
     ).remote(node.index, node.address, state.config, keys) for node in nodes}
-    refs = {i: a.ready.remote() for i, a in actors.items()}
+    refs = {i: a.ready.remote() for i, a in actors.items()}  # type: ignore[attr-defined]  # Ray's typing of actor methods
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
     for node in nodes:
         ref = refs[node.index]
@@ -352,10 +358,9 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     if process.running(node.ray_pid) and is_ray_start(node.ray_pid):
         raise FasterFSError(f"node {index} ({node.address}) is running: its Ray node is pid {node.ray_pid}")
     connect_ray(state)
-    try:  # the old actor is dead with its Ray node; make sure its name is free
-        ray.kill(ray.get_actor(actor_name(index), namespace=state.namespace), no_restart=True)
-    except ValueError:
-        pass
+    old = NodeDirectory(state.namespace).get(index)
+    if old is not None:  # the old actor is dead with its Ray node; make sure its name is free
+        ray.kill(old, no_restart=True)
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
     head = Host(state.head_address)
@@ -389,7 +394,8 @@ def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False),
     ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s, cfg.dashboard.require_token)
     try:
-        return ray.get(actor.ready.remote(), timeout=cfg.cluster.start_timeout_s)
+        ref: ray.ObjectRef[str] = actor.ready.remote()  # type: ignore[attr-defined]  # Ray's typing of actor methods
+        return ray.get(ref, timeout=cfg.cluster.start_timeout_s)
     except ray.exceptions.RayTaskError as e:
         raise e.as_instanceof_cause() from None
 
@@ -430,7 +436,8 @@ def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str
                 raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
                                     f"{_log_tail(logs / f'ray-node-{node.index}.log')}")
         if time.monotonic() > deadline:
-            raise FasterFSError(f"only {sorted(alive)} of {sorted(wanted)} joined within {cfg.cluster.start_timeout_s} s")
+            raise FasterFSError(f"only {sorted(alive)} of {sorted(wanted)} joined within "
+                                f"{cfg.cluster.start_timeout_s} s")
         time.sleep(0.3)
 
 
@@ -439,8 +446,8 @@ def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str
 
 def teardown(state: ClusterState) -> dict:
     """Stop everything the cluster started, whatever state it is in. Returns what was done."""
-    report = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
-              "tc_filters_removed": 0}
+    report: dict[str, Any] = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0,
+                              "processes_killed": 0, "tc_filters_removed": 0}
     report["notebook_stopped"] = notebook.stop(state)
     if state.running():
         try:
@@ -449,9 +456,10 @@ def teardown(state: ClusterState) -> dict:
             connect_ray(state)
             _stop_dashboard(state, report)
             _stop_registry(state)
+            nodes = NodeDirectory(state.namespace)
             for node in state.nodes:
                 try:
-                    actor = ray.get_actor(actor_name(node.index), namespace=state.namespace)
+                    actor = nodes.require(node.index)
                     ray.get(actor.stop.remote(), timeout=30)
                     ray.kill(actor, no_restart=True)
                     report["actors_stopped"] += 1
@@ -479,7 +487,7 @@ def teardown(state: ClusterState) -> dict:
         cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
     except (OSError, FasterFSError) as e:
         report["actor_errors"].append(f"cgroup {cgroup.path}: {e}"[:300])
-    spill = state.config.get("cluster", {}).get("spill_dir")
+    spill = state.settings.spill_dir
     if spill and not state.attached:  # spilled objects die with the cluster, on the head and lab disks
         shutil.rmtree(spill, ignore_errors=True)
         for n in state.nodes:
@@ -529,7 +537,7 @@ def _remove_tc_filters(state: ClusterState) -> int:
         return 0
     from .bpf import tc
 
-    return tc.remove(state.config["kernel"]["interface"], filter_prefix(state.name), drop_qdisc=True)
+    return tc.remove(state.settings.interface, filter_prefix(state.name), drop_qdisc=True)
 
 
 def _wait_gone(pid: int, timeout: float) -> None:

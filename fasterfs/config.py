@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -63,7 +64,7 @@ def is_override(word: str, keys: set[str] | None) -> bool:
     """`nodes=4`, `data=synthetic`, `+x.y=1`, `~x`: an override; `nodes.csv`, `a=b.csv`, `dir/x=1`: not.
     keys=None: any key (Hydra then names one that does not exist)."""
     m = OVERRIDE.match(word)
-    return bool(m) and (keys is None or m.group(2) in keys) and (m.group(3) == "=" or m.group(1) == "~")
+    return m is not None and (keys is None or m.group(2) in keys) and (m.group(3) == "=" or m.group(1) == "~")
 
 
 def _culprit(overrides: Sequence[str]) -> str:
@@ -168,7 +169,7 @@ def validate(cfg: DictConfig) -> None:
 
 def to_dict(cfg: DictConfig) -> dict:
     """A plain dict, for shipping configuration to Ray actors and tasks."""
-    return OmegaConf.to_container(cfg, resolve=True)
+    return cast(dict, OmegaConf.to_container(cfg, resolve=True))  # a DictConfig's container is a dict
 
 
 def as_cfg(cfg: DictConfig | dict) -> DictConfig:
@@ -254,8 +255,9 @@ def minio_binary(cfg) -> Path:
         path = Path(cfg.minio.binary)
     else:
         path = PROJECT_DIR / ".deps" / "bin" / "minio"
-        if not path.exists() and shutil.which("minio"):
-            path = Path(shutil.which("minio"))
+        found = shutil.which("minio")
+        if not path.exists() and found:
+            path = Path(found)
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise FasterFSError(
             f"MinIO binary not found at {path}: run `make setup` (builds it with `go install` into .deps/bin) "

@@ -46,36 +46,43 @@ def _generate(prefix: str) -> Credentials:
     return Credentials(f"{prefix}-{secrets.token_hex(8)}", secrets.token_urlsafe(30))
 
 
-def _save(path: Path, keys: ClusterKeys) -> None:
-    atomic_write_json(path, {"access_key": keys.admin.access_key, "secret_key": keys.admin.secret_key,
-                             "reader": {"access_key": keys.reader.access_key, "secret_key": keys.reader.secret_key}},
+def _save(path: Path, admin: Credentials, reader: Credentials) -> None:
+    atomic_write_json(path, {"access_key": admin.access_key, "secret_key": admin.secret_key,
+                             "reader": {"access_key": reader.access_key, "secret_key": reader.secret_key}},
                       mode=0o600)
 
 
 def create(path: Path, rotate: bool = False) -> ClusterKeys:
     """The cluster's keys: generated if the file is missing; otherwise the file's (the data on
-    disk lives under them), with new keys for both users if `rotate` (the MinIO servers take
-    them when they next start, the data stays)."""
-    old = load(path) if path.exists() else None
-    if old and not rotate and old.reader is not None:
-        return old
-    reader = old.reader if old and old.reader else _generate("ffs-reader")
+    disk lives under them, and a file written before readers had their own keys gains them),
+    with new keys for both users if `rotate` (the MinIO servers take them when they next start,
+    the data stays)."""
+    admin, reader = _read(path) if path.exists() else (None, None)
+    if admin is not None and reader is not None and not rotate:
+        return ClusterKeys(admin, reader)
+    reader = reader or _generate("ffs-reader")
     if rotate:  # the same reader user, a new secret: MinIO then knows no old reader secret
         reader = Credentials(reader.access_key, secrets.token_urlsafe(30))
-    keys = ClusterKeys(_generate("ffs") if rotate or not old else old.admin, reader)
-    _save(path, keys)
-    return keys
+    admin = _generate("ffs") if rotate or admin is None else admin
+    _save(path, admin, reader)
+    return ClusterKeys(admin, reader)
 
 
 def load(path: Path) -> ClusterKeys:
-    """The keys in `path`; `reader` is None in a file written before readers had their own."""
+    admin, reader = _read(path)
+    if reader is None:
+        raise FasterFSError(f"credentials file {path} has no reader keys: `fasterfs up` adds them")
+    return ClusterKeys(admin, reader)
+
+
+def _read(path: Path) -> tuple[Credentials, Credentials | None]:
     mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0
     if mode & 0o077:
         raise FasterFSError(f"credentials file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
     data = read_json(path, "credentials file")
     try:
         reader = data.get("reader")
-        return ClusterKeys(Credentials(data["access_key"], data["secret_key"]),
-                           Credentials(reader["access_key"], reader["secret_key"]) if reader else None)
+        return (Credentials(data["access_key"], data["secret_key"]),
+                Credentials(reader["access_key"], reader["secret_key"]) if reader else None)
     except (KeyError, TypeError, AttributeError):
         raise FasterFSError(f"credentials file {path} lacks access_key/secret_key") from None

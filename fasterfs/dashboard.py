@@ -14,6 +14,7 @@ import threading
 import time
 from html import escape as e
 from pathlib import Path
+from typing import Any
 
 from fastapi import WebSocket  # at module level: FastAPI resolves the handler's annotation here
 
@@ -95,7 +96,8 @@ def _nodes(snap: dict) -> str:
             health = '<span class="ok">healthy</span>'
         else:
             health = '<span class="bad">held</span>' if st.get("held") else '<span class="bad">down</span>'
-        mode = {"real": '<span class="ok">real eBPF</span>', "simulated": '<span class="bad">SIMULATED</span>'}
+        mode: dict[str | None, str] = {"real": '<span class="ok">real eBPF</span>',
+                                       "simulated": '<span class="bad">SIMULATED</span>'}
         rows.append([str(n["index"]), e(n["address"] + (f" ({n['netns']})" if n.get("netns") else "")),
                      e(n["endpoint"]), health, _num(st.get("objects")), e(fmt_bytes(st.get("bytes"))),
                      _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-"), _mounts(st.get("mounts"))])
@@ -108,7 +110,8 @@ def _mounts(mounts: list[dict] | None) -> str:
     if not mounts:
         return '<span class="muted">none</span>' if mounts is not None else "-"
     state = lambda m: ('<span class="ok">healthy</span>' if m["healthy"] else  # noqa: E731
-                       '<span class="bad">daemon dead</span>' if not m["alive"] else '<span class="bad">not mounted</span>')
+                       '<span class="bad">daemon dead</span>' if not m["alive"] else
+                       '<span class="bad">not mounted</span>')
     return "<br>".join(f"{e(m['path'])} (daemon {m['pid']}) {state(m)}<br><small>{e(mount_counts(m.get('daemon')))}"
                        "</small>" for m in mounts)
 
@@ -119,7 +122,8 @@ def _redundancy(snap: dict) -> str:
         return ('<p class="muted">Redundancy: not surveyed yet (the lowest-numbered live node does when nodes or '
                 'the namespace change, and every repair.survey_s)</p>')
     down = f'; nodes down: {e(", ".join(map(str, r["nodes_down"])))}' if r["nodes_down"] else ""
-    lost = "".join(f"; <b>LOST</b> {e(name)}: chunks {e(', '.join(map(str, ids)))}" for name, ids in r["lost_chunks"].items())
+    lost = "".join(f"; <b>LOST</b> {e(name)}: chunks {e(', '.join(map(str, ids)))}"
+                   for name, ids in r["lost_chunks"].items())
     cls = "bad" if r["lost"] else "warn" if r["degraded"] else "ok"
     return (f'<p>Redundancy: <span class="{cls}">{r["chunks"] - r["degraded"]:,} of {r["chunks"]:,} chunks at full '
             f'redundancy, {r["degraded"]:,} degraded</span>{lost}{down} '
@@ -179,12 +183,14 @@ def _cache(snap: dict) -> str:
 
 
 def _events(snap: dict, limit: int = 12) -> str:
-    events = sorted(((ev, n["index"]) for n in snap["nodes"] for ev in (n.get("kernel") or {}).get("recent_events", [])),
+    events = sorted(((ev, n["index"]) for n in snap["nodes"]
+                     for ev in (n.get("kernel") or {}).get("recent_events", [])),
                     key=lambda x: x[0].get("ts_ns", 0), reverse=True)[:limit]
     if not events:
         return '<p class="muted">none yet</p>'
     return _table(["node", "event", "request", "count"],
-                  [[str(i), e(ev["type"]), e(f"{ev['method']} {ev['path']}"), _num(ev.get("count"))] for ev, i in events], 3)
+                  [[str(i), e(ev["type"]), e(f"{ev['method']} {ev['path']}"), _num(ev.get("count"))]
+                   for ev, i in events], 3)
 
 
 def _spark(series: dict[int, list[tuple[float, float]]], now: float, span: float = 300, w: int = 420,
@@ -267,8 +273,10 @@ def render_page(monitor: Monitor, refresh_s: float) -> str:
     insecure = insecure_banner(st)
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>FasterFS — {e(st.name)}</title>'
             f"<style>{STYLE}</style></head><body><header><b>FasterFS</b> · cluster {e(st.name)} · {where} · "
-            f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · <a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>{jupyter}"
-            f' · <a href="kernel">kernel view</a> · <a href="runs">job runs, charted</a> · <a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
+            f"{len(st.nodes)} nodes · Ray {e(st.ray_address)} · "
+            f"<a href=\"{e(st.dashboard_url)}\">Ray dashboard</a>{jupyter}"
+            ' · <a href="kernel">kernel view</a> · <a href="runs">job runs, charted</a> · '
+            '<a href="api/snapshot">JSON</a> · <a href="metrics">metrics</a></header>'
             f'{insecure}<main id="live">{render_live(monitor)}</main>'
             f"<script>{SCRIPT.replace('REFRESH_MS', str(int(refresh_s * 1000)))}</script></body></html>")
 
@@ -417,12 +425,12 @@ def ray_jobs(ray_dashboard: str) -> list[dict]:
         jobs = JobSubmissionClient(ray_dashboard).list_jobs()
     except Exception as err:
         return [{"error": f"Ray's job API at {ray_dashboard} did not answer: {type(err).__name__}"}]
-    return sorted(({"id": j.submission_id or j.job_id, "status": str(j.status.value if hasattr(j.status, "value")
-                                                                     else j.status),
-                    "entrypoint": j.entrypoint, "start": (j.start_time or 0) / 1000, "end": (j.end_time or 0) / 1000,
-                    "message": j.message, "metadata": j.metadata or {}} for j in jobs
-                   if j.submission_id),  # `ray job submit`, not every driver that connected
-                  key=lambda j: j["start"], reverse=True)[:50]
+    submitted: list[dict[str, Any]] = [
+        {"id": j.submission_id or j.job_id, "status": str(j.status.value if hasattr(j.status, "value") else j.status),
+         "entrypoint": j.entrypoint, "start": (j.start_time or 0) / 1000, "end": (j.end_time or 0) / 1000,
+         "message": j.message, "metadata": j.metadata or {}} for j in jobs
+        if j.submission_id]  # `ray job submit`, not every driver that connected
+    return sorted(submitted, key=lambda j: j["start"], reverse=True)[:50]
 
 
 class DashboardServer:

@@ -51,7 +51,7 @@ def _read_chunk(cluster: tuple[str, ...], dataset: str, generation: str, i: int,
     default root's, which may hold another cluster on the same machine."""
     import ray
 
-    from .client import connect
+    from .tables import connect
 
     key = (dataset, generation)
     client = _clients.get(key)

@@ -60,7 +60,8 @@ class FasterFileSystem(AbstractFileSystem):
     def ukey(self, path):
         """Changes whenever the file's bytes may have: a new generation of its manifest."""
         entry = self._lookup(self._strip_protocol(path))
-        return hashlib.sha256(f"{entry.path}\0{entry.manifest.generation if entry.manifest else ''}".encode()).hexdigest()
+        generation = entry.manifest.generation if entry.manifest else ""
+        return hashlib.sha256(f"{entry.path}\0{generation}".encode()).hexdigest()
 
     def checksum(self, path):
         """Of the bytes alone: the xxh3 of each chunk the file is made of (the manifest's), in order."""

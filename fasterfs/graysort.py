@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
 import re
@@ -181,7 +182,8 @@ def generate_part(cluster_name: str, p: SortPlan, part: int) -> dict:
     with step("put"):
         _s3(cluster_name, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("input", part), Body=recs.tobytes())
     rng = np.random.default_rng(part)
-    sample = records.key_prefix(recs)[rng.integers(0, count, min(count, SAMPLE_PER_PARTITION))] if count else []
+    sample: np.ndarray | list[int] = (records.key_prefix(recs)[rng.integers(0, count, min(count, SAMPLE_PER_PARTITION))]
+                                      if count else [])
     return {"count": count, "checksum": checksum, "sample": np.asarray(sample, dtype=np.uint64), "steps": step}
 
 
@@ -228,7 +230,8 @@ def coordinator_sort(cluster_name: str, p: SortPlan, boundaries: np.ndarray) -> 
     cuts = np.searchsorted(records.key_prefix(recs), boundaries, side="right")
     t2 = time.perf_counter()
     for part, block in enumerate(np.split(recs, cuts)):
-        _s3(cluster_name, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("baseline", part), Body=block.tobytes())
+        _s3(cluster_name, p.node_of(part)).put_object(Bucket=p.bucket, Key=p.key("baseline", part),
+                                                      Body=block.tobytes())
     t3 = time.perf_counter()
     return {"download_s": t1 - t0, "sort_partition_s": t2 - t1, "upload_s": t3 - t2}
 
@@ -277,7 +280,7 @@ def check(p: SortPlan, parts: list[dict], expected_count: int, expected_checksum
             raise SortValidationError(f"{what}: partition {v['part']} (node {p.node_of(v['part'])}) is not sorted "
                                       f"at record {v['first_unsorted']}")
     nonempty = [v for v in parts if v["count"]]
-    for a, b in zip(nonempty, nonempty[1:]):
+    for a, b in itertools.pairwise(nonempty):
         if a["last_key"] > b["first_key"]:
             raise SortValidationError(f"{what}: partitions out of order: last key of partition {a['part']} > first "
                                       f"key of partition {b['part']} (record 0 of partition {b['part']})")
@@ -295,8 +298,8 @@ def validate(state: cluster.ClusterState, p: SortPlan, expected_count: int, expe
              kind: str = "output") -> dict:
     """valsort over a run's partitions, each checked on the node that holds it."""
     nodes = state.nodes[:p.nodes]
-    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)], f"graysort.validate[part {q}")).remote(state.name, p, q, kind)
-                     for q in range(p.parts)])
+    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)], f"graysort.validate[part {q}"))
+                     .remote(state.name, p, q, kind) for q in range(p.parts)])
     return check(p, parts, expected_count, expected_checksum, kind)
 
 
@@ -327,12 +330,16 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
     t1 = time.perf_counter()
     times["generate_s"] = t1 - t0
 
-    maps, inflight = {}, []
+    maps: dict[int, tuple[ray.ObjectRef, list[ray.ObjectRef]]] = {}  # map -> (its steps, its blocks)
+    inflight: list[ray.ObjectRef] = []
     for j in p.map_order():
         if len(inflight) >= p.max_inflight:  # bound the maps in flight
-            done, inflight = ray.wait(inflight, num_returns=1)
+            _, inflight = ray.wait(inflight, num_returns=1)
             tick("map", len(maps) - len(inflight), p.parts)
-        steps, *blocks = map_part.options(num_returns=p.parts + 1, **on(j, "map")).remote(root, p, j, bounds)
+        # num_returns > 1: a list of refs (Ray's typing has one)
+        refs: list[ray.ObjectRef] = map_part.options(  # type: ignore[assignment]
+            num_returns=p.parts + 1, **on(j, "map")).remote(root, p, j, bounds)
+        steps, *blocks = refs
         maps[j] = (steps, blocks)
         inflight.append(steps)
     reduces = [reduce_part.options(**on(q, "reduce")).remote(root, p, q, *[maps[j][1][q] for j in range(p.parts)])
@@ -349,12 +356,13 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
     task_seconds = {phase: _sum_steps(tasks.values()) for phase, tasks in per_task.items()}
     timeline = _timeline(per_task, nodes)
 
-    checked = gather("validate", [validate_part.options(**on(q, "validate")).remote(root, p, q) for q in range(p.parts)])
+    checked = gather("validate", [validate_part.options(**on(q, "validate")).remote(root, p, q)
+                                  for q in range(p.parts)])
     verdict = check(p, checked, in_count, in_checksum, "output")
     times["validate_s"] = time.perf_counter() - t2
     result = {"plan": asdict(p), "bytes": p.size, "records": in_count, "input_checksum": in_checksum,
               "times": times, "task_seconds": task_seconds, "timeline": timeline, "validation": verdict,
-              "minio_md5_etags": state.config["minio"].get("md5_etags", True),
+              "minio_md5_etags": state.settings.md5_etags,
               "tasks_on_their_nodes": all(t["node"] == p.node_of(t["part"]) for t in timeline),
               "sort_mb_s": p.size / 1e6 / times["sort_s"],
               "partition_records": [v["count"] for v in checked]}

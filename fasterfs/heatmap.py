@@ -15,7 +15,6 @@ import xxhash
 
 from .bpf.events import key_hash
 from .cache import entry_name
-from .erasure import shard_key
 
 NOT_READ, COUNTED, HOT, CACHED, EVICTED, STALE = range(6)
 STATES = {  # code: (name, colour on the page)
@@ -56,9 +55,8 @@ class Index:
 
     def __init__(self, manifests: dict):
         self.id = layout_id(manifests)
-        self.chunks = [(tuple(key_hash(f"/{m.bucket}/{k}") for k in
-                              ([shard_key(c.key, s) for s in range(len(c.shards))] if m.layout == "ec" else [c.key])),
-                        entry_name(c.key)) for m in ordered(manifests) for c in m.chunks]
+        self.chunks = [(tuple(key_hash(f"/{m.bucket}/{k}") for k in m.object_keys(c)), entry_name(c.key))
+                       for m in ordered(manifests) for c in m.chunks]
 
     def cells(self, counts: dict[int, int], cached: frozenset[str], recent: dict[str, int], threshold: int) -> bytes:
         """One node's row: counts are the kernel's (key hash -> GETs this epoch), cached the
@@ -84,6 +82,8 @@ def frame(seq: int, layout: int, rows: list[bytes | None], ncells: int) -> bytes
     another layout is sent as absent, and the page says so."""
     parts = [HEADER.pack(MAGIC, seq, layout, len(rows), ncells)]
     for row in rows:
-        ok = row is not None and len(row) == ncells
-        parts += [b"\x01" if ok else b"\x00", row if ok else bytes(ncells)]
+        if row is not None and len(row) == ncells:
+            parts += [b"\x01", row]
+        else:
+            parts += [b"\x00", bytes(ncells)]
     return b"".join(parts)

@@ -133,7 +133,7 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
                             cfg.placement.load_slack)
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
     prefix = object_prefix(name, kind)
-    bucket = state.config["minio"]["bucket"]
+    bucket = state.settings.bucket
     creds = registry.fetch_credentials(state.name, "admin")
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}  # all: old generations go everywhere
 
@@ -201,7 +201,7 @@ def _collect_garbage(cfg, state, clients=None) -> None:
     if clients is None:
         creds = registry.fetch_credentials(state.name, "admin")
         clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
-    bucket = state.config["minio"]["bucket"]
+    bucket = state.settings.bucket
     for g in gone:
         prefix = g.get("prefix") or f"{g['dataset']}/"  # history from before the namespace
         _delete_objects(clients.values(), bucket, f"{prefix}{g['generation']}/", lambda key: True)

@@ -43,7 +43,8 @@ def up(cfg) -> cluster.ClusterState:
     disks = _disks(cfg)
     state_file = Layout.of(cfg).paths.state_file
     if state_file.exists() and cluster.ClusterState.load(state_file.parent).running():
-        raise FasterFSError(f"a FasterFS cluster is already running under {state_file.parent}; run `fasterfs lab down` first")
+        raise FasterFSError(f"a FasterFS cluster is already running under {state_file.parent}; "
+                            "run `fasterfs lab down` first")
     if leftovers(cfg.cluster.name):  # a lab that crashed: no running cluster owns these any more
         destroy_network(names(cfg.cluster.name, MAX_HOSTS, MAX_HOSTS))
     record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)

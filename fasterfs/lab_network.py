@@ -106,7 +106,7 @@ def destroy_network(record: dict) -> int:
     return removed
 
 
-def leftovers(cluster_name: str, hosts: int = None) -> list[str]:
+def leftovers(cluster_name: str, hosts: int | None = None) -> list[str]:
     """What of a lab still exists (for tests and `lab down` checks)."""
     record = names(cluster_name, hosts or MAX_HOSTS, MAX_HOSTS)
     machines = record["hosts"] + record["outsiders"]

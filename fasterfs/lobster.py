@@ -35,7 +35,7 @@ def columns(level: int) -> list[str]:
     return MESSAGE_COLUMNS + orderbook_columns(level)
 
 
-def schema(level: int) -> dict[str, pl.DataType]:
+def schema(level: int) -> dict[str, type[pl.DataType]]:
     return {c: pl.Float64 if c == "Time" else pl.Int64 for c in columns(level)}
 
 
@@ -128,7 +128,8 @@ def parse_pair(message: bytes, orderbook: bytes, level: int, name: str,
     back = np.flatnonzero(np.diff(time) < 0)
     if back.size:
         i = int(back[0]) + 1
-        raise FasterFSError(f"{message_where} line {i + 1}: time {time[i]} is earlier than the line before ({time[i - 1]})")
+        raise FasterFSError(f"{message_where} line {i + 1}: time {time[i]} is earlier than the line before "
+                            f"({time[i - 1]})")
     ask, bid = oframe["AskPrice1"].to_numpy(), oframe["BidPrice1"].to_numpy()
     crossed = np.flatnonzero((ask <= bid) & (ask != EMPTY_ASK) & (bid != EMPTY_BID))
     if crossed.size:

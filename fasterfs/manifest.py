@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .erasure import shard_key
 from .errors import FasterFSError
 from .fsutil import atomic_write_json, read_json
 
@@ -74,6 +75,17 @@ class Manifest:
         for c in self.chunks:
             out.append(out[-1] + c.bytes)
         return out
+
+    def pieces(self, c: ChunkInfo) -> list[tuple[int, str]]:
+        """(node, object key) of each stored piece of chunk c, in slot order: the one place a
+        chunk is expanded into the objects behind it (ec: slot i is shard i on nodes[i])."""
+        if self.layout == "ec":
+            return [(node, shard_key(c.key, s)) for s, node in enumerate(c.nodes)]
+        return [(node, c.key) for node in c.nodes]
+
+    def object_keys(self, c: ChunkInfo) -> list[str]:
+        """The distinct object keys behind chunk c (its shards, or its one key)."""
+        return [shard_key(c.key, s) for s in range(len(c.nodes))] if self.layout == "ec" else [c.key]
 
     def on_node(self, index: int) -> list[ChunkInfo]:
         return [c for c in self.chunks if index in c.nodes]

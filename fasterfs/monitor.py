@@ -10,15 +10,21 @@ snapshots. The heatmap is sampled only while a /kernel page is open (`Heat`).
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .bpf.events import hist_quantile
 from .config import Paths
 from .fsutil import read_json
+from .node_directory import NodeDirectory
 from .reader_stats import LATENCY_SLOTS
-from .state import ClusterState, actor_name
+from .state import ClusterState
+
+if TYPE_CHECKING:
+    from ray.util.metrics import Gauge
 
 # Counters whose per-second rates the dashboard shows (and charts).
 RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads served from the cache",
@@ -39,6 +45,7 @@ class Monitor:
         self.state = ClusterState.load(self.root)
         self.paths = Paths(self.root)
         self.top_keys, self.min_interval, self.answer_timeout = top_keys, min_interval, answer_timeout
+        self.nodes = NodeDirectory(self.state.namespace)
         self.history: collections.deque = collections.deque(maxlen=history)  # (time, {node: totals})
         self._last: dict | None = None
         self._lock = threading.Lock()
@@ -55,21 +62,23 @@ class Monitor:
         """Ask every StorageNode at once; a node that does not answer in time is shown as such."""
         import ray
 
-        calls, missing = {}, {}
+        calls: dict[int, dict[str, Any]] = {}  # node -> {part: the ObjectRef of its answer}
+        missing: dict[int, str] = {}
         for node in self.state.nodes:
-            try:
-                actor = ray.get_actor(actor_name(node.index), namespace=self.state.namespace)
-            except ValueError as e:
-                missing[node.index] = f"no StorageNode actor: {e}"
+            actor = self.nodes.get(node.index)
+            if actor is None:
+                missing[node.index] = f"no StorageNode actor in Ray namespace {self.state.namespace}"
                 continue
-            calls[node.index] = {"status": actor.status.remote(COUNT_MAX_AGE_S), "kernel": actor.kernel_status.remote(self.top_keys),
+            calls[node.index] = {"status": actor.status.remote(COUNT_MAX_AGE_S),
+                                 "kernel": actor.kernel_status.remote(self.top_keys),
                                  "cache": actor.cache_status.remote()}
         pending = [ref for parts in calls.values() for ref in parts.values()]
         ready = set(ray.wait(pending, num_returns=len(pending), timeout=self.answer_timeout)[0] if pending else ())
         now = time.time()
         nodes = []
         for node in self.state.nodes:
-            row = {"index": node.index, "address": node.address, "endpoint": node.endpoint, "netns": node.netns}
+            row: dict[str, Any] = {"index": node.index, "address": node.address, "endpoint": node.endpoint,
+                                   "netns": node.netns}
             if node.index in missing:
                 row["error"] = missing[node.index]
             for part, ref in calls.get(node.index, {}).items():
@@ -80,6 +89,7 @@ class Monitor:
                     row[part] = ray.get(ref)
                 except Exception as e:  # a dead actor: show it, keep the other nodes
                     row.setdefault("error", f"{part}: {type(e).__name__}: {e}"[:300])
+                    self.nodes.forget(node.index)  # it may come back as a new actor
             row["totals"] = _totals(row)
             nodes.append(row)
         previous = self.history[-1] if self.history else None
@@ -103,8 +113,8 @@ class Monitor:
         """Per node, per second after `since`: the TIMELINE_RATES and the p50/p99 (ms) of the
         TIMELINE_HISTS over that second. A gap (no answer, a restarted counter) is null."""
         points = list(self.history)
-        out = {"time": [], "nodes": {}}
-        for (t0, a), (t1, b) in zip(points, points[1:]):
+        out: dict[str, Any] = {"time": [], "nodes": {}}
+        for (t0, a), (t1, b) in itertools.pairwise(points):
             if t1 <= since:
                 continue
             out["time"].append(round(t1, 3))
@@ -128,7 +138,7 @@ class Monitor:
         """Per node, (time, per-second rate of `name`) between consecutive snapshots."""
         out: dict[int, list] = collections.defaultdict(list)
         points = list(self.history)
-        for (t0, a), (t1, b) in zip(points, points[1:]):
+        for (t0, a), (t1, b) in itertools.pairwise(points):
             for node, totals in b.items():
                 rate = _rates(t0, a.get(node, {}), t1, totals).get(name)
                 if rate is not None:
@@ -138,7 +148,7 @@ class Monitor:
     # -- job runs ----------------------------------------------------------------------
 
     def output_dir(self) -> Path:
-        return Path(self.state.config.get("output_dir") or self.root / "outputs")
+        return Path(self.state.settings.output_dir or self.root / "outputs")
 
     def runs(self, limit: int = 30) -> list[dict]:
         """Job runs (newest first): their files and the headline figures their report gives."""
@@ -148,7 +158,7 @@ class Monitor:
                       reverse=True) if base.is_dir() else []
         for d in dirs[:limit]:
             files = sorted(f.name for f in d.iterdir() if f.suffix in REPORT_SUFFIXES and not f.name.startswith("."))
-            headline = {}
+            headline: dict[str, Any] = {}
             for name in (f for f in files if f.endswith(".json")):
                 try:
                     headline.update(read_json(d / name, "job report").get("headline") or {})
@@ -188,12 +198,13 @@ class Heat:
 
     def __init__(self, state: ClusterState, interval: float = 1.0, answer_timeout: float = 2.0):
         self.state, self.interval, self.answer_timeout = state, interval, answer_timeout
+        self.nodes = NodeDirectory(state.namespace)
         self.viewers = 0
         self.frame: tuple[int, bytes] = (0, b"")  # (sequence, bytes)
         self.layout: dict | None = None
         self.missing: dict[int, str] = {}  # node -> why its row is absent from the latest frame
         self.sample_ms: float | None = None
-        self._version = None
+        self._version: int | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         threading.Thread(target=self._run, name="heatmap", daemon=True).start()
@@ -211,7 +222,7 @@ class Heat:
             _, manifests = registry.fetch_manifests(self.state.name)
             self.layout = heatmap.layout(manifests, [{"index": n.index, "address": n.address}
                                                      for n in self.state.nodes],
-                                         self.state.config["kernel"]["hot_threshold"])
+                                         self.state.settings.hot_threshold)
             self._version = version
         return self.layout
 
@@ -234,12 +245,14 @@ class Heat:
         t = time.perf_counter()
         layout = self.current_layout()
         ncells = sum(len(d["keys"]) for d in layout["datasets"])
-        refs, missing = {}, {}
+        refs: dict[int, Any] = {}  # node -> the ObjectRef of its heat
+        missing: dict[int, str] = {}
         for node in self.state.nodes:
-            try:
-                refs[node.index] = ray.get_actor(actor_name(node.index), namespace=self.state.namespace).heat.remote()
-            except ValueError:
+            actor = self.nodes.get(node.index)
+            if actor is None:
                 missing[node.index] = "no StorageNode actor"
+            else:
+                refs[node.index] = actor.heat.remote()
         ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.answer_timeout)[0]
                     if refs else ())
         rows = []
@@ -255,6 +268,7 @@ class Heat:
                         missing[node.index], row = "still on an older namespace", None
                 except Exception as e:
                     missing[node.index] = f"{type(e).__name__}: {e}"[:200]
+                    self.nodes.forget(node.index)
             rows.append(row)
         seq = self.frame[0] + 1
         self.frame = (seq, heatmap.frame(seq, layout["id"], rows, ncells))
@@ -308,8 +322,8 @@ class RayMetrics:
     agent exports them with Ray's own (as ray_fasterfs_*), so a Ray user's Prometheus and
     Grafana see FasterFS beside Ray. Gauges throughout: they carry the totals as sampled."""
 
-    def __init__(self):
-        self._gauges: dict[str, object] = {}
+    def __init__(self) -> None:
+        self._gauges: dict[str, Gauge] = {}
 
     def export(self, snap: dict) -> None:
         from ray.util.metrics import Gauge

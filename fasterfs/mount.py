@@ -90,7 +90,7 @@ class Agent:
         # a file's generation is its identity: a replaced file gets a new inode, so a handle open
         # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
         entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
-                    "gen": "" if e.is_dir else e.manifest.generation}
+                    "gen": "" if e.is_dir else e.file_manifest.generation}
                    for e in tree.all_entries() if e.path]
         self._send({"op": "tree", "version": version, "entries": entries})
         self._sent_version = version
@@ -100,10 +100,10 @@ class Agent:
         file of this host's cache, fresh (a file of one chunk: its entry; a stored file of
         several: its file entry, every chunk filled), with what the daemon checks before each
         such open (the file's inode; the kernel's stale marks of every chunk)."""
-        client = self.ns.client(entry.manifest)
+        client = self.ns.client(entry.file_manifest)
         if len(entry.chunk_ids) > 1:
-            got = self._file_entry(client, entry)
-            return got[0] if got is not None and len(got[1]) == len(entry.chunk_ids) else None
+            whole = self._file_entry(client, entry)
+            return whole[0] if whole is not None and len(whole[1]) == len(entry.chunk_ids) else None
         got = client.open_cached(entry.chunk_ids[0], count=False)
         if got is None:
             return None
@@ -133,14 +133,15 @@ class Agent:
     def _cached(self, entry: Entry) -> dict | None:
         """The parts of `entry` (a stored file of several chunks) that its file entry in this
         host's cache holds, at the same offsets: the daemon reads those itself."""
-        got = self._file_entry(self.ns.client(entry.manifest), entry) if len(entry.chunk_ids) > 1 else None
+        got = self._file_entry(self.ns.client(entry.file_manifest), entry) if len(entry.chunk_ids) > 1 else None
         if got is None:
             return None
         backing, have = got
-        held, ranges = set(have), []
+        held = set(have)
+        ranges: list[list[int]] = []
         for k, i in enumerate(entry.chunk_ids):  # a file's chunks, in order: file offsets are entry offsets
             if i in held:
-                start, end = entry.starts[k], entry.starts[k] + entry.manifest.chunks[i].bytes
+                start, end = entry.starts[k], entry.starts[k] + entry.file_manifest.chunks[i].bytes
                 if ranges and ranges[-1][1] == start:
                     ranges[-1][1] = end
                 else:
@@ -228,7 +229,7 @@ class Agent:
             raise OSError(errno.ENOENT, path) from None
         if entry.is_dir:
             raise OSError(errno.EISDIR, path)
-        if gen is not None and entry.manifest.generation != gen:
+        if gen is not None and entry.file_manifest.generation != gen:
             self.send_tree()
             raise OSError(errno.ESTALE, path)
         with self._lock:
@@ -297,7 +298,11 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
     theirs.close()
     log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.version, ns.state.name,
              mountpoint, daemon.pid)
-    signal.signal(signal.SIGTERM, lambda *_: (daemon.terminate(), sys.exit(0)))
+
+    def stop(*_) -> None:
+        daemon.terminate()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
     threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
     threading.Thread(target=agent.hot_soon, name="hot-soon", daemon=True).start()
     try:

@@ -53,6 +53,13 @@ class Entry:
     chunk_ids: tuple[int, ...] = ()  # the file's bytes are these chunks, concatenated
     starts: tuple[int, ...] = ()     # where each of them starts in the file
 
+    @property
+    def file_manifest(self) -> Manifest:
+        """The manifest of a file's chunks (every file has one; a directory none)."""
+        if self.manifest is None:
+            raise IsADirectoryError(f"{self.path}: is a directory")
+        return self.manifest
+
     def pieces(self, offset: int, length: int) -> list[tuple[int, int, int]]:
         """(k, start, stop) within each chunk covering bytes [offset, offset+length): k is the
         chunk's place in the file (its id is chunk_ids[k])."""
@@ -61,7 +68,7 @@ class Entry:
         k = max(bisect.bisect_right(self.starts, offset) - 1, 0)
         while k < len(self.chunk_ids) and self.starts[k] < end:
             i, pos = self.chunk_ids[k], self.starts[k]
-            size = self.manifest.chunks[i].bytes
+            size = self.file_manifest.chunks[i].bytes
             if pos + size > offset:
                 out.append((k, max(offset - pos, 0), min(end - pos, size)))
             k += 1

@@ -60,6 +60,7 @@ def is_running(state: ClusterState) -> bool:
 def start(cfg, state: ClusterState) -> dict:
     """Start JupyterLab for the cluster (or return the one running): {url, pid, token_file}."""
     if is_running(state):
+        assert state.notebook is not None  # is_running found its pid there
         return state.notebook
     host = state.head_address  # the lab's head is on its bridge, in this machine's namespace
     port = int(cfg.notebook.port)
@@ -72,8 +73,8 @@ def start(cfg, state: ClusterState) -> dict:
     server = server_binary()
     _write_kernel_spec(home / "path")
     venv_bin = str(Path(sys.prefix) / "bin")  # first on the kernels' PATH: `!fasterfs status` in a cell
-    env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_CLUSTER=state.name, FASTERFS_ROOT=state.root, VIRTUAL_ENV=sys.prefix,
-               PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
+    env = dict(os.environ, JUPYTER_TOKEN=token, FASTERFS_CLUSTER=state.name, FASTERFS_ROOT=state.root,
+               VIRTUAL_ENV=sys.prefix, PATH=os.pathsep.join([venv_bin, os.environ.get("PATH", os.defpath)]),
                JUPYTER_PATH=str(home / "path"), JUPYTER_CONFIG_DIR=str(home / "config"),
                JUPYTER_DATA_DIR=str(home / "data"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                IPYTHONDIR=str(home / "ipython"))
@@ -111,6 +112,7 @@ def stop(state: ClusterState, timeout: float = 15.0) -> bool:
     if not is_running(state):
         state.notebook = None
         return False
+    assert state.notebook is not None  # is_running found its pid there
     pid = state.notebook["pid"]
     os.kill(pid, signal.SIGTERM)  # jupyter shuts its kernels down on SIGTERM
     deadline = time.monotonic() + timeout

@@ -32,7 +32,7 @@ def terminate(pid: int, timeout: float = 10.0, proc: subprocess.Popen | None = N
 
 def running(pid: int | None) -> bool:
     """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
-    return bool(pid) and Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
+    return pid is not None and pid > 0 and Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
 
 
 def _is_zombie(pid: int) -> bool:

@@ -20,6 +20,7 @@ from .client import Client
 from .errors import FasterFSError
 from .manifest import Manifest
 from .namespace import Entry, Tree
+from .read_session import ReadSession
 
 
 class CpuPressure:
@@ -61,7 +62,7 @@ class Namespace:
         self.tree = Tree({})
         self._clients: dict[str, Client] = {}
         self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
-        self._base: Client | None = None
+        self._session: ReadSession | None = None
         self.read_ahead = int(cfg.namespace.read_ahead_chunks)
         self._pool = ThreadPoolExecutor(self.read_ahead, "fasterfs-read-ahead") if self.read_ahead > 0 else None
         self._pressure = CpuPressure(float(cfg.namespace.shed_read_ahead_above))
@@ -86,14 +87,12 @@ class Namespace:
         with self._lock:
             c = self._clients.get(manifest.name)
             if c is None or c.manifest.generation != manifest.generation:
-                if self._base is None:
+                if self._session is None:
                     # no prefetch hints to the StorageNodes: a node fetching the same chunks as
                     # the reader halved a cold read here (the mount has the kernel's read-ahead;
                     # namespace.read_ahead_chunks loads chunks ahead in this process)
-                    self._base = Client(self.state, self._creds, manifest, self.cfg, self.use_cache, prefetch=False)
-                    c = self._base
-                else:
-                    c = self._base.sibling(manifest)
+                    self._session = ReadSession(self.state, self._creds, self.cfg, self.use_cache, prefetch=False)
+                c = self._session.client(manifest)
                 self._clients[manifest.name] = c
             return c
 
@@ -119,7 +118,7 @@ class Namespace:
             self._pool.shutdown(wait=True)
 
     def open_entry(self, entry: Entry) -> OpenFile:
-        return OpenFile(entry, self.client(entry.manifest), self.read_ahead, self._pool, self._pressure)
+        return OpenFile(entry, self.client(entry.file_manifest), self.read_ahead, self._pool, self._pressure)
 
     def cat(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         f = self.open(path)
@@ -144,14 +143,14 @@ class Namespace:
     def _cached_locally(self, entry: Entry) -> tuple | None:
         """If every chunk of the file is in a cache on this host, what identifies those
         copies (key, fill time) — the same tuple means the same bytes; else None."""
-        client = self.client(entry.manifest)
+        client = self.client(entry.file_manifest)
         ident = []
         for i in entry.chunk_ids:
             got = client.open_cached(i, count=False)
             if got is None:
                 return None
             os.close(got[0])
-            ident.append((entry.manifest.chunks[i].key, got[1].fetched_ns))
+            ident.append((entry.file_manifest.chunks[i].key, got[1].fetched_ns))
         return tuple(ident)
 
 
@@ -244,13 +243,14 @@ class OpenFile:
         with self._lock:
             slot = self._at_hand.get(i)
             mine = slot is None
-            if mine:
+            if slot is None:
                 slot = self._at_hand[i] = _Slot()
             else:
                 self._at_hand.move_to_end(i)
             slot.users += 1
             ahead = []
-            if i == self._last + 1 and not (self._pressure and self._pressure.busy()):  # moving on in order: load the next ones
+            # moving on in order: load the next ones
+            if i == self._last + 1 and not (self._pressure and self._pressure.busy()):
                 for j in range(i + 1, min(i + 1 + self.read_ahead, len(self.entry.chunk_ids))):
                     if j not in self._at_hand:
                         ahead.append((j, self._at_hand.setdefault(j, _Slot())))
@@ -258,6 +258,7 @@ class OpenFile:
                 self._last = i
             self._trim()
         for j, later in ahead:
+            assert self._pool is not None  # read_ahead is 0 without a pool: nothing is loaded ahead
             self._pool.submit(self._load, later, j)
         if mine and loaded is not None:
             slot.future.set_result(loaded)
@@ -313,7 +314,7 @@ class _Slot:
     its bytes, and how many reads use it."""
     __slots__ = ("future", "users")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.future: Future = Future()
         self.users = 0
 

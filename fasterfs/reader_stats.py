@@ -44,7 +44,7 @@ class ReaderStats:
         self.add(len(COUNTERS) + min(int(seconds * 1e6).bit_length(), LATENCY_SLOTS - 1))
 
 
-class _Uncounted:
+class Uncounted:
     def add(self, field: int, n: int = 1) -> None:
         pass
 
@@ -52,7 +52,7 @@ class _Uncounted:
         pass
 
 
-UNCOUNTED = _Uncounted()  # reads of a process with no StorageNode on its host
+UNCOUNTED = Uncounted()  # reads of a process with no StorageNode on its host
 
 HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED, PREFETCH = range(len(COUNTERS))
 

@@ -21,15 +21,18 @@ import os
 import re
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
 from . import credentials, tls
 from .config import Paths
+from .credentials import ClusterKeys
 from .errors import FasterFSError
 from .fsutil import atomic_write, atomic_write_json, read_json
 from .manifest import Manifest
-from .state import ClusterState, actor_name, host_id, join, namespace
+from .node_directory import NodeDirectory
+from .state import ClusterState, host_id, join, namespace
 
 log = logging.getLogger("fasterfs.registry")
 NAME = "registry"
@@ -70,7 +73,7 @@ class Registry:
         """One role's MinIO keys: readers get the read-only user's (fasterfs.credentials)."""
         return self.keys.role(role)
 
-    def all_keys(self) -> credentials.ClusterKeys:
+    def all_keys(self) -> ClusterKeys:  # (`credentials` here would name the method above)
         """Both users' keys: for a StorageNode started on a host that rejoins."""
         return self.keys
 
@@ -120,7 +123,7 @@ class Registry:
             return self._push("set_manifest", manifest, timeout)
 
     def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      retired: list[tuple[int, str]] = (), timeout: float = 60.0) -> list[int]:
+                      retired: Sequence[tuple[int, str]] = (), timeout: float = 60.0) -> list[int]:
         """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
         to the chunks still as the repair saw them, only in the generation it repaired (a
         re-ingest meanwhile wins); pushed like a new generation. Returns the chunk ids applied."""
@@ -175,13 +178,14 @@ class Registry:
         import ray
 
         self.state()
+        nodes = NodeDirectory(self.cluster.namespace)  # looked up now: a node may be a new actor since
         refs = {}
         for n in self.cluster.nodes:
-            try:
-                refs[n.index] = getattr(ray.get_actor(actor_name(n.index), namespace=self.cluster.namespace),
-                                        method).remote(arg)
-            except ValueError:
+            actor = nodes.get(n.index)
+            if actor is None:
                 log.warning("node %d has no StorageNode to take the namespace change", n.index)
+            else:
+                refs[n.index] = getattr(actor, method).remote(arg)
         done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
         return [i for i, ref in refs.items() if ref in done]
 
@@ -206,7 +210,7 @@ class Registry:
         """Store a job report file (written on any host) where the dashboard serves it."""
         if "/" in run or "/" in name or run.startswith(".") or not name.endswith(REPORT_SUFFIXES):
             raise FasterFSError(f"report file {run}/{name}: only .json and .png files of a run directory")
-        out = Path(self.cluster.config.get("output_dir") or self.paths.root / "outputs") / run / name
+        out = Path(self.cluster.settings.output_dir or self.paths.root / "outputs") / run / name
         atomic_write(out, data)
         return str(out)
 
@@ -221,7 +225,7 @@ def start(state: ClusterState, head_node_id: str, timeout: float):
         max_task_retries=3, max_concurrency=16,  # a StorageNode restarting asks it while it pushes a manifest
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id, soft=False),
     ).remote(state.root)
-    ray.get(actor.ready.remote(), timeout=timeout)
+    ray.get(actor.ready.remote(), timeout=timeout)  # type: ignore[attr-defined]  # Ray's typing of actor methods
     return actor
 
 
@@ -248,9 +252,9 @@ def find(cfg, root=None) -> ClusterState:
     if in_ray_worker():
         ns = ray.get_runtime_context().namespace or ""
         name = ns[len(namespace("")):] if ns.startswith(namespace("")) else cfg.cluster.name
-    elif _ray_address(cfg):
+    elif address := _ray_address(cfg):
         name = cfg.cluster.name
-        join(_ray_address(cfg), name, cfg.cluster.root)
+        join(address, name, cfg.cluster.root)
     else:
         head = ClusterState.load(Path(root or cfg.cluster.root))
         name = head.name

@@ -20,9 +20,10 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import urllib3
 
@@ -33,13 +34,6 @@ from .placement import chunk_homes, node_name, score
 from .state import ClusterState
 
 log = logging.getLogger("fasterfs.repair")
-
-
-def pieces(m: Manifest, c: ChunkInfo) -> list[tuple[int, str]]:
-    """(node, object key) of each piece of chunk c, in slot order (ec: slot = shard index)."""
-    if m.layout == "ec":
-        return [(node, erasure.shard_key(c.key, s)) for s, node in enumerate(c.nodes)]
-    return [(node, c.key) for node in c.nodes]
 
 
 def needed(m: Manifest) -> int:
@@ -58,10 +52,10 @@ def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]
 def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:
     """Every node's object keys; None for a node whose MinIO does not answer."""
     def keys(node) -> set[str] | None:
-        lister = s3.MarkedGetter(node.endpoint, creds, state.config["kernel"]["fill_mark"],  # the kernel skips it
+        lister = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark,  # the kernel skips it
                                  urllib3.Timeout(connect=timeout, read=30.0))
         try:
-            return {key for key, _ in lister.list(state.config["minio"]["bucket"])}
+            return {key for key, _ in lister.list(state.settings.bucket)}
         except Exception:
             return None
         finally:
@@ -74,7 +68,7 @@ def answering(state: ClusterState, getter: Callable[[int], s3.MarkedGetter], tim
     """The nodes whose MinIO answers now (one cheap request each), through `getter(node)`'s
     kept-alive connection (a new connection at every probe is one more MinIO connection for
     SOCK_OPS to count)."""
-    bucket = state.config["minio"]["bucket"]
+    bucket = state.settings.bucket
     with ThreadPoolExecutor(8) as pool:
         return {n.index for n, ok in zip(state.nodes, pool.map(lambda n: getter(n.index).answers(bucket, timeout),
                                                                 state.nodes)) if ok}
@@ -123,7 +117,7 @@ class _Plan:
 
 
 def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, load_slack: float,
-          waiting: set[int] = frozenset(), bad: set[tuple[int, str]] = frozenset(),
+          waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
           only: dict[str, set[int]] | None = None) -> tuple[Health, list[_Plan]]:
     """What is missing or away from home. Pieces on a `waiting` node whose listing failed
     (down, not for long; or a listing that failed on a node up again) are left alone: rebuilt
@@ -138,7 +132,7 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
             if only is not None and c.id not in only.get(m.name, ()):
                 continue
             health.chunks += 1
-            slots = pieces(m, c)
+            slots = m.pieces(c)
             present = [s for s, (node, key) in enumerate(slots)
                        if node in alive and key in listing[node] and (node, key) not in bad]
             missing = [s for s in range(len(slots))
@@ -208,10 +202,10 @@ class Outcome:
 
 
 def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
-        waiting: set[int] = frozenset(), bad: set[tuple[int, str]] = frozenset(),
+        waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
         only: dict[str, set[int]] | None = None) -> Outcome:
     """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc."""
-    from .client import Client
+    from .read_session import ReadSession
 
     started = time.monotonic()
     _delete_retired(cfg, state, creds)
@@ -224,8 +218,8 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         return out
     clients = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
                for n in state.nodes}
-    reader = Client(state, creds, plans[0].manifest, cfg, use_cache=False, prefetch=False, mark=cfg.kernel.fill_mark)
-    reader.avoid(set(listing) - alive)
+    session = ReadSession(state, creds, cfg, use_cache=False, prefetch=False, mark=state.settings.fill_mark)
+    session.avoid(set(listing) - alive)
     readers = {}
     load = collections.Counter(n for m in manifests.values() for c in m.chunks for n in c.nodes)
     throttle = Throttle(cfg.repair.mb_per_s * 1e6)
@@ -260,7 +254,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
             nodes[slot] = node
         with lock:
             if m.name not in readers:
-                readers[m.name] = reader.sibling(m)
+                readers[m.name] = session.client(m)
         data = readers[m.name].read_chunk(c.id)  # verified: checksums per piece and of the chunk
         throttle.take(len(data))
         bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)
@@ -269,7 +263,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         for slot in slots:
             if erasure.checksum(bodies[slot]) != sums[slot] and m.layout == "ec":
                 raise FasterFSError(f"shard {slot} re-encoded does not match its recorded checksum")
-            key = pieces(m, c)[slot][1]
+            key = m.pieces(c)[slot][1]
             throttle.take(len(bodies[slot]))
             clients[nodes[slot]].put_object(Bucket=m.bucket, Key=key, Body=bodies[slot],
                                             Metadata={"xxh3": str(sums[slot])})
@@ -307,8 +301,11 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
 
 def _delete_retired(cfg, state: ClusterState, creds) -> None:
     """Pieces moved away more than ingest.keep_old_s ago: no reader still reads them there."""
+    clients: dict[int, Any] = {}
     for node, key in registry.expired_pieces(state.name, cfg.ingest.keep_old_s):
         try:
-            s3.client(state.node(node).endpoint, creds).delete_object(Bucket=state.config["minio"]["bucket"], Key=key)
+            if node not in clients:
+                clients[node] = s3.client(state.node(node).endpoint, creds)
+            clients[node].delete_object(Bucket=state.settings.bucket, Key=key)
         except Exception as e:  # a node down keeps it (an orphan of a generation: goes with it)
             log.warning("could not delete retired piece %s on node %d: %s", key, node, e)

@@ -22,10 +22,11 @@ def console():
 def fmt_bytes(n) -> str:
     if n is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
+    return f"{n:.1f} GB"
 
 
 _RUNS: dict[Path, str] = {}  # run directory -> its cluster, for publishing

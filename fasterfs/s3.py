@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 
 import boto3
+import urllib3
 from botocore.config import Config
 
 from . import tls
 from .credentials import Credentials
+from .errors import FasterFSError
 
 _session = None
 _session_lock = threading.Lock()
@@ -51,7 +53,8 @@ class MarkedGetter:
     tell the cache filler's own traffic from readers' (it skips packets with the mark).
     boto3 cannot set socket options, hence this small signed-request client."""
 
-    def __init__(self, endpoint: str, creds: Credentials, mark: int, timeout: float = 10.0, pool: int = 8):
+    def __init__(self, endpoint: str, creds: Credentials, mark: int, timeout: float | urllib3.Timeout = 10.0,
+                 pool: int = 8):
         import socket
         from urllib.parse import urlparse
 
@@ -61,6 +64,8 @@ class MarkedGetter:
         from urllib3.connection import HTTPConnection
 
         url = urlparse(endpoint)
+        if url.hostname is None:
+            raise FasterFSError(f"MinIO endpoint {endpoint!r} names no host")
         self.endpoint = endpoint
         options = HTTPConnection.default_socket_options + ([(socket.SOL_SOCKET, socket.SO_MARK, mark)] if mark else [])
         pool_cls = HTTPSConnectionPool if url.scheme == "https" else HTTPConnectionPool
@@ -80,8 +85,9 @@ class MarkedGetter:
         from urllib.parse import quote
 
         path = f"/{bucket}/{quote(key)}"
-        ranged = start is not None
-        response = self._signed("GET", path, {"Range": f"bytes={start}-{stop - 1}"} if ranged else {})
+        headers = {"Range": f"bytes={start}-{stop - 1}"} if start is not None and stop is not None else {}
+        ranged = bool(headers)
+        response = self._signed("GET", path, headers)
         if response.status == 404:
             raise KeyError(f"{path} not found on {self.endpoint}")
         if response.status != (206 if ranged else 200):
@@ -131,3 +137,27 @@ class MarkedGetter:
 
     def close(self) -> None:
         self.pool.close()
+
+
+class MarkedPool:
+    """One MarkedGetter per node's MinIO, made on first use and kept (their kept-alive connections
+    are what the kernel and SOCK_OPS see of a node's own traffic). `endpoint_of(node)` names a
+    node's MinIO."""
+
+    def __init__(self, creds: Credentials, mark: int, endpoint_of):
+        self.creds, self.mark, self.endpoint_of = creds, mark, endpoint_of
+        self._getters: dict[str, MarkedGetter] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, node: int) -> MarkedGetter:
+        endpoint = self.endpoint_of(node)
+        with self._lock:
+            if endpoint not in self._getters:
+                self._getters[endpoint] = MarkedGetter(endpoint, self.creds, self.mark)
+            return self._getters[endpoint]
+
+    def close(self) -> None:
+        with self._lock:
+            for getter in self._getters.values():
+                getter.close()
+            self._getters.clear()

@@ -45,6 +45,27 @@ class NodeState:
     disk: str | None = None         # the lab host's private disk (directory behind its cluster root)
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The cluster-wide settings every process of the cluster must agree on, typed, as `up`
+    saved them in the state (ClusterState.config): one spelling of each, read from here."""
+    bucket: str
+    fill_mark: int       # SO_MARK of the nodes' own GETs (fills, repair, scrub): the kernel skips them
+    watch: str           # own | any: whose kernel counts a reader's GET (kernel.watch)
+    hot_threshold: int
+    interface: str       # where the TC programs sit on each host (kernel.interface)
+    md5_etags: bool
+    spill_dir: str | None
+    output_dir: str | None
+
+    @classmethod
+    def of(cls, config: dict) -> Settings:
+        k, m = config["kernel"], config["minio"]
+        return cls(bucket=m["bucket"], fill_mark=int(k["fill_mark"]), watch=k["watch"],
+                   hot_threshold=int(k["hot_threshold"]), interface=k["interface"], md5_etags=bool(m["md5_etags"]),
+                   spill_dir=config["cluster"].get("spill_dir"), output_dir=config.get("output_dir"))
+
+
 @dataclass
 class ClusterState:
     name: str
@@ -76,6 +97,10 @@ class ClusterState:
     @property
     def namespace(self) -> str:
         return namespace(self.name)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.of(self.config)
 
     @property
     def head_address(self) -> str:
@@ -228,7 +253,9 @@ def pinned(node: NodeState, task: str | None = None, soft: bool = False) -> dict
     "<task> @ node N]", e.g. pinned(node, "graysort.map[part 3")."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=soft)}
+    if node.ray_node_id is None:
+        raise FasterFSError(f"node {node.index} ({node.address}) has no Ray node yet: nothing can be placed on it")
+    options: dict[str, object] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.ray_node_id, soft=soft)}
     if task:
         options["name"] = f"{task} @ node {node.index}]" if "[" in task else f"{task}[node {node.index}]"
     return options
@@ -236,5 +263,8 @@ def pinned(node: NodeState, task: str | None = None, soft: bool = False) -> dict
 
 def storage_nodes(state: ClusterState) -> list:
     """The StorageNode actors, in the order of state.nodes."""
-    ray = connect_ray(state)
-    return [ray.get_actor(actor_name(n.index), namespace=state.namespace) for n in state.nodes]
+    from .node_directory import NodeDirectory
+
+    connect_ray(state)
+    nodes = NodeDirectory(state.namespace)
+    return [nodes.require(n.index) for n in state.nodes]

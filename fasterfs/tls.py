@@ -60,6 +60,7 @@ def issue(ca_dir: Path, address: str, public_key_pem: str) -> str:
     """A server certificate for `address` (an IP, as MinIO endpoints are), signed by the CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import dh
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     ca_key, ca_cert = _load_ca(ca_dir)
@@ -68,11 +69,14 @@ def issue(ca_dir: Path, address: str, public_key_pem: str) -> str:
     except ValueError:
         raise FasterFSError(f"a MinIO certificate is for an IP address, not {address!r}") from None
     public = serialization.load_pem_public_key(public_key_pem.encode())
+    if isinstance(public, dh.DHPublicKey):  # what no certificate may hold
+        raise FasterFSError("a MinIO certificate cannot be for a Diffie-Hellman key")
     now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"MinIO at {address}")]))
             .issuer_name(ca_cert.subject).public_key(public).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
             .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

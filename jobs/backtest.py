@@ -128,8 +128,9 @@ def main(argv: list[str]) -> dict:
     if not all(same):
         raise FasterFSError(f"P&L differs between the modes in window {same.index(False)}: the cache served other data")
     later = slice(2, None)  # after two reads of every chunk the kernel has made it hot
-    result = {"dataset": client.manifest.dataset, "format": client.manifest.format, "window_min": cfg.backtest.window_min,
-              "windows": windows, "params": params, "modes": modes, "pnl_equal": True,
+    result = {"dataset": client.manifest.dataset, "format": client.manifest.format,
+              "window_min": cfg.backtest.window_min, "windows": windows, "params": params, "modes": modes,
+              "pnl_equal": True,
               "speedup_wall": direct["wall_s"] / cached["wall_s"],
               "speedup_later_replays": (statistics.median(direct["replay_p50_s"][later]) /
                                         statistics.median(cached["replay_p50_s"][later])) if len(params) > 2 else None}
@@ -144,7 +145,8 @@ def main(argv: list[str]) -> dict:
     report.write_json(out, "backtest.json", result)
     chart(result, out / "backtest.png")
     print(f"Backtest of {client.manifest.dataset} ({client.manifest.format}): {len(windows)} windows of "
-          f"{cfg.backtest.window_min} min x {len(params)} parameter sets, tasks on the nodes holding most of each window")
+          f"{cfg.backtest.window_min} min x {len(params)} parameter sets, "
+          "tasks on the nodes holding most of each window")
     for mode, m in modes.items():
         print(f"  {mode:13s} wall {m['wall_s']:.2f} s; p50 per replay (ms): "
               + " ".join(f"{s * 1e3:.1f}" for s in m["replay_p50_s"]) + f"; cache hits {m['cache_hits']}")

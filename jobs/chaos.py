@@ -41,7 +41,7 @@ READ_TRIES = 3  # a reader's own retries of a read that raised (each counted as 
 
 
 def _read(what, failures: list):
-    for attempt in range(READ_TRIES):
+    for _attempt in range(READ_TRIES):
         try:
             return what()
         except Exception as e:
@@ -62,7 +62,7 @@ def replay(overrides: list[str], window: tuple[float, float], params: list[list[
 def read_chunks(overrides: list[str], ids: list[int]) -> dict:
     client = fasterfs.connect(None, overrides, use_cache=False)  # Demo B reads its partition from MinIO
     failures: list[str] = []
-    sums = {i: xxh3_64_intdigest(_read(lambda: client.read_chunk(i), failures)) for i in ids}
+    sums = {i: xxh3_64_intdigest(_read(lambda i=i: client.read_chunk(i), failures)) for i in ids}
     return {"sums": sums, "bytes": sum(client.manifest.chunk(i).bytes for i in ids), "failures": failures,
             "degraded": client.degraded_reads}
 

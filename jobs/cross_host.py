@@ -52,7 +52,8 @@ def main(argv: list[str]) -> dict:
     ids = [c.id for c in manifest.chunks if 0 not in c.nodes][:cfg.cross_host.chunks]
     cluster.connect_ray(state)
     ray.get([a.cache_clear.remote() for a in cluster.storage_nodes(state)])  # cold, new kernel epoch
-    raw = ray.get(read_remote_chunks.options(**cluster.pinned(state.nodes[0], "cross_host.read_remote")).remote(state.root, list(argv), ids))
+    raw = ray.get(read_remote_chunks.options(**cluster.pinned(state.nodes[0], "cross_host.read_remote"))
+                  .remote(state.root, list(argv), ids))
     p50 = {k: statistics.median(v) * 1e3 for k, v in raw["passes"].items()}
     lab = state.lab
     result = {"cluster": f"lab, profile {lab['profile']} (link {lab['link_mbit']} Mbit/s)" if lab else "one machine",
@@ -64,7 +65,8 @@ def main(argv: list[str]) -> dict:
     out = report.write_json(report.run_dir(cfg, "cross_host"), "cross_host.json", result)
     print(f"cross-host caching on {result['cluster']}: {len(ids)} chunks held by other nodes, read on node 0")
     print(f"  p50 cold (remote MinIO) {p50['cold']:.3f} ms, warm {p50['warm']:.3f} ms, hot (local cache) "
-          f"{p50['hot']:.3f} ms: {result['cold_over_hot']:.0f}x; target >= 100x {'met' if result['target_100x_met'] else 'MISSED'}")
+          f"{p50['hot']:.3f} ms: {result['cold_over_hot']:.0f}x; "
+          f"target >= 100x {'met' if result['target_100x_met'] else 'MISSED'}")
     print(f"  HOT events per node {raw['hot_events']}, kernel-triggered fills per node {raw['filled_on']}, "
           f"bytes correct: {raw['correct']}")
     print(f"report: {out}")

@@ -88,7 +88,8 @@ def run_passes(root: str, overrides: list[str]) -> dict:
         def s3fs_cached(endpoint: str, cache_dir: str):  # verifying MinIO as our client does (minio.tls)
             return fsspec.filesystem("simplecache", target_protocol="s3", cache_storage=str(work / cache_dir),
                                      target_options={"key": creds.access_key, "secret": creds.secret_key,
-                                                     "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1",
+                                                     "client_kwargs": {"endpoint_url": endpoint,
+                                                                       "region_name": "us-east-1",
                                                                        "verify": tls.ca_file(endpoint)}},
                                      skip_instance_cache=True)
 
@@ -112,7 +113,8 @@ def run_passes(root: str, overrides: list[str]) -> dict:
                         "requests": a["counters"].get("requests", 0) - b["counters"].get("requests", 0),
                         "hot_events": a["counters"].get("hot_events", 0) - b["counters"].get("hot_events", 0),
                         "hot_events_received": a["events_received"].get("HOT", 0) - b["events_received"].get("HOT", 0),
-                        "filler_skipped": a["counters"].get("filler_skipped", 0) - b["counters"].get("filler_skipped", 0),
+                        "filler_skipped": (a["counters"].get("filler_skipped", 0)
+                                           - b["counters"].get("filler_skipped", 0)),
                         # MinIO over TLS: GETs the readers reported, the kernel reading no request line
                         "reported_gets": (a.get("reported_by_readers") or {}).get("gets", 0)
                         - (b.get("reported_by_readers") or {}).get("gets", 0),
@@ -125,7 +127,8 @@ def run_passes(root: str, overrides: list[str]) -> dict:
     return {"latencies_s": lat, "chunks": len(ids), "chunk_bytes_avg": manifest.total_bytes / len(ids),
             "ran_on": ray.get_runtime_context().get_node_id(), "filled_after_warm": filled,
             "kernel": kernel_summary(kernel_before, kernel_after),
-            "prefetch": {"hits": pf_hits, "reads": len(ids), "prefetch_fills": pf_fills, "mid_mean": statistics.mean(mids)}}
+            "prefetch": {"hits": pf_hits, "reads": len(ids), "prefetch_fills": pf_fills,
+                         "mid_mean": statistics.mean(mids)}}
 
 
 def mount_passes(actors, ids, manifest, work: Path) -> dict:
@@ -220,12 +223,14 @@ def main(argv: list[str]) -> dict:
     for k, ok in targets.items():
         console.print(f"  target {k}: {'[green]met[/]' if ok else '[red]MISSED[/]'}")
     for k in raw["kernel"]:
-        console.print(f"  kernel node {k['node']} ({k['mode']}): {k['requests']} requests, {k['hot_events']} HOT events "
-                      f"({k['hot_events_received']} received), filler GETs skipped {k['filler_skipped']}, "
+        console.print(f"  kernel node {k['node']} ({k['mode']}): {k['requests']} requests, "
+                      f"{k['hot_events']} HOT events ({k['hot_events_received']} received), "
+                      f"filler GETs skipped {k['filler_skipped']}, "
                       f"request->first byte avg {k['latency_avg_us'] or 0:.0f} µs"
                       + (f"; {k['reported_gets']} GETs reported by readers (TLS)" if k["reported_gets"] else ""))
     pf = raw["prefetch"]
-    console.print(f"  prefetch pass: {pf['hits']} of {pf['reads']} reads hit the cache, {pf['prefetch_fills']} prefetch fills")
+    console.print(f"  prefetch pass: {pf['hits']} of {pf['reads']} reads hit the cache, "
+                  f"{pf['prefetch_fills']} prefetch fills")
     console.print(f"report: {out / 'demo_a.json'}, chart: {out / 'demo_a.png'}")
     return result
 

@@ -93,8 +93,8 @@ def run_once(cfg, state, n: int, replicated: bool, volume: int) -> dict:
     plans = [plan_reads(manifest, k, n, volume, replicated) for k in range(n)]
     line = StartLine.remote(n)
     before = kernel_requests(state, n)
-    futures = [read_partition.options(**cluster.pinned(state.nodes[k], f"demo_b.read[{n} nodes")).remote(state.root, k, plans[k], line)
-               for k in range(n)]
+    futures = [read_partition.options(**cluster.pinned(state.nodes[k], f"demo_b.read[{n} nodes"))
+               .remote(state.root, k, plans[k], line) for k in range(n)]
     results = ray.get(futures)
     served = [after - b for after, b in zip(kernel_requests(state, n), before)]
     go = results[0]["go"]
@@ -119,7 +119,8 @@ def bound_by(state, results, cpu: float) -> str:
         limit = lab["disk_mbit"] / 8
         slowest = min(r["mb_s"] for r in results)
         if slowest >= 0.8 * limit:
-            return f"per-host disk limit (tbf {lab['disk_mbit']} Mbit/s = {limit:.1f} MB/s; slowest node {slowest:.1f} MB/s)"
+            return (f"per-host disk limit (tbf {lab['disk_mbit']} Mbit/s = {limit:.1f} MB/s; "
+                    f"slowest node {slowest:.1f} MB/s)")
     if cpu >= 0.85:
         cores = max(r["host_cores"] for r in results)
         return f"CPU: the busiest host's {cores} cores were {cpu:.0%} busy"
@@ -183,8 +184,8 @@ def main(argv: list[str]) -> dict:
     for r in runs:
         table.add_row(str(r["nodes"]), r["layout"], f"{r['wall_s']:.2f}", f"{r['mb_s']:.1f}",
                       ", ".join(f"{p['mb_s']:.1f}" for p in r["per_node"]),
-                      f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['efficiency']:.0%}" if r["efficiency"] else "-",
-                      r["bound_by"])
+                      f"{r['speedup']:.2f}" if r["speedup"] else "-",
+                      f"{r['efficiency']:.0%}" if r["efficiency"] else "-", r["bound_by"])
     console = report.console()
     console.print(table)
     console.print(f"  every task ran on the node holding its chunks: {result['all_tasks_on_their_nodes']}; "

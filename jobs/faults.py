@@ -324,13 +324,13 @@ def main(argv: list[str]) -> dict:
     result["passed"] = (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
                         and result["polls_over_capacity"] == 0 and result["not_back"] == 0)
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
-    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "writes", "kills", "re-ingests", "polls", "peak cache",
-                "peak of capacity"):
+    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "writes", "kills", "re-ingests", "polls",
+                "peak cache", "peak of capacity"):
         table.add_column(col)
     peak, ratio = max(result["peak_cache_bytes"].values()), max(result["peak_fill_of_capacity"].values())
-    table.add_row(str(result["reads"]), str(result["read_overwritten"]), str(result["wrong"]), str(result["stale"]), str(result["failed"]), str(result["writes"]),
-                  str(result["kills"]), str(result["reingests"]), str(result["polls"]), report.fmt_bytes(peak),
-                  f"{ratio:.0%}")
+    table.add_row(str(result["reads"]), str(result["read_overwritten"]), str(result["wrong"]), str(result["stale"]),
+                  str(result["failed"]), str(result["writes"]), str(result["kills"]), str(result["reingests"]),
+                  str(result["polls"]), report.fmt_bytes(peak), f"{ratio:.0%}")
     console = report.console()
     console.print(table)
     for line in result["log"]:

@@ -29,7 +29,7 @@ def chart(result: dict, path) -> None:
     colors = {"generate": "#888", "map + shuffle + reduce": "#06c", "validate": "#6a6", "download": "#c60",
               "sort + partition": "#a40", "upload": "#e90", "map": "#06c", "reduce": "#0a8"}
     fig, (ax, tl) = report.figure(2, 1, figsize=(10, 6), gridspec_kw={"height_ratios": [1, 2]})
-    for y, (label, parts) in enumerate(bars):
+    for y, (_label, parts) in enumerate(bars):
         left = 0.0
         for name, secs in parts:
             ax.barh(y, secs, left=left, color=colors[name], label=name)
@@ -75,7 +75,8 @@ def main(argv: list[str]) -> dict:
     t = result["times"]
     result["headline"] = {"sorted": f"{p.size / 1e6:.0f} MB on {p.nodes} nodes, valid",
                           "end to end (generate + sort)": f"{t['sort_s']:.2f} s",
-                          "map+shuffle+reduce": f"{t['map_reduce_s']:.2f} s ({p.size / 1e6 / t['map_reduce_s']:.0f} MB/s)"}
+                          "map+shuffle+reduce": f"{t['map_reduce_s']:.2f} s "
+                                                f"({p.size / 1e6 / t['map_reduce_s']:.0f} MB/s)"}
     if "baseline" in result:
         result["headline"]["vs single coordinator"] = f"{result['speedup_vs_baseline']:.2f}x faster"
     result["figures"] = {"sort end to end (s)": t["sort_s"], "map+shuffle+reduce (s)": t["map_reduce_s"],
@@ -86,22 +87,26 @@ def main(argv: list[str]) -> dict:
     console.print(f"GraySort {p.size / 1e6:.0f} MB ({p.records} {p.format} records, skew {p.skew}) on {p.nodes} nodes, "
                   f"{p.parts} partitions; MinIO {'MD5' if result['minio_md5_etags'] else 'random (--no-compat)'} ETags")
     console.print(f"  generate {t['generate_s']:.2f} s | map+shuffle+reduce {t['map_reduce_s']:.2f} s | "
-                  f"sort end to end {t['sort_s']:.2f} s ({result['sort_mb_s']:.0f} MB/s) | validate {t['validate_s']:.2f} s")
+                  f"sort end to end {t['sort_s']:.2f} s ({result['sort_mb_s']:.0f} MB/s) | "
+                  f"validate {t['validate_s']:.2f} s")
     steps = " | ".join(f"{phase}: " + ", ".join(f"{k} {v:.1f}" for k, v in st.items())
                        for phase, st in result["task_seconds"].items())
     console.print(f"  task seconds, summed over each phase's tasks: {steps}; every task ran on its data's node: "
                   f"{result['tasks_on_their_nodes']}")
     v = result["validation"]
-    console.print(f"  valid: {v['records']} records, checksum {v['checksum']:#x}, {v['partitions']} partitions sorted and ordered")
+    console.print(f"  valid: {v['records']} records, checksum {v['checksum']:#x}, "
+                  f"{v['partitions']} partitions sorted and ordered")
     if "baseline" in result:
         b = result["baseline"]
-        console.print(f"  single-coordinator baseline: {b['total_s']:.2f} s (download {b['download_s']:.2f}, sort+partition "
-                      f"{b['sort_partition_s']:.2f}, upload {b['upload_s']:.2f}); object-store shuffle is "
+        console.print(f"  single-coordinator baseline: {b['total_s']:.2f} s (download {b['download_s']:.2f}, "
+                      f"sort+partition {b['sort_partition_s']:.2f}, upload {b['upload_s']:.2f}); "
+                      "object-store shuffle is "
                       f"{result['speedup_vs_baseline']:.2f}x faster (map+reduce vs the whole baseline)")
     if "reference" in result:
         r = result["reference"]
         console.print(f"  in-memory NumPy sort, one process: {r['single_process_mb_s']:.0f} MB/s; sort phase "
-                      f"{r['sort_phase_mb_s']:.0f} MB/s = {r['fraction_of_cores_x_single']:.0%} of {r['cores']} cores x that")
+                      f"{r['sort_phase_mb_s']:.0f} MB/s = {r['fraction_of_cores_x_single']:.0%} of "
+                      f"{r['cores']} cores x that")
     console.print(f"report: {out / 'graysort.json'}, chart: {out / 'graysort.png'}")
     return result
 

@@ -39,10 +39,10 @@ class Browser:
                 targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=2).read())
                 page = next(t for t in targets if t["type"] == "page")
                 break
-            except Exception:
+            except Exception as e:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     self.close()
-                    raise RuntimeError("headless chromium did not start")
+                    raise RuntimeError("headless chromium did not start") from e
                 time.sleep(0.2)
         from websockets.sync.client import connect
 

@@ -149,8 +149,8 @@ def load_job(name: str):
 
 
 # what a shell that never activated the virtualenv has
-CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"),
-             "LANG": "C.UTF-8"}
+CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+             "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
 
 
 def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import data_overrides, wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
@@ -17,8 +18,6 @@ from fasterfs.config import Paths
 from fasterfs.ingest import load_source, put
 
 NO_PREFETCH = ["cache.prefetch.enabled=false"]
-
-from conftest import data_overrides, wait_until
 
 
 @pytest.fixture
@@ -66,8 +65,8 @@ def test_cached_after_exactly_threshold_reads(fresh, cluster_root, live_cluster)
     assert hit == first
     pair = load_source(config.load(data_overrides()))
     c = manifest.chunk(i)
-    assert hit.split(b"\n")[:-1] == [m + b"," + o for m, o in zip(pair.message_lines[c.first_row:c.first_row + c.rows],
-                                                                   pair.orderbook_lines[c.first_row:c.first_row + c.rows])]
+    rows = slice(c.first_row, c.first_row + c.rows)
+    assert hit.split(b"\n")[:-1] == [m + b"," + o for m, o in zip(pair.message_lines[rows], pair.orderbook_lines[rows])]
     assert counter([actors[node]], "filler", "hot_fills") - fills == 1
     assert counter([actors[node]], "readers", "hits") - hits >= 1
 
@@ -215,7 +214,7 @@ def test_truncated_entry_caught_even_without_verification(fresh, cluster_root):
 
 
 def test_scrub_catches_damage_readers_do_not_verify(fresh, cluster_root):
-    manifest, actors = fresh
+    _manifest, actors = fresh
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     entry = _cached(client, actors, 7)
     raw = bytearray(entry.read_bytes())
@@ -293,7 +292,8 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     wait_until(back, timeout=60, what="StorageNode restart")
     st = ray.get(actors[0].cache_status.remote())
     assert st["rebuilt_entries"] == len(ids) + 1  # the foreign entry is well formed...
-    assert st["entries"] == len(ids) - 1 and st["changed_at_source"] == 1  # ...but only this cluster's, as MinIO has them
+    # ...but only this cluster's, as MinIO has them
+    assert st["entries"] == len(ids) - 1 and st["changed_at_source"] == 1
     assert not changed.exists() and not foreign.exists()
     assert client.read_chunk(ids[1]) == fasterfs.connect(cluster_root, use_cache=False).read_chunk(ids[1])
     assert st["stray_temp_removed"] >= 1 and not stray.exists()
@@ -302,7 +302,7 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     for i in ids[:1] + ids[2:]:
         assert cache.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
-    ray.get(actors[0].invalidate.remote(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key))
+    ray.get(actors[0].invalidate.remote([(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key)]))
     wait_until(lambda: client._stale_mark(0, ids[0]) > at_ingest, timeout=5, what="the client to follow the new pin")
 
 

@@ -138,7 +138,8 @@ def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, cli
     manifest = ingest_as("csv")
     before = statuses(live_cluster)[1]
     os.kill(before["minio_pid"], signal.SIGKILL)
-    wait_until(lambda: statuses(live_cluster)[1]["healthy"] and statuses(live_cluster)[1]["minio_pid"] != before["minio_pid"],
+    wait_until(lambda: (statuses(live_cluster)[1]["healthy"]
+                        and statuses(live_cluster)[1]["minio_pid"] != before["minio_pid"]),
                timeout=30, what="MinIO restart")
     after = statuses(live_cluster)[1]
     assert after["minio_restarts"] == before["minio_restarts"] + 1
@@ -174,8 +175,8 @@ def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_
     assert sorted(n for n in tc.list_filters("lo") if n.startswith(f"ffs:{live_cluster.name}:")) == \
         [f"ffs:{live_cluster.name}:{n.index}:lo:egress" for n in live_cluster.nodes]
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout.split("\n")
-    at = tree.index(next(l for l in tree if l.endswith(f"fasterfs-{live_cluster.name}/node-0")))
-    assert sum(1 for l in tree[at + 1:at + 3] if "sock_ops" in l) == 1
+    at = tree.index(next(line for line in tree if line.endswith(f"fasterfs-{live_cluster.name}/node-0")))
+    assert sum(1 for line in tree[at + 1:at + 3] if "sock_ops" in line) == 1
 
 
 def test_replicas_survive_one_minio_down(ingest_as, live_cluster, client_for):

@@ -101,7 +101,8 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     output = re.search(r"^output: (\S+)$", out.stdout, re.M).group(1)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     token = auth.read(auth.token_file(live_cluster.root))
-    request = urllib.request.Request(f"{live_cluster.dashboard_url}/api/jobs/", headers={"Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(f"{live_cluster.dashboard_url}/api/jobs/",
+                                     headers={"Authorization": f"Bearer {token}"})
     jobs = json.loads(opener.open(request, timeout=30).read())
     mine = [j for j in jobs if (j.get("metadata") or {}).get("fasterfs.output") == output]
     assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.job"] == "graysort", jobs

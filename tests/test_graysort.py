@@ -70,7 +70,8 @@ def _corrupt(live_cluster, p, how):
     node = live_cluster.nodes[p.node_of(1)]
     client = s3.client(node.endpoint, credentials.load(Paths(Path(live_cluster.root)).credentials_file).admin)
     key = p.key("output", 1)
-    recs = np.frombuffer(client.get_object(Bucket=p.bucket, Key=key)["Body"].read(), np.uint8).reshape(-1, p.fmt.record).copy()
+    body = client.get_object(Bucket=p.bucket, Key=key)["Body"].read()
+    recs = np.frombuffer(body, np.uint8).reshape(-1, p.fmt.record).copy()
     if how == "swap":
         recs[[10, 11]] = recs[[11, 10]]
     elif how == "drop":
@@ -124,7 +125,7 @@ def test_driver_memory_flat_as_size_grows(live_cluster, overrides):
     for size in ("4MB", "60MB"):
         p = graysort.plan(sort_cfg(overrides, f"size={size}", "graysort.partition_mb=8"), 2)
         try:
-            growth[size] = _peak_growth(lambda: graysort.run(live_cluster, p, baseline=False, reference_mb=0))
+            growth[size] = _peak_growth(lambda p=p: graysort.run(live_cluster, p, baseline=False, reference_mb=0))
         finally:
             graysort.delete_run(live_cluster, p)
     # 15x the data; no record passes through the driver, so its peak memory hardly moves

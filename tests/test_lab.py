@@ -263,7 +263,8 @@ def test_share_nothing_lab(lab_overrides):
             assert all(sorted(c.nodes) == [0, 1] for c in moved.chunks)  # host 2's copies now on the others
             assert ray.get(_read_file.options(**on0).remote("team/two.bin"))[0] == xxh3(blob)
             # host 2 comes back with an empty disk
-            assert _on_host(state, 2, "rm", "-rf", str(config.Paths(Path(state.root)).node_dir(2) / "minio")).returncode == 0
+            minio_dir = config.Paths(Path(state.root)).node_dir(2) / "minio"
+            assert _on_host(state, 2, "rm", "-rf", str(minio_dir)).returncode == 0
         finally:
             ray.get(actors[2].release_minio.remote())
         out = subprocess.run([str(PROJECT / ".venv/bin/fasterfs"), "repair", *lab_overrides],
@@ -360,7 +361,8 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
         got = json.loads((tmp_path / "outsider.log").read_text().strip().splitlines()[-1])
         for door, wrong in (("ray_dashboard", 403), ("fasterfs_dashboard", 401), ("jobs", 403)):
             assert got[door] == {"none": 401, "wrong": wrong, "token": 200}, (door, got[door])
-        assert got["tls"] == {"plain_http": 400, "system_cas": "SSLCertVerificationError", "cluster_ca": 200}, got["tls"]
+        assert got["tls"] == {"plain_http": 400, "system_cas": "SSLCertVerificationError",
+                              "cluster_ca": 200}, got["tls"]
         from ray.job_submission import JobSubmissionClient
 
         submitted = {j.submission_id for j in JobSubmissionClient(state.dashboard_url).list_jobs()}

@@ -144,7 +144,7 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
 def test_a_replaced_file_is_never_served_old_to_a_new_open(mounted, live_cluster, overrides, tmp_path):
     """`put` over a hot file opened by passthrough and still held: the next open, right after
     `put` returns, reads the new bytes; the held handle keeps reading the old (a snapshot)."""
-    point, actor = mounted
+    point, _actor = mounted
     cfg = config.load(overrides + ["files.chunk_mb=1"])
     versions = [os.urandom(2 * 1024 * 1024 + 7) for _ in range(2)]
     for k, v in enumerate(versions):
@@ -204,7 +204,7 @@ def test_eviction_under_an_open_passthrough_file_keeps_its_bytes(mounted, live_c
 def test_fio_verifies_every_block_read_through_the_mount(mounted, live_cluster, overrides, tmp_path):
     """fio writes a file whose every 64 KiB block carries its CRC32C; read back through the mount,
     sequentially and at random, cold and then hot (by passthrough), fio checks each block."""
-    point, actor = mounted
+    point, _actor = mounted
     local = tmp_path / "verify.fio"
     job = ["--bs=64k", "--size=24M", "--verify=crc32c", "--ioengine=psync", "--verify_state_save=0"]
     subprocess.run(["fio", "--name=write", f"--filename={local}", "--rw=write", "--do_verify=0", *job],

@@ -91,7 +91,7 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
     for _ in range(2):  # the second time some chunks may be in the cache (hot after two reads)
         f = ahead.open("research/r.bin")
         with ThreadPoolExecutor(4) as pool:
-            parts = list(pool.map(lambda off: f.read(off, 300_000), range(0, len(data), 300_000)))
+            parts = list(pool.map(lambda off, f=f: f.read(off, 300_000), range(0, len(data), 300_000)))
         assert b"".join(parts) == data
         f.close()
     ahead.close()

@@ -72,7 +72,8 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def api(path, method="GET", body=None, auth=True):
-        req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
+        req = urllib.request.Request(base + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
                                      headers={"Authorization": f"token {token}"} if auth else {})
         with opener.open(req, timeout=30) as r:
             return json.loads(r.read() or b"null")
@@ -100,7 +101,8 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
             for cell in (c for c in nb.cells if c.cell_type == "code"):
                 reply = kc.execute_interactive(
                     cell.source, timeout=300,
-                    output_hook=lambda m: texts.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+                    output_hook=lambda m: (texts.append(m["content"].get("text", ""))
+                                           if m["msg_type"] == "stream" else None))
                 assert reply["content"]["status"] == "ok", (cell.source[:200], reply["content"])
         finally:
             kc.stop_channels()

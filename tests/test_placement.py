@@ -37,7 +37,7 @@ def test_same_placement_in_every_process():
     import subprocess
     import sys
 
-    code = "import json; from fasterfs.placement import place; print(json.dumps(place(%r, 3)))" % KEYS
+    code = f"import json; from fasterfs.placement import place; print(json.dumps(place({KEYS!r}, 3)))"
     got = [json.loads(subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed},
                                      capture_output=True, text=True, check=True).stdout) for seed in ("1", "2")]
     assert got[0] == got[1] == place(KEYS, 3)

@@ -35,7 +35,7 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     m = put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
             tmp_path / "b", "repair/ec.bin")
     state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
-    p0, p1 = repair.pieces(m, m.chunks[0]), repair.pieces(m, m.chunks[1])
+    p0, p1 = m.pieces(m.chunks[0]), m.pieces(m.chunks[1])
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
     clients[p0[1][0]].delete_object(Bucket=m.bucket, Key=p0[1][1])  # chunk 0: one of 2 shards gone
     for node, key in p1:  # chunk 1: both gone, more than parity: lost

@@ -10,7 +10,9 @@ HEADER = Path(__file__).with_name("fasterfs.h")
 
 def _define(name: str) -> int:
     m = re.search(rf"#define {name} (\w+)", HEADER.read_text())
-    return int(m.group(1).rstrip("ULL"), 0)
+    if m is None:
+        raise LookupError(f"{HEADER} has no #define {name}")
+    return int(m.group(1).rstrip("UL"), 0)  # without its ULL, UL, LL, U or L suffix
 
 
 MAX_PATH = _define("FFS_MAX_PATH")

@@ -67,7 +67,10 @@ class FollowedMarks:
     RECHECK_S = 1.0
 
     def __init__(self, path: str):
-        self.path, self._marks, self._ino, self._checked = path, None, None, float("-inf")
+        self.path = path
+        self._marks: StaleMarks | None = None
+        self._ino: int | None = None
+        self._checked = float("-inf")
 
     def _follow(self) -> StaleMarks | None:
         now = time.monotonic()

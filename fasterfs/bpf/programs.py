@@ -61,10 +61,11 @@ class KernelPrograms:
         self._write_config()
         self.on_event = on_event
         self.names: dict[int, str] = {}            # key hash -> path, learnt from events
-        self.recent = collections.deque(maxlen=256)
-        self.received = collections.Counter()
-        self.reported = collections.Counter()  # GETs readers reported (TLS) and the HOTs they made
-        self.tc_attachments: list[tuple[str, str, str | None]] = []  # (interface, name, netns)
+        self.recent: collections.deque[dict] = collections.deque(maxlen=256)
+        self.received: collections.Counter[str] = collections.Counter()
+        self.reported: collections.Counter[str] = collections.Counter()  # GETs readers reported (TLS), their HOTs
+        # (interface, name, netns, direction, sole_owner)
+        self.tc_attachments: list[tuple[str, str, str | None, str, bool]] = []
         self.cgroup_fd: int | None = None
         self.cgroup_path: str | None = None
         self.pinned: str | None = None
@@ -263,7 +264,8 @@ class KernelPrograms:
         sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b[b"sock_counters"].items()}
         return {
             "mode": self.mode, "hot_threshold": self.hot_threshold, "epoch": self.epoch,
-            "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d} for i, n, ns, d, _ in self.tc_attachments],
+            "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d}
+                   for i, n, ns, d, _ in self.tc_attachments],
             "sockops_cgroup": self.cgroup_path,
             "counters": counters, "keys_tracked": len(keys), "top_keys": top_keys, "ports": ports,
             "events_received": received, "recent_events": recent,

@@ -27,7 +27,7 @@ class SimulatedPrograms:
         self.names: dict[int, str] = {}
         self.counters: collections.Counter = collections.Counter()
         self.received: collections.Counter = collections.Counter()
-        self.recent = collections.deque(maxlen=256)
+        self.recent: collections.deque[dict] = collections.deque(maxlen=256)
         self._lock = threading.Lock()
 
     def watch(self, address: str | None, port: int) -> None:

@@ -1,0 +1,179 @@
+"""Invalidation: what a node does when its kernel sees a request for a chunk, or a peer tells it
+of a write.
+
+HOT (a chunk crossed the kernel's threshold) becomes a fill. STALE and COMMITTED (a write's
+request line, its completion) drop the cached copy, reset the key's count so it can become hot
+again, and queue the write for the other nodes, whose caches may hold a copy too: `send` passes
+what piled up to them in one call per peer. A node told of a write by a peer marks the key stale
+in its own kernel map (readers check that mark on every hit) and drops its copy.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from . import heatmap, s3
+from .bpf.events import key_hash
+from .cache import ChunkCache, entry_name
+from .fill_sources import ShardedGetter
+from .node_index import NodeIndex
+
+log = logging.getLogger("fasterfs.invalidation")
+
+Write = tuple[int, str | None]  # (hash of /bucket/key, the key; None: every key of the bucket)
+RECENT_MAX = 100_000
+
+
+class Invalidations:
+    """`kernel` is either kernel backend; `filler` is what cancels queued fills of a key that
+    changed; `fill(key, reason)` asks for a fill at the chunk's home; `tell(batch)` sends writes
+    to the other nodes (fire and forget: a dead peer has no cache to serve)."""
+
+    def __init__(self, node: int, bucket: str, kernel, cache: ChunkCache, filler, watch_any: bool,
+                 fill: Callable[[str, str], None], tell: Callable[[list[Write]], None]):
+        self.node, self.bucket, self.kernel, self.cache, self.filler = node, bucket, kernel, cache, filler
+        self.watch_any, self.fill, self.tell = watch_any, fill, tell
+        self.last: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
+        self.recent: dict[str, int] = {}  # entry -> heatmap.EVICTED or STALE, oldest first (bounded)
+        self._outbox: dict[Write, None] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+
+    def on_kernel_event(self, event: dict, index: NodeIndex) -> None:
+        if event["path"] == f"/{self.bucket}" and event["method"] == "POST":
+            key = None  # DeleteObjects: its keys are in the body, so every entry of the bucket goes
+        elif event["path"].startswith(f"/{self.bucket}/") and event["key"] == key_hash(event["path"]):
+            key = event["path"][len(self.bucket) + 2:]
+        else:
+            return  # another bucket, or a path cut at the kernel's bound: not one of ours to resolve
+        hashed = event["key"]
+        shard = index.shards.get(key) if key is not None else None
+        if shard is not None:  # a shard of an erasure-coded chunk: the chunk is what is cached
+            key = shard.chunk_key
+            if event["type"] == "HOT":
+                # Where readers' GETs leave this host (kernel.watch=any) the chunk is this host's
+                # readers' own; where each node counts only requests to its MinIO, the chunk's
+                # first holder fills it for every reader of the machine.
+                if self.watch_any or index.holders[key][0] == self.node:
+                    self.fill(key, "hot")
+                return
+            hashed = key_hash(f"/{self.bucket}/{key}")
+            self.kernel.mark_stale(hashed)  # readers check the chunk's mark; the kernel marked the shard
+        if event["type"] == "HOT":
+            if key is not None:
+                self.fill(key, "hot")
+            return
+        self.forget(hashed, key)
+        with self._lock:
+            self._outbox[(hashed, key)] = None
+        self._ready.set()
+
+    def forget(self, hashed: int, key: str | None) -> None:
+        """Drop `key` (None: every entry) and let it become hot anew."""
+        if key is None:
+            self.cache.clear()
+            self.kernel.new_epoch()
+            self.recent.clear()
+        else:
+            if self.cache.contains(key):
+                self.note(entry_name(key), heatmap.STALE)
+            self.filler.mark_stale(key)
+            self.kernel.reset_key(hashed)
+        self.last = time.time()
+
+    def invalidate(self, batch: list[Write]) -> None:
+        """Other hosts' kernels saw these written: mark them stale here too and drop the copies."""
+        for hashed, key in batch:
+            self.kernel.mark_stale(hashed)
+            self.forget(hashed, key)
+
+    def send(self, wait_s: float = 1.0) -> int:
+        """Tell the other nodes every write queued since the last call, in one batch (an ingest of
+        many objects would otherwise be a call per object per peer). Returns how many went."""
+        if not self._ready.wait(wait_s):
+            return 0
+        with self._lock:
+            batch, self._outbox = list(self._outbox), {}
+            self._ready.clear()
+        self.tell(batch)
+        return len(batch)
+
+    def run(self, stopping: threading.Event) -> None:
+        while not stopping.is_set():
+            try:
+                self.send()
+            except Exception:
+                log.exception("telling the other nodes of writes failed")
+
+    def on_evict(self, entry: str, index: NodeIndex) -> None:
+        """The cache let `entry` go: its chunk may become hot, and be cached, again."""
+        self.note(entry, heatmap.EVICTED)
+        key = index.by_entry.get(entry)
+        for obj in index.object_keys(key) if key else ():
+            self.kernel.reset_key(key_hash(f"/{self.bucket}/{obj}"))
+
+    def mark_replaced(self, old, new) -> None:
+        """Mark a replaced or removed generation's chunks written, before the write that replaced
+        them returns: whoever still holds the old view (the mount's hot files, opened without
+        asking anyone) finds them stale at its next open and looks again."""
+        if old is not None and (new is None or new.generation != old.generation):
+            for c in old.chunks:
+                self.kernel.mark_stale(key_hash(f"/{old.bucket}/{c.key}"))
+
+    def clear(self) -> int:
+        """Empty the cache and start a new kernel epoch, so every key can become hot again.
+        Fills still queued from the old epoch's heat go too, or they would land afterwards."""
+        self.filler.cancel_all()
+        removed = self.cache.clear()
+        self.kernel.new_epoch()
+        self.recent.clear()
+        return removed
+
+    def note(self, entry: str, state: int) -> None:
+        self.recent.pop(entry, None)
+        self.recent[entry] = state
+        while len(self.recent) > RECENT_MAX:  # oldest first: dicts keep insertion order
+            del self.recent[next(iter(self.recent))]
+
+
+def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict[int, str], creds) -> int:
+    """Drop cached entries whose object changed while this node was not running: no kernel event
+    and no peer's invalidation reached it then (or the directory holds another cluster's entries
+    under this cluster's keys). One HEAD per entry, to the chunk's holders (`endpoints`: node ->
+    its MinIO); an entry no holder can vouch for is kept (it may be the only copy readable) and
+    logged. Returns how many were dropped."""
+    etags = cache.etags()
+    if not etags:
+        return 0
+    clients = {n: s3.client(endpoint, creds, 1.0, 5.0) for n, endpoint in endpoints.items()}
+
+    def current(name: str) -> tuple[str | None, str | None]:
+        key = index.by_entry.get(name)
+        if key is None:
+            return None, None
+        if key in index.coded:  # filled from shards, each checked against the current manifest
+            return key, ShardedGetter.etag(index.coded[key].chunk)
+        for node in index.holders.get(key, []):
+            try:
+                return key, clients[node].head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+            except Exception:  # holder down or gone from the cluster: ask the next
+                continue
+        return key, None
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            found = dict(zip(etags, pool.map(current, etags)))
+    finally:
+        for c in clients.values():
+            c.close()
+    changed = [name for name, (key, now) in found.items() if now is not None and now != etags[name]]
+    unverified = [key for key, now in found.values() if key and now is None]
+    for name in changed:
+        log.warning("cache entry for %s was filled from ETag %s; its holders now have %s: written while this "
+                    "node was down, or another cluster's entry; dropped", found[name][0], etags[name], found[name][1])
+    if unverified:
+        log.warning("%d cache entries kept unverified (no holder answered), e.g. %s", len(unverified), unverified[0])
+    return cache.drop_changed(changed)

@@ -1,0 +1,68 @@
+"""MinioScrub: re-read every object this node stores, at a bounded rate, and check it as a reader
+would; bad ones are rebuilt from the chunk's other pieces.
+
+A shard is checked against the manifest's checksum; a replica against the one stored with it
+(an object another tool rewrote is served as it now is). The reads carry the filler's mark, so
+the kernel does not count them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from . import erasure
+from .node_index import Piece
+from .repair import Throttle
+
+log = logging.getLogger("fasterfs.minio_scrub")
+
+
+class Getter(Protocol):
+    def get_object(self, bucket: str, key: str) -> tuple[bytes, dict]: ...  # KeyError when missing
+    def close(self) -> None: ...
+
+
+class MinioScrub:
+    """`open_getter()` -> a Getter of this node's MinIO; `rebuild(bad_pieces, bad_chunks)` ->
+    chunks repaired."""
+
+    def __init__(self, node: int, bucket: str, mb_per_s: float, open_getter: Callable[[], Getter],
+                 rebuild: Callable[[set[tuple[int, str]], dict[str, set[int]]], int]):
+        self.node, self.bucket, self.mb_per_s = node, bucket, mb_per_s
+        self.open_getter, self.rebuild = open_getter, rebuild
+        self.totals: dict = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
+
+    def scrub(self, pieces: Mapping[str, Piece], stopping: threading.Event | None = None) -> dict:
+        """One pass over `pieces` (this node's objects); returns its figures."""
+        throttle = Throttle(self.mb_per_s * 1e6)
+        getter = self.open_getter()
+        checked = nbytes = 0
+        bad: dict[str, set[int]] = {}
+        bad_pieces: set[tuple[int, str]] = set()
+        try:
+            for key, piece in list(pieces.items()):
+                if stopping is not None and stopping.is_set():
+                    break
+                try:
+                    data, headers = getter.get_object(self.bucket, key)
+                except KeyError:
+                    continue  # missing: the survey sees it, and repair puts it back
+                throttle.take(len(data))
+                checked, nbytes = checked + 1, nbytes + len(data)
+                stored = headers.get("x-amz-meta-xxh3")
+                expected = piece.xxh3 if piece.xxh3 is not None else (
+                    int(stored) if stored and stored.isdigit() else None)
+                if expected is not None and erasure.checksum(data) != expected:
+                    log.warning("scrub: %s on node %d does not match its checksum", key, self.node)
+                    bad.setdefault(piece.name, set()).add(piece.chunk_id)
+                    bad_pieces.add((self.node, key))
+        finally:
+            getter.close()
+        repaired = self.rebuild(bad_pieces, bad) if bad else 0
+        names = sorted(k for _, k in bad_pieces)
+        t = self.totals
+        t.update(passes=t["passes"] + 1, objects=t["objects"] + checked, bytes=t["bytes"] + nbytes,
+                 bad=t["bad"] + len(bad_pieces), repaired=t["repaired"] + repaired, last_bad=names[:20])
+        return {"checked": checked, "bytes": nbytes, "bad": names, "repaired": repaired}

@@ -1,0 +1,98 @@
+"""NodeIndex: what a StorageNode looks up about the namespace, built once per manifest change.
+
+A kernel event names an object by the hash of its request path; the cache names entries by
+file name; fills, repair and the scrub need a chunk's holders, its shards and this node's own
+objects. All of it derives from the current manifests, so it is built in one pass when they
+change and replaced whole: a thread that takes `node.index` once sees one version throughout
+(a manifest switched meanwhile cannot turn half its lookups into KeyErrors).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .bpf.events import key_hash
+from .cache import Place, entry_name, places
+from .erasure import shard_key
+from .manifest import ChunkInfo, Manifest
+
+
+@dataclass(frozen=True)
+class Coded:
+    """An erasure-coded chunk and its code: a fill gathers it from `data` of its shards."""
+    chunk: ChunkInfo
+    data: int
+    parity: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One object this node stores: which chunk of which name it belongs to, and the xxh3 its
+    bytes must have (a shard's, from the manifest; None for a replica: its object's metadata says)."""
+    name: str
+    chunk_id: int
+    xxh3: int | None
+
+
+@dataclass(frozen=True)
+class Shard:
+    chunk_key: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class NodeIndex:
+    node: int
+    by_hash: Mapping[int, ChunkInfo]    # hash of /bucket/key of a chunk or one of its shards -> the chunk
+    by_entry: Mapping[str, str]         # cache entry name -> chunk key
+    holders: Mapping[str, list[int]]    # chunk key -> its nodes (owner first; ec: shard i's node is [i])
+    shards: Mapping[str, Shard]         # shard key -> its chunk and slot
+    coded: Mapping[str, Coded]          # chunk key -> its code, for erasure-coded chunks
+    pieces: Mapping[str, Piece]         # this node's own objects, for the scrub
+    places: Mapping[str, Place]         # chunk key -> its place in its file's cache entry (files of several chunks)
+
+    @classmethod
+    def build(cls, manifests: Mapping[str, Manifest], node: int) -> NodeIndex:
+        by_hash: dict[int, ChunkInfo] = {}
+        by_entry: dict[str, str] = {}
+        holders: dict[str, list[int]] = {}
+        shards: dict[str, Shard] = {}
+        coded: dict[str, Coded] = {}
+        pieces: dict[str, Piece] = {}
+        where: dict[str, Place] = {}
+        for m in manifests.values():
+            for c, place in zip(m.chunks, places(m)):
+                keys = m.object_keys(c)
+                for k in keys:
+                    by_hash[key_hash(f"/{m.bucket}/{k}")] = c
+                by_hash[key_hash(f"/{m.bucket}/{c.key}")] = c
+                by_entry[entry_name(c.key)] = c.key
+                holders[c.key] = c.nodes
+                if m.layout == "ec":
+                    coded[c.key] = Coded(c, m.ec_data, m.ec_parity)
+                    shards.update((k, Shard(c.key, s)) for s, k in enumerate(keys))
+                for slot, (n, k) in enumerate(m.pieces(c)):
+                    if n == node:
+                        pieces[k] = Piece(m.name, c.id, c.shards[slot] if m.layout == "ec" else None)
+                if place is not None:
+                    where[c.key] = place
+        frozen = MappingProxyType
+        return cls(node, frozen(by_hash), frozen(by_entry), frozen(holders), frozen(shards), frozen(coded),
+                   frozen(pieces), frozen(where))
+
+    def object_keys(self, key: str) -> list[str]:
+        """The objects behind a cached chunk key: its shards when erasure-coded, else itself."""
+        c = self.coded.get(key)
+        return [shard_key(key, s) for s in range(c.data + c.parity)] if c else [key]
+
+    def resolve(self, hashed: int) -> str | None:
+        """The chunk a key hash names in the current generations, as a person reads it."""
+        c = self.by_hash.get(hashed)
+        return None if c is None else f"chunk {c.id} ({c.key})"
+
+    def home_of(self, key: str, default: int) -> int:
+        """Where a fill of `key` goes when each node counts only its own MinIO's requests: a
+        file's chunks all at its home (one passthrough backing); any other chunk at `default`."""
+        place = self.places.get(key)
+        return place.home if place is not None else default

@@ -1,0 +1,204 @@
+"""ReadSession: what every reader of one process shares about a cluster, whichever dataset or file
+it reads: connections to each node's MinIO, which nodes refused lately, how fast each answers,
+the kernels' stale marks, the read counters the StorageNodes sum, and the one thread that sends
+hints (prefetch, heal, observe) to the StorageNodes off the readers' threads.
+
+A Client (fasterfs.client) is one manifest read through a session; `session.client(manifest)`
+makes one, and every client of a session shares exactly this state and nothing else.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+from . import credentials, reader_stats, s3
+from .config import Paths
+from .node_directory import NodeDirectory
+from .reader_stats import BYTES_CACHE, HITS
+from .state import ClusterState, host_id
+
+
+class ReadSession:
+    DOWN_S = 2.0  # how long a node that refused a connection is tried last
+    HINT_ERRORS = 20
+
+    def __init__(self, state: ClusterState, creds: credentials.Credentials, cfg, use_cache: bool = True,
+                 prefetch: bool = True, mark: int = 0):
+        """mark: GETs over sockets with this SO_MARK, which the kernel programs do not count
+        (repair and the scrub read through a session; their reads are no sign of heat)."""
+        self.state, self.creds = state, creds
+        self.paths = Paths(Path(state.root))
+        # plain values: configuration lookups cost microseconds on the hit path
+        self.verify = bool(cfg.client.verify_checksum)
+        self.verify_cache = bool(cfg.cache.verify_reads)
+        self.use_cache = use_cache
+        p = cfg.cache.prefetch
+        self.prefetch_window = int(p.window) if p.enabled and prefetch else 0
+        self.prefetch_trigger = int(p.trigger)
+        self.peer_slower_ms = float(cfg.cache.peer_slower_ms)
+        self.read_timeout_s = cfg.client.read_timeout_s
+        self.mark = mark
+        self._s3 = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, self.read_timeout_s)
+                    for n in state.nodes}
+        self._getters: dict[int, s3.MarkedGetter] = {}  # lean signed GETs with this session's mark
+        self.here = host_id()
+        self.nodes = NodeDirectory(state.namespace)
+        self.local_node = self._local_node()
+        # whose kernel counts a GET: the reader's host (kernel.watch=any, the lab) or the holder's
+        self.counted_here = state.settings.watch == "any" and self.local_node is not None
+        self.cache_dirs = {n.index: str(self.paths.cache_dir(n.index)) for n in state.nodes}
+        self._marks: dict[int, object] = {}
+        self._stats: dict[int, reader_stats.ReaderStats | reader_stats.Uncounted] = {}
+        self._refused: dict[int, float] = {}  # node -> until when it is tried last
+        self._origin_ms: dict[int, float] = {}  # node -> moving average of a GET from its MinIO here
+        self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
+        self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
+        self.degraded_why: collections.deque[str] = collections.deque(maxlen=20)  # the latest shards that failed
+        self.peer_reads = 0      # chunks read from another host's cache, their holders down or slow
+        self.hints_dropped = 0   # hints made while not connected to Ray
+        self.hint_errors: list[str] = []  # the latest hints that failed, and why
+        self._shard_pool: ThreadPoolExecutor | None = None
+        self._hints: queue.SimpleQueue | None = None
+        self._lock = threading.Lock()
+
+    def client(self, manifest, cls=None):
+        """A reader of `manifest` through this session (`cls`: a Client subclass)."""
+        from .client import Client
+
+        return (cls or Client)(self, manifest)
+
+    def _local_node(self) -> int | None:
+        """The node this process runs on, when it runs inside a Ray worker of the cluster."""
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return None
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:
+            return None
+        return next((n.index for n in self.state.nodes if n.ray_node_id == node_id), None)
+
+    # -- connections -----------------------------------------------------------------------
+
+    def getter(self, node: int) -> s3.MarkedGetter:
+        """Lean signed GETs to `node`'s MinIO, with this session's mark (none: counted as reads)."""
+        with self._lock:
+            if node not in self._getters:
+                self._getters[node] = s3.MarkedGetter(self.state.node(node).endpoint, self.creds, self.mark,
+                                                      self.read_timeout_s)
+            return self._getters[node]
+
+    def timed_get(self, node: int, bucket: str, key: str) -> tuple[bytes, dict[str, str]]:
+        """A whole object from `node`'s MinIO and its user metadata; the time feeds the node's
+        moving average (`slow`)."""
+        t = time.perf_counter()
+        if self.mark:
+            body, headers = self.getter(node).get_object(bucket, key)
+            meta = {k.lower()[len("x-amz-meta-"):]: v for k, v in headers.items()
+                    if k.lower().startswith("x-amz-meta-")}
+        else:
+            response = self._s3[node].get_object(Bucket=bucket, Key=key)
+            body, meta = response["Body"].read(), response.get("Metadata", {})
+        ms = (time.perf_counter() - t) * 1e3
+        self._origin_ms[node] = ms if node not in self._origin_ms else 0.7 * self._origin_ms[node] + 0.3 * ms
+        return body, meta
+
+    def shard_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._shard_pool is None:
+                self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fasterfs-shards")
+            return self._shard_pool
+
+    # -- which nodes to try first ------------------------------------------------------------
+
+    def avoid(self, nodes: set[int]) -> None:
+        """Try these nodes last, for this session's life (known down: repair's survey)."""
+        for node in nodes:
+            self._refused[node] = float("inf")
+
+    def down(self, node: int) -> bool:
+        """The node refused a connection within DOWN_S: read elsewhere first (a refused
+        connection costs 0.1-0.5 s in botocore here)."""
+        return self._refused.get(node, 0.0) > time.monotonic()
+
+    def note_failure(self, node: int, error: Exception) -> None:
+        if isinstance(error, (EndpointConnectionError, ConnectTimeoutError)):
+            self._refused[node] = time.monotonic() + self.DOWN_S
+
+    def slow(self, holders: list[int]) -> bool:
+        """Every holder answered this process slower than cache.peer_slower_ms of late."""
+        return bool(self.peer_slower_ms) and all(self._origin_ms.get(n, 0.0) > self.peer_slower_ms for n in holders)
+
+    # -- counters and marks ------------------------------------------------------------------
+
+    def stats(self, node: int) -> reader_stats.ReaderStats | reader_stats.Uncounted:
+        """Counters of reads served by `node`, kept where a StorageNode of this host sums them:
+        that node's own directory when it is on this host, else this process' node's (a read
+        across hosts counts as this host's reader's). A driver on a host without a
+        StorageNode (the lab's head) has no one to count for it."""
+        if node not in self._stats:
+            home = node if self.state.node(node).host_id == self.here else self.local_node
+            self._stats[node] = (reader_stats.ReaderStats(self.paths.reader_stats_dir(home)) if home is not None
+                                 else reader_stats.UNCOUNTED)
+        return self._stats[node]
+
+    def count_hit(self, node: int, size: int) -> None:
+        st = self.stats(node)
+        st.add(HITS)
+        st.add(BYTES_CACHE, size)
+
+    def marks(self, node: int):
+        """The stale marks `node`'s kernel pinned on this host; followed across its restarts."""
+        if node not in self._marks:
+            from .bpf.pinned import open_marks
+
+            self._marks[node] = open_marks(str(self.paths.stale_pin(node)))
+        return self._marks[node]
+
+    # -- hints to the nodes, off the reader's thread ---------------------------------------
+
+    def report_read(self, node: int, path: str) -> None:
+        """Tell the node whose kernel would have counted this GET, where that kernel cannot read
+        it: SIMULATED mode, or MinIO over TLS (the request line is ciphertext to the kernel)."""
+        counter = self.local_node if self.counted_here else node
+        if not self.mark and counter is not None and (
+                self.state.tls_ca or self.state.node(counter).kernel_mode == "simulated"):
+            self.hint(counter, "observe", "GET", path)
+
+    def hint(self, node: int, method: str, *args) -> None:
+        with self._lock:
+            if self._hints is None:
+                self._hints = queue.SimpleQueue()
+                threading.Thread(target=self._send_hints, args=(self._hints,), name="fasterfs-hints",
+                                 daemon=True).start()
+        self._hints.put((node, method, args))
+
+    def _send_hints(self, hints: queue.SimpleQueue) -> None:
+        """Never joins or leaves Ray itself (that is the application's, on its own thread): a
+        hint made while this process is not connected is counted as dropped."""
+        import ray
+
+        while True:
+            node, method, args = hints.get()
+            if not ray.is_initialized():
+                self.hints_dropped += 1
+                continue
+            try:
+                getattr(self.nodes.require(node), method).remote(*args)  # fire and forget
+            except Exception as e:
+                self.hint_errors.append(f"{method} to node {node}: {type(e).__name__}: {e}"[:200])
+                del self.hint_errors[:-self.HINT_ERRORS]  # the latest few, for whoever asks
+                self.nodes.forget(node)  # the cluster restarted an actor: look it up again next time
+
+    def ask(self, node: int, method: str, *args, timeout: float):
+        """A StorageNode's answer to one call (the peer tier's), or the error."""
+        import ray
+
+        return ray.get(getattr(self.nodes.require(node), method).remote(*args), timeout=timeout)

@@ -1,0 +1,102 @@
+"""RepairLeader: auto repair with no coordinator, as one node's part of it.
+
+Every node probes the others each `repair.check_s`; the lowest-numbered node whose MinIO answers
+surveys the namespace and repairs it. Pieces on a node down for less than `repair.after_s` are
+left alone (it may come back). A survey lists every node's bucket (most of an idle node's CPU with
+10,000 chunks if done every check), so the leader surveys only when something changed (nodes
+down or back, one down past `after_s`, the namespace), while the last survey found anything to
+do, and at least every `repair.survey_s` (objects lost behind MinIO's back).
+
+The probes, the survey and the repair come in as functions, so the decisions are testable
+without MinIO: `tick(now)` is one round.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from .repair import Health, Outcome
+
+log = logging.getLogger("fasterfs.repair_leader")
+
+HISTORY = 20  # repairs kept for `status`
+
+
+@dataclass(frozen=True)
+class Timing:
+    check_s: float
+    after_s: float
+    survey_s: float
+    auto: bool
+
+    @classmethod
+    def of(cls, repair_cfg) -> Timing:
+        return cls(repair_cfg.check_s, repair_cfg.after_s, repair_cfg.survey_s, bool(repair_cfg.auto))
+
+
+class RepairLeader:
+    """`probe()` -> (every node of the cluster, those whose MinIO answers now); `version()` -> the
+    namespace's version; `survey()` -> its Health; `repair(waiting)` -> the Outcome of a repair
+    that leaves the pieces of the nodes in `waiting` alone."""
+
+    def __init__(self, node: int, timing: Timing, probe: Callable[[], tuple[list[int], set[int]]],
+                 version: Callable[[], Hashable], survey: Callable[[], Health],
+                 repair: Callable[[set[int]], Outcome]):
+        self.node, self.timing = node, timing
+        self.probe, self.version, self.survey, self.repair = probe, version, survey, repair
+        self.health: dict | None = None  # the namespace's redundancy as this node last surveyed it (when it leads)
+        self.repairs: list[dict] = []    # what this node's own repairs did, latest last
+        self._down_since: dict[int, float] = {}
+        self._seen: tuple | None = None  # what the last survey saw
+        self._surveyed = float("-inf")
+
+    def tick(self, now: float | None = None) -> str:
+        """One round; returns what it did: follow (another node leads), wait (nothing changed),
+        survey (repair.auto off) or repair."""
+        now = time.monotonic() if now is None else now
+        nodes, alive = self.probe()
+        for n in nodes:
+            if n in alive:
+                self._down_since.pop(n, None)
+            else:
+                self._down_since.setdefault(n, now)
+        if not alive or min(alive) != self.node:
+            self.health, self._seen = None, None
+            return "follow"
+        # a node is gone only after after_s down; one that answered the probe but not the
+        # survey's listing (just back, busy) must not have its pieces rebuilt elsewhere
+        gone = {n for n, t in self._down_since.items() if now - t >= self.timing.after_s}
+        waiting = set(nodes) - gone
+        seen = (frozenset(alive), frozenset(waiting), self.version())
+        settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
+        if seen == self._seen and settled and now - self._surveyed < self.timing.survey_s:
+            return "wait"
+        self._seen, self._surveyed = seen, now
+        if not self.timing.auto:
+            self.health = self.survey().to_dict()
+            return "survey"
+        out = self.repair(waiting)
+        self.health = out.health.to_dict()
+        if out.repaired or out.failed:
+            self.record("auto", out)
+            self.health = self.survey().to_dict()
+        return "repair"
+
+    def run(self, stopping: threading.Event) -> None:
+        while not stopping.wait(self.timing.check_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("cluster watch failed")
+
+    def record(self, why: str, out: Outcome) -> None:
+        log.warning("%s repair: %d chunks repaired, %d pieces written (%d moved home), %d failed; found %s",
+                    why, out.repaired, out.pieces_written, out.moved, len(out.failed), out.health.summary())
+        self.repairs.append({"why": why, "time": time.time(), "repaired": out.repaired,
+                             "pieces_written": out.pieces_written, "moved": out.moved,
+                             "bytes_written": out.bytes_written, "seconds": out.seconds,
+                             "failed": out.failed[:10], "found": out.health.to_dict()})
+        del self.repairs[:-HISTORY]

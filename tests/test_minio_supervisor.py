@@ -1,0 +1,69 @@
+"""MinioSupervisor with a real MinIO and no Ray: a killed server comes back ready for readers
+(its bucket and its read-only user, even from a wiped disk); a held one stays down."""
+import os
+import shutil
+import signal
+import socket
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from fasterfs import credentials
+from fasterfs.config import PROJECT_DIR
+from fasterfs.minio_server import MinioServer
+from fasterfs.minio_supervisor import MinioSupervisor
+
+ADDRESS = "127.0.77.1"  # no cluster of the suite uses this address
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((ADDRESS, 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def supervisor(tmp_path):
+    binary = PROJECT_DIR / ".deps" / "bin" / "minio"
+    if not binary.exists():
+        binary = shutil.which("minio")
+    keys = credentials.create(tmp_path / "keys.json")
+    server = MinioServer(binary, ADDRESS, _free_port(), _free_port(), tmp_path / "minio", tmp_path / "minio.log",
+                         keys.admin)
+    sup = MinioSupervisor(server, "bkt", keys.reader, start_timeout_s=30)
+    sup.start()
+    yield sup, keys
+    sup.stop()
+    assert server.pid is None
+
+
+def _reader(sup, keys):
+    return boto3.client("s3", endpoint_url=sup.server.endpoint, aws_access_key_id=keys.reader.access_key,
+                        aws_secret_access_key=keys.reader.secret_key, region_name="us-east-1",
+                        config=Config(retries={"max_attempts": 1}))
+
+
+def test_a_killed_minio_comes_back_with_its_bucket_and_reader(supervisor):
+    sup, keys = supervisor
+    assert sup.tick() is False  # alive: nothing to do
+    first = sup.server.pid
+    os.kill(first, signal.SIGKILL)
+    sup.server.proc.wait()
+    shutil.rmtree(sup.server.data_dir)  # the disk was replaced too
+    assert sup.tick() is True
+    healthy, pid, restarts, held = sup.health()
+    assert healthy and pid != first and restarts == 1 and not held
+    # what a reader needs, as MinIO itself answers it: the bucket lists with the reader's keys
+    assert _reader(sup, keys).list_objects_v2(Bucket="bkt")["KeyCount"] == 0
+
+
+def test_a_held_minio_stays_down_until_released(supervisor):
+    sup, keys = supervisor
+    sup.hold()
+    assert sup.tick() is False
+    healthy, pid, restarts, held = sup.health()
+    assert not healthy and pid is None and held and restarts == 0
+    sup.release()
+    assert sup.health()[0] and not sup.held
+    assert _reader(sup, keys).list_objects_v2(Bucket="bkt")["KeyCount"] == 0

@@ -1,0 +1,339 @@
+"""The StorageNode's components on their own: no root, no Ray, no MinIO. Each is built as the
+actor builds it, with the simulated kernel and a real cache directory; what would be a Ray call to
+a peer or a request to MinIO is a plain function that records what it was asked."""
+import threading
+import zlib
+
+import pytest
+import xxhash
+
+from fasterfs import heatmap
+from fasterfs.bpf.events import key_hash
+from fasterfs.bpf.simulated import SimulatedPrograms
+from fasterfs.cache import ChunkCache, entry_name
+from fasterfs.cache_filler import CacheFiller
+from fasterfs.invalidation import Invalidations
+from fasterfs.manifest import ChunkInfo, Manifest
+from fasterfs.minio_scrub import MinioScrub
+from fasterfs.node_directory import NodeDirectory
+from fasterfs.node_index import NodeIndex, Piece, Shard
+from fasterfs.peer_tier import PeerTier
+from fasterfs.repair import Health, Outcome
+from fasterfs.repair_leader import RepairLeader, Timing
+
+pytestmark = pytest.mark.unit
+BUCKET = "b"
+
+
+def chunk(i: int, key: str, nodes: list[int], shards: int = 0) -> ChunkInfo:
+    return ChunkInfo(i, key, nodes, 100, 0, 0, 0.0, 0.0, 1000 + i, [2000 + i * 10 + s for s in range(shards)])
+
+
+def manifest(name: str, chunks: list[ChunkInfo], layout: str = "replicas", kind: str = "dataset") -> Manifest:
+    ec = (2, 1) if layout == "ec" else (0, 0)
+    return Manifest(name, "bytes", 0, 0, 0, 2, 3, BUCKET, "g1", chunks, kind=kind, layout=layout,
+                    ec_data=ec[0], ec_parity=ec[1])
+
+
+@pytest.fixture
+def namespace():
+    return {"rep": manifest("rep", [chunk(0, "rep/0", [0, 1]), chunk(1, "rep/1", [1, 2])]),
+            "ec": manifest("ec", [chunk(0, "ec/0", [2, 0, 1], shards=3)], layout="ec"),
+            "file": manifest("file", [chunk(0, "f/0", [1, 0]), chunk(1, "f/1", [2, 1])], kind="file")}
+
+
+# -- NodeIndex ------------------------------------------------------------------------------
+
+def test_node_index_names_every_object_of_every_chunk(namespace):
+    index = NodeIndex.build(namespace, node=0)
+    # the shard keys as MinIO holds them (fasterfs.erasure's naming, written out here)
+    shard_keys = [f"ec/0.s{s}" for s in range(3)]
+    assert index.object_keys("ec/0") == shard_keys
+    assert index.object_keys("rep/0") == ["rep/0"]
+    for k in shard_keys + ["ec/0"]:  # a shard's request names its chunk
+        assert index.by_hash[key_hash(f"/{BUCKET}/{k}")].key == "ec/0"
+    assert index.shards[shard_keys[1]] == Shard("ec/0", 1)
+    assert "rep/0" not in index.shards
+    assert index.by_entry[entry_name("rep/1")] == "rep/1"
+    assert index.holders["rep/1"] == [1, 2]
+    assert index.coded["ec/0"].data == 2 and index.coded["ec/0"].parity == 1
+    # node 0's own objects: replica rep/0 (checked against its metadata), shard 1 of ec/0 (against
+    # the manifest's checksum of that shard), and the file's second copy of f/0
+    assert index.pieces == {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, 2001),
+                            "f/0": Piece("file", 0, None)}
+    assert index.resolve(key_hash(f"/{BUCKET}/rep/1")) == "chunk 1 (rep/1)"
+    assert index.resolve(12345) is None
+
+
+def test_node_index_places_a_files_chunks_at_its_home(namespace):
+    index = NodeIndex.build(namespace, node=0)
+    assert index.home_of("f/1", default=0) == 1  # the file's first chunk's first holder
+    assert index.home_of("rep/1", default=0) == 0
+    assert index.places["f/1"].offset == 100
+
+
+def test_node_index_cannot_be_changed_in_place(namespace):
+    index = NodeIndex.build(namespace, node=0)
+    with pytest.raises(TypeError):
+        index.holders["x"] = [0]  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        index.node = 3  # type: ignore[misc]
+
+
+# -- Invalidations ----------------------------------------------------------------------------
+
+class Node:
+    """One node's cache, simulated kernel and filler, with what it asked its peers recorded."""
+
+    def __init__(self, tmp_path, namespace, node: int = 0, watch_any: bool = False):
+        self.kernel = SimulatedPrograms(hot_threshold=2)
+        self.cache = ChunkCache(tmp_path / f"cache{node}", capacity=10_000)
+        self.filler = CacheFiller(self.cache, lambda key: None, BUCKET, threads=1)
+        self.fills: list[tuple[str, str]] = []
+        self.told: list[list] = []
+        self.index = NodeIndex.build(namespace, node)
+        self.inv = Invalidations(node, BUCKET, self.kernel, self.cache, self.filler, watch_any,
+                                 lambda key, why: self.fills.append((key, why)), self.told.append)
+
+    def event(self, type_: str, method: str, path: str) -> None:
+        self.inv.on_kernel_event({"type": type_, "method": method, "path": path, "key": key_hash(path)}, self.index)
+
+
+def test_hot_replica_becomes_a_fill(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    n.event("HOT", "GET", f"/{BUCKET}/rep/1")
+    assert n.fills == [("rep/1", "hot")]
+
+
+def test_hot_shard_is_filled_by_its_chunks_first_holder_only(tmp_path, namespace):
+    first, other = Node(tmp_path, namespace, node=2), Node(tmp_path, namespace, node=0)
+    for n in (first, other):
+        n.event("HOT", "GET", f"/{BUCKET}/ec/0.s1")
+    assert first.fills == [("ec/0", "hot")]  # node 2 holds shard 0
+    assert other.fills == []
+    everyone = Node(tmp_path, namespace, node=0, watch_any=True)  # readers' own GETs: their own fill
+    everyone.event("HOT", "GET", f"/{BUCKET}/ec/0.s1")
+    assert everyone.fills == [("ec/0", "hot")]
+
+
+def test_a_write_drops_the_entry_resets_its_count_and_is_told_once(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    path = f"/{BUCKET}/rep/0"
+    assert n.cache.put("rep/0", b"x" * 100)
+    n.kernel.count_reported("GET", path, 9000)
+    assert n.kernel.key_count(key_hash(path)) == 1
+    n.event("STALE", "PUT", path)
+    n.event("COMMITTED", "PUT", path)
+    assert not n.cache.contains("rep/0")
+    assert n.kernel.key_count(key_hash(path)) == 0
+    assert n.inv.recent == {entry_name("rep/0"): heatmap.STALE}
+    assert n.inv.send(wait_s=0) == 1  # two events of one write: one entry in one batch
+    assert n.told == [[(key_hash(path), "rep/0")]]
+    assert n.inv.send(wait_s=0) == 0 and len(n.told) == 1
+
+
+def test_a_shard_write_drops_its_chunk(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    assert n.cache.put("ec/0", b"y" * 100)
+    n.event("STALE", "PUT", f"/{BUCKET}/ec/0.s2")
+    assert not n.cache.contains("ec/0")
+    n.inv.send(wait_s=0)
+    assert n.told == [[(key_hash(f"/{BUCKET}/ec/0"), "ec/0")]]  # told by the chunk's name
+
+
+def test_a_multi_delete_clears_the_cache_and_starts_an_epoch(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    n.cache.put("rep/0", b"x" * 100)
+    epoch = n.kernel.epoch
+    n.event("STALE", "POST", f"/{BUCKET}")
+    assert n.cache.names() == frozenset() and n.kernel.epoch == epoch + 1
+
+
+def test_other_buckets_and_cut_paths_are_ignored(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    n.cache.put("rep/0", b"x" * 100)
+    n.event("STALE", "PUT", "/other/rep/0")
+    n.inv.on_kernel_event({"type": "STALE", "method": "PUT", "path": f"/{BUCKET}/rep/0", "key": 7}, n.index)
+    assert n.cache.contains("rep/0") and n.fills == [] and n.inv.send(wait_s=0) == 0
+
+
+def test_a_peers_write_is_dropped_here_and_not_told_back(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    n.cache.put("rep/1", b"z" * 100)
+    n.inv.invalidate([(key_hash(f"/{BUCKET}/rep/1"), "rep/1")])
+    assert not n.cache.contains("rep/1") and n.inv.last is not None
+    assert n.inv.send(wait_s=0) == 0
+
+
+def test_an_evicted_shard_chunk_can_become_hot_again(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    for s in range(3):
+        n.kernel.count_reported("GET", f"/{BUCKET}/ec/0.s{s}", 9000)
+    n.inv.on_evict(entry_name("ec/0"), n.index)
+    assert n.kernel.all_counts() == {}
+    assert n.inv.recent[entry_name("ec/0")] == heatmap.EVICTED
+
+
+def test_replacing_a_generation_marks_its_chunks(tmp_path, namespace):
+    marked = []
+    n = Node(tmp_path, namespace)
+    n.kernel.mark_stale = marked.append  # the simulated kernel keeps no marks: record them
+    old = namespace["rep"]
+    n.inv.mark_replaced(old, old)  # the same generation: nothing
+    assert marked == []
+    n.inv.mark_replaced(old, None)
+    assert marked == [key_hash(f"/{BUCKET}/rep/0"), key_hash(f"/{BUCKET}/rep/1")]
+
+
+# -- PeerTier -----------------------------------------------------------------------------
+
+def test_peer_tier_tells_on_change_and_resends_after_a_while(tmp_path):
+    c = ChunkCache(tmp_path, capacity=10_000)
+    told, reconnects = [], []
+    tier = PeerTier(0, c, told.append, lambda: reconnects.append(1), resend_s=30)
+    assert tier.share(now=0.0) and told == [frozenset()] and reconnects == [1]
+    assert not tier.share(now=1.0)
+    c.put("k", b"1" * 10)
+    assert tier.share(now=2.0) and told[-1] == frozenset({entry_name("k")}) and reconnects == [1]
+    assert tier.share(now=40.0) and reconnects == [1, 1]  # due again: peers may be new actors
+
+
+def test_peer_tier_knows_where_a_key_is_cached(tmp_path):
+    c = ChunkCache(tmp_path, capacity=10_000)
+    tier = PeerTier(1, c, lambda names: None)
+    c.put("k", b"1" * 10)
+    tier.heard(3, frozenset({entry_name("k")}))
+    tier.heard(0, frozenset({entry_name("k"), entry_name("j")}))
+    assert tier.holders("k") == [1, 0, 3]
+    assert tier.holders("j") == [0]
+    assert tier.read("k") == b"1" * 10 and tier.read("j") is None
+
+
+# -- RepairLeader -------------------------------------------------------------------------------
+
+class Cluster:
+    """Three nodes whose MinIOs answer as `alive` says; surveys and repairs recorded."""
+
+    def __init__(self, degraded: bool = False):
+        self.alive, self.version, self.repairs, self.surveys = {0, 1, 2}, 1, [], 0
+        self.degraded = degraded
+
+    def health(self) -> Health:
+        return Health(chunks=4, degraded={"d": [0]} if self.degraded else {})
+
+    def leader(self, node: int, auto: bool = True) -> RepairLeader:
+        def survey() -> Health:
+            self.surveys += 1
+            return self.health()
+
+        def repair(waiting: set[int]) -> Outcome:
+            self.repairs.append(set(waiting))
+            return Outcome(self.health())
+        return RepairLeader(node, Timing(check_s=1, after_s=10, survey_s=100, auto=auto),
+                            lambda: ([0, 1, 2], set(self.alive)), lambda: self.version, survey, repair)
+
+
+def test_only_the_lowest_answering_node_leads():
+    c = Cluster()
+    assert c.leader(1).tick(0) == "follow"
+    c.alive = {1, 2}
+    assert c.leader(1).tick(0) == "repair"
+    assert c.leader(2).tick(0) == "follow"
+
+
+def test_a_node_down_for_less_than_after_s_keeps_its_pieces():
+    c = Cluster()
+    leader = c.leader(0)
+    c.alive = {0, 1}
+    assert leader.tick(0) == "repair" and c.repairs[-1] == {0, 1, 2}  # node 2 waited for
+    assert leader.tick(5) == "wait"                                    # nothing changed
+    assert leader.tick(11) == "repair" and c.repairs[-1] == {0, 1}     # gone: its pieces rebuilt
+    c.alive = {0, 1, 2}
+    assert leader.tick(12) == "repair" and c.repairs[-1] == {0, 1, 2}  # back
+
+
+def test_a_leader_surveys_again_on_change_on_findings_and_when_due():
+    c = Cluster()
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair"
+    assert leader.tick(1) == "wait"
+    c.version = 2  # the namespace changed
+    assert leader.tick(2) == "repair"
+    c.degraded = True  # found only by a survey, which is due after survey_s
+    assert leader.tick(50) == "wait"
+    assert leader.tick(150) == "repair"
+    assert leader.tick(151) == "repair"  # not settled: it keeps going while there is work
+    c.degraded = False
+    assert leader.tick(152) == "repair" and leader.tick(153) == "wait"
+
+
+def test_without_auto_repair_the_leader_only_surveys():
+    c = Cluster()
+    leader = c.leader(0, auto=False)
+    assert leader.tick(0) == "survey" and c.surveys == 1 and c.repairs == []
+    assert leader.health is not None and leader.health["chunks"] == 4
+
+
+# -- MinioScrub ---------------------------------------------------------------------------------
+
+class Store:
+    """Objects as MinIO would return them: bytes and their headers."""
+
+    def __init__(self, objects: dict[str, tuple[bytes, dict]]):
+        self.objects, self.closed = objects, False
+
+    def get_object(self, bucket: str, key: str):
+        if key not in self.objects:
+            raise KeyError(key)
+        return self.objects[key]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
+    good, shard = b"a" * 1000, b"b" * 500
+    rotten = bytearray(shard)
+    rotten[7] ^= 1
+    objects = {"rep/0": (good, {"x-amz-meta-xxh3": str(xxhash.xxh3_64_intdigest(good))}),
+               "ec/0.s1": (bytes(rotten), {})}
+    store = Store(objects)
+    asked = []
+
+    def rebuild(pieces, chunks):
+        asked.append((pieces, chunks))
+        return len(chunks)
+    scrub = MinioScrub(0, BUCKET, 0, lambda: store, rebuild)
+    pieces = {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, xxhash.xxh3_64_intdigest(shard)),
+              "gone/0": Piece("gone", 0, None)}
+    out = scrub.scrub(pieces)
+    assert out == {"checked": 2, "bytes": 1500, "bad": ["ec/0.s1"], "repaired": 1}
+    assert asked == [({(0, "ec/0.s1")}, {"ec": {0}})]
+    assert store.closed and scrub.totals["passes"] == 1 and scrub.totals["bad"] == 1
+    assert zlib.crc32(good) == zlib.crc32(objects["rep/0"][0])  # the scrub read, never rewrote
+
+
+def test_minio_scrub_stops_when_asked():
+    stopping = threading.Event()
+    stopping.set()
+    scrub = MinioScrub(0, BUCKET, 0, lambda: Store({"k": (b"x", {})}), lambda p, c: 0)
+    assert scrub.scrub({"k": Piece("n", 0, None)}, stopping)["checked"] == 0
+
+
+# -- NodeDirectory --------------------------------------------------------------------------
+
+def test_node_directory_remembers_handles_until_told_to_forget():
+    looked = []
+    running = {"storage-node-0": "h0", "storage-node-2": "h2"}
+
+    def lookup(name, namespace):
+        looked.append((name, namespace))
+        return running.get(name)
+    d = NodeDirectory("ns", lookup)
+    assert d.all([0, 1, 2]) == ["h0", "h2"]
+    assert d.get(0) == "h0" and len(looked) == 3  # remembered
+    d.forget(0)
+    running["storage-node-0"] = "h0-new"
+    assert d.get(0) == "h0-new"
+    with pytest.raises(Exception, match="node 1"):
+        d.require(1)
