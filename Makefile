@@ -3,7 +3,7 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup run lab test notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
+.PHONY: setup run lab test lint notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
 
 setup:            ## install everything (idempotent): Debian packages, kernel headers link, MinIO, virtualenv
 	bash scripts/setup.sh
@@ -27,8 +27,12 @@ lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host 
 	$(VENV)/fasterfs ingest $(ARGS) && $(VENV)/python jobs/demo_b.py $(ARGS) && $(VENV)/python jobs/cross_host.py $(ARGS); \
 	  rc=$$?; $(VENV)/fasterfs lab down $(ARGS); exit $$rc
 
-test: setup       ## the whole test suite against real MinIO, Ray and kernel
+test: setup       ## the whole test suite against real MinIO, Ray and kernel (the unit tier first)
 	$(VENV)/python -m pytest tests
+
+lint: setup       ## ruff (lint + import order) on everything, mypy on the package: any finding fails
+	$(VENV)/ruff check fasterfs jobs bench tests
+	$(VENV)/mypy fasterfs
 
 notebook: setup   ## JupyterLab on the head's address, beside the dashboards (the cluster must be up)
 	$(VENV)/fasterfs notebook $(ARGS)

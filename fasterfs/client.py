@@ -47,7 +47,7 @@ class Client:
 
     def sibling(self, manifest: Manifest) -> Client:
         """A client of another dataset or file of the namespace, through the same session."""
-        return self.session.client(manifest, type(self))
+        return type(self)(self.session, manifest)
 
     # the session's figures, as every client of it sees them
     served_by = property(lambda self: self.session.served_by)

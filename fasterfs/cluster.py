@@ -26,12 +26,11 @@ from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binar
 from .errors import FasterFSError
 from .fsutil import atomic_write
 from .minio_server import check_port_free, endpoint
-from .node_directory import NodeDirectory
+from .node_directory import NodeDirectory, actor_name
 from .state import (
     ClusterState,
     Host,
     NodeState,
-    actor_name,
     connect_ray,
     filter_prefix,
     is_ray_start,

@@ -10,9 +10,13 @@ import threading
 from collections.abc import Callable
 
 from .errors import FasterFSError
-from .state import actor_name
 
 Lookup = Callable[[str, str], object | None]  # (actor name, Ray namespace) -> handle, None if not running
+
+
+def actor_name(index: int) -> str:
+    """The name node `index`'s StorageNode actor is registered under (in its cluster's Ray namespace)."""
+    return f"storage-node-{index}"
 
 
 def ray_lookup(name: str, namespace: str) -> object | None:

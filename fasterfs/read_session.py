@@ -3,8 +3,8 @@ it reads: connections to each node's MinIO, which nodes refused lately, how fast
 the kernels' stale marks, the read counters the StorageNodes sum, and the one thread that sends
 hints (prefetch, heal, observe) to the StorageNodes off the readers' threads.
 
-A Client (fasterfs.client) is one manifest read through a session; `session.client(manifest)`
-makes one, and every client of a session shares exactly this state and nothing else.
+A Client (fasterfs.client) is one manifest read through a session: `Client(session, manifest)`;
+every client of a session shares exactly this state and nothing else.
 """
 from __future__ import annotations
 
@@ -66,12 +66,6 @@ class ReadSession:
         self._shard_pool: ThreadPoolExecutor | None = None
         self._hints: queue.SimpleQueue | None = None
         self._lock = threading.Lock()
-
-    def client(self, manifest, cls=None):
-        """A reader of `manifest` through this session (`cls`: a Client subclass)."""
-        from .client import Client
-
-        return (cls or Client)(self, manifest)
 
     def _local_node(self) -> int | None:
         """The node this process runs on, when it runs inside a Ray worker of the cluster."""

@@ -92,7 +92,7 @@ class Namespace:
                     # the reader halved a cold read here (the mount has the kernel's read-ahead;
                     # namespace.read_ahead_chunks loads chunks ahead in this process)
                     self._session = ReadSession(self.state, self._creds, self.cfg, self.use_cache, prefetch=False)
-                c = self._session.client(manifest)
+                c = Client(self._session, manifest)
                 self._clients[manifest.name] = c
             return c
 

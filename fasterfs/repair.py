@@ -205,6 +205,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
         only: dict[str, set[int]] | None = None) -> Outcome:
     """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc."""
+    from .client import Client
     from .read_session import ReadSession
 
     started = time.monotonic()
@@ -254,7 +255,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
             nodes[slot] = node
         with lock:
             if m.name not in readers:
-                readers[m.name] = session.client(m)
+                readers[m.name] = Client(session, m)
         data = readers[m.name].read_chunk(c.id)  # verified: checksums per piece and of the chunk
         throttle.take(len(data))
         bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)

@@ -166,10 +166,6 @@ def namespace(cluster_name: str) -> str:
     return f"fasterfs-{cluster_name}"
 
 
-def actor_name(index: int) -> str:
-    return f"storage-node-{index}"
-
-
 def filter_prefix(cluster_name: str, index: int | None = None) -> str:
     """Names of a cluster's TC filters (or one node's) start with this. Both end in ':', so
     node 1's prefix never matches node 10's filters, nor cluster "a"'s cluster "ab"'s."""

@@ -71,4 +71,4 @@ def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True,
             raise FasterFSError(f"no dataset has been ingested into cluster {state.name!r}: run `fasterfs ingest`")
         raise FasterFSError(f"{dataset!r}: no such dataset or file in cluster {state.name!r} (`fasterfs ls`)")
     session = ReadSession(state, registry.fetch_credentials(state.name), cfg, use_cache)
-    return session.client(manifest, TableClient)
+    return TableClient(session, manifest)

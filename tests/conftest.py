@@ -217,3 +217,9 @@ def pytest_terminal_summary(terminalreporter):
     if not HAVE_SAMPLE:
         terminalreporter.section("missing data", sep="!", red=True, bold=True)
         terminalreporter.write_line(MISSING_SAMPLE, red=True, bold=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The unit tier first (no root, no Ray, no MinIO: a broken component fails in seconds, before
+    any cluster starts); the rest in file order."""
+    items.sort(key=lambda item: item.get_closest_marker("unit") is None)

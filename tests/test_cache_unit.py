@@ -9,6 +9,8 @@ import pytest
 from fasterfs import cache
 from fasterfs.cache import XATTR, ChunkCache, Header
 
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+
 
 def _touch_later(c: ChunkCache, key: str, seconds: float) -> None:
     t = time.time() + seconds

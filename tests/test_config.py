@@ -8,6 +8,8 @@ import pytest
 from fasterfs import config, credentials
 from fasterfs.errors import FasterFSError
 
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+
 
 def test_defaults_and_overrides():
     cfg = config.load(["nodes=4", "data.rows_per_chunk=500"])

@@ -9,6 +9,8 @@ import pytest
 from fasterfs import erasure
 from fasterfs.errors import FasterFSError
 
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+
 
 @pytest.mark.parametrize("data,parity", [(1, 1), (2, 1), (4, 2), (8, 4)])
 def test_any_data_shards_rebuild_the_chunk(data, parity):

@@ -5,6 +5,8 @@ import pytest
 
 from fasterfs.placement import place
 
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+
 KEYS = [f"AAPL_2012-06-21_L30/chunk-{i:05d}" for i in range(87)]  # the real sample's 87 chunks
 
 

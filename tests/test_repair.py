@@ -14,7 +14,7 @@ import fasterfs
 from fasterfs import cli, cluster, config, registry, repair, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import put
-from fasterfs.state import actor_name
+from fasterfs.node_directory import actor_name
 
 
 def _objects(state, creds, m) -> dict[int, set[str]]:
