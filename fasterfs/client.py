@@ -15,7 +15,7 @@ from functools import partial
 
 import xxhash
 
-from . import cache, erasure
+from . import cache_entry, erasure
 from .bpf.events import key_hash
 from .errors import FasterFSError
 from .manifest import Manifest
@@ -36,9 +36,9 @@ class Client:
         """Derived once per manifest, so a hit costs only the file read."""
         self.manifest = manifest
         self._sources = [self._order(c.nodes) for c in manifest.chunks]
-        self._places = cache.places(manifest)  # a file's chunks are cached together, at its home
+        self._places = cache_entry.places(manifest)  # a file's chunks are cached together, at its home
         self._caches = [self._cache_nodes([p.home] if p else c.nodes) for c, p in zip(manifest.chunks, self._places)]
-        self._paths = {n: [str(cache.entry_path(d, c.key, p)) for c, p in zip(manifest.chunks, self._places)]
+        self._paths = {n: [str(cache_entry.entry_path(d, c.key, p)) for c, p in zip(manifest.chunks, self._places)]
                        for n, d in self.session.cache_dirs.items()}
         self._key_hashes = [key_hash(f"/{manifest.bucket}/{c.key}") for c in manifest.chunks]
         self._bucket_hash = key_hash(f"/{manifest.bucket}")
@@ -101,7 +101,7 @@ class Client:
             return None
         for node in self._caches[ids[0]]:
             path = self.cache_path(node, ids[0])
-            got = cache.filled(path, places)
+            got = cache_entry.filled(path, places)
             if got is not None:
                 inode, headers = got
                 have = [(i, h.fetched_ns) for i, h in zip(ids, headers) if h is not None]
@@ -113,7 +113,7 @@ class Client:
         the bucket's (a bucket-wide write marks the bucket)."""
         return [self._key_hashes[i] for i in ids], self._bucket_hash
 
-    def cache_place(self, i: int) -> cache.Place | None:
+    def cache_place(self, i: int) -> cache_entry.Place | None:
         """Where chunk i is cached: in its file's entry (a stored file of several chunks), or None:
         in an entry of its own."""
         return self._places[i]
@@ -124,7 +124,7 @@ class Client:
         t = time.perf_counter()
         chunk = self.manifest.chunk(i)
         self._note_order(i)
-        data = self._cache_hit(i, cache.read_entry) if self.use_cache else None
+        data = self._cache_hit(i, cache_entry.read_entry) if self.use_cache else None
         data = data if data is not None else self._read_minio(i, chunk)
         self.stats(chunk.nodes[0]).latency(time.perf_counter() - t)
         return data
@@ -153,24 +153,24 @@ class Client:
 
     def _cache_hit(self, i: int, lookup):
         """Chunk i from the first cache on this host that has a good, fresh entry, through
-        `lookup` (cache.read_entry: bytes; cache.map_entry: a mapped buffer); else None."""
+        `lookup` (cache_entry.read_entry: bytes; cache_entry.map_entry: a mapped buffer); else None."""
         for node in self._caches[i]:
             got = lookup(self.cache_path(node, i), self.session.verify_cache, partial(self._stale_mark, node, i),
                          place=self._places[i])
-            if got is cache.DAMAGED:
+            if got is cache_entry.DAMAGED:
                 self._damaged(node, i)
-            elif got is not None and got is not cache.STALE:
+            elif got is not None and got is not cache_entry.STALE:
                 self.session.count_hit(node, len(got) if isinstance(got, bytes) else got.size)
                 return got
         return None
 
-    def open_cached(self, i: int, count: bool = True) -> tuple[int, cache.Header, str, int] | None:
+    def open_cached(self, i: int, count: bool = True) -> tuple[int, cache_entry.Header, str, int] | None:
         """A descriptor, header, path and owning node of a whole, fresh entry of chunk i in a
         cache on this host, or None. count=True makes it a read (a hit: counted, touched for
         the LRU); False only looks."""
         for node in self._caches[i] if self.use_cache else ():
             path = self.cache_path(node, i)
-            got = cache.open_entry(path, partial(self._stale_mark, node, i), self._places[i], touch=count)
+            got = cache_entry.open_entry(path, partial(self._stale_mark, node, i), self._places[i], touch=count)
             if got is not None:
                 if count:
                     self._note_order(i)

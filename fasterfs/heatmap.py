@@ -14,7 +14,7 @@ import struct
 import xxhash
 
 from .bpf.events import key_hash
-from .cache import entry_name
+from .cache_entry import entry_name
 
 NOT_READ, COUNTED, HOT, CACHED, EVICTED, STALE = range(6)
 STATES = {  # code: (name, colour on the page)

@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import heatmap, s3
 from .bpf.events import key_hash
-from .cache import ChunkCache, entry_name
+from .cache import ChunkCache
+from .cache_entry import entry_name
 from .fill_sources import ShardedGetter
 from .node_index import NodeIndex
 

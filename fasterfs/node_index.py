@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .bpf.events import key_hash
-from .cache import Place, entry_name, places
+from .cache_entry import Place, entry_name, places
 from .erasure import shard_key
 from .manifest import ChunkInfo, Manifest
 

@@ -11,7 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .cache import ChunkCache, entry_name
+from .cache import ChunkCache
+from .cache_entry import entry_name
 
 log = logging.getLogger("fasterfs.peer_tier")
 

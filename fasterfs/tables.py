@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from . import cache, config, lobster, registry
+from . import cache_entry, config, lobster, registry
 from .client import Client
 from .errors import FasterFSError
 from .read_session import ReadSession
@@ -27,7 +27,7 @@ class TableClient(Client):
             t = time.perf_counter()
             chunk = self.manifest.chunk(i)
             self._note_order(i)
-            buf = self._cache_hit(i, cache.map_entry)
+            buf = self._cache_hit(i, cache_entry.map_entry)
             if buf is not None:
                 table = pa.ipc.open_file(buf).read_all()
             else:

@@ -13,7 +13,7 @@ from conftest import data_overrides, wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cache, cluster, config, credentials, erasure, registry, s3
+from fasterfs import cache_entry, cluster, config, credentials, erasure, registry, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import load_source, put
 
@@ -131,7 +131,7 @@ def _disk_bytes(directory: Path) -> int:
     """Bytes of the entries on disk right now (an entry may be evicted while we count)."""
     total = 0
     for f in directory.iterdir() if directory.exists() else []:
-        if f.name.endswith(cache.SUFFIX):
+        if f.name.endswith(cache_entry.SUFFIX):
             try:
                 total += f.stat().st_size
             except FileNotFoundError:
@@ -180,7 +180,7 @@ def write_entry(path: Path, header: bytes, data: bytes) -> None:
     """A cache entry as a fill leaves it: the bytes, and the header in the file's attribute."""
     path.unlink(missing_ok=True)
     path.write_bytes(data)
-    os.setxattr(path, cache.XATTR, header)
+    os.setxattr(path, cache_entry.XATTR, header)
 
 
 def _cached(client, actors, i):
@@ -197,7 +197,7 @@ def test_flipped_byte_caught_and_healed(fresh, cluster_root):
     raw[1000] ^= 0xFF  # the entry file is the chunk's bytes; its header stays
     entry.write_bytes(bytes(raw))
     assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3  # served right, from MinIO
-    wait_until(lambda: entry.exists() and cache.read_entry(entry, verify=True) not in (None, cache.DAMAGED),
+    wait_until(lambda: entry.exists() and cache_entry.read_entry(entry, verify=True) not in (None, cache_entry.DAMAGED),
                what="the node to refetch the dropped entry")
     assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3
 
@@ -248,7 +248,7 @@ def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_
     i = 9
     node = client.sources(i)[0]
     entry = _cached(client, actors, i)
-    old_entry, old_header = entry.read_bytes(), os.getxattr(entry, cache.XATTR)
+    old_entry, old_header = entry.read_bytes(), os.getxattr(entry, cache_entry.XATTR)
     ingested = client._stale_mark(node, i)  # the ingest's own PUT
     assert client.read_chunk(i) == old_entry  # fetched after that: served
     creds = credentials.load(Paths(cluster_root).credentials_file).admin
@@ -267,15 +267,15 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     ids = [i for i in range(len(manifest)) if client.sources(i)[0] == 0][:5]
     ray.get(actors[0].cache_warm.remote([manifest.chunk(i).key for i in ids]))
-    stray = Paths(cluster_root).cache_dir(0) / f"{cache.TMP_PREFIX}leftover.123"
+    stray = Paths(cluster_root).cache_dir(0) / f"{cache_entry.TMP_PREFIX}leftover.123"
     stray.write_bytes(b"half a fill")
     # the object of ids[1] changes while the node is down (forged here as an entry of other bytes
     # under the old ETag); an entry of another cluster's dataset sits beside them
     changed = Path(client.cache_path(0, ids[1]))
     other = b"not these bytes" * 100
-    forged = cache.Header(len(other), xxh3(other), "0" * 32, time.monotonic_ns(), cache.BOOT).pack()
+    forged = cache_entry.Header(len(other), xxh3(other), "0" * 32, time.monotonic_ns(), cache_entry.BOOT).pack()
     write_entry(changed, forged, other)
-    foreign = Paths(cluster_root).cache_dir(0) / cache.entry_name("another-cluster/AAPL/g1/chunk-00001.csv")
+    foreign = Paths(cluster_root).cache_dir(0) / cache_entry.entry_name("another-cluster/AAPL/g1/chunk-00001.csv")
     write_entry(foreign, forged, other)
     at_ingest = client._stale_mark(0, ids[0])  # the client has this incarnation's pinned marks open
     assert at_ingest > 0  # the ingest's PUT
@@ -300,7 +300,7 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     assert st["capacity"] == configured - 1_000_000
     ray.get(actors[0].cache_resize.remote(configured))
     for i in ids[:1] + ids[2:]:
-        assert cache.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache.DAMAGED)
+        assert cache_entry.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache_entry.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
     ray.get(actors[0].invalidate.remote([(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key)]))
     wait_until(lambda: client._stale_mark(0, ids[0]) > at_ingest, timeout=5, what="the client to follow the new pin")
@@ -354,7 +354,7 @@ def test_cached_arrow_chunk_mapped_into_polars(ingest_as, live_cluster, cluster_
     pair = load_source(config.load(overrides + data_overrides("arrow")))
     c = manifest.chunk(i)
     assert table.equals(pair.frame.slice(c.first_row, c.rows))
-    buf = cache.map_entry(Path(client.cache_path(node, i)))
+    buf = cache_entry.map_entry(Path(client.cache_path(node, i)))
     import pyarrow as pa
     col = pa.ipc.open_file(buf).read_all().column("AskPrice1").chunk(0)
     start = buf.address

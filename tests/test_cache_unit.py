@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from fasterfs import cache
-from fasterfs.cache import XATTR, ChunkCache, Header
+from fasterfs import cache, cache_entry
+from fasterfs.cache import ChunkCache
+from fasterfs.cache_entry import XATTR, Header
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
@@ -22,7 +23,7 @@ def test_lru_evicts_the_least_recently_read(tmp_path):
     for k in ("a", "b", "c"):
         assert c.put(k, k.encode() * 100)
     _touch_later(c, "a", 10)  # a was read last (readers touch on a hit)
-    assert cache.read_entry(c.path("b"), stale_mark=0) == b"b" * 100
+    assert cache_entry.read_entry(c.path("b"), stale_mark=0) == b"b" * 100
     _touch_later(c, "b", 20)
     assert c.put("d", b"d" * 100)
     assert [c.contains(k) for k in "abcd"] == [True, True, False, True]  # c was the oldest
@@ -66,13 +67,13 @@ def test_capacity_holds_under_concurrent_fills(tmp_path):
         t.join()
     assert not errors
     assert c.used <= cap and peak[0] <= cap
-    assert c.used == sum(f.stat().st_size for f in tmp_path.glob("*" + cache.SUFFIX))
+    assert c.used == sum(f.stat().st_size for f in tmp_path.glob("*" + cache_entry.SUFFIX))
 
 
 def test_contains_keeps_a_fill_in_flights_reservation(tmp_path):
     """Asking about a key being filled (the dashboard does) must not uncount the fill."""
     c = ChunkCache(tmp_path, capacity=100_000)
-    name = cache.entry_name("k")
+    name = cache_entry.entry_name("k")
     with c._lock:  # a fill that has reserved its space and is writing
         c._sizes[name] = 10
         c.used += 10
@@ -102,7 +103,7 @@ def test_damaged_entries_are_named_and_dropped(tmp_path, damage):
         if damage != "no header":
             os.setxattr(path, XATTR, bytes(header))
     damaged()
-    assert cache.read_entry(path, verify=False) is cache.DAMAGED  # never a crash, never a wrong byte
+    assert cache_entry.read_entry(path, verify=False) is cache_entry.DAMAGED  # never a crash, never a wrong byte
     assert not path.exists()
     damaged()
     c.rebuild()  # a node starting on such a directory drops it too
@@ -131,7 +132,7 @@ def test_entries_of_another_boot_are_stale(tmp_path):
     path = c.path("k")
     h = Header.parse(os.getxattr(path, XATTR), path.stat().st_size)
     os.setxattr(path, XATTR, Header(h.size, h.checksum, h.etag, h.fetched_ns, h.boot ^ 1).pack())
-    assert cache.read_entry(path) is cache.STALE  # its fill time cannot be compared with this boot's marks
+    assert cache_entry.read_entry(path) is cache_entry.STALE  # its fill time cannot be compared with this boot's marks
 
 
 def test_foreign_files_are_named_and_left_alone(tmp_path, caplog):
@@ -153,7 +154,7 @@ def test_retain_drops_other_generations(tmp_path):
 def test_a_killed_fill_leaves_no_entry(tmp_path):
     """SIGKILL during a fill: the temp file is all that can be left, and the next start removes it."""
     c = ChunkCache(tmp_path, capacity=100_000)
-    (tmp_path / f"{cache.TMP_PREFIX}{cache.entry_name('k')}.123.456").write_bytes(b"partial")
+    (tmp_path / f"{cache_entry.TMP_PREFIX}{cache_entry.entry_name('k')}.123.456").write_bytes(b"partial")
     c = ChunkCache(tmp_path, capacity=100_000)
     assert list(tmp_path.iterdir()) == [] and not c.contains("k")
 
@@ -216,7 +217,7 @@ def _file_manifest(sizes, key="c/f/g1/chunk-"):
 def _file_cache(tmp_path, sizes, capacity=1 << 20, **kw):
     m = _file_manifest(sizes)
     c = ChunkCache(tmp_path, capacity, **kw)
-    places = cache.places(m)
+    places = cache_entry.places(m)
     c.set_places({ch.key: p for ch, p in zip(m.chunks, places)})
     blobs = [bytes([65 + i]) * n for i, n in enumerate(sizes)]
     return c, m, places, blobs
@@ -227,13 +228,13 @@ def test_a_files_chunks_fill_one_local_file_of_exactly_its_bytes(tmp_path):
     path = places[0].paths(tmp_path)[0]
     for i in (2, 0):  # out of order; chunk 1 not yet
         assert c.put(m.chunks[i].key, blobs[i])
-    assert cache.open_entry(path, place=places[1]) is None  # the hole is no chunk
-    assert cache.read_entry(path, place=places[2]) == blobs[2]
+    assert cache_entry.open_entry(path, place=places[1]) is None  # the hole is no chunk
+    assert cache_entry.read_entry(path, place=places[2]) == blobs[2]
     assert c.used == 4096 + 1000 and os.stat(path).st_blocks * 512 < 9192  # sparse: unfilled takes no room
     assert c.put(m.chunks[1].key, blobs[1])
     with open(path, "rb") as f:  # the file entry is the file: what the mount hands to the kernel
         assert f.read() == b"".join(blobs)
-    assert c.names() == {cache.entry_name(ch.key) for ch in m.chunks}
+    assert c.names() == {cache_entry.entry_name(ch.key) for ch in m.chunks}
 
 
 def test_dropping_one_chunk_unlinks_the_file_entry_under_an_open_reader(tmp_path):
@@ -244,9 +245,9 @@ def test_dropping_one_chunk_unlinks_the_file_entry_under_an_open_reader(tmp_path
     path = places[0].paths(tmp_path)[0]
     with open(path, "rb") as reader:
         assert c.remove(m.chunks[1].key)
-        assert not path.exists() and not path.with_suffix(cache.INDEX_SUFFIX).exists()
+        assert not path.exists() and not path.with_suffix(cache_entry.INDEX_SUFFIX).exists()
         assert not c.contains(m.chunks[0].key) and c.used == 0
-        assert evicted == [cache.entry_name(m.chunks[0].key)]  # went with it: its kernel count is reset
+        assert evicted == [cache_entry.entry_name(m.chunks[0].key)]  # went with it: its kernel count is reset
         c.put(m.chunks[0].key, b"Z" * 4096)  # a refill makes a new file: the open one is untouched
         assert reader.read() == b"".join(blobs)
 
@@ -259,8 +260,8 @@ def test_a_file_entry_is_evicted_whole_and_each_chunk_reported(tmp_path):
     old = time.time() - 100
     os.utime(places[0].paths(tmp_path)[0], (old, old))
     assert c.put("other", b"o" * 4096)
-    assert sorted(evicted) == sorted(cache.entry_name(ch.key) for ch in m.chunks)
-    assert c.used == 4096 and sorted(p.name for p in tmp_path.iterdir()) == [cache.entry_name("other")]
+    assert sorted(evicted) == sorted(cache_entry.entry_name(ch.key) for ch in m.chunks)
+    assert c.used == 4096 and sorted(p.name for p in tmp_path.iterdir()) == [cache_entry.entry_name("other")]
 
 
 def test_rebuild_keeps_whole_chunks_of_file_entries_and_drops_rotten_ones(tmp_path):
@@ -285,6 +286,6 @@ def test_a_clean_restart_finds_a_file_entrys_chunks_and_a_killed_fill_leaves_non
         f.write(blobs[2])
     c.close()
     c = ChunkCache(tmp_path, 1 << 20)
-    assert c.names() == {cache.entry_name(ch.key) for ch in m.chunks[:2]} and c.used == 2 * 4096
-    assert cache.read_entry(path, place=places[2]) is None
-    assert [cache.read_entry(path, place=p) for p in places[:2]] == blobs[:2]
+    assert c.names() == {cache_entry.entry_name(ch.key) for ch in m.chunks[:2]} and c.used == 2 * 4096
+    assert cache_entry.read_entry(path, place=places[2]) is None
+    assert [cache_entry.read_entry(path, place=p) for p in places[:2]] == blobs[:2]

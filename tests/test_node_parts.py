@@ -10,7 +10,8 @@ import xxhash
 from fasterfs import heatmap
 from fasterfs.bpf.events import key_hash
 from fasterfs.bpf.simulated import SimulatedPrograms
-from fasterfs.cache import ChunkCache, entry_name
+from fasterfs.cache import ChunkCache
+from fasterfs.cache_entry import entry_name
 from fasterfs.cache_filler import CacheFiller
 from fasterfs.invalidation import Invalidations
 from fasterfs.manifest import ChunkInfo, Manifest
