@@ -1,0 +1,288 @@
+"""`fasterfs up / status / env / down / repair / notebook / kernel / cache / mount`: the cluster
+and its nodes."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from . import auth, cluster, config, registry, repair, report
+from .errors import FasterFSError, UsageError
+from .mount_supervisor import mount_counts
+
+console = report.console()
+
+
+def cmd_up(cfg) -> None:
+    with console.status(f"starting {cfg.nodes} Ray nodes with their MinIO servers"):
+        state = cluster.up(cfg)
+    console.print(f"[green]FasterFS cluster up[/]: {len(state.nodes)} nodes, Ray at {state.ray_address}, "
+                  f"FasterFS dashboard {state.web_url or '(disabled)'}")
+    cmd_status(cfg)
+
+
+def cmd_status(cfg) -> None:
+    state, rows = cluster.status(cfg)
+    table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
+    for col in ("node", "address", "Ray node id", "MinIO endpoint", "health", "objects", "bytes", "restarts"):
+        table.add_column(col)
+    for r in rows:
+        health = "[green]healthy[/]" if r.get("healthy") else ("[yellow]held[/]" if r.get("held") else "[red]down[/]")
+        if r.get("error"):
+            health = f"[red]{r['error']}[/]"
+        table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
+                      str(r.get("objects", "-")), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
+    console.print(table)
+    _print_redundancy(repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack))
+    console.print(f"Ray dashboard: {state.dashboard_url}"
+                  + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
+    if state.notebook:
+        console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
+    for r in rows:
+        for m in r.get("mounts") or []:
+            health = ("[green]healthy[/]" if m["healthy"] else
+                      "[red]not mounted[/]" if m["alive"] else "[red]daemon dead[/]")
+            console.print(f"Mount on node {r['index']} ({r['address']}): {m['path']}  FUSE daemon pid {m['pid']}  "
+                          f"{health}  {mount_counts(m.get('daemon'))}", highlight=False, soft_wrap=True)
+    if not any(r.get("mounts") for r in rows):
+        console.print("Mounts: none (`fasterfs mount /mnt/ffs`)")
+    if state.insecure:
+        console.print("[red]Insecure: Ray runs without token authentication (cluster.insecure=true): anyone who "
+                      "reaches it can run code on the cluster.[/]")
+    elif not state.attached:
+        console.print(f"Access: Ray's token authentication; the token is in {auth.token_file(state.root)} (0600) on "
+                      "the head.")
+    if not state.attached:
+        console.print(f"Ray's own tools from any shell on this machine: eval \"$({shell_env_command(cfg)})\" then "
+                      "ray job submit --working-dir . -- python jobs/graysort.py", highlight=False, soft_wrap=True)
+
+
+def shell_env_command(cfg) -> str:
+    """The `fasterfs env` command line for this cluster (its root named unless it is the default)."""
+    line = f"{shlex.quote(str(Path(sys.prefix) / 'bin' / 'fasterfs'))} env"
+    if cfg.cluster.root != config.load([]).cluster.root:
+        line += f" cluster.root={shlex.quote(cfg.cluster.root)}"
+    return line
+
+
+def cmd_env(cfg) -> None:
+    """Shell lines for Ray's own tools (`ray job submit`, `ray list actors`) and FasterFS's: the
+    cluster's dashboard address, its token by file (never the token itself) and root, and this
+    checkout's virtualenv first on PATH. Printed plainly, for `eval "$(fasterfs env)"`."""
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    if not state.running():
+        raise FasterFSError(f"the cluster under {state.root} is not running: `fasterfs up` first")
+    lines = [f"# FasterFS cluster {state.name!r} under {state.root}: Ray's own tools in this shell",
+             f"export FASTERFS_CLUSTER={shlex.quote(state.name)} FASTERFS_ROOT={shlex.quote(str(state.root))}",
+             f"export RAY_ADDRESS={shlex.quote(state.dashboard_url)}"]
+    token = auth.token_file(state.root)
+    if not state.insecure and token.exists():
+        auth.read(token)  # refuses a token file others can read
+        lines += ["export RAY_AUTH_MODE=token", f"export RAY_AUTH_TOKEN_PATH={shlex.quote(str(token))}",
+                  "unset RAY_AUTH_TOKEN"]
+    lines.append(f"export PATH={shlex.quote(str(Path(sys.prefix) / 'bin'))}${{PATH:+:$PATH}}")
+    print("\n".join(lines))
+
+
+def _print_redundancy(health) -> None:
+    colour = "red" if health.lost else "yellow" if health.degraded else "green"
+    console.print(f"Redundancy: [{colour}]{health.summary()}[/]", highlight=False)
+
+
+def cmd_repair(cfg) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    state = registry.find(cfg)
+    creds = registry.fetch_credentials(state.name, "admin")
+    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"repairing (at most {cfg.repair.mb_per_s:g} MB/s)", total=None)
+        out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    console.print(f"found: {out.health.summary()}", highlight=False)
+    console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
+                  f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)")
+    _print_redundancy(repair.survey(state, creds, cfg.placement.load_slack))
+    for why in out.failed:
+        console.print(f"[red]not repaired[/]: {why}", highlight=False)
+    if out.health.lost:
+        raise FasterFSError(f"{out.health.lost_count} chunks are lost, fewer good pieces than rebuild them; left as "
+                            f"they are (a host that comes back may hold what they miss): {out.health.lost_names()}")
+    if out.failed:
+        raise FasterFSError(f"{len(out.failed)} chunks could not be repaired (above); run `fasterfs repair` again")
+
+
+def cmd_down(cfg) -> None:
+    with console.status("stopping the cluster"):
+        report = cluster.down(cfg)
+    console.print(f"[green]FasterFS cluster down[/]: {report['actors_stopped']} StorageNodes and "
+                  f"{report['ray_nodes_stopped']} Ray nodes stopped, "
+                  f"{report['processes_killed']} stray processes killed")
+    for err in report["actor_errors"]:
+        console.print(f"[yellow]warning[/]: {err}")
+
+
+def cmd_notebook(cfg) -> None:
+    from . import notebook
+
+    state = cluster.ClusterState.load(cfg.cluster.root)  # the head's: JupyterLab runs beside it
+    if not state.running():
+        raise FasterFSError(f"the cluster under {cfg.cluster.root} is not running: `fasterfs up` first")
+    with console.status("starting JupyterLab"):
+        info = notebook.start(cfg, state)
+    token = Path(info["token_file"]).read_text().strip()
+    console.print(f"JupyterLab: {info['url']}?token={token}", highlight=False, soft_wrap=True)
+    console.print(f"  (the token is in {info['token_file']}; `fasterfs down` stops it)")
+
+
+def cmd_kernel_status(cfg) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    snaps = ray.get([a.kernel_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
+    for snap in snaps:
+        mode = snap["mode"]
+        label = "[green]real eBPF[/]" if mode == "real" else f"[yellow]SIMULATED[/] ({snap.get('simulated_because')})"
+        console.print(f"\n[bold]node {snap['index']}[/] ({snap['address']})  mode: {label}  "
+                      f"hot_threshold={snap['hot_threshold']} epoch={snap['epoch']}")
+        if snap["tc"]:
+            console.print("  TC: " + ", ".join(f"{t['filter']} on {t['interface']} egress" for t in snap["tc"]))
+        c = snap["counters"]
+        console.print(f"  requests {c.get('requests', 0)}  HOT events {c.get('hot_events', 0)} "
+                      f"(received {snap['events_received'].get('HOT', 0)})  stale marks {c.get('stale_marks', 0)}  "
+                      f"filler skipped {c.get('filler_skipped', 0)}  not requests {c.get('not_request', 0)}  "
+                      f"truncated {c.get('truncated', 0)}  ring-buffer drops {c.get('ringbuf_drops', 0)}")
+        reported = snap.get("reported_by_readers")
+        if reported:  # MinIO over TLS: the kernel reads no request line; readers report their GETs
+            console.print(f"  reported by readers (TLS: the kernel sees ciphertext): {reported.get('gets', 0)} GET, "
+                          f"{reported.get('hot_events', 0)} HOT")
+        for port, p in snap["ports"].items():
+            avg = f"{p['latency_avg_us']:.0f}" if p["latency_avg_us"] is not None else "-"
+            console.print(f"  port {port}: {p['gets']} GET, {p['puts']} PUT, {p['deletes']} DELETE; request -> "
+                          f"first response byte: avg {avg} µs, p50 <= {p['latency_p50_us']} µs over "
+                          f"{p['latency_count']} (log2 µs histogram {p['latency_hist_log2_us']})")
+        sock = snap["sockops"]
+        if "options" in sock:
+            opts = ", ".join(f"{name} ok {o['ok']} failed {o['fail']}"
+                             + (f" (errno {o['last_error']})" if o["last_error"] else "")
+                             for name, o in sock["options"].items())
+            console.print(f"  SOCK_OPS on {snap['sockops_cgroup']}: {sock.get('connections_matched', 0)} MinIO "
+                          f"connections of {sock.get('connections_seen', 0)}; {opts}")
+        if sock.get("skipped"):
+            console.print(f"  SOCK_OPS skipped: {sock['skipped']}")
+        console.print(f"  {sock['note']}")
+        if snap["top_keys"]:
+            table = Table("count", "key", "chunk", title=f"hottest keys (of {snap['keys_tracked']})")
+            for k in snap["top_keys"]:
+                table.add_row(str(k["count"]), k["key"], k["name"] or "?")
+            console.print(table)
+
+
+def cmd_cache_status(cfg) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    rows = ray.get([a.cache_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
+    table = Table(title="FasterFS node caches")
+    for col in ("node", "mode", "entries", "size", "capacity", "hits", "misses", "from cache", "from MinIO",
+                "fills (hot/prefetch/warm)", "evictions", "prefetch shed", "damaged dropped"):
+        table.add_column(col)
+    for r in rows:
+        f, rd = r["filler"], r["readers"]
+        mode = r["kernel_mode"] if r["kernel_mode"] == "real" else "[yellow]SIMULATED[/]"
+        table.add_row(str(r["index"]), mode, str(r["entries"]), report.fmt_bytes(r["bytes"]),
+                      report.fmt_bytes(r["capacity"]), str(rd["hits"]), str(rd["misses"]),
+                      report.fmt_bytes(rd["bytes_from_cache"]), report.fmt_bytes(rd["bytes_from_minio"]),
+                      f"{f.get('hot_fills', 0)}/{f.get('prefetch_fills', 0)}/{f.get('warm_fills', 0)}",
+                      str(r["evictions"]), str(f.get("prefetch_shed", 0)),
+                      str(rd["damaged_dropped"] + r["scrub_dropped"]))
+    console.print(table)
+
+
+def chunk_list(spec: str) -> list[int] | None:
+    """'all' (None), '5', '0-9', '0-9,20,30-31' -> chunk ids; argparse's type for CHUNKS."""
+    if spec == "all":
+        return None
+    ids: list[int] = []
+    for part in spec.split(","):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise argparse.ArgumentTypeError(f"{spec!r}: {part!r} is not a chunk id or range (e.g. 0-9,20)")
+        if dash and int(hi) < int(lo):
+            raise argparse.ArgumentTypeError(f"{spec!r}: range {part!r} runs backwards (write {hi}-{lo})")
+        ids += list(range(int(lo), int(hi or lo) + 1))
+    return ids
+
+
+def cmd_cache_warm(cfg, chunks: list[int] | None = None) -> None:
+    import ray
+    from rich.progress import Progress
+
+    from .tables import connect
+
+    client = connect(cfg.cluster.root)
+    ids = list(range(len(client))) if chunks is None else chunks
+    bad = [i for i in ids if not 0 <= i < len(client)]
+    if bad:
+        raise UsageError(f"argument CHUNKS: chunk {bad[0]} does not exist in {client.manifest.name} "
+                         f"(chunks 0-{len(client) - 1})")
+    actors = cluster.storage_nodes(client.state)
+    cached = 0
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"warming {len(ids)} chunks", total=len(ids))
+        for start in range(0, len(ids), 8):
+            batch = ids[start:start + 8]
+            by_node: dict[int, list[str]] = {}
+            for i in batch:
+                by_node.setdefault(client.sources(i)[0], []).append(client.manifest.chunk(i).key)
+            cached += sum(ray.get([actors[n].cache_warm.remote(keys) for n, keys in by_node.items()]))
+            bar.update(task, advance=len(batch))
+    console.print(f"{cached} of {len(ids)} chunks cached")
+
+
+def cmd_cache_clear(cfg) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    removed = ray.get([a.cache_clear.remote() for a in cluster.storage_nodes(state)])
+    per_node = ", ".join(f"node {i}: {n}" for i, n in enumerate(removed))
+    console.print(f"removed {sum(removed)} cache entries ({per_node}); kernel counts start over")
+
+
+def _one_node_per_host(state) -> list:
+    """A StorageNode actor on each host of the cluster (a one-machine cluster is one host)."""
+    seen, out = set(), []
+    for node, actor in zip(state.nodes, cluster.storage_nodes(state)):
+        if node.host_id not in seen:
+            seen.add(node.host_id)
+            out.append((node, actor))
+    return out
+
+
+def cmd_mount(cfg, mountpoint: str) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    done = []
+    try:
+        for node, actor in _one_node_per_host(state):
+            done.append((node, actor, ray.get(actor.mount.remote(mountpoint))))
+    except ray.exceptions.RayTaskError as e:
+        for _, actor, path in done:  # all hosts or none
+            ray.get(actor.umount.remote(path))
+        raise e.as_instanceof_cause() from None
+    console.print(f"[green]mounted[/] the namespace read-only at {mountpoint} on "
+                  f"{len(done)} host{'s' if len(done) > 1 else ''} "
+                  f"(nodes {', '.join(str(n.index) for n, _, _ in done)})")
+
+
+def cmd_umount(cfg, mountpoint: str) -> None:
+    import ray
+
+    state = registry.find(cfg)
+    hosts = sum(ray.get([a.umount.remote(mountpoint) for a in cluster.storage_nodes(state)]))
+    if not hosts:
+        raise FasterFSError(f"{mountpoint} is not a FasterFS mount of cluster {state.name!r}")
+    console.print(f"unmounted {mountpoint} on {hosts} host{'s' if hosts > 1 else ''}")

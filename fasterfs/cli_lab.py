@@ -1,0 +1,70 @@
+"""`fasterfs lab ...`: share-nothing hosts on this machine (fasterfs.lab), made and broken."""
+from __future__ import annotations
+
+from . import cluster, config, report
+from .cli_cluster import cmd_status
+from .errors import UsageError
+
+console = report.console()
+
+
+def cmd_lab_up(cfg) -> None:
+    from . import lab
+
+    with console.status(f"creating {cfg.nodes} lab hosts (profile {cfg.lab.profile}) and starting the cluster"):
+        state = lab.up(cfg)
+    rec = state.lab
+    assert rec is not None  # lab.up records the lab network it made
+    limits = (f"disk {rec['disk_mbit'] or 'unlimited'} Mbit/s, link {rec['link_mbit'] or 'unlimited'} Mbit/s per host")
+    console.print(f"[green]FasterFS lab up[/]: {len(state.nodes)} hosts on bridge {rec['bridge']} "
+                  f"({', '.join(f'{n.netns}={n.address}' for n in state.nodes)}); {limits}; "
+                  f"Ray head {state.ray_address}")
+    cmd_status(cfg)
+
+
+def cmd_lab_down(cfg) -> None:
+    from . import lab
+
+    with console.status("stopping the lab"):
+        report = lab.down(cfg)
+    console.print(f"[green]FasterFS lab down[/]: {report['actors_stopped']} StorageNodes and "
+                  f"{report['ray_nodes_stopped']} Ray nodes stopped; {report.get('lab_removed', 0)} namespaces, "
+                  "links and bridges removed")
+
+
+def cmd_lab_exec(cfg, node: int, command: list[str]) -> int:
+    """Run a command on a lab host, as on that machine (its own files and network)."""
+    import os
+
+    from . import lab
+
+    state = _lab_state(cfg, node)
+    args = lab.exec_args(state, node, list(command))
+    os.execvp(args[0], args)
+
+
+def _lab_state(cfg, node: int):
+    state = cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    if node not in [n.index for n in state.nodes]:
+        raise UsageError(f"argument NODE: lab host {node} does not exist (hosts: {[n.index for n in state.nodes]})")
+    return state
+
+
+def cmd_lab_power_off(cfg, node: int) -> None:
+    from . import lab
+
+    state, index = _lab_state(cfg, node), node
+    killed = lab.power_off(state, index)
+    console.print(f"lab host {index} powered off: {killed} processes killed at once; its disk is kept")
+
+
+def cmd_lab_power_on(cfg, node: int, empty: bool = False) -> None:
+    from . import lab
+
+    _lab_state(cfg, node)
+    index = node
+    with console.status(f"starting lab host {index}"):
+        state = lab.power_on(cfg, index, empty)
+    console.print(f"lab host {index} back{' with a blank disk' if empty else ''}: Ray node "
+                  f"{(state.node(index).ray_node_id or '-')[:12]}, StorageNode up; "
+                  f"`fasterfs repair` (or the StorageNodes after repair.check_s) refills it")
