@@ -9,23 +9,18 @@ provisional one first so that `down` can clean up a failed `up`.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from . import auth, credentials, identity, notebook, process, registry, tls
+from . import auth, credentials, identity, notebook, process, ray_nodes, registry, tls
 from .bpf.pinned import unmount_bpffs
 from .cgroup import ProjectCgroup
-from .config import PROJECT_DIR, Layout, Paths, as_cfg, lobster_dir, minio_binary, to_dict
+from .config import Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
-from .fsutil import atomic_write
-from .minio_server import check_port_free, endpoint
+from .minio_server import endpoint
 from .node_directory import NodeDirectory, actor_name
 from .state import (
     ClusterState,
@@ -44,132 +39,6 @@ log = logging.getLogger("fasterfs.cluster")
 
 
 # -- up -------------------------------------------------------------------------------
-
-
-def _ray_bin() -> str:
-    return str(Path(sys.executable).with_name("ray"))
-
-
-# A lab host shares nothing but the network (and the installed software) with the others: its
-# own mount namespace, in which its disk is its cluster root and /tmp (Ray's session directory)
-# and /dev/shm (the object store's files) are its own. The disk, and the software when it lies
-# under /tmp (a checkout there), are opened before the new /tmp hides them and bound back from
-# their file descriptors. The final exec keeps the PID, so the PID FasterFS records is the
-# `ray start` process itself.
-_PRIVATE_HOST = r"""
-import os, subprocess, sys
-root, disk, keep, cmd = sys.argv[1], sys.argv[2], [p for p in sys.argv[3].split(":") if p], sys.argv[4:]
-fds = {p: os.open(p, os.O_PATH) for p in [disk, *keep]}
-def mount(*args):
-    subprocess.run(["mount", "--no-canonicalize", *args], check=True, pass_fds=tuple(fds.values()))
-mount("--make-rprivate", "/")
-mount("-t", "tmpfs", "-o", "mode=1777", "ffs-tmp", "/tmp")
-mount("-t", "tmpfs", "-o", "mode=1777", "ffs-shm", "/dev/shm")
-for path in [*keep, root]:
-    os.makedirs(path, exist_ok=True)
-    mount("--bind", f"/proc/self/fd/{fds[disk if path == root else path]}", path)
-os.chdir("/")
-os.execvp(cmd[0], cmd)
-"""
-
-
-def _software_under_tmp() -> list[str]:
-    """This checkout and its virtualenv, where a host's own /tmp would hide them."""
-    paths = sorted({str(PROJECT_DIR), str(Path(sys.prefix).resolve())})
-    under = [p for p in paths if p.startswith(("/tmp/", "/dev/shm/"))]
-    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
-
-
-def ray_env(name: str, root: str | Path) -> dict[str, str]:
-    """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
-    a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
-    project's environment whatever shell submitted it; the Ray token's file (fasterfs.auth);
-    the cluster's name and root, so every worker, job driver and process they spawn finds this
-    cluster's files and token, never those of another cluster on the machine."""
-    venv_bin = str(Path(sys.prefix) / "bin")
-    path = [venv_bin] + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin]
-    # a job's code comes from its uploaded copy (`--working-dir .`), not this checkout: the
-    # sample data's place must come with the environment
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
-    return dict(env, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
-                FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_CLUSTER=name, FASTERFS_ROOT=str(root),
-                **auth.ray_env(auth.token_file(root)))
-
-
-def _provision(host: Host, root: str | Path) -> None:
-    """What a host needs on its own disk before its `ray start`: the cluster's Ray token
-    (a lab host's disk is behind its cluster root; loopback nodes share the head's)."""
-    if host.disk:
-        token = auth.read(auth.token_file(root))
-        atomic_write(auth.token_file(host.disk), token.encode(), mode=0o600)
-
-
-def _ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
-    """`ray start` for a storage node (index given) or a coordinating head without storage."""
-    c = cfg.cluster
-    args = [_ray_bin(), "start", "--block", "--disable-usage-stats", f"--node-ip-address={host.address}",
-            f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}"]
-    if index is None:
-        args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + 99}"]
-    else:
-        args += [f"--num-cpus={c.cpus_per_node}", f"--dashboard-agent-listen-port={c.agent_port + index}"]
-    # every port a node listens on is fixed (README, "Addresses and ports"): nothing random
-    base = node_ports(cfg, index)
-    args += [f"--node-manager-port={base}", f"--object-manager-port={base + 1}", f"--metrics-export-port={base + 2}",
-             f"--dashboard-agent-grpc-port={base + 3}", f"--runtime-env-agent-port={base + 4}",
-             f"--min-worker-port={c.worker_ports[0]}", f"--max-worker-port={c.worker_ports[1]}"]
-    if is_head:
-        # objects beyond the object store spill to files here (GraySort larger than memory)
-        spill = {"type": "filesystem", "params": {"directory_path": str(c.spill_dir)}}
-        args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true",
-                 f"--system-config={json.dumps({'object_spilling_config': json.dumps(spill)})}",
-                 f"--dashboard-host={host.address}", f"--dashboard-port={c.dashboard_port}",
-                 f"--ray-client-server-port={c.client_port}"]
-    else:
-        args += [f"--address={head.address}:{c.ray_port}"]
-    if host.disk:
-        args = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-c", _PRIVATE_HOST,
-                str(c.root), host.disk, ":".join(_software_under_tmp()), *args]
-    # nsenter switches only the network namespace; `ip netns exec` would also remount /sys
-    # and hide the cgroup2 hierarchy the node's SOCK_OPS program attaches to.
-    return (["nsenter", f"--net=/run/netns/{host.netns}", "--"] if host.netns else []) + args
-
-
-def node_ports(cfg, index: int | None) -> int:
-    """The first of node `index`'s five fixed Ray ports, seven on the head (None: a head
-    without storage)."""
-    return int(cfg.cluster.node_ports) + 10 * (99 if index is None else index)
-
-
-def _head_env(cfg, env: dict, index: int | None) -> dict:
-    """The head's autoscaler monitor and dashboard also serve Prometheus metrics, by default
-    on 44217 and 44227 of every interface (clusters would collide): in the head's port block."""
-    base = node_ports(cfg, index)
-    return dict(env, AUTOSCALER_METRIC_PORT=str(base + 5), DASHBOARD_METRIC_PORT=str(base + 6))
-
-
-def _check_ports(cfg, head: Host, hosts: list[Host]) -> None:
-    """Ports on addresses of this namespace (a fresh namespace has nothing listening)."""
-    if head.netns is None:
-        check_port_free(head.address, cfg.cluster.ray_port, "Ray GCS (cluster.ray_port)")
-        check_port_free(head.address, cfg.cluster.dashboard_port, "Ray dashboard (cluster.dashboard_port)")
-        check_port_free(head.address, cfg.cluster.client_port, "Ray client (cluster.client_port)")
-        if cfg.dashboard.enabled:
-            check_port_free(head.address, cfg.dashboard.port, "FasterFS dashboard (dashboard.port)")
-    for i, host in enumerate(hosts):
-        if host.netns is None:
-            check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
-            for port in range(node_ports(cfg, i), node_ports(cfg, i) + (7 if host == head else 5)):
-                check_port_free(host.address, port, f"Ray node {i} (cluster.node_ports)")
-            check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
-            check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict | None = None) -> ClusterState:
@@ -210,7 +79,7 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
     else:
         hosts = hosts or [Host(a) for a in layout.addresses]
         head = head or hosts[0]
-        _check_ports(cfg, head, hosts)
+        ray_nodes.check_ports(cfg, head, hosts)
         auth.create(layout.paths.ray_token_file, rotate=cfg.credentials.rotate)
         state = ClusterState(
             name=cfg.cluster.name, root=str(layout.paths.root), ray_address=f"{head.address}:{cfg.cluster.ray_port}",
@@ -223,9 +92,9 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         state.save()  # provisional: lets `down` clean up if we fail from here on
         if not cfg.cluster.attach:
             assert hosts is not None  # set above when not attaching
-            _start_ray(cfg, layout, state, hosts, head)
+            ray_nodes.start_ray(cfg, layout, state, hosts, head)
         connect_ray(state)  # as a driver on the head, as `ray exec` runs
-        head_id = _head_node_id(state)
+        head_id = ray_nodes.head_node_id(state)
         registry.start(state, head_id, cfg.cluster.start_timeout_s)
         _identify_nodes(cfg, state, head_id)
         state.config["nodes"] = len(state.nodes)
@@ -241,47 +110,6 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         teardown(state)
         layout.paths.state_file.unlink(missing_ok=True)
         raise
-
-
-def _head_node_id(state: ClusterState) -> str:
-    import ray
-
-    head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == state.head_address),
-                None)
-    if head is None:
-        raise FasterFSError(f"no Ray node has the head's address {state.head_address}; give cluster.ray_address "
-                            "as <head IP>:<port>")
-    return head
-
-
-def _start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
-    """One `ray start` per host (and one for a head without storage); records their PIDs."""
-    cgroup = ProjectCgroup.from_dict(state.cgroup)
-    env = ray_env(state.name, state.root)
-    logs = layout.paths.log_dir
-    if head not in hosts:  # a coordinating head that holds no data (the lab's)
-        proc = cgroup.spawn(_ray_start_args(cfg, head, head, None, True), logs / "ray-head.log",
-                            _head_env(cfg, env, None), child="head")
-        state.head_pid = proc.pid
-        state.save()
-        _wait_for_head(cfg, head, proc, logs / "ray-head.log")
-        connect_ray(state)
-    joined = {head.address} if head not in hosts else set()
-    for i, host in enumerate(hosts):
-        _provision(host, state.root)
-        # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
-        proc = cgroup.spawn(_ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log",
-                            _head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
-        # provisional (position, not id): lets `down` stop it if we fail from here on
-        state.nodes.append(NodeState(i, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid,
-                                     netns=host.netns, disk=host.disk))
-        state.save()
-        if host == head:
-            _wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
-            connect_ray(state)
-        # One at a time: raylets started back to back race for the same socket names.
-        joined.add(host.address)
-        _wait_for_nodes(cfg, state, joined)
 
 
 def _identify_nodes(cfg, state: ClusterState, head_id: str) -> None:
@@ -363,9 +191,9 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
     head = Host(state.head_address)
-    _provision(host, state.root)
-    proc = cgroup.spawn(_ray_start_args(cfg, host, head, index, False), log_path,
-                        ray_env(state.name, state.root), child=f"node-{index}")
+    ray_nodes.provision(host, state.root)
+    proc = cgroup.spawn(ray_nodes.ray_start_args(cfg, host, head, index, False), log_path,
+                        ray_nodes.ray_env(state.name, state.root), child=f"node-{index}")
     node.ray_pid = proc.pid
     state.save()
     deadline = time.monotonic() + cfg.cluster.start_timeout_s
@@ -373,7 +201,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
                                 if n["Alive"] and n["NodeManagerAddress"] == host.address), None)):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise FasterFSError(f"Ray node {index} ({host.address}) did not rejoin within "
-                                f"{cfg.cluster.start_timeout_s} s:\n{_log_tail(log_path)}")
+                                f"{cfg.cluster.start_timeout_s} s:\n{ray_nodes.log_tail(log_path)}")
         time.sleep(0.3)
     node.ray_node_id = node_id
     state.save()  # the Registry reads the state file: every host now finds the new Ray node
@@ -397,47 +225,6 @@ def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:
         return ray.get(ref, timeout=cfg.cluster.start_timeout_s)
     except ray.exceptions.RayTaskError as e:
         raise e.as_instanceof_cause() from None
-
-
-def _wait_for_head(cfg, head: Host, proc, log_path: Path) -> None:
-    import socket
-
-    deadline = time.monotonic() + cfg.cluster.start_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise FasterFSError(f"Ray head on {head.address} exited at start:\n{_log_tail(log_path)}")
-        try:
-            socket.create_connection((head.address, cfg.cluster.ray_port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise FasterFSError(f"Ray head on {head.address}:{cfg.cluster.ray_port} did not start within "
-                        f"{cfg.cluster.start_timeout_s} s; see {log_path}")
-
-
-def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str]:
-    """Wait until every node has joined; check none reports an address other than its own."""
-    import ray
-
-    deadline = time.monotonic() + cfg.cluster.start_timeout_s
-    logs = Paths(Path(state.root)).log_dir
-    while True:
-        alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        stray = set(alive) - wanted
-        if stray:
-            raise FasterFSError(f"Ray nodes report addresses {sorted(stray)} outside the cluster's {sorted(wanted)}")
-        if set(alive) == wanted:
-            return alive
-        for node in state.nodes:
-            # alive, not "is `ray start`": a lab host's process sets up its namespaces before it
-            # becomes `ray start`, which on a busy machine can take longer than the first look
-            if not process.running(node.ray_pid):
-                raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
-                                    f"{_log_tail(logs / f'ray-node-{node.index}.log')}")
-        if time.monotonic() > deadline:
-            raise FasterFSError(f"only {sorted(alive)} of {sorted(wanted)} joined within "
-                                f"{cfg.cluster.start_timeout_s} s")
-        time.sleep(0.3)
 
 
 # -- down -----------------------------------------------------------------------------
@@ -475,8 +262,7 @@ def teardown(state: ClusterState) -> dict:
     ours = set(cgroup.pids()) if cgroup.path else None
     for pid in [n.ray_pid for n in reversed(state.nodes)] + [state.head_pid]:
         if pid and is_ray_start(pid) and (ours is None or pid in ours):
-            os.kill(pid, signal.SIGTERM)
-            _wait_gone(pid, 40)
+            process.terminate(pid, 40)
             report["ray_nodes_stopped"] += 1
     deadline = time.monotonic() + 15  # the nodes' own processes finish exiting a moment later
     while cgroup.pids() and time.monotonic() < deadline:
@@ -537,14 +323,6 @@ def _remove_tc_filters(state: ClusterState) -> int:
     from .bpf import tc
 
     return tc.remove(state.settings.interface, filter_prefix(state.name), drop_qdisc=True)
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while is_ray_start(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if is_ray_start(pid):
-        os.kill(pid, signal.SIGKILL)
 
 
 def down(cfg) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under
 from omegaconf import OmegaConf
 
-from fasterfs import cluster, config
+from fasterfs import cluster, config, ray_nodes
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 
@@ -112,7 +112,7 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
                           "--disable-usage-stats"], root / "head.log", dict(env, RAY_USAGE_STATS_ENABLED="0"))
     attach = own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500"]
     try:
-        cluster._wait_for_head(config.load(own + ["cluster.ray_port=6500"]), cluster.Host("127.0.3.2"), head,
+        ray_nodes.wait_for_head(config.load(own + ["cluster.ray_port=6500"]), cluster.Host("127.0.3.2"), head,
                                root / "head.log")
         if not secured:
             with pytest.raises(FasterFSError, match="without token authentication.*cluster.insecure=true"):
