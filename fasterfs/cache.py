@@ -18,9 +18,7 @@ import xxhash
 from .cache_entry import (
     BOOT,
     DAMAGED,
-    FILE_SUFFIX,
     HEADER,
-    INDEX_SUFFIX,
     SLOT,
     STALE,
     SUFFIX,
@@ -34,6 +32,7 @@ from .cache_entry import (
     read_slot,
     remove_file,
 )
+from .cache_recovery import scan
 from .errors import FasterFSError
 
 log = logging.getLogger("fasterfs.cache")
@@ -103,81 +102,19 @@ class ChunkCache:
             probe.unlink(missing_ok=True)
 
     def rebuild(self) -> None:
-        """Index what is on disk: keep valid entries of this boot, remove temp files and the
-        rest. After an unclean stop (no CLEAN marker) every entry's checksum is verified:
-        a crash must not leave a damaged entry to be served."""
+        """Index what is on disk (fasterfs.cache_recovery): keep valid entries of this boot,
+        remove temp files and the rest. After an unclean stop (no CLEAN marker) every entry's
+        checksum is verified: a crash must not leave a damaged entry to be served."""
         clean = self.dir / CLEAN
         verify = not clean.exists()
         clean.unlink(missing_ok=True)
         with self._lock:
-            self._sizes.clear()
-            self._places.clear()
-            self._units.clear()
-            self.used = 0
-            for f in self.dir.iterdir():
-                if f.name.startswith(TMP_PREFIX):
-                    f.unlink(missing_ok=True)
-                    self.counters["stray_temp_removed"] += 1
-                elif f.name.endswith(FILE_SUFFIX):
-                    self._rebuild_file(f, verify)
-                elif f.name.endswith(INDEX_SUFFIX):
-                    if not f.with_suffix(FILE_SUFFIX).exists():
-                        f.unlink(missing_ok=True)
-                        self.counters["invalid_removed"] += 1
-                elif not f.name.endswith(SUFFIX):
-                    log.warning("cache directory %s: ignoring %s, which is not a cache entry", self.dir, f.name)
-                    self.counters["foreign_files"] += 1
-                else:
-                    self._rebuild_entry(f, verify)
+            found = scan(self.dir, verify)
+            self._sizes, self._places, self._units = found.sizes, found.places, found.units
+            self.used = sum(found.sizes.values())
+            for counter, n in found.counts.items():
+                self.counters[counter] += n
             self._evict_to(self.capacity)
-
-    def _rebuild_entry(self, f: Path, verify: bool) -> None:
-        try:
-            with open(f, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                header = Header.of(fh.fileno(), size)
-                damaged = header is not None and verify and \
-                    xxhash.xxh3_64_intdigest(fh.read(header.size)) != header.checksum
-        except OSError:
-            return
-        if header is None or damaged or header.boot != BOOT:
-            f.unlink(missing_ok=True)
-            self.counters["invalid_removed"] += 1
-            return
-        self._sizes[f.name] = size
-        self.used += size
-        self.counters["rebuilt_entries"] += 1
-
-    def _rebuild_file(self, f: Path, verify: bool) -> None:
-        """A file entry's whole chunks, from its index. It goes whole if it has none, or one
-        that fails its checksum (its slot would still vouch for the bytes)."""
-        unit = f.name.removesuffix(FILE_SUFFIX)
-        found: dict[str, Place] = {}
-        try:
-            with open(f, "rb") as fh, open(f.with_suffix(INDEX_SUFFIX), "rb") as idx:
-                file_size, slots = os.fstat(fh.fileno()).st_size, idx.read()
-                for index in range(len(slots) // SLOT.size):
-                    head, offset, raw_name = SLOT.unpack_from(slots, index * SLOT.size)
-                    header = Header.parse(head, HEADER.unpack(head)[1])
-                    if header is None:
-                        continue  # never filled
-                    if header.boot != BOOT or offset + header.size > file_size or (verify and xxhash.xxh3_64_intdigest(
-                            os.pread(fh.fileno(), header.size, offset)) != header.checksum):
-                        found = {}
-                        break
-                    found[raw_name.hex() + SUFFIX] = Place(unit, index, offset, header.size, file_size)
-        except OSError:
-            found = {}
-        if not found:
-            remove_file(f)
-            self.counters["invalid_removed"] += 1
-            return
-        for name, place in found.items():
-            self._places[name] = place
-            self._units.setdefault(unit, set()).add(name)
-            self._sizes[name] = place.size
-            self.used += place.size
-            self.counters["rebuilt_entries"] += 1
 
     def resize(self, capacity: int) -> None:
         """Change the capacity; shrinking evicts at once."""

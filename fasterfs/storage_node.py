@@ -26,6 +26,7 @@ from .cache import ChunkCache
 from .cache_filler import CacheFiller
 from .config import Layout, as_cfg, minio_binary
 from .credentials import ClusterKeys
+from .fill_router import FillRouter
 from .fill_sources import FillSources
 from .fsutil import atomic_write
 from .invalidation import Invalidations, Write, revalidate
@@ -42,6 +43,12 @@ from .repair_leader import RepairLeader, Timing
 from .state import ClusterState, host_id, namespace
 
 log = logging.getLogger("fasterfs.storage_node")
+
+
+def _ray_get(refs: list) -> list:
+    import ray
+
+    return ray.get(refs)
 
 
 def every(interval_s: float, fn: Callable[[], object], stopping: threading.Event, what: str) -> None:
@@ -101,8 +108,10 @@ class StorageNode:
         self.sources = FillSources(index, self.marked, lambda: self.ns_index)
         self.filler = CacheFiller(self.cache, self.sources.getter, self.bucket, cfg.cache.fill_threads,
                                   cfg.cache.prefetch.max_queue)
+        self.router = FillRouter(index, self.cache, self.filler, lambda: self.ns_index, cfg.kernel.watch == "own",
+                                 self.nodes.get, _ray_get)
         self.invalidations = Invalidations(index, self.bucket, self.kernel, self.cache, self.filler,
-                                           cfg.kernel.watch == "any", self._fill_at_home, self._tell_writes)
+                                           cfg.kernel.watch == "any", self.router.fill, self._tell_writes)
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_index, self._reconnect)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
@@ -174,31 +183,6 @@ class StorageNode:
         out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad)
         self.leader.record("scrub", out)
         return out.repaired
-
-    def _home_of(self, key: str) -> int:
-        """The node whose cache a fill of `key` goes to: where each node counts only what its
-        MinIO serves (kernel.watch=own), a file's chunks are all cached at its home, so the
-        whole file is one backing file for the mount's passthrough; else this node."""
-        return self.ns_index.home_of(key, self.index) if self.cfg.kernel.watch == "own" else self.index
-
-    def _by_home(self, keys) -> tuple[list[str], dict[int, list[str]]]:
-        """`keys` split into those filled here and those filled at another home, by home."""
-        here: list[str] = []
-        away: dict[int, list[str]] = {}
-        for k in keys:
-            home = self._home_of(k)
-            if home == self.index:
-                here.append(k)
-            else:
-                away.setdefault(home, []).append(k)
-        return here, away
-
-    def _fill_at_home(self, key: str, reason: str) -> None:
-        home = self._home_of(key)
-        if home == self.index:
-            self.filler.request(key, reason)
-        elif (peer := self.nodes.get(home)) is not None:
-            peer.fill.remote(key, reason)
 
     def _reindex(self) -> None:
         """A new NodeIndex for the current manifests; entries of replaced generations and
@@ -338,24 +322,11 @@ class StorageNode:
 
     def cache_warm(self, keys: list[str]) -> int:
         """Fill these keys now, each at its home (waits); returns how many are cached afterwards."""
-        import ray
-
-        here, away = self._by_home(keys)
-        refs = [peer.cache_warm.remote(ks) for home, ks in away.items() if (peer := self.nodes.get(home)) is not None]
-        futures = [self.filler.request(k, "warm") for k in here]
-        for f in futures:
-            if f is not None:
-                f.result()
-        return sum(self.cache.contains(k) for k in here) + sum(ray.get(refs))
+        return self.router.warm(keys)
 
     def prefetch(self, keys: list[str]) -> int:
-        """Queue fills ahead of a sequential reader, each at its home; sheds them under load.
-        Returns how many were queued here."""
-        here, away = self._by_home(keys)
-        for home, ks in away.items():
-            if (peer := self.nodes.get(home)) is not None:
-                peer.prefetch.remote(ks)
-        return sum(self.filler.request(k, "prefetch") is not None for k in here)
+        """Queue fills ahead of a sequential reader, each at its home; how many were queued here."""
+        return self.router.prefetch(keys)
 
     def _capacity(self) -> int:
         """The configured capacity; after a crash, the one set at run time (cache_resize) if any:
@@ -376,7 +347,7 @@ class StorageNode:
 
     def heal(self, key: str) -> None:
         """A reader found this key's entry damaged and dropped it: fetch it again (at its home)."""
-        self._fill_at_home(key, "heal")
+        self.router.fill(key, "heal")
 
     def cache_scrub(self) -> int:
         """Verify every cache entry now; returns how many damaged ones were dropped."""

@@ -13,6 +13,7 @@ from fasterfs.bpf.simulated import SimulatedPrograms
 from fasterfs.cache import ChunkCache
 from fasterfs.cache_entry import entry_name
 from fasterfs.cache_filler import CacheFiller
+from fasterfs.fill_router import FillRouter
 from fasterfs.invalidation import Invalidations
 from fasterfs.manifest import ChunkInfo, Manifest
 from fasterfs.minio_scrub import MinioScrub
@@ -338,3 +339,40 @@ def test_node_directory_remembers_handles_until_told_to_forget():
     assert d.get(0) == "h0-new"
     with pytest.raises(Exception, match="node 1"):
         d.require(1)
+
+
+# -- FillRouter -------------------------------------------------------------------------------
+
+class Peer:
+    """What a StorageNode actor handle is to the router: methods with `.remote`, recorded."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        for method in ("fill", "cache_warm", "prefetch"):
+            setattr(self, method, self._method(method))
+
+    def _method(self, name):
+        class Remote:
+            @staticmethod
+            def remote(*args):
+                self.calls.append((name, *args))
+                return len(args[0]) if name == "cache_warm" else None
+        return Remote
+
+
+def test_a_files_chunks_are_filled_at_its_home_and_the_rest_here(tmp_path, namespace):
+    c = ChunkCache(tmp_path, capacity=10_000)
+    filled = []
+    filler = CacheFiller(c, lambda key: None, BUCKET, threads=1)
+    filler.request = lambda key, reason: filled.append((key, reason))  # what the filler was asked
+    peers = {1: Peer()}
+    index = NodeIndex.build(namespace, node=0)
+    router = FillRouter(0, c, filler, lambda: index, True, peers.get, list)
+    router.fill("f/1", "hot")        # the file's home is node 1
+    router.fill("rep/1", "hot")      # not a file: here, whoever holds it
+    assert peers[1].calls == [("fill", "f/1", "hot")] and filled == [("rep/1", "hot")]
+    assert router.prefetch(["f/0", "rep/0"]) == 0  # recorded by the stand-in filler, which queues nothing
+    assert peers[1].calls[-1] == ("prefetch", ["f/0"])
+    everywhere = FillRouter(0, c, filler, lambda: index, False, peers.get, list)  # kernel.watch=any
+    everywhere.fill("f/1", "hot")
+    assert filled[-1] == ("f/1", "hot")
