@@ -144,7 +144,7 @@ def cmd_kernel_status(cfg) -> None:
     snaps = ray.get([a.kernel_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
     for snap in snaps:
         mode = snap["mode"]
-        label = "[green]real eBPF[/]" if mode == "real" else f"[yellow]SIMULATED[/] ({snap.get('simulated_because')})"
+        label = "[green]real eBPF[/]" if mode == "real" else f"[yellow]SIMULATED[/] ({snap['simulated_because']})"
         console.print(f"\n[bold]node {snap['index']}[/] ({snap['address']})  mode: {label}  "
                       f"hot_threshold={snap['hot_threshold']} epoch={snap['epoch']}")
         if snap["tc"]:
@@ -154,10 +154,10 @@ def cmd_kernel_status(cfg) -> None:
                       f"(received {snap['events_received'].get('HOT', 0)})  stale marks {c.get('stale_marks', 0)}  "
                       f"filler skipped {c.get('filler_skipped', 0)}  not requests {c.get('not_request', 0)}  "
                       f"truncated {c.get('truncated', 0)}  ring-buffer drops {c.get('ringbuf_drops', 0)}")
-        reported = snap.get("reported_by_readers")
-        if reported:  # MinIO over TLS: the kernel reads no request line; readers report their GETs
-            console.print(f"  reported by readers (TLS: the kernel sees ciphertext): {reported.get('gets', 0)} GET, "
-                          f"{reported.get('hot_events', 0)} HOT")
+        reported = snap["reported_by_readers"]
+        if mode == "real" and reported:  # MinIO over TLS: the kernel reads no request line; readers report GETs
+            console.print(f"  reported by readers (TLS: the kernel sees ciphertext): {reported['gets']} GET, "
+                          f"{reported['hot_events']} HOT")
         for port, p in snap["ports"].items():
             avg = f"{p['latency_avg_us']:.0f}" if p["latency_avg_us"] is not None else "-"
             console.print(f"  port {port}: {p['gets']} GET, {p['puts']} PUT, {p['deletes']} DELETE; request -> "

@@ -60,7 +60,7 @@ def _banners(snap: dict) -> str:
     out = []
     simulated = [n for n in snap["nodes"] if (n.get("kernel") or {}).get("mode") == "simulated"]
     if simulated:
-        why = simulated[0]["kernel"].get("simulated_because") or "eBPF unavailable"
+        why = simulated[0]["kernel"]["simulated_because"]
         out.append(f'<div class="sim">SIMULATED kernel on node(s) {e(", ".join(str(n["index"]) for n in simulated))}: '
                    f'no eBPF programs run there ({e(why)}). Their request counts come from the readers, '
                    f'not from the kernel, and no socket is tuned.</div>')

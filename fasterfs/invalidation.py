@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from . import heatmap, s3
+from .bpf.backend import KernelBackend
 from .bpf.events import key_hash
 from .cache import ChunkCache
 from .cache_entry import entry_name
@@ -33,7 +34,7 @@ class Invalidations:
     changed; `fill(key, reason)` asks for a fill at the chunk's home; `tell(batch)` sends writes
     to the other nodes (fire and forget: a dead peer has no cache to serve)."""
 
-    def __init__(self, node: int, bucket: str, kernel, cache: ChunkCache, filler, watch_any: bool,
+    def __init__(self, node: int, bucket: str, kernel: KernelBackend, cache: ChunkCache, filler, watch_any: bool,
                  fill: Callable[[str, str], None], tell: Callable[[list[Write]], None]):
         self.node, self.bucket, self.kernel, self.cache, self.filler = node, bucket, kernel, cache, filler
         self.watch_any, self.fill, self.tell = watch_any, fill, tell

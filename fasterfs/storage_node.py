@@ -282,8 +282,7 @@ class StorageNode:
                 "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status()}
 
     def kernel_status(self, top: int = 10) -> dict:
-        snap = self.kernel.snapshot(top, resolve=self.resolve)
-        snap.update(index=self.index, address=self.address)
+        snap: dict = dict(self.kernel.snapshot(top, resolve=self.resolve), index=self.index, address=self.address)
         chunks = self.ns_index.by_hash
         for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?
             chunk = chunks.get(int(t["key"], 16))

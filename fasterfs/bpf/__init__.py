@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import FasterFSError
+from .backend import KernelBackend
 
 
 def unavailable_reason() -> str | None:
@@ -25,7 +26,8 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def load(mode: str = "auto", hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000, on_event=None):
+def load(mode: str = "auto", hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
+         on_event=None) -> KernelBackend:
     """KernelPrograms where eBPF works (mode auto or real), else SimulatedPrograms (mode auto
     or simulated). mode=real fails loudly instead of falling back."""
     if mode not in ("auto", "real", "simulated"):

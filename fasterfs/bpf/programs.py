@@ -21,12 +21,14 @@ from pathlib import Path
 from ..errors import FasterFSError
 from . import events as ev
 from . import tc
+from .backend import KernelSnapshot
 from .events import hist_quantile
 
 log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("requests.bpf.c", "sockops.bpf.c")
+STALE_SOURCE = "the kernel: a PUT, DELETE or multi-delete request line seen on TC, and its response"
 QUICKACK_NOTE = ("TCP_QUICKACK cannot be set from BPF (the kernel answers -EINVAL); delayed ACKs are "
                  "capped with TCP_BPF_DELACK_MAX instead")
 
@@ -234,7 +236,7 @@ class KernelPrograms:
 
     # -- metrics -------------------------------------------------------------------------
 
-    def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> dict:
+    def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> KernelSnapshot:
         """Everything the maps say, plus the events user space received."""
         b = self.bpf
         counters = {ev.COUNTERS[k.value]: v.value for k, v in b[b"counters"].items()}
@@ -263,7 +265,8 @@ class KernelPrograms:
                    for k, v in b[b"sockopt_stats"].items()}
         sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b[b"sock_counters"].items()}
         return {
-            "mode": self.mode, "hot_threshold": self.hot_threshold, "epoch": self.epoch,
+            "mode": self.mode, "simulated_because": None, "stale_source": STALE_SOURCE,
+            "hot_threshold": self.hot_threshold, "epoch": self.epoch,
             "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d}
                    for i, n, ns, d, _ in self.tc_attachments],
             "sockops_cgroup": self.cgroup_path,

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from . import events as ev
+from .backend import KernelSnapshot
 
 MAX_NAMES = 65536
 METHOD_IDS = {v: k for k, v in ev.METHODS.items()}
@@ -79,6 +80,7 @@ class SimulatedPrograms:
             if len(self.names) > MAX_NAMES:  # as many as the kernel tracks keys
                 self.names.pop(next(iter(self.names)))
             if method == "GET":
+                self.counters["gets"] += 1
                 self.counts[key] += 1
                 if self.counts[key] == self.hot_threshold:
                     self.counters["hot_events"] += 1
@@ -94,7 +96,7 @@ class SimulatedPrograms:
         if event and self.on_event:
             self.on_event(record)
 
-    def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> dict:
+    def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> KernelSnapshot:
         with self._lock:
             keys = self.counts.most_common(top)
             return {
@@ -104,6 +106,7 @@ class SimulatedPrograms:
                 "top_keys": [{"key": f"{k:016x}", "count": c, "name": (resolve(k) if resolve else None)
                               or self.names.get(k)} for k, c in keys],
                 "ports": {}, "events_received": dict(self.received), "recent_events": list(self.recent)[-10:],
+                "reported_by_readers": {"gets": self.counters["gets"], "hot_events": self.counters["hot_events"]},
                 "sockops": {"note": "SIMULATED mode: no TCP tuning"},
                 "stale_source": "none: SIMULATED mode counts the client's reads only and sees no PUT or DELETE, "
                                 "so an overwritten object stays cached until evicted, cleared or scrubbed",
