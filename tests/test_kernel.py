@@ -324,3 +324,13 @@ def test_removing_a_filter_leaves_a_shared_clsact(programs):
 
 def test_simulated_mode_says_it_sees_no_writes():
     assert "sees no PUT or DELETE" in bpf.load("simulated").snapshot()["stale_source"]
+
+
+def test_both_backends_report_one_snapshot_shape(programs):
+    """Whoever reads a node's kernel snapshot (CLI, dashboard) finds the same keys whichever
+    backend served it."""
+    from fasterfs.bpf.backend import KernelSnapshot
+
+    wanted = set(KernelSnapshot.__annotations__)
+    assert set(programs.snapshot()) == wanted
+    assert set(bpf.load("simulated").snapshot()) == wanted
