@@ -9,6 +9,7 @@ the client: this host's cache first, else the node's own MinIO.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from . import config, registry
@@ -43,7 +44,14 @@ def _datasource_class():
     return ChunkSource
 
 
-_clients: dict = {}  # per worker process: (dataset, generation) -> client
+@functools.lru_cache(maxsize=8)  # per worker process: the datasets it read last, their connections kept
+def _client(cluster: tuple[str, ...], dataset: str, generation: str):
+    from .tables import connect
+
+    client = connect(overrides=list(cluster), dataset=dataset)
+    if client.manifest.generation != generation:
+        raise FasterFSError(f"dataset {dataset} was re-ingested while Ray Data read it: read it again")
+    return client
 
 
 def _read_chunk(cluster: tuple[str, ...], dataset: str, generation: str, i: int, with_node: bool):
@@ -51,14 +59,7 @@ def _read_chunk(cluster: tuple[str, ...], dataset: str, generation: str, i: int,
     default root's, which may hold another cluster on the same machine."""
     import ray
 
-    from .tables import connect
-
-    key = (dataset, generation)
-    client = _clients.get(key)
-    if client is None:
-        client = _clients[key] = connect(overrides=list(cluster), dataset=dataset)
-        if client.manifest.generation != generation:
-            raise FasterFSError(f"dataset {dataset} was re-ingested while Ray Data read it: read it again")
+    client = _client(cluster, dataset, generation)
     table = client.read_table(i).to_arrow()
     if with_node:  # where the read ran, and which node held the chunk: locality, measured
         import pyarrow as pa

@@ -29,7 +29,7 @@ def fmt_bytes(n) -> str:
     return f"{n:.1f} GB"
 
 
-_RUNS: dict[Path, str] = {}  # run directory -> its cluster, for publishing
+CLUSTER_FILE = ".cluster"  # in a run directory: the name of the cluster its reports go to
 
 
 def run_dir(cfg, job: str) -> Path:
@@ -41,7 +41,7 @@ def run_dir(cfg, job: str) -> Path:
     else:
         path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
     path.mkdir(parents=True, exist_ok=True)
-    _RUNS[path] = cfg.cluster.name
+    (path / CLUSTER_FILE).write_text(cfg.cluster.name)
     return path
 
 
@@ -54,9 +54,10 @@ def write_json(directory: Path, name: str, result: dict) -> Path:
 def publish(path: Path) -> None:
     """A report file written on a host other than the head goes to the head too (through the
     Registry), where the dashboard lists it: hosts share no files."""
-    cluster_name = _RUNS.get(path.parent)
-    if cluster_name is None:
-        return
+    try:
+        cluster_name = (path.parent / CLUSTER_FILE).read_text()
+    except FileNotFoundError:
+        return  # not a run directory of run_dir's
     import ray
 
     from . import registry
