@@ -204,10 +204,6 @@ class Paths:
         return self.node_dir(index) / "minio-certs"
 
     @property
-    def manifest_file(self) -> Path:
-        return self.root / "manifest.json"
-
-    @property
     def log_dir(self) -> Path:
         return self.root / "logs"
 

@@ -21,6 +21,7 @@ from .config import Paths
 from .fsutil import read_json
 from .node_directory import NodeDirectory
 from .reader_stats import LATENCY_SLOTS
+from .report import REPORT_SUFFIXES
 from .state import ClusterState
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ TIMELINE_RATES = {"minio_reads": "reads from MinIO", "cache_reads": "reads from 
                   "evictions": "evictions"}
 COUNT_MAX_AGE_S = 15.0  # the objects and bytes per node shown may be this old
 TIMELINE_HISTS = {"read": "readers' read latency", "kernel": "kernel: request to first byte"}
-REPORT_SUFFIXES = (".json", ".png")
 
 
 class Monitor:

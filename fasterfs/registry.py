@@ -15,52 +15,37 @@ credentials file, one manifest file per name), so a restarted Registry knows eve
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import quote
 
 from . import credentials, tls
 from .config import Paths
 from .credentials import ClusterKeys
 from .errors import FasterFSError
-from .fsutil import atomic_write, atomic_write_json, read_json
+from .fsutil import atomic_write
 from .manifest import Manifest
+from .namespace_store import NamespaceStore
 from .node_directory import NodeDirectory
+from .report import REPORT_SUFFIXES
 from .state import ClusterState, host_id, join, namespace
 
 log = logging.getLogger("fasterfs.registry")
 NAME = "registry"
-REPORT_SUFFIXES = (".json", ".png")
+PUSH_TIMEOUT_S = 60.0  # how long a namespace change waits for the StorageNodes to take it
 
 
 class Registry:
+    """The actor: a narrow surface over the cluster's state, its keys and CA, and its
+    NamespaceStore (which it lets push each change to the StorageNodes)."""
+
     def __init__(self, root: str):
         self.paths = Paths(Path(root))
         self.cluster = ClusterState.load(self.paths.root)
         self.keys = credentials.load(self.paths.credentials_file)
-        self._names_dir = self.paths.root / "namespace"
-        self._names_dir.mkdir(exist_ok=True)
-        self._entries = {m.name: m for m in map(Manifest.load, sorted(self._names_dir.glob("*.json")))}
-        if not self._entries and self.paths.manifest_file.exists():  # a root from before the namespace
-            legacy = Manifest.load(self.paths.manifest_file)
-            self._entries[legacy.name] = legacy
-        # bumped on every change (mounts and filesystems poll it); from the clock, so a restarted
-        # Registry never repeats a number a reader saw before
-        self.version = time.time_ns()
-        # every generation a manifest named: {dataset, generation, prefix, replaced: time or None}
-        self._history_file = self.paths.root / "generations.json"
-        self._history = read_json(self._history_file, "generation history") if self._history_file.exists() else []
-        # pieces repair moved away from a node ({node, key, retired}): readers holding the manifest
-        # from before the move may still read them, so they go only after ingest.keep_old_s
-        self._retired_file = self.paths.root / "retired-pieces.json"
-        self._retired = read_json(self._retired_file, "retired pieces") if self._retired_file.exists() else []
-        self._lock = threading.Lock()
+        self.names = NamespaceStore(self.paths.root / "namespace", self.cluster.name, self._push)
 
     def ready(self) -> str:
         return host_id()
@@ -87,94 +72,38 @@ class Registry:
             raise FasterFSError(f"{address} is not a node of cluster {self.cluster.name!r}: no certificate for it")
         return tls.issue(self.paths.tls_ca_dir, address, public_key_pem), self.cluster.tls_ca
 
+    # -- the namespace (fasterfs.namespace_store) ------------------------------------------
+
     def manifest(self, name: str | None = None) -> Manifest | None:
-        """The manifest of `name`; None: the dataset ingested last (what `connect()` reads)."""
-        if name is not None:
-            return self._entries.get(name)
-        datasets = [m for m in self._entries.values() if m.kind == "dataset"]
-        return max(datasets, key=lambda m: m.created) if datasets else None
+        return self.names.manifest(name)
 
     def manifests(self) -> tuple[int, dict[str, Manifest]]:
-        """The whole namespace and its version."""
-        return self.version, dict(self._entries)
+        return self.names.manifests()
 
     def namespace_version(self) -> int:
-        return self.version
+        return self.names.version
 
-    def _file(self, name: str) -> Path:
-        return self._names_dir / (quote(name, safe="") + ".json")
-
-    def _retire(self, name: str, now: float) -> None:
-        for g in self._history:
-            if g["dataset"] == name and g["replaced"] is None:
-                g["replaced"] = now
-
-    def publish_manifest(self, manifest: Manifest, prefix: str, timeout: float = 60.0) -> list[int]:
-        """Make `manifest` the current generation of its name (its objects under `prefix`):
-        kept on the head's disk, then pushed to every StorageNode. Returns the nodes that took it."""
-        with self._lock:
-            self._retire(manifest.name, time.time())
-            self._history.append({"dataset": manifest.name, "generation": manifest.generation, "prefix": prefix,
-                                  "replaced": None})
-            atomic_write_json(self._history_file, self._history)
-            manifest.save(self._file(manifest.name))
-            self._entries[manifest.name] = manifest
-            self.version += 1
-            return self._push("set_manifest", manifest, timeout)
+    def publish_manifest(self, manifest: Manifest, prefix: str) -> list[int]:
+        return self.names.publish(manifest, prefix)
 
     def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      retired: Sequence[tuple[int, str]] = (), timeout: float = 60.0) -> list[int]:
-        """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
-        to the chunks still as the repair saw them, only in the generation it repaired (a
-        re-ingest meanwhile wins); pushed like a new generation. Returns the chunk ids applied."""
-        with self._lock:
-            current = self._entries.get(name)
-            if current is None or current.generation != generation:
-                return []
-            chunks, applied = list(current.chunks), []
-            for cid, (before, after) in moves.items():
-                if chunks[cid].nodes == list(before):
-                    chunks[cid] = dataclasses.replace(chunks[cid], nodes=list(after))
-                    applied.append(cid)
-            if not applied:
-                return []
-            manifest = dataclasses.replace(current, chunks=chunks)
-            manifest.save(self._file(name))
-            self._entries[name] = manifest
-            now = time.time()
-            self._retired += [{"node": node, "key": key, "retired": now} for node, key in retired]
-            atomic_write_json(self._retired_file, self._retired)
-            self.version += 1
-            self._push("set_manifest", manifest, timeout)
-            return applied
+                      retired: Sequence[tuple[int, str]] = ()) -> list[int]:
+        return self.names.update_chunks(name, generation, moves, retired)
 
     def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
-        """Pieces retired by repair more than keep_old_s ago, forgotten here: they can go."""
-        with self._lock:
-            now = time.time()
-            gone = [p for p in self._retired if now - p["retired"] >= keep_old_s]
-            if gone:
-                self._retired = [p for p in self._retired if p not in gone]
-                atomic_write_json(self._retired_file, self._retired)
-            return [(p["node"], p["key"]) for p in gone]
+        return self.names.expired_pieces(keep_old_s)
 
-    def remove(self, name: str, timeout: float = 60.0) -> Manifest:
-        """Take `name` out of the namespace. Its objects stay for readers that hold its
-        manifest until ingest.keep_old_s has passed (`expired` then names them)."""
-        with self._lock:
-            manifest = self._entries.pop(name, None)
-            if manifest is None:
-                raise FasterFSError(f"{name!r}: no such dataset or file in cluster {self.cluster.name!r}")
-            self._retire(name, time.time())
-            atomic_write_json(self._history_file, self._history)
-            self._file(name).unlink(missing_ok=True)
-            if self.paths.manifest_file.exists() and Manifest.load(self.paths.manifest_file).name == name:
-                self.paths.manifest_file.unlink()
-            self.version += 1
-            self._push("drop_manifest", name, timeout)
-            return manifest
+    def remove(self, name: str) -> Manifest:
+        return self.names.remove(name)
 
-    def _push(self, method: str, arg, timeout: float) -> list[int]:
+    def expired(self, keep_old_s: float) -> list[dict]:
+        return self.names.expired(keep_old_s)
+
+    def generations(self, dataset: str) -> list[str]:
+        return self.names.generations(dataset)
+
+    def _push(self, method: str, arg, timeout: float = PUSH_TIMEOUT_S) -> list[int]:
+        """A namespace change to every StorageNode, waited for up to `timeout`."""
         import ray
 
         self.state()
@@ -189,22 +118,7 @@ class Registry:
         done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
         return [i for i, ref in refs.items() if ref in done]
 
-    def expired(self, keep_old_s: float) -> list[dict]:
-        """Generations replaced (or removed) more than keep_old_s ago, forgotten here: their
-        objects can go. Each as {dataset, generation, prefix}."""
-        with self._lock:
-            now = time.time()
-            gone = [g for g in self._history if g["replaced"] is not None and now - g["replaced"] >= keep_old_s]
-            if gone:
-                self._history = [g for g in self._history if g not in gone]
-                atomic_write_json(self._history_file, self._history)
-            return gone
-
-    def generations(self, dataset: str) -> list[str]:
-        """The generations of `dataset` whose objects are kept: the current one and those
-        not yet expired (readers may still hold their manifests)."""
-        with self._lock:
-            return [g["generation"] for g in self._history if g["dataset"] == dataset]
+    # -- reports --------------------------------------------------------------------------
 
     def put_report(self, run: str, name: str, data: bytes) -> str:
         """Store a job report file (written on any host) where the dashboard serves it."""

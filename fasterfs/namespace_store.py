@@ -1,0 +1,139 @@
+"""NamespaceStore: the cluster's namespace as the head keeps it, one manifest per name.
+
+Each name's current manifest is a file in the store's directory; every generation a name had
+is in its history (a replaced one's objects stay until `ingest.keep_old_s` has passed, for
+readers that still hold its manifest), and so are the pieces repair moved away. Every change
+bumps the version (mounts and filesystems poll it) and is pushed to the StorageNodes through
+`push(method, argument)` before it returns. The Registry actor holds one; tests build one on a
+temporary directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+from .errors import FasterFSError
+from .fsutil import atomic_write_json, read_json
+from .manifest import Manifest
+
+Push = Callable[[str, object], list[int]]  # (StorageNode method, its argument) -> the nodes that took it
+
+
+class NamespaceStore:
+    def __init__(self, directory: Path, cluster_name: str, push: Push):
+        self.dir, self.cluster_name, self.push = Path(directory), cluster_name, push
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._entries = {m.name: m for m in map(Manifest.load, sorted(self.dir.glob("*.json")))}
+        # from the clock, so a restarted Registry never repeats a number a reader saw before
+        self.version = time.time_ns()
+        # every generation a manifest named: {dataset, generation, prefix, replaced: time or None}
+        self._history_file = self.dir.parent / "generations.json"
+        self._history = read_json(self._history_file, "generation history") if self._history_file.exists() else []
+        # pieces repair moved away from a node ({node, key, retired}): readers holding the manifest
+        # from before the move may still read them, so they go only after ingest.keep_old_s
+        self._retired_file = self.dir.parent / "retired-pieces.json"
+        self._retired = read_json(self._retired_file, "retired pieces") if self._retired_file.exists() else []
+        self._lock = threading.Lock()
+
+    def manifest(self, name: str | None = None) -> Manifest | None:
+        """The manifest of `name`; None: the dataset ingested last (what `connect()` reads)."""
+        if name is not None:
+            return self._entries.get(name)
+        datasets = [m for m in self._entries.values() if m.kind == "dataset"]
+        return max(datasets, key=lambda m: m.created) if datasets else None
+
+    def manifests(self) -> tuple[int, dict[str, Manifest]]:
+        """The whole namespace and its version."""
+        return self.version, dict(self._entries)
+
+    def _file(self, name: str) -> Path:
+        return self.dir / (quote(name, safe="") + ".json")
+
+    def _retire(self, name: str, now: float) -> None:
+        for g in self._history:
+            if g["dataset"] == name and g["replaced"] is None:
+                g["replaced"] = now
+
+    def publish(self, manifest: Manifest, prefix: str) -> list[int]:
+        """Make `manifest` the current generation of its name (its objects under `prefix`): kept
+        on disk, then pushed. Returns the nodes that took it."""
+        with self._lock:
+            self._retire(manifest.name, time.time())
+            self._history.append({"dataset": manifest.name, "generation": manifest.generation, "prefix": prefix,
+                                  "replaced": None})
+            atomic_write_json(self._history_file, self._history)
+            manifest.save(self._file(manifest.name))
+            self._entries[manifest.name] = manifest
+            self.version += 1
+            return self.push("set_manifest", manifest)
+
+    def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
+                      retired: Sequence[tuple[int, str]] = ()) -> list[int]:
+        """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
+        to the chunks still as the repair saw them, only in the generation it repaired (a
+        re-ingest meanwhile wins); pushed like a new generation. Returns the chunk ids applied."""
+        with self._lock:
+            current = self._entries.get(name)
+            if current is None or current.generation != generation:
+                return []
+            chunks, applied = list(current.chunks), []
+            for cid, (before, after) in moves.items():
+                if chunks[cid].nodes == list(before):
+                    chunks[cid] = dataclasses.replace(chunks[cid], nodes=list(after))
+                    applied.append(cid)
+            if not applied:
+                return []
+            manifest = dataclasses.replace(current, chunks=chunks)
+            manifest.save(self._file(name))
+            self._entries[name] = manifest
+            now = time.time()
+            self._retired += [{"node": node, "key": key, "retired": now} for node, key in retired]
+            atomic_write_json(self._retired_file, self._retired)
+            self.version += 1
+            self.push("set_manifest", manifest)
+            return applied
+
+    def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
+        """Pieces retired by repair more than keep_old_s ago, forgotten here: they can go."""
+        with self._lock:
+            now = time.time()
+            gone = [p for p in self._retired if now - p["retired"] >= keep_old_s]
+            if gone:
+                self._retired = [p for p in self._retired if p not in gone]
+                atomic_write_json(self._retired_file, self._retired)
+            return [(p["node"], p["key"]) for p in gone]
+
+    def remove(self, name: str) -> Manifest:
+        """Take `name` out of the namespace. Its objects stay for readers that hold its manifest
+        until ingest.keep_old_s has passed (`expired` then names them)."""
+        with self._lock:
+            manifest = self._entries.pop(name, None)
+            if manifest is None:
+                raise FasterFSError(f"{name!r}: no such dataset or file in cluster {self.cluster_name!r}")
+            self._retire(name, time.time())
+            atomic_write_json(self._history_file, self._history)
+            self._file(name).unlink(missing_ok=True)
+            self.version += 1
+            self.push("drop_manifest", name)
+            return manifest
+
+    def expired(self, keep_old_s: float) -> list[dict]:
+        """Generations replaced (or removed) more than keep_old_s ago, forgotten here: their
+        objects can go. Each as {dataset, generation, prefix}."""
+        with self._lock:
+            now = time.time()
+            gone = [g for g in self._history if g["replaced"] is not None and now - g["replaced"] >= keep_old_s]
+            if gone:
+                self._history = [g for g in self._history if g not in gone]
+                atomic_write_json(self._history_file, self._history)
+            return gone
+
+    def generations(self, dataset: str) -> list[str]:
+        """The generations of `dataset` whose objects are kept: the current one and those not yet
+        expired (readers may still hold their manifests)."""
+        with self._lock:
+            return [g["generation"] for g in self._history if g["dataset"] == dataset]

@@ -1,0 +1,75 @@
+"""The namespace as the head keeps it (NamespaceStore), on a temporary directory: no Ray, no
+MinIO. Pushes to the StorageNodes are recorded instead of sent."""
+import time
+
+import pytest
+
+from fasterfs.errors import FasterFSError
+from fasterfs.manifest import ChunkInfo, Manifest
+from fasterfs.namespace_store import NamespaceStore
+
+pytestmark = pytest.mark.unit
+
+
+def manifest(name: str, generation: str, nodes=((0, 1), (1, 2))) -> Manifest:
+    chunks = [ChunkInfo(i, f"{name}/{generation}/{i}", list(n), 10, 0, 0, 0.0, 0.0, i) for i, n in enumerate(nodes)]
+    return Manifest(name, "bytes", 0, 0, 0, 2, 3, "b", generation, chunks, kind="file")
+
+
+@pytest.fixture
+def store(tmp_path):
+    pushed = []
+    s = NamespaceStore(tmp_path / "namespace", "c", lambda method, arg: pushed.append((method, arg)) or [0, 1])
+    s.pushed = pushed
+    return s
+
+
+def test_a_published_generation_is_pushed_kept_and_known_after_a_restart(store, tmp_path):
+    v0 = store.version
+    assert store.publish(manifest("a/x", "g1"), "a/x/g1/") == [0, 1]
+    assert store.pushed[-1][0] == "set_manifest" and store.pushed[-1][1].generation == "g1"
+    assert store.version == v0 + 1
+    again = NamespaceStore(tmp_path / "namespace", "c", lambda m, a: [])
+    assert again.manifest("a/x").generation == "g1"
+    assert again.version > store.version  # from the clock: never a number a reader saw before
+
+
+def test_a_replaced_generation_expires_after_keep_old_s(store):
+    store.publish(manifest("d", "g1"), "d/g1/")
+    store.publish(manifest("d", "g2"), "d/g2/")
+    assert store.generations("d") == ["g1", "g2"] and store.manifest("d").generation == "g2"
+    assert store.expired(keep_old_s=3600) == []
+    time.sleep(0.01)
+    gone = store.expired(keep_old_s=0)
+    assert [(g["generation"], g["prefix"]) for g in gone] == [("g1", "d/g1/")]
+    assert store.generations("d") == ["g2"]
+
+
+def test_repair_moves_apply_only_to_the_generation_repaired(store):
+    store.publish(manifest("d", "g1"), "d/g1/")
+    assert store.update_chunks("d", "g0", {0: ([0, 1], [0, 2])}) == []          # another generation
+    assert store.update_chunks("d", "g1", {0: ([1, 0], [0, 2])}) == []          # not as repair saw it
+    assert store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])}, [(1, "d/g1/0")]) == [0]
+    assert store.manifest("d").chunks[0].nodes == [0, 2]
+    assert store.expired_pieces(keep_old_s=3600) == []
+    assert store.expired_pieces(keep_old_s=0) == [(1, "d/g1/0")]
+
+
+def test_removing_a_name_pushes_the_drop_and_names_a_missing_one(store):
+    store.publish(manifest("d", "g1"), "d/g1/")
+    assert store.remove("d").generation == "g1"
+    assert store.pushed[-1] == ("drop_manifest", "d") and store.manifest("d") is None
+    with pytest.raises(FasterFSError, match="'d': no such dataset or file in cluster 'c'"):
+        store.remove("d")
+
+
+def test_the_last_dataset_ingested_is_the_default(store):
+    store.publish(manifest("f", "g1"), "f/g1/")  # a file: never the default
+    assert store.manifest() is None
+    first = manifest("d1", "g1")
+    first.kind = "dataset"
+    store.publish(first, "d1/g1/")
+    second = manifest("d2", "g1")
+    second.kind, second.created = "dataset", first.created + 1
+    store.publish(second, "d2/g1/")
+    assert store.manifest().name == "d2"
