@@ -15,6 +15,7 @@ from . import tls
 from .credentials import Credentials
 from .errors import FasterFSError
 from .process import terminate
+from .s3 import MarkedGetter
 
 READER_POLICY = "fasterfs-reader"
 
@@ -51,7 +52,7 @@ class MinioServer:
         self.data_dir, self.log_path, self.creds = Path(data_dir), Path(log_path), creds
         self.pidfile = self.data_dir.parent / "minio.pid"
         self.proc: subprocess.Popen | None = None
-        self._health: urllib3.HTTPConnectionPool | None = None
+        self._health: MarkedGetter | None = None
 
     @property
     def endpoint(self) -> str:
@@ -104,7 +105,6 @@ class MinioServer:
     def ensure_reader(self, reader: Credentials, bucket: str) -> None:
         """The read-only user readers sign with: may list and GET `bucket`, nothing else
         (MinIO refuses its PUTs and DELETEs). Idempotent; sets the secret (rotation)."""
-        import urllib3
         from minio.credentials import StaticProvider
         from minio.error import MinioAdminException
         from minio.minioadmin import MinioAdmin
@@ -135,14 +135,8 @@ class MinioServer:
         """MinIO's liveness probe, over one kept-alive connection: the dashboard asks every
         second, and a new connection each time is a MinIO connection for SOCK_OPS to count."""
         if self._health is None:
-            self._health = urllib3.connection_from_url(self.endpoint, maxsize=1, block=False,
-                                                       **tls.urllib3_options(self.endpoint))
-        try:  # one retry: the server may have closed the idle connection just as it was reused
-            r = self._health.request("GET", "/minio/health/live", timeout=timeout, retries=urllib3.Retry(
-                total=1, connect=1, read=1, redirect=0, status=0), preload_content=True)
-            return r.status == 200
-        except (urllib3.exceptions.HTTPError, OSError):
-            return False
+            self._health = MarkedGetter(self.endpoint, self.creds, 0, pool=1)
+        return self._health.live(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is not None:

@@ -117,14 +117,25 @@ class MarkedGetter:
                 return
 
     def answers(self, bucket: str, timeout: float = 1.0) -> bool:
-        """Whether this MinIO answers a signed HEAD of `bucket` within `timeout`. One retry: the
-        server may have closed the kept-alive connection just as it was reused."""
+        """Whether this MinIO serves `bucket` now: a signed HEAD of it within `timeout`."""
+        return self._probe(lambda **o: self._signed("HEAD", f"/{bucket}", None, **o), timeout)
+
+    def live(self, timeout: float = 1.0) -> bool:
+        """Whether the server is up, by MinIO's own liveness probe (no bucket, no keys needed:
+        what its supervisor asks of a server it just started)."""
+        return self._probe(lambda **o: self.pool.request("GET", "/minio/health/live", preload_content=True, **o),
+                           timeout)
+
+    @staticmethod
+    def _probe(request, timeout: float) -> bool:
+        """One retry: the server may have closed the kept-alive connection just as it was reused.
+        The one probe of a MinIO's health, whoever asks (its supervisor, repair, status)."""
         from urllib3 import Retry
         from urllib3.exceptions import HTTPError
 
         try:
-            return self._signed("HEAD", f"/{bucket}", None, timeout=timeout,
-                                retries=Retry(total=1, connect=1, read=1, redirect=0, status=0)).status == 200
+            return request(timeout=timeout, retries=Retry(total=1, connect=1, read=1, redirect=0, status=0)).status \
+                == 200
         except (HTTPError, OSError):
             return False
 

@@ -9,8 +9,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from fasterfs import credentials
-from fasterfs.config import PROJECT_DIR
+from fasterfs import config, credentials
+from fasterfs.config import minio_binary
 from fasterfs.minio_server import MinioServer
 from fasterfs.minio_supervisor import MinioSupervisor
 
@@ -25,9 +25,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def supervisor(tmp_path):
-    binary = PROJECT_DIR / ".deps" / "bin" / "minio"
-    if not binary.exists():
-        binary = shutil.which("minio")
+    binary = minio_binary(config.load([]))  # names how to install it when it is missing
     keys = credentials.create(tmp_path / "keys.json")
     server = MinioServer(binary, ADDRESS, _free_port(), _free_port(), tmp_path / "minio", tmp_path / "minio.log",
                          keys.admin)
