@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from . import auth
+from . import auth, process
 from .cgroup import ProjectCgroup
 from .config import PROJECT_DIR
 from .errors import FasterFSError
@@ -113,12 +112,6 @@ def stop(state: ClusterState, timeout: float = 15.0) -> bool:
         state.notebook = None
         return False
     assert state.notebook is not None  # is_running found its pid there
-    pid = state.notebook["pid"]
-    os.kill(pid, signal.SIGTERM)  # jupyter shuts its kernels down on SIGTERM
-    deadline = time.monotonic() + timeout
-    while is_running(state) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if is_running(state):
-        os.kill(pid, signal.SIGKILL)
+    process.terminate(state.notebook["pid"], timeout)  # jupyter shuts its kernels down on SIGTERM
     state.notebook = None
     return True
