@@ -12,6 +12,7 @@ from rich.table import Table
 from . import auth, cluster, config, registry, repair, report
 from .errors import FasterFSError, UsageError
 from .mount_supervisor import mount_counts
+from .node_directory import NodeDirectory
 
 console = report.console()
 
@@ -36,7 +37,7 @@ def cmd_status(cfg) -> None:
         table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
                       str(r.get("objects", "-")), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
     console.print(table)
-    _print_redundancy(repair.survey(state, registry.fetch_credentials(state.name), cfg.placement.load_slack))
+    _print_survey(state, rows)
     console.print(f"Ray dashboard: {state.dashboard_url}"
                   + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
     if state.notebook:
@@ -85,6 +86,21 @@ def cmd_env(cfg) -> None:
                   "unset RAY_AUTH_TOKEN"]
     lines.append(f"export PATH={shlex.quote(str(Path(sys.prefix) / 'bin'))}${{PATH:+:$PATH}}")
     print("\n".join(lines))
+
+
+def _print_survey(state, rows: list[dict]) -> None:
+    """The namespace's redundancy, surveyed now by the repair leader (the lowest node whose MinIO
+    answers), which keeps it as the survey the dashboard shows."""
+    import ray
+
+    leader = min((r["index"] for r in rows if r.get("healthy")), default=None)
+    if leader is None:
+        console.print("Redundancy: [red]unknown: no node's MinIO answers[/]")
+        return
+    found = ray.get(NodeDirectory(state.namespace).require(leader).survey.remote(), timeout=120)
+    colour = "red" if found["lost"] else "yellow" if found["degraded"] else "green"
+    console.print(f"Redundancy: [{colour}]{found['summary']}[/] (surveyed now by node {leader}, the repair leader; "
+                  "the dashboard shows this survey)", highlight=False)
 
 
 def _print_redundancy(health) -> None:

@@ -104,7 +104,7 @@ class Health:
     def to_dict(self) -> dict:
         return {"chunks": self.chunks, "degraded": self.degraded_count, "lost": self.lost_count,
                 "lost_chunks": self.lost, "misplaced": self.misplaced, "nodes_down": self.nodes_down,
-                "time": self.time}
+                "time": self.time, "summary": self.summary()}
 
 
 @dataclass

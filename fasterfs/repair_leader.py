@@ -85,6 +85,11 @@ class RepairLeader:
             self.health = self.survey().to_dict()
         return "repair"
 
+    def survey_now(self) -> dict:
+        """A survey now, kept as this node's latest (what `status` and the dashboard show)."""
+        self.health = self.survey().to_dict()
+        return self.health
+
     def run(self, stopping: threading.Event) -> None:
         while not stopping.wait(self.timing.check_s):
             try:

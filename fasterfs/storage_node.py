@@ -242,6 +242,10 @@ class StorageNode:
         """The chunk a key hash names in the current generation, or None."""
         return self.ns_index.resolve(key)
 
+    def survey(self) -> dict:
+        """The namespace's redundancy surveyed now (Health.to_dict), kept as this node's latest."""
+        return self.leader.survey_now()
+
     def scrub_minio(self) -> dict:
         """One pass of the MinIO scrub over this node's objects now; returns its figures."""
         return self.scrubber.scrub(self.ns_index.pieces, self._stopping)
