@@ -38,6 +38,7 @@ from .mount_supervisor import Mounts
 from .node_directory import NodeDirectory
 from .node_index import NodeIndex
 from .node_kernel import NodeKernel
+from .node_status import CacheStatus, NodeStatus
 from .peer_tier import PeerTier
 from .repair_leader import RepairLeader, Timing
 from .state import ClusterState, host_id, namespace
@@ -269,7 +270,7 @@ class StorageNode:
             self._counted = (time.monotonic(), chunks, size)
         return chunks, size
 
-    def status(self, max_age_s: float = 0.0) -> dict:
+    def status(self, max_age_s: float = 0.0) -> NodeStatus:
         """max_age_s: how old the object count may be (the dashboard asks every second, and
         listing many objects is not free; `fasterfs status` wants it now)."""
         import ray
@@ -313,9 +314,9 @@ class StorageNode:
 
     # -- cache ---------------------------------------------------------------------------
 
-    def cache_status(self) -> dict:
+    def cache_status(self) -> CacheStatus:
         readers = reader_stats.collect(self.paths.reader_stats_dir(self.index))
-        return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,
+        return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,  # type: ignore[typeddict-item]
                 "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
                 "filler": dict(self.filler.counters), "fills_pending": self.filler.pending(),
                 "last_invalidation": self.invalidations.last}

@@ -45,6 +45,16 @@ def test_storage_nodes_pinned_with_minio_bound_to_node_address(live_cluster):
         assert f"{node.address}:{live_cluster.config['minio']['port']}".encode() in cmd
 
 
+def test_node_reports_have_their_declared_shapes(live_cluster):
+    """What the CLI, the monitor and the dashboard read of a node has the keys fasterfs.node_status
+    declares, no more and no fewer."""
+    from fasterfs.node_status import CacheStatus, NodeStatus
+
+    for actor in cluster.storage_nodes(live_cluster):
+        assert set(ray.get(actor.status.remote())) == set(NodeStatus.__annotations__)
+        assert set(ray.get(actor.cache_status.remote())) == set(CacheStatus.__annotations__)
+
+
 def test_csv_chunks_equal_source_rows_byte_for_byte(ingest_as, client_for, overrides):
     manifest = ingest_as("csv")
     pair = load_source(config.load(overrides + data_overrides()))

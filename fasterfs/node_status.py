@@ -1,0 +1,56 @@
+"""What a StorageNode reports about itself, as the CLI, the monitor and the dashboard (JSON, then
+its page's scripts) read it: one declared shape per report, so a reader finds every key it uses
+here and the type checker holds producer and readers to it. The kernel's report is
+fasterfs.bpf.backend.KernelSnapshot."""
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class NodeStatus(TypedDict):
+    index: int
+    address: str
+    node_id: str
+    actor_pid: int
+    endpoint: str            # the node's MinIO
+    healthy: bool            # its MinIO answers its liveness probe now
+    held: bool               # stopped for maintenance (`hold_minio`), not restarted
+    minio_pid: int | None
+    minio_restarts: int
+    objects: int | None      # None: not counted (MinIO down): unknown, never 0
+    bytes: int | None
+    kernel_mode: str
+    redundancy: dict | None  # repair.Health.to_dict() of this node's latest survey (the leader's), or None
+    repairs: list[dict]      # this node's latest repairs
+    scrub: dict[str, Any]    # the MinIO scrub's totals
+    started: dict[str, float]  # seconds per phase of this StorageNode's start
+    mounts: list[dict]       # fasterfs.mount_supervisor.Mounts.status()
+
+
+class CacheStatus(TypedDict):
+    index: int
+    address: str
+    kernel_mode: str
+    directory: str
+    entries: int
+    bytes: int
+    capacity: int
+    # ChunkCache's counters, since its start
+    fills: int
+    fill_bytes: int
+    evictions: int
+    evicted_bytes: int
+    removed: int
+    too_large: int
+    rebuilt_entries: int
+    stray_temp_removed: int
+    invalid_removed: int
+    scrubs: int
+    scrub_dropped: int
+    no_room: int
+    foreign_files: int
+    changed_at_source: int
+    readers: dict[str, Any]    # what the node's readers counted (fasterfs.reader_stats.collect)
+    filler: dict[str, int]
+    fills_pending: int
+    last_invalidation: float | None  # when this host last learnt of a write (its kernel or a peer's)
