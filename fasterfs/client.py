@@ -20,7 +20,7 @@ from .bpf.events import key_hash
 from .errors import FasterFSError
 from .manifest import Manifest
 from .read_session import ReadSession
-from .reader_stats import BYTES_MINIO, DAMAGED, MISSES, PREFETCH
+from .reader_stats import BYTES_MINIO, DAMAGED_ENTRIES, MISSES, PREFETCH
 
 
 class Client:
@@ -185,7 +185,7 @@ class Client:
 
     def _damaged(self, node: int, i: int) -> None:
         """The entry was dropped; this read goes to MinIO, and the node fetches a good copy."""
-        self.stats(node).add(DAMAGED)
+        self.stats(node).add(DAMAGED_ENTRIES)
         self.session.hint(node, "heal", self.manifest.chunk(i).key)
 
     def _read_minio(self, i: int, chunk) -> bytes:

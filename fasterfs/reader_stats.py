@@ -54,7 +54,7 @@ class Uncounted:
 
 UNCOUNTED = Uncounted()  # reads of a process with no StorageNode on its host
 
-HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED, PREFETCH = range(len(COUNTERS))
+HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED_ENTRIES, PREFETCH = range(len(COUNTERS))  # indices of COUNTERS
 
 
 def _read(path: Path) -> list[int]:
