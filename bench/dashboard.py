@@ -42,7 +42,7 @@ def actor_pids(state) -> dict[str, int]:
     wanted = {"dashboard"} | {cluster.actor_name(n.index) for n in state.nodes}
     return {a.name: a.pid for a in list_actors(address=state.dashboard_url, filters=[("state", "=", "ALIVE")],
                                                limit=1000, timeout=120)
-            if a.name in wanted and a.ray_namespace == state.namespace}
+            if a.name in wanted and a.ray_namespace == state.ray_namespace}
 
 
 def rss_mb(pid: int) -> float:

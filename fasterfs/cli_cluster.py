@@ -97,7 +97,7 @@ def _print_survey(state, rows: list[dict]) -> None:
     if leader is None:
         console.print("Redundancy: [red]unknown: no node's MinIO answers[/]")
         return
-    found = ray.get(NodeDirectory(state.namespace).require(leader).survey.remote(), timeout=120)
+    found = ray.get(NodeDirectory(state.ray_namespace).require(leader).survey.remote(), timeout=120)
     colour = "red" if found["lost"] else "yellow" if found["degraded"] else "green"
     console.print(f"Redundancy: [{colour}]{found['summary']}[/] (surveyed now by node {leader}, the repair leader; "
                   "the dashboard shows this survey)", highlight=False)

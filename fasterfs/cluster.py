@@ -154,7 +154,7 @@ def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys
     nodes = state.nodes if nodes is None else nodes
     actor_cls = ray.remote(StorageNode)
     actors = {node.index: actor_cls.options(
-        name=actor_name(node.index), namespace=state.namespace, lifetime="detached",
+        name=actor_name(node.index), namespace=state.ray_namespace, lifetime="detached",
         max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
     ).remote(node.index, node.address, state.config, keys) for node in nodes}
     refs = {i: a.ready.remote() for i, a in actors.items()}  # type: ignore[attr-defined]  # Ray's typing of actor methods
@@ -185,7 +185,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     if process.running(node.ray_pid) and is_ray_start(node.ray_pid):
         raise FasterFSError(f"node {index} ({node.address}) is running: its Ray node is pid {node.ray_pid}")
     connect_ray(state)
-    old = NodeDirectory(state.namespace).get(index)
+    old = NodeDirectory(state.ray_namespace).get(index)
     if old is not None:  # the old actor is dead with its Ray node; make sure its name is free
         ray.kill(old, no_restart=True)
     cgroup = ProjectCgroup.from_dict(state.cgroup)
@@ -217,7 +217,7 @@ def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:
     from .dashboard import ACTOR_NAME, DashboardServer
 
     actor = ray.remote(DashboardServer).options(  # restarted (and listening again) if its worker dies
-        name=ACTOR_NAME, namespace=state.namespace, lifetime="detached", num_cpus=0, max_restarts=3,
+        name=ACTOR_NAME, namespace=state.ray_namespace, lifetime="detached", num_cpus=0, max_restarts=3,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False),
     ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s, cfg.dashboard.require_token)
     try:
@@ -242,7 +242,7 @@ def teardown(state: ClusterState) -> dict:
             connect_ray(state)
             _stop_dashboard(state, report)
             _stop_registry(state)
-            nodes = NodeDirectory(state.namespace)
+            nodes = NodeDirectory(state.ray_namespace)
             for node in state.nodes:
                 try:
                     actor = nodes.require(node.index)
@@ -295,7 +295,7 @@ def _stop_dashboard(state: ClusterState, report: dict) -> None:
     from .dashboard import ACTOR_NAME
 
     try:
-        actor = ray.get_actor(ACTOR_NAME, namespace=state.namespace)
+        actor = ray.get_actor(ACTOR_NAME, namespace=state.ray_namespace)
     except ValueError:
         return  # not started (disabled, or up failed before it)
     try:
@@ -309,7 +309,7 @@ def _stop_registry(state: ClusterState) -> None:
     import ray
 
     try:
-        ray.kill(ray.get_actor(registry.NAME, namespace=state.namespace), no_restart=True)
+        ray.kill(ray.get_actor(registry.NAME, namespace=state.ray_namespace), no_restart=True)
     except ValueError:
         pass  # up failed before it started
 

@@ -45,7 +45,7 @@ class Monitor:
         self.state = ClusterState.load(self.root)
         self.paths = Paths(self.root)
         self.top_keys, self.min_interval, self.answer_timeout = top_keys, min_interval, answer_timeout
-        self.nodes = NodeDirectory(self.state.namespace)
+        self.nodes = NodeDirectory(self.state.ray_namespace)
         self.history: collections.deque = collections.deque(maxlen=history)  # (time, {node: totals})
         self._last: dict | None = None
         self._lock = threading.Lock()
@@ -67,7 +67,7 @@ class Monitor:
         for node in self.state.nodes:
             actor = self.nodes.get(node.index)
             if actor is None:
-                missing[node.index] = f"no StorageNode actor in Ray namespace {self.state.namespace}"
+                missing[node.index] = f"no StorageNode actor in Ray namespace {self.state.ray_namespace}"
                 continue
             calls[node.index] = {"status": actor.status.remote(COUNT_MAX_AGE_S),
                                  "kernel": actor.kernel_status.remote(self.top_keys),
@@ -198,7 +198,7 @@ class Heat:
 
     def __init__(self, state: ClusterState, interval: float = 1.0, answer_timeout: float = 2.0):
         self.state, self.interval, self.answer_timeout = state, interval, answer_timeout
-        self.nodes = NodeDirectory(state.namespace)
+        self.nodes = NodeDirectory(state.ray_namespace)
         self.viewers = 0
         self.frame: tuple[int, bytes] = (0, b"")  # (sequence, bytes)
         self.layout: dict | None = None

@@ -29,8 +29,8 @@ def ray_lookup(name: str, namespace: str) -> object | None:
 
 
 class NodeDirectory:
-    def __init__(self, namespace: str, lookup: Lookup = ray_lookup):
-        self.namespace = namespace
+    def __init__(self, ray_namespace: str, lookup: Lookup = ray_lookup):
+        self.ray_namespace = ray_namespace
         self._lookup = lookup
         self._handles: dict[int, object] = {}
         self._lock = threading.Lock()
@@ -40,7 +40,7 @@ class NodeDirectory:
         with self._lock:
             handle = self._handles.get(index)
         if handle is None:
-            handle = self._lookup(actor_name(index), self.namespace)
+            handle = self._lookup(actor_name(index), self.ray_namespace)
             if handle is not None:
                 with self._lock:
                     self._handles[index] = handle
@@ -50,7 +50,7 @@ class NodeDirectory:
         """Node `index`'s actor, or an error naming the node."""
         handle = self.get(index)
         if handle is None:
-            raise FasterFSError(f"node {index}'s StorageNode is not running in Ray namespace {self.namespace}")
+            raise FasterFSError(f"node {index}'s StorageNode is not running in Ray namespace {self.ray_namespace}")
         return handle
 
     def all(self, indices) -> list:

@@ -48,7 +48,7 @@ class ReadSession:
                     for n in state.nodes}
         self._getters: dict[int, s3.MarkedGetter] = {}  # lean signed GETs with this session's mark
         self.here = host_id()
-        self.nodes = NodeDirectory(state.namespace)
+        self.nodes = NodeDirectory(state.ray_namespace)
         self.local_node = self._local_node()
         # whose kernel counts a GET: the reader's host (kernel.watch=any, the lab) or the holder's
         self.counted_here = state.settings.watch == "any" and self.local_node is not None

@@ -30,7 +30,7 @@ from .manifest import Manifest
 from .namespace_store import NamespaceStore
 from .node_directory import NodeDirectory
 from .report import REPORT_SUFFIXES
-from .state import ClusterState, host_id, join, namespace
+from .state import ClusterState, host_id, join, ray_namespace
 
 log = logging.getLogger("fasterfs.registry")
 NAME = "registry"
@@ -107,7 +107,7 @@ class Registry:
         import ray
 
         self.state()
-        nodes = NodeDirectory(self.cluster.namespace)  # looked up now: a node may be a new actor since
+        nodes = NodeDirectory(self.cluster.ray_namespace)  # looked up now: a node may be a new actor since
         refs = {}
         for n in self.cluster.nodes:
             actor = nodes.get(n.index)
@@ -135,7 +135,7 @@ def start(state: ClusterState, head_node_id: str, timeout: float):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(Registry).options(
-        name=NAME, namespace=state.namespace, lifetime="detached", num_cpus=0, max_restarts=-1,
+        name=NAME, namespace=state.ray_namespace, lifetime="detached", num_cpus=0, max_restarts=-1,
         max_task_retries=3, max_concurrency=16,  # a StorageNode restarting asks it while it pushes a manifest
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id, soft=False),
     ).remote(state.root)
@@ -148,10 +148,10 @@ def handle(cluster_name: str):
     import ray
 
     try:
-        return ray.get_actor(NAME, namespace=namespace(cluster_name))
+        return ray.get_actor(NAME, namespace=ray_namespace(cluster_name))
     except ValueError:
         raise FasterFSError(f"the Ray cluster has no FasterFS registry for cluster {cluster_name!r} (Ray namespace "
-                            f"{namespace(cluster_name)}): start FasterFS on it with `fasterfs up` "
+                            f"{ray_namespace(cluster_name)}): start FasterFS on it with `fasterfs up` "
                             "(cluster.attach=true for a Ray cluster started elsewhere), or set cluster.name") from None
 
 
@@ -165,7 +165,7 @@ def find(cfg, root=None) -> ClusterState:
 
     if in_ray_worker():
         ns = ray.get_runtime_context().namespace or ""
-        name = ns[len(namespace("")):] if ns.startswith(namespace("")) else cfg.cluster.name
+        name = ns[len(ray_namespace("")):] if ns.startswith(ray_namespace("")) else cfg.cluster.name
     elif address := _ray_address(cfg):
         name = cfg.cluster.name
         join(address, name, cfg.cluster.root)

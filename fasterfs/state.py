@@ -95,8 +95,8 @@ class ClusterState:
         self.__post_init__()
 
     @property
-    def namespace(self) -> str:
-        return namespace(self.name)
+    def ray_namespace(self) -> str:
+        return ray_namespace(self.name)
 
     @property
     def settings(self) -> Settings:
@@ -161,7 +161,7 @@ def is_ray_start(pid: int | None) -> bool:
 # -- names ------------------------------------------------------------------------------
 
 
-def namespace(cluster_name: str) -> str:
+def ray_namespace(cluster_name: str) -> str:
     """The Ray namespace holding a cluster's named actors."""
     return f"fasterfs-{cluster_name}"
 
@@ -228,7 +228,7 @@ def join(ray_address: str, cluster_name: str, root: str | None = None):
 
     try:
         ray.init(address=ray_address, _node_ip_address=local_address_towards(host, int(port)),
-                 namespace=namespace(cluster_name), logging_level=logging.WARNING, log_to_driver=False,
+                 namespace=ray_namespace(cluster_name), logging_level=logging.WARNING, log_to_driver=False,
                  job_config=JobConfig(metadata=dict(DRIVER_METADATA)))
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:
         # Ray says only "failed to connect" when it refuses a driver without the right token
@@ -262,5 +262,5 @@ def storage_nodes(state: ClusterState) -> list:
     from .node_directory import NodeDirectory
 
     connect_ray(state)
-    nodes = NodeDirectory(state.namespace)
+    nodes = NodeDirectory(state.ray_namespace)
     return [nodes.require(n.index) for n in state.nodes]

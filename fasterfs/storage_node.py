@@ -41,7 +41,7 @@ from .node_kernel import NodeKernel
 from .node_status import CacheStatus, NodeStatus
 from .peer_tier import PeerTier
 from .repair_leader import RepairLeader, Timing
-from .state import ClusterState, host_id, namespace
+from .state import ClusterState, host_id, ray_namespace
 
 log = logging.getLogger("fasterfs.storage_node")
 
@@ -78,7 +78,7 @@ class StorageNode:
         identity.record(paths, index, cfg.cluster.name, address)  # the id travels with the data
         self._stopping = threading.Event()
         self._cluster: ClusterState | None = None
-        self.nodes = NodeDirectory(namespace(cfg.cluster.name))
+        self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
         self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
         self.ns_index = NodeIndex.build({}, index)
         self._heat = heatmap.Index({})

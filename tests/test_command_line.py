@@ -112,7 +112,7 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     assert {"graysort.map[part 0 @ node 0]", "graysort.reduce[part 1 @ node 1]",
             "graysort.generate[part 1 @ node 1]"} <= names, names
     actors = {a.name for a in list_actors(address=live_cluster.dashboard_url, filters=[("state", "=", "ALIVE")],
-                                          limit=1000, timeout=60) if a.ray_namespace == live_cluster.namespace}
+                                          limit=1000, timeout=60) if a.ray_namespace == live_cluster.ray_namespace}
     assert {"registry", "dashboard", "storage-node-0", "storage-node-1"} <= actors
     # FasterFS's gauges in Ray's own Prometheus export, as the dashboard actor last sampled them
     cluster.connect_ray(live_cluster)

@@ -15,7 +15,7 @@ from conftest import load_job, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from fasterfs import bpf, cluster, config
-from fasterfs.dashboard import _banners, _nodes
+from fasterfs.dashboard_page import _banners, _nodes
 from fasterfs.errors import FasterFSError
 from fasterfs.monitor import Monitor
 
@@ -211,7 +211,7 @@ def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_p
         b.open(f"{live_cluster.web_url}/kernel")
         b.wait("window.ffs && ffs.frames > 1", 60, "the kernel view again")
 
-        dashboard = ray.get_actor("dashboard", namespace=live_cluster.namespace)
+        dashboard = ray.get_actor("dashboard", namespace=live_cluster.ray_namespace)
         frames = b.js("ffs.frames")
         ray.kill(dashboard, no_restart=False)
         b.wait(f"ffs.reconnects > 0 && ffs.frames > {frames} && document.getElementById('status').textContent"
@@ -249,7 +249,7 @@ def test_kernel_stream_survives_bad_viewers(live_cluster):
             assert any(isinstance(m, bytes) and m[:4] == b"FFSH" for m in got)
         assert api(live_cluster, "/api/kernel/stats")["viewers"] == 101
 
-        node1 = ray.get_actor(cluster.actor_name(1), namespace=live_cluster.namespace)
+        node1 = ray.get_actor(cluster.actor_name(1), namespace=live_cluster.ray_namespace)
         ray.kill(node1, no_restart=False)  # restarts (max_restarts): silent meanwhile
         assert wait_until(lambda: "1" in api(live_cluster, "/api/kernel/stats")["missing"], 60,
                           "node 1 named missing")

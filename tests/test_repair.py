@@ -43,7 +43,7 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     health = repair.survey(state, creds, 0.1)
     assert health.degraded.get("repair/ec.bin") == [0, 1] and health.lost.get("repair/ec.bin") == [1]
 
-    survivor = ray.get_actor(actor_name(p0[0][0]), namespace=state.namespace)
+    survivor = ray.get_actor(actor_name(p0[0][0]), namespace=state.ray_namespace)
     counted = ray.get(survivor.kernel_key_count.remote(f"/{m.bucket}/{p0[0][1]}"))
     assert cli.main(["repair", *overrides, "repair.mb_per_s=50"]) == 1
     # repair read the surviving shard over marked sockets: no sign of heat to the kernel
@@ -75,7 +75,7 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
     s3.client(state.node(node).endpoint, creds).put_object(Bucket=two.bucket, Key=two.chunks[1].key, **garbage)
     s3.client(state.node(node).endpoint, creds).put_object(Bucket=one.bucket, Key=one_bad.key, **garbage)
 
-    found = ray.get(ray.get_actor(actor_name(node), namespace=state.namespace).scrub_minio.remote())
+    found = ray.get(ray.get_actor(actor_name(node), namespace=state.ray_namespace).scrub_minio.remote())
     assert sorted(found["bad"]) == sorted([two.chunks[1].key, one_bad.key])
     assert found["repaired"] == 1  # the copy with a good twin; the single copy has nothing to rebuild from
     body = s3.client(state.node(node).endpoint, creds).get_object(Bucket=two.bucket, Key=two.chunks[1].key)
