@@ -30,7 +30,7 @@ from .state import (
     filter_prefix,
     is_ray_start,
     local_address_towards,
-    pinned,
+    on_node,
     storage_nodes,
 )
 from .storage_node import StorageNode
@@ -155,7 +155,7 @@ def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys
     actor_cls = ray.remote(StorageNode)
     actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.ray_namespace, lifetime="detached",
-        max_restarts=-1, max_task_retries=3, num_cpus=0, **pinned(node),
+        max_restarts=-1, max_task_retries=3, num_cpus=0, **on_node(node),
     ).remote(node.index, node.address, state.config, keys) for node in nodes}
     refs = {i: a.ready.remote() for i, a in actors.items()}  # type: ignore[attr-defined]  # Ray's typing of actor methods
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)

@@ -298,7 +298,7 @@ def validate(state: cluster.ClusterState, p: SortPlan, expected_count: int, expe
              kind: str = "output") -> dict:
     """valsort over a run's partitions, each checked on the node that holds it."""
     nodes = state.nodes[:p.nodes]
-    parts = ray.get([validate_part.options(**cluster.pinned(nodes[p.node_of(q)], f"graysort.validate[part {q}"))
+    parts = ray.get([validate_part.options(**cluster.on_node(nodes[p.node_of(q)], f"graysort.validate[part {q}"))
                      .remote(state.name, p, q, kind) for q in range(p.parts)])
     return check(p, parts, expected_count, expected_checksum, kind)
 
@@ -307,7 +307,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         progress: Callable[[str, int, int], None] | None = None) -> dict:
     tick = progress or (lambda phase, done, total: None)
     nodes = state.nodes[:p.nodes]
-    on = lambda part, task: cluster.pinned(nodes[p.node_of(part)], f"graysort.{task}[part {part}")  # noqa: E731
+    on = lambda part, task: cluster.on_node(nodes[p.node_of(part)], f"graysort.{task}[part {part}")  # noqa: E731
     root = state.name  # tasks find the cluster through its Registry
     times = {}
 
@@ -320,7 +320,7 @@ def run(state: cluster.ClusterState, p: SortPlan, baseline: bool = True, referen
         return out
 
     tw = time.perf_counter()
-    machines = dict(ray.get([warm_up.options(**cluster.pinned(n, "graysort.warm_up")).remote(root, k)
+    machines = dict(ray.get([warm_up.options(**cluster.on_node(n, "graysort.warm_up")).remote(root, k)
                              for k, n in enumerate(nodes) for _ in range(2)]))
     times["warm_up_s"] = time.perf_counter() - tw
     t0 = time.perf_counter()

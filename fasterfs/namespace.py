@@ -60,7 +60,7 @@ class Entry:
             raise IsADirectoryError(f"{self.path}: is a directory")
         return self.manifest
 
-    def pieces(self, offset: int, length: int) -> list[tuple[int, int, int]]:
+    def spans(self, offset: int, length: int) -> list[tuple[int, int, int]]:
         """(k, start, stop) within each chunk covering bytes [offset, offset+length): k is the
         chunk's place in the file (its id is chunk_ids[k])."""
         out = []

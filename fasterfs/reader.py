@@ -196,7 +196,7 @@ class OpenFile:
             raise FasterFSError(f"{self.entry.path}: bad offset {offset}")
         random, self._next = offset != self._next and len(buf) <= self.RANGE_MAX, offset + len(buf)
         pos = 0
-        for i, start, stop in self.entry.pieces(offset, len(buf)):
+        for i, start, stop in self.entry.spans(offset, len(buf)):
             loaded = None
             if random and (part := self._range(i, start, stop)) is not None:
                 if isinstance(part, bytes):

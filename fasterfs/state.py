@@ -243,10 +243,10 @@ def connect_ray(state: ClusterState):
     return join(state.ray_address, state.name, state.root)
 
 
-def pinned(node: NodeState, task: str | None = None, soft: bool = False) -> dict:
+def on_node(node: NodeState, task: str | None = None, soft: bool = False) -> dict:
     """Ray options that run a task or actor on `node` and nowhere else (locality-aware
     scheduling; soft: preferably there). `task` names it in the Ray dashboard as
-    "<task> @ node N]", e.g. pinned(node, "graysort.map[part 3")."""
+    "<task> @ node N]", e.g. on_node(node, "graysort.map[part 3")."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if node.ray_node_id is None:

@@ -108,7 +108,7 @@ def main(argv: list[str]) -> dict:
     actors = cluster.storage_nodes(state)
 
     def sweep(use_cache: bool, params: list) -> list[dict]:
-        return ray.get([replay.options(**cluster.pinned(state.nodes[h], f"backtest.replay[window {i}")).remote(
+        return ray.get([replay.options(**cluster.on_node(state.nodes[h], f"backtest.replay[window {i}")).remote(
             state.root, list(argv), use_cache, w, params) for i, (w, h) in enumerate(zip(windows, homes))])
     sweep(False, [])  # start the workers (imports, connections) before either mode is timed
     modes = {}

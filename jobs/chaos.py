@@ -70,7 +70,7 @@ def read_chunks(overrides: list[str], ids: list[int]) -> dict:
 def workload(argv, state, manifest, windows, homes, params) -> dict:
     """One backtest sweep and one full read, at once; tasks prefer their data's host."""
     def near(index: int, task: str) -> dict:
-        return cluster.pinned(state.node(index), task, soft=True)
+        return cluster.on_node(state.node(index), task, soft=True)
     parts: dict[int, list[int]] = {}
     for c in manifest.chunks:
         parts.setdefault(c.nodes[0], []).append(c.id)

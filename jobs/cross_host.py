@@ -52,7 +52,7 @@ def main(argv: list[str]) -> dict:
     ids = [c.id for c in manifest.chunks if 0 not in c.nodes][:cfg.cross_host.chunks]
     cluster.connect_ray(state)
     ray.get([a.cache_clear.remote() for a in cluster.storage_nodes(state)])  # cold, new kernel epoch
-    raw = ray.get(read_remote_chunks.options(**cluster.pinned(state.nodes[0], "cross_host.read_remote"))
+    raw = ray.get(read_remote_chunks.options(**cluster.on_node(state.nodes[0], "cross_host.read_remote"))
                   .remote(state.root, list(argv), ids))
     p50 = {k: statistics.median(v) * 1e3 for k, v in raw["passes"].items()}
     lab = state.lab

@@ -175,7 +175,7 @@ def main(argv: list[str]) -> dict:
     client = fasterfs.connect(overrides=argv)
     state = client.state
     cluster.connect_ray(state)
-    raw = ray.get(run_passes.options(**cluster.pinned(state.nodes[0], "demo_a.passes")).remote(state.root, list(argv)))
+    raw = ray.get(run_passes.options(**cluster.on_node(state.nodes[0], "demo_a.passes")).remote(state.root, list(argv)))
     stats = {name: report.quantiles(xs) for name, xs in raw["latencies_s"].items()}
     p50 = {k: v["p50_ms"] for k, v in stats.items()}
     speedups = {

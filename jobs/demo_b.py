@@ -93,7 +93,7 @@ def run_once(cfg, state, n: int, replicated: bool, volume: int) -> dict:
     plans = [plan_reads(manifest, k, n, volume, replicated) for k in range(n)]
     line = StartLine.remote(n)
     before = kernel_requests(state, n)
-    futures = [read_partition.options(**cluster.pinned(state.nodes[k], f"demo_b.read[{n} nodes"))
+    futures = [read_partition.options(**cluster.on_node(state.nodes[k], f"demo_b.read[{n} nodes"))
                .remote(state.root, k, plans[k], line) for k in range(n)]
     results = ray.get(futures)
     served = [after - b for after, b in zip(kernel_requests(state, n), before)]

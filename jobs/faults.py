@@ -103,7 +103,7 @@ class Harness:
     def start_readers(self, nodes: list, seconds: float) -> None:
         """Starts one reader per entry of `nodes`, all at once (a worker takes seconds to start on
         a busy machine; one after the other they would eat the run's time before any fault)."""
-        readers = [Reader.options(**cluster.pinned(node)).remote(self.state.root, self.rng.randrange(1 << 30))
+        readers = [Reader.options(**cluster.on_node(node)).remote(self.state.root, self.rng.randrange(1 << 30))
                    for node in nodes]
         pids = ray.get([r.pid.remote() for r in readers], timeout=120)
         for node, reader, pid in zip(nodes, readers, pids):

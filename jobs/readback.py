@@ -31,7 +31,7 @@ def main(argv: list[str]) -> dict:
     client = fasterfs.connect(overrides=argv)
     state, manifest = client.state, client.manifest
     cluster.connect_ray(state)
-    results = ray.get([read_partition.options(**cluster.pinned(n, "readback.read")).remote(state.root, n.index)
+    results = ray.get([read_partition.options(**cluster.on_node(n, "readback.read")).remote(state.root, n.index)
                        for n in state.nodes])
     table = Table(title=f"Read-back of {manifest.dataset} ({len(manifest)} {manifest.format} chunks)")
     for col in ("node", "ran on its node", "chunks", "MB", "MB/s"):

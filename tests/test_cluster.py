@@ -314,7 +314,7 @@ def test_readers_keep_their_generation_through_reingest(ingest_as, live_cluster,
     import fasterfs
 
     first = ingest_as("csv")
-    readers = [_loop_reads.options(**cluster.pinned(n)).remote(str(cluster_root), 3) for n in live_cluster.nodes]
+    readers = [_loop_reads.options(**cluster.on_node(n)).remote(str(cluster_root), 3) for n in live_cluster.nodes]
     second = ingest_as("csv")
     for generation, (right, reads), failures in ray.get(readers):
         assert failures == 0 and right == reads and reads == 3 * len(first)

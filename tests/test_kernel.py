@@ -282,7 +282,7 @@ def test_sockops_sets_nodelay_on_minio_connections_only(live_cluster):
     targets = [(node1.address, minio_port)] * k + [(node0.address, other.getsockname()[1])]
     for _ in range(3):
         before = ray.get(actors[0].kernel_status.remote())["sockops"]
-        got = ray.get(_connect_and_read_nodelay.options(**cluster.pinned(node0)).remote(targets))
+        got = ray.get(_connect_and_read_nodelay.options(**cluster.on_node(node0)).remote(targets))
         assert got[:k] == [1] * k and got[k] == 0
         after = ray.get(actors[0].kernel_status.remote())["sockops"]
         delta = {"matched": after["connections_matched"] - before["connections_matched"]}

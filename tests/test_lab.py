@@ -100,7 +100,7 @@ def test_share_nothing_lab(lab_overrides):
         assert len({n.host_id for n in state.nodes}) == 3
 
         # -- no host process can see another host's cluster root (nor the head's)
-        seen = ray.get([_look_around.options(**cluster.pinned(n)).remote(state.root) for n in state.nodes])
+        seen = ray.get([_look_around.options(**cluster.on_node(n)).remote(state.root) for n in state.nodes])
         head_mnt = os.readlink("/proc/self/ns/mnt")
         assert len({s["mnt"] for s in seen} | {head_mnt}) == 4, "every host has a mount namespace of its own"
         for n, s in zip(state.nodes, seen):
@@ -117,7 +117,7 @@ def test_share_nothing_lab(lab_overrides):
         # -- ingest from the head; reads across hosts right; the reader's host caches what it made hot
         manifest = ingest(config.load(lab_overrides + data_overrides()))
         remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
-        node_id, got = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote + remote))
+        node_id, got = ray.get(_read.options(**cluster.on_node(state.node(0))).remote(state.root, remote + remote))
         assert node_id == state.node(0).ray_node_id
         assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
         assert all(src == 1 for _, src in got)
@@ -126,7 +126,7 @@ def test_share_nothing_lab(lab_overrides):
         assert kernel[0]["counters"]["hot_events"] == len(remote)  # seen leaving host 0 on lab0
         assert kernel[1]["counters"].get("hot_events", 0) == 0  # host 1 served them: its ingress counts no GETs
         wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
-        _, again = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote))
+        _, again = ray.get(_read.options(**cluster.on_node(state.node(0))).remote(state.root, remote))
         assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
         # readers' statistics are summed by their own host's StorageNode: 6 misses, then 3 hits
         readers0 = ray.get(actors[0].cache_status.remote())["readers"]
@@ -137,7 +137,7 @@ def test_share_nothing_lab(lab_overrides):
         # from the head (a fourth machine with no StorageNode); no host serves the old bytes afterwards
         x = manifest.chunk(remote[0])
         for n in state.nodes:
-            ray.get(_read.options(**cluster.pinned(n)).remote(state.root, [x.id, x.id]))
+            ray.get(_read.options(**cluster.on_node(n)).remote(state.root, [x.id, x.id]))
         wait_until(lambda: all(ray.get(a.cache_contains.remote(x.key)) for a in actors), 30, "X cached on 3 hosts")
         creds = registry.fetch_credentials(state.name, "admin")
         new = b"new bytes of chunk X\n" * 1000
@@ -145,7 +145,7 @@ def test_share_nothing_lab(lab_overrides):
         t_put = time.time()
         holder.put_object(Bucket=manifest.bucket, Key=x.key, Body=new)
         t_done = time.time()
-        got = ray.get([_read_raw.options(**cluster.pinned(n)).remote(x.id) for n in state.nodes])
+        got = ray.get([_read_raw.options(**cluster.on_node(n)).remote(x.id) for n in state.nodes])
         assert [h for h, _ in got] == [xxh3(new)] * 3, "a host served the old bytes after the overwrite"
         # when each host learnt of the write, measured against the PUT (same machine clock)
         heard = ray.get([a.cache_status.remote() for a in actors])
@@ -199,7 +199,7 @@ def test_share_nothing_lab(lab_overrides):
         stored = sum(o["Size"] for n in state.nodes for o in s3.client(n.endpoint, creds).list_objects_v2(
             Bucket=ec.bucket, Prefix=ec.chunks[0].key.rsplit("/", 1)[0]).get("Contents", []))
         assert 1.5 <= stored / len(blob) < 1.6  # 3 shards of half a chunk each (+ 80-byte shard headers)
-        on0 = cluster.pinned(state.node(0))
+        on0 = cluster.on_node(state.node(0))
         _check_file(on0, "team/blob.bin", xxh3(blob), 0)
         ray.get(actors[1].hold_minio.remote())
         try:
@@ -224,7 +224,7 @@ def test_share_nothing_lab(lab_overrides):
         ray.get([actors[i].hold_minio.remote() for i in (1, 2)])
         try:
             assert ray.get(_read_once.options(**on0).remote("team/blob.bin", hot.id)) == (hot.xxh3, 0)
-            on1 = cluster.pinned(state.node(1))
+            on1 = cluster.on_node(state.node(1))
             assert ray.get(_read_once.options(**on1).remote("team/blob.bin", hot.id)) == (hot.xxh3, 1)
         finally:
             ray.get([actors[i].release_minio.remote() for i in (1, 2)])
@@ -250,7 +250,7 @@ def test_share_nothing_lab(lab_overrides):
         assert ray.get(_read_twice.options(**on0).remote("team/one.bin", only2.id)) == only2.xxh3
         assert wait_until(lambda: ray.get(actors[0].cache_contains.remote(only2.key)), 15, "hot chunk cached on host 0")
         assert wait_until(lambda: ray.get(actors[1].cached_on.remote(only2.key)) == [0], 15, "cache index shared")
-        on1 = cluster.pinned(state.node(1))  # a holder slower than cache.peer_slower_ms: the peer first
+        on1 = cluster.on_node(state.node(1))  # a holder slower than cache.peer_slower_ms: the peer first
         assert ray.get(_read_slow.options(**on1).remote("team/one.bin", only2.id)) == (only2.xxh3, 1, 1)
         ray.get(actors[2].hold_minio.remote())
         try:
@@ -324,7 +324,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
 
         # hot chunks under TLS: the kernel sees no paths; host 0's readers report their GETs
         remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
-        _, got = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote + remote))
+        _, got = ray.get(_read.options(**cluster.on_node(state.node(0))).remote(state.root, remote + remote))
         assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
         actors = cluster.storage_nodes(state)
         wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
@@ -332,7 +332,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
         assert kernel[0]["reported_by_readers"] == {"gets": 2 * len(remote), "hot_events": len(remote)}
         assert kernel[0]["counters"].get("hot_events", 0) == 0  # no request line the kernel could read
         assert kernel[0]["counters"].get("packets", 0) > 0 and kernel[0]["counters"].get("requests", 0) == 0
-        _, again = ray.get(_read.options(**cluster.pinned(state.node(0))).remote(state.root, remote))
+        _, again = ray.get(_read.options(**cluster.on_node(state.node(0))).remote(state.root, remote))
         assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
         readers0 = ray.get(actors[0].cache_status.remote())["readers"]
         assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
@@ -471,7 +471,7 @@ def test_node_ids_follow_the_disks(lab_overrides):
                                                                  (2, f"{SUBNET}.12")]
         ids = list(range(len(manifest)))
         for n in state.nodes:  # every host reads everything back through the new addresses
-            _, got = ray.get(_read.options(**cluster.pinned(n)).remote(state.root, ids))
+            _, got = ray.get(_read.options(**cluster.on_node(n)).remote(state.root, ids))
             assert [h for h, _ in got] == [c.xxh3 for c in manifest.chunks]
             assert [src for _, src in got] == [c.nodes[0] for c in manifest.chunks]  # from the holder by id
     finally:
