@@ -375,9 +375,6 @@ class StorageNode:
     def umount(self, path: str) -> bool:
         return self.mounts.unmount(path)
 
-    def mount_status(self) -> list[dict]:
-        return self.mounts.status()
-
     def stop(self) -> None:
         self._stopping.set()
         self.mounts.unmount_all()

@@ -21,7 +21,7 @@ from fasterfs.ingest import put, remove
 def daemon_counts(actor, point, after: float) -> dict:
     """The daemon's counters as its agent last wrote them, once written after `after`."""
     def fresh():
-        rows = [m for m in ray.get(actor.mount_status.remote()) if m["path"] == str(point)]
+        rows = [m for m in ray.get(actor.status.remote())["mounts"] if m["path"] == str(point)]
         stats = rows[0]["daemon"] if rows else None
         return stats if stats and stats["time"] > after else None
     wait_until(lambda: fresh() is not None, timeout=15, what="the mount's counters")

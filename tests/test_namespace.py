@@ -255,11 +255,11 @@ def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_c
 def test_mount_daemon_killed_is_replaced(ingest_as, mounted, live_cluster):
     point, actor = mounted
     m = ingest_as("csv")
-    pid = ray.get(actor.mount_status.remote())[0]["pid"]
+    pid = ray.get(actor.status.remote())["mounts"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
 
     def back():
-        rows = ray.get(actor.mount_status.remote())
+        rows = ray.get(actor.status.remote())["mounts"]
         return rows and rows[0]["pid"] != pid and rows[0]["alive"]
     wait_until(back, timeout=60, what="the FUSE daemon to be replaced")
     assert (point / m.name / "chunks" / "chunk-00000.csv").stat().st_size == m.chunk(0).bytes  # no ENOTCONN

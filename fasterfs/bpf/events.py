@@ -91,3 +91,9 @@ def hist_quantile(hist: dict[int, int], q: float) -> float | None:
         if seen >= q * total:
             return float(2 ** slot - 1)
     return None
+
+
+def becomes_hot(count: int, threshold: int) -> bool:
+    """The kernel's rule (requests.bpf.c): a key is HOT exactly when its count in the epoch
+    reaches the threshold, so each key makes one HOT event per epoch."""
+    return count == threshold

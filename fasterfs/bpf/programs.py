@@ -132,7 +132,7 @@ class KernelPrograms:
             self.bpf[b"key_counts"][ct.c_uint64(key)] = ev.KeyStat(count=count, last_ns=time.monotonic_ns(),
                                                                    epoch=self.epoch)
             self.reported["gets"] += 1
-            hot = count == self.hot_threshold
+            hot = ev.becomes_hot(count, self.hot_threshold)
             if hot:
                 event = {"type": "HOT", "method": method, "key": key, "path": path, "count": count, "port": port,
                          "ts_ns": time.monotonic_ns(), "reported": True}

@@ -82,7 +82,7 @@ class SimulatedPrograms:
             if method == "GET":
                 self.counters["gets"] += 1
                 self.counts[key] += 1
-                if self.counts[key] == self.hot_threshold:
+                if ev.becomes_hot(self.counts[key], self.hot_threshold):
                     self.counters["hot_events"] += 1
                     event = "HOT"
             else:
