@@ -60,7 +60,7 @@ def issue(ca_dir: Path, address: str, public_key_pem: str) -> str:
     """A server certificate for `address` (an IP, as MinIO endpoints are), signed by the CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import dh
+    from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     ca_key, ca_cert = _load_ca(ca_dir)
@@ -69,8 +69,9 @@ def issue(ca_dir: Path, address: str, public_key_pem: str) -> str:
     except ValueError:
         raise FasterFSError(f"a MinIO certificate is for an IP address, not {address!r}") from None
     public = serialization.load_pem_public_key(public_key_pem.encode())
-    if isinstance(public, dh.DHPublicKey):  # what no certificate may hold
-        raise FasterFSError("a MinIO certificate cannot be for a Diffie-Hellman key")
+    if not isinstance(public, (rsa.RSAPublicKey, ec.EllipticCurvePublicKey, ed25519.Ed25519PublicKey,
+                               ed448.Ed448PublicKey)):
+        raise FasterFSError(f"a MinIO certificate is for an RSA, EC or EdDSA key, not {type(public).__name__}")
     now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"MinIO at {address}")]))

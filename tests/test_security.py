@@ -96,7 +96,7 @@ def test_readers_hold_read_only_keys(live_cluster, ingest_as):
     assert as_admin.get_object(Bucket=bucket, Key=chunk.key)["Body"].read() == before  # nothing changed
     # every reader FasterFS hands out signs as that user: the client (and so the mount and fasterfs://)
     client = fasterfs.connect(live_cluster.root)
-    signer = client._s3[node.index]._request_signer._credentials
+    signer = client.session._s3[node.index]._request_signer._credentials
     assert signer.access_key == reader.access_key
     assert client.read_chunk(chunk.id) == before
 
