@@ -130,7 +130,6 @@ def main(argv: list[str]) -> dict:
     later = slice(2, None)  # after two reads of every chunk the kernel has made it hot
     result = {"dataset": client.manifest.dataset, "format": client.manifest.format,
               "window_min": cfg.backtest.window_min, "windows": windows, "params": params, "modes": modes,
-              "pnl_equal": True,
               "speedup_wall": direct["wall_s"] / cached["wall_s"],
               "speedup_later_replays": (statistics.median(direct["replay_p50_s"][later]) /
                                         statistics.median(cached["replay_p50_s"][later])) if len(params) > 2 else None}
