@@ -328,16 +328,24 @@ def test_prefetch_during_sequential_scan_not_random(fresh, cluster_root):
     assert counter(actors, "readers", "hits") - hits >= n // 3  # later chunks were waiting in the cache
 
 
-def test_cache_cli(fresh, overrides, capsys):
+def test_cache_cli(fresh, overrides, capsys, cluster_root, live_cluster):
     from fasterfs.cli import main
+
+    manifest, _ = fresh
+
+    def on_disk() -> set[str]:  # the entries in the nodes' cache directories, as the file system lists them
+        return {f.name for n in range(len(live_cluster.nodes)) for f in Paths(cluster_root).cache_dir(n).iterdir()
+                if f.name.endswith(cache_entry.SUFFIX)}
     assert main(["cache", "warm", "0-3"] + overrides) == 0
     assert "4 of 4 chunks cached" in capsys.readouterr().out
+    assert {cache_entry.entry_name(manifest.chunk(i).key) for i in range(4)} <= on_disk()
     assert main(["cache", "status"] + overrides) == 0
     assert "node caches" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:  # as argparse: a usage error naming the argument, exit 2
         main(["cache", "warm", "999"] + overrides)
     assert e.value.code == 2 and "argument CHUNKS: chunk 999 does not exist" in capsys.readouterr().err
     assert main(["cache", "clear"] + overrides) == 0
+    assert on_disk() == set()
 
 
 def test_cached_arrow_chunk_mapped_into_polars(ingest_as, live_cluster, cluster_root, overrides):
