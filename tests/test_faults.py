@@ -11,6 +11,9 @@ def test_fault_harness_short_run(live_cluster, overrides):
     assert result["polls"] > 10 and result["polls_over_capacity"] == 0
     assert 0 < max(result["peak_fill_of_capacity"].values()) <= 1  # filled, never past its capacity
     assert result["kills"] >= 2 and result["writes"] + result["reingests"] >= 1, result["log"]
+    # every reader that died is one the harness killed (kill_reader, as its log says), and no other
+    assert result["readers_lost"] == 0, result["errors"]
+    assert result["readers_killed"] == sum(" kill_reader on node " in f" {line} " for line in result["log"])
     assert result["passed"]
 
 
