@@ -244,8 +244,12 @@ def test_real_gets_counted_exactly_and_hot_once(live_cluster):
 
     def events():
         return [e for e in ray.get(actor.kernel_status.remote(top=50))["recent_events"] if e["path"] == path]
+    def drained() -> bool:  # every event the program emitted (its own counters) has reached user space
+        s = ray.get(actor.kernel_status.remote())
+        c, got = s["counters"], s["events_received"]
+        return sum(got.values()) + c["ringbuf_drops"] == c["hot_events"] + c["stale_marks"] + c["writes_committed"]
     assert wait_until(lambda: len(events()) == 3)
-    time.sleep(0.3)
+    assert wait_until(drained, what="the ring buffer drained: no event of the key still on its way")
     kinds = sorted((e["type"], e["count"]) for e in events())
     # the PUT's request line and its completion, then exactly one HOT at the threshold
     assert kinds == [("COMMITTED", 0), ("HOT", 2), ("STALE", 0)]
