@@ -8,6 +8,7 @@ import time
 
 import pytest
 import ray
+from conftest import wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
@@ -109,10 +110,10 @@ def test_a_node_whose_listing_failed_is_waited_for(live_cluster, overrides, tmp_
     registry.remove(live_cluster.name, "repair/wait.bin")
 
 
-def test_the_lowest_live_node_surveys_after_a_change_and_then_rests(live_cluster, overrides, tmp_path):
+def test_the_lowest_live_node_surveys_after_a_change(live_cluster, overrides, tmp_path):
     """Auto repair's leader: node 0, the lowest whose MinIO answers its probe, surveys the
-    namespace after a change (a new file); node 1 does not; with nothing changed and nothing to
-    do, node 0 does not survey again at its next checks."""
+    namespace after a change (a new file); node 1 does not. (That a leader then rests while
+    nothing changes is RepairLeader's unit test: no waiting on the clock here.)"""
     actors = cluster.storage_nodes(live_cluster)
     check_s = live_cluster.config["repair"]["check_s"]
     since = time.time()
@@ -122,15 +123,10 @@ def test_the_lowest_live_node_surveys_after_a_change_and_then_rests(live_cluster
     def survey_of(i):
         r = ray.get(actors[i].status.remote(max_age_s=60))["redundancy"]
         return r if r and r["time"] > since else None
-    deadline = time.monotonic() + 3 * check_s + 10
-    while survey_of(0) is None and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_until(lambda: survey_of(0) is not None, timeout=3 * check_s + 10, what="node 0's survey after the change")
     first = survey_of(0)
-    assert first is not None, f"node 0 did not survey within {3 * check_s + 10} s of the change"
     assert first["chunks"] >= len(m) and first["degraded"] == 0 and first["nodes_down"] == [], first
     assert survey_of(1) is None
-    time.sleep(2 * check_s + 1)
-    assert survey_of(0)["time"] == first["time"]  # two checks with nothing changed: no survey
     registry.remove(live_cluster.name, "repair/lead.bin")
 
 
