@@ -94,8 +94,16 @@ def test_maps_take_turns_across_nodes(overrides):
 
 
 def _corrupt(live_cluster, p, how):
+    creds = credentials.load(Paths(Path(live_cluster.root)).credentials_file).admin
+    if how == "swap_parts":  # each partition sorted, but partition 0 now holds the higher keys
+        a, b = (s3.client(live_cluster.nodes[p.node_of(j)].endpoint, creds) for j in (0, 1))
+        first = a.get_object(Bucket=p.bucket, Key=p.key("output", 0))["Body"].read()
+        second = b.get_object(Bucket=p.bucket, Key=p.key("output", 1))["Body"].read()
+        a.put_object(Bucket=p.bucket, Key=p.key("output", 0), Body=second)
+        b.put_object(Bucket=p.bucket, Key=p.key("output", 1), Body=first)
+        return
     node = live_cluster.nodes[p.node_of(1)]
-    client = s3.client(node.endpoint, credentials.load(Paths(Path(live_cluster.root)).credentials_file).admin)
+    client = s3.client(node.endpoint, creds)
     key = p.key("output", 1)
     body = client.get_object(Bucket=p.bucket, Key=key)["Body"].read()
     recs = np.frombuffer(body, np.uint8).reshape(-1, p.fmt.record).copy()
@@ -109,6 +117,8 @@ def _corrupt(live_cluster, p, how):
 
 
 @pytest.mark.parametrize("how, message", [("swap", r"partition 1 .* not sorted at record 11"),
+                                          ("swap_parts", r"partitions out of order: last key of partition 0 > "
+                                                         r"first key of partition 1"),
                                           ("drop", r"records, the input had"),
                                           ("flip", r"checksum .* differs")])
 def test_corrupted_output_fails_validation(live_cluster, overrides, how, message):
