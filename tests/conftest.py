@@ -4,6 +4,9 @@ runs with the defaults; and checks that it leaves nothing behind."""
 from __future__ import annotations
 
 import contextlib
+import csv
+import functools
+import gzip
 import os
 import shutil
 import subprocess
@@ -184,6 +187,40 @@ def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
 def data_overrides(fmt: str = "csv", replicas: int = 1) -> list[str]:
     base = [] if HAVE_SAMPLE else ["data=synthetic", "data.level=30"]
     return base + [f"data.format={fmt}", f"replicas={replicas}"]
+
+
+def source_lines(overrides: list[str]) -> tuple[list[bytes], list[bytes]]:
+    """The source's message and order-book rows as the standard library reads them (gzip): the
+    oracle the data tests hold FasterFS to, never its own parser. Without the sample, the generated
+    data stands in (made by fasterfs.lobster: the run says so, MISSING_SAMPLE)."""
+    return _source_lines(tuple(overrides))
+
+
+@functools.cache  # read once per session (seconds for the sample): tests only read them
+def _source_lines(overrides: tuple[str, ...]) -> tuple[list[bytes], list[bytes]]:
+    cfg = config.load(list(overrides) + data_overrides())
+    if not HAVE_SAMPLE:
+        from fasterfs.ingest import load_source
+
+        pair = load_source(cfg)
+        return pair.message_lines, pair.orderbook_lines
+
+    def lines(path: str) -> list[bytes]:
+        with gzip.open(path, "rb") as f:
+            return [line.rstrip(b"\r\n") for line in f if line.strip()]
+    return lines(cfg.data.message), lines(cfg.data.orderbook)
+
+
+def source_rows(overrides: list[str]) -> list[tuple]:
+    """Each source row as the csv module parses it: Time a float, every other column an int."""
+    return _source_rows(tuple(overrides))
+
+
+@functools.cache
+def _source_rows(overrides: tuple[str, ...]) -> list[tuple]:
+    message, orderbook = _source_lines(overrides)
+    return [tuple(float(v) if k == 0 else int(v) for k, v in enumerate(next(csv.reader([(m + b"," + o).decode()]))))
+            for m, o in zip(message, orderbook)]
 
 
 @pytest.fixture
