@@ -211,6 +211,14 @@ def _source_lines(overrides: tuple[str, ...]) -> tuple[list[bytes], list[bytes]]
     return lines(cfg.data.message), lines(cfg.data.orderbook)
 
 
+def source_csv(first_row: int = 0, rows: int | None = None) -> bytes:
+    """Source rows [first_row, first_row + rows) as a CSV dataset's bytes must be: each message line,
+    a comma, its order-book line, a newline (LOBSTER's own files, read by gzip)."""
+    message, orderbook = source_lines([])
+    stop = len(message) if rows is None else first_row + rows
+    return b"".join(m + b"," + o + b"\n" for m, o in zip(message[first_row:stop], orderbook[first_row:stop]))
+
+
 def source_rows(overrides: list[str]) -> list[tuple]:
     """Each source row as the csv module parses it: Time a float, every other column an int."""
     return _source_rows(tuple(overrides))
