@@ -265,6 +265,11 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The unit tier first (no root, no Ray, no MinIO: a broken component fails in seconds, before
-    any cluster starts); the rest in file order."""
-    items.sort(key=lambda item: item.get_closest_marker("unit") is None)
+    """Tiers: `unit` (no root, no Ray, no MinIO) first, so a broken component fails in seconds
+    before any cluster starts; then `cluster` (the session's live cluster, or clusters of their
+    own); `lab` (share-nothing hosts) last. `pytest -m unit` (or cluster, lab) runs one tier."""
+    for item in items:
+        if item.get_closest_marker("unit") is None and item.get_closest_marker("lab") is None:
+            item.add_marker(pytest.mark.cluster)
+    tier = {"unit": 0, "cluster": 1, "lab": 2}
+    items.sort(key=lambda item: min(tier[m.name] for m in item.iter_markers() if m.name in tier))

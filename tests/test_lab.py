@@ -30,6 +30,8 @@ from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put
 
+pytestmark = pytest.mark.lab  # share-nothing hosts: the last tier
+
 SUBNET = "198.18.7"
 PROJECT = config.PROJECT_DIR
 SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8]]"]

@@ -9,6 +9,8 @@ from conftest import HAVE_SAMPLE, LOBSTER
 from fasterfs import lobster
 from fasterfs.errors import FasterFSError
 
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+
 MSG = "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz"
 OB = "AAPL_2012-06-21_34200000_37800000_orderbook_30.csv.gz"
 
