@@ -34,10 +34,26 @@ from .cache_entry import (
 )
 from .cache_recovery import scan
 from .errors import FasterFSError
+from .fsutil import atomic_write
 
 log = logging.getLogger("fasterfs.cache")
 
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
+
+def kept_capacity(path: Path, restarted: bool, configured: int) -> int:
+    """The capacity a node's cache starts with: the configured one; after a crash, the one set at
+    run time (`keep_capacity`) if any, so a restarted node does not grow its cache back behind the
+    operator's back. A new start forgets the run-time one."""
+    if not restarted:
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        return int(path.read_text())
+    return configured
+
+
+def keep_capacity(path: Path, capacity: int) -> None:
+    atomic_write(path, str(int(capacity)).encode())
+
 
 def _name_bytes(name: str) -> bytes:
     return bytes.fromhex(name.removesuffix(SUFFIX))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from . import s3
 from .credentials import Credentials
@@ -23,6 +24,7 @@ class MinioSupervisor:
         self.restarts = 0
         self.held = False  # stopped on purpose: not restarted
         self._lock = threading.Lock()  # one start or stop at a time; status never sees half a restart
+        self._counted = (float("-inf"), 0, 0)  # (when, objects, bytes) of the last listing
 
     def start(self) -> None:
         with self._lock:
@@ -65,6 +67,17 @@ class MinioSupervisor:
         """(answers its liveness probe, pid, restarts, held), taken together."""
         with self._lock:
             return self.server.healthy(), self.server.pid, self.restarts, self.held
+
+    def count(self, lister, max_age_s: float) -> tuple[int, int]:
+        """Objects and bytes in the bucket, from a listing (`lister.list(bucket)`: (key, bytes)
+        pairs) at most max_age_s old: the dashboard asks every second, and listing is not free."""
+        at, objects, size = self._counted
+        if time.monotonic() - at >= max_age_s:
+            objects = size = 0
+            for _, nbytes in lister.list(self.bucket):
+                objects, size = objects + 1, size + nbytes
+            self._counted = (time.monotonic(), objects, size)
+        return objects, size
 
     def stop(self) -> None:
         with self._lock:

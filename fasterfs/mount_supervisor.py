@@ -205,3 +205,13 @@ def mount_counts(daemon: dict | None) -> str:
     return (f"opens by passthrough {daemon['passthrough_opens']:,} (their reads unseen by any counter), "
             f"through the agent {daemon['agent_opens']:,} ({daemon['reads_forwarded']:,} reads forwarded, "
             f"{daemon.get('reads_cached', 0):,} read from the cache by the daemon){why}")
+
+
+def daemon_overrides(cfg) -> list[str]:
+    """What a FUSE daemon on this host needs to find its cluster (its facts then come from the
+    Registry): named explicitly, root included, so it never takes the token of another cluster
+    under the default root. Called inside the cluster's Ray (a StorageNode)."""
+    import ray
+
+    return [f"cluster.name={cfg.cluster.name}", f"cluster.root={cfg.cluster.root}",
+            f"cluster.ray_address={ray.get_runtime_context().gcs_address}"]

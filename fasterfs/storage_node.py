@@ -22,19 +22,18 @@ from functools import partial
 
 from . import heatmap, identity, reader_stats, registry, repair, s3, tls
 from .bpf.events import key_hash
-from .cache import ChunkCache
+from .cache import ChunkCache, keep_capacity, kept_capacity
 from .cache_filler import CacheFiller
 from .config import Layout, as_cfg, minio_binary
 from .credentials import ClusterKeys
 from .fill_router import FillRouter
 from .fill_sources import FillSources
-from .fsutil import atomic_write
 from .invalidation import Invalidations, Write, revalidate
 from .manifest import Manifest
 from .minio_scrub import MinioScrub
 from .minio_server import MinioServer
 from .minio_supervisor import MinioSupervisor
-from .mount_supervisor import Mounts
+from .mount_supervisor import Mounts, daemon_overrides
 from .node_directory import NodeDirectory
 from .node_index import NodeIndex
 from .node_kernel import NodeKernel
@@ -82,7 +81,6 @@ class StorageNode:
         self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
         self.ns_index = NodeIndex.build({}, index)
         self._heat = heatmap.Index({})
-        self._counted = (float("-inf"), 0, 0)  # (when, objects, bytes) of the last listing
         certs = None
         if cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
             certs = paths.minio_certs_dir(index)
@@ -127,7 +125,7 @@ class StorageNode:
                    {n.index: n.endpoint for n in self._state().nodes}, server.creds)
         self.started["cache_s"] = time.monotonic() - phase
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
-        self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, self._mount_overrides(),
+        self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, daemon_overrides(cfg),
                              cfg.mount.read_ahead_kb)
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
@@ -194,15 +192,6 @@ class StorageNode:
         self.cache.retain(index.holders)
         self._heat = heatmap.Index(self._manifests)
 
-    def _mount_overrides(self) -> list[str]:
-        """What a FUSE daemon on this host needs to find the cluster (its facts then come from the
-        Registry): named explicitly, root included, so it never takes the token of another
-        cluster under the default root."""
-        import ray
-
-        return [f"cluster.name={self.cfg.cluster.name}", f"cluster.root={self.cfg.cluster.root}",
-                f"cluster.ray_address={ray.get_runtime_context().gcs_address}"]
-
     # -- the actor's surface: the namespace and peers -------------------------------------
 
     def set_manifest(self, manifest: Manifest) -> int:
@@ -260,16 +249,6 @@ class StorageNode:
                 "node_id": ray.get_runtime_context().get_node_id(), "kernel_mode": self.kernel.mode,
                 "host_id": host_id()}
 
-    def _count_objects(self, max_age_s: float) -> tuple[int, int]:
-        """Objects and bytes in this node's bucket, from a listing at most max_age_s old."""
-        at, chunks, size = self._counted
-        if time.monotonic() - at >= max_age_s:
-            chunks = size = 0
-            for _, nbytes in self.marked(self.index).list(self.bucket):  # pooled: no new connection each time
-                chunks, size = chunks + 1, size + nbytes
-            self._counted = (time.monotonic(), chunks, size)
-        return chunks, size
-
     def status(self, max_age_s: float = 0.0) -> NodeStatus:
         """max_age_s: how old the object count may be (the dashboard asks every second, and
         listing many objects is not free; `fasterfs status` wants it now)."""
@@ -278,7 +257,7 @@ class StorageNode:
         healthy, pid, restarts, held = self.minio.health()
         chunks = size = None
         if healthy:
-            chunks, size = self._count_objects(max_age_s)
+            chunks, size = self.minio.count(self.marked(self.index), max_age_s)
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.server.endpoint, "healthy": healthy, "held": held,
@@ -333,20 +312,15 @@ class StorageNode:
         return self.router.prefetch(keys)
 
     def _capacity(self) -> int:
-        """The configured capacity; after a crash, the one set at run time (cache_resize) if any:
-        a restarted node must not grow its cache back behind the operator's back."""
         import ray
 
-        override = self.paths.node_dir(self.index) / "cache-capacity"
-        if not ray.get_runtime_context().was_current_actor_reconstructed:
-            override.unlink(missing_ok=True)  # a new `up`: its configuration counts
-        elif override.exists():
-            return int(override.read_text())
-        return int(self.cfg.cache.capacity_mb * 1_000_000)
+        return kept_capacity(self.paths.node_dir(self.index) / "cache-capacity",
+                             ray.get_runtime_context().was_current_actor_reconstructed,
+                             int(self.cfg.cache.capacity_mb * 1_000_000))
 
     def cache_resize(self, capacity_bytes: int) -> dict:
         self.cache.resize(capacity_bytes)
-        atomic_write(self.paths.node_dir(self.index) / "cache-capacity", str(int(capacity_bytes)).encode())
+        keep_capacity(self.paths.node_dir(self.index) / "cache-capacity", capacity_bytes)
         return self.cache.stats()
 
     def heal(self, key: str) -> None:

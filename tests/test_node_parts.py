@@ -10,7 +10,7 @@ import xxhash
 from fasterfs import heatmap
 from fasterfs.bpf.events import key_hash
 from fasterfs.bpf.simulated import SimulatedPrograms
-from fasterfs.cache import ChunkCache
+from fasterfs.cache import ChunkCache, keep_capacity, kept_capacity
 from fasterfs.cache_entry import entry_name
 from fasterfs.cache_filler import CacheFiller
 from fasterfs.fill_router import FillRouter
@@ -376,3 +376,14 @@ def test_a_files_chunks_are_filled_at_its_home_and_the_rest_here(tmp_path, names
     everywhere = FillRouter(0, c, filler, lambda: index, False, peers.get, list)  # kernel.watch=any
     everywhere.fill("f/1", "hot")
     assert filled[-1] == ("f/1", "hot")
+
+
+# -- the cache's capacity across a crash --------------------------------------------------------
+
+def test_a_run_time_capacity_survives_a_crash_but_not_a_new_start(tmp_path):
+    kept = tmp_path / "cache-capacity"
+    assert kept_capacity(kept, restarted=False, configured=100) == 100
+    keep_capacity(kept, 42)
+    assert kept_capacity(kept, restarted=True, configured=100) == 42    # Ray restarted the crashed node
+    assert kept_capacity(kept, restarted=False, configured=100) == 100  # a new `up`: its configuration
+    assert not kept.exists()
