@@ -4,8 +4,9 @@ nodes holding their windows; the strategy's vectorised P&L equals a plain loop's
 from fractions import Fraction
 
 import pytest
-from conftest import load_job, submit_job
+from conftest import load_job, source_rows, submit_job
 
+from fasterfs import lobster
 from fasterfs.errors import FasterFSError
 
 SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
@@ -34,19 +35,22 @@ def test_crossover_pnl_equals_a_plain_loop(ingest_as, client_for):
 
 
 @pytest.mark.parametrize("fmt", ["csv", "arrow"])
-def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, client_for, fmt):
+def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, fmt):
     ingest_as(fmt)
     result = submit_job(live_cluster, "backtest", overrides + SMALL)  # from a shell without the venv
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
-    # the P&L each mode's tasks computed on their nodes, against the test's own read of each window
-    # straight from MinIO and the strategy checked against a plain loop above
-    source = client_for(use_cache=False)
+    # the P&L each mode's tasks computed on their nodes, against a plain loop over the source
+    # files' rows of each window (the csv module's parse: no FasterFS read, no job code)
+    rows = source_rows([])
+    ask, bid = (lobster.columns(1).index(c) for c in ("AskPrice1", "BidPrice1"))  # the same at every depth
     params = [(2, 5), (3, 8), (5, 13)]
-    for w, a, b in zip(result["windows"], direct["runs"], cached["runs"]):
-        frame = source.read_between(*w)
-        expected = [load_job("backtest").crossover_pnl(frame, f, s) for f, s in params]
-        assert a["rows"] == b["rows"] == frame.height > 0
-        assert a["pnl"] == b["pnl"] == expected and any(expected)
+    for (start, end), a, b in zip(result["windows"], direct["runs"], cached["runs"]):
+        window = [r for r in rows if start <= r[0] < end]
+        mid = [Fraction(r[ask] + r[bid], 20000) for r in window]  # USD
+        expected = [loop_pnl(mid, f, s) for f, s in params]
+        assert a["rows"] == b["rows"] == len(window) > 0
+        assert a["pnl"] == b["pnl"] and any(expected)
+        assert a["pnl"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert all(r["chunks"] > 0 and len(r["seconds"]) == 3 for r in cached["runs"])
     assert direct["cache_hits"] == 0  # no cache on its read path
     reads = sum(r["chunks"] for r in cached["runs"]) * 3
