@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from fasterfs import cluster, config
+from fasterfs import cluster, config, lobster
 from fasterfs.config import Layout
 from fasterfs.ingest import ingest
 
@@ -229,6 +230,29 @@ def _source_rows(overrides: tuple[str, ...]) -> list[tuple]:
     message, orderbook = _source_lines(overrides)
     return [tuple(float(v) if k == 0 else int(v) for k, v in enumerate(next(csv.reader([(m + b"," + o).decode()]))))
             for m, o in zip(message, orderbook)]
+
+
+def loop_pnl(mid: list[Fraction], fast: int, slow: int) -> float:
+    """The strategy by its definition, one event at a time, in exact arithmetic."""
+    pnl = Fraction(0)
+    for t in range(slow - 1, len(mid) - 1):
+        f = sum(mid[t - fast + 1:t + 1]) / fast
+        s = sum(mid[t - slow + 1:t + 1]) / slow
+        pnl += ((f > s) - (f < s)) * (mid[t + 1] - mid[t])
+    return float(pnl)
+
+
+def source_pnls(windows: list, params: list) -> list[tuple[int, list[float]]]:
+    """For each [start, end) window of the source, its row count and the crossover strategy's P&L
+    for each (fast, slow), by the plain loop over the csv module's rows: the backtests' oracle."""
+    rows = source_rows([])
+    ask, bid = (lobster.columns(1).index(c) for c in ("AskPrice1", "BidPrice1"))  # the same at every depth
+    out = []
+    for start, end in windows:
+        window = [r for r in rows if start <= r[0] < end]
+        mid = [Fraction(r[ask] + r[bid], 20000) for r in window]  # USD
+        out.append((len(window), [loop_pnl(mid, f, s) for f, s in params]))
+    return out
 
 
 @pytest.fixture

@@ -4,22 +4,11 @@ nodes holding their windows; the strategy's vectorised P&L equals a plain loop's
 from fractions import Fraction
 
 import pytest
-from conftest import load_job, source_rows, submit_job
+from conftest import load_job, loop_pnl, source_pnls, submit_job
 
-from fasterfs import lobster
 from fasterfs.errors import FasterFSError
 
 SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
-
-
-def loop_pnl(mid: list[Fraction], fast: int, slow: int) -> float:
-    """The strategy by its definition, one event at a time, in exact arithmetic."""
-    pnl = Fraction(0)
-    for t in range(slow - 1, len(mid) - 1):
-        f = sum(mid[t - fast + 1:t + 1]) / fast
-        s = sum(mid[t - slow + 1:t + 1]) / slow
-        pnl += ((f > s) - (f < s)) * (mid[t + 1] - mid[t])
-    return float(pnl)
 
 
 def test_crossover_pnl_equals_a_plain_loop(ingest_as, client_for):
@@ -41,14 +30,9 @@ def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_clu
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
     # the P&L each mode's tasks computed on their nodes, against a plain loop over the source
     # files' rows of each window (the csv module's parse: no FasterFS read, no job code)
-    rows = source_rows([])
-    ask, bid = (lobster.columns(1).index(c) for c in ("AskPrice1", "BidPrice1"))  # the same at every depth
-    params = [(2, 5), (3, 8), (5, 13)]
-    for (start, end), a, b in zip(result["windows"], direct["runs"], cached["runs"]):
-        window = [r for r in rows if start <= r[0] < end]
-        mid = [Fraction(r[ask] + r[bid], 20000) for r in window]  # USD
-        expected = [loop_pnl(mid, f, s) for f, s in params]
-        assert a["rows"] == b["rows"] == len(window) > 0
+    for (rows, expected), a, b in zip(source_pnls(result["windows"], result["params"]), direct["runs"],
+                                      cached["runs"]):
+        assert a["rows"] == b["rows"] == rows > 0
         assert a["pnl"] == b["pnl"] and any(expected)
         assert a["pnl"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert all(r["chunks"] > 0 and len(r["seconds"]) == 3 for r in cached["runs"])
