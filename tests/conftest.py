@@ -118,14 +118,29 @@ def cfg(overrides):
     return config.load(overrides)
 
 
+_LIVE: dict = {}  # how to stop the session's cluster while it runs
+
+
 @pytest.fixture(scope="session")
 def live_cluster(cfg):
     state = cluster.up(cfg)
+
+    def stop() -> None:
+        if _LIVE.pop("stop", None) is not None:
+            cluster.down(cfg)
+            assert_nothing_left(state)
+    _LIVE["stop"] = stop
     try:
         yield state
     finally:
-        cluster.down(cfg)
-        assert_nothing_left(state)
+        stop()
+
+
+def pytest_runtest_setup(item):
+    """The lab tier comes last and builds hosts of its own: the session's cluster is stopped (and
+    checked gone) first, so the lab's hosts have the machine to themselves."""
+    if item.get_closest_marker("lab") is not None and "stop" in _LIVE:
+        _LIVE["stop"]()
 
 
 @pytest.fixture
