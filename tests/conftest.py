@@ -270,11 +270,27 @@ def source_pnls(windows: list, params: list) -> list[tuple[int, list[float]]]:
     return out
 
 
+_READ_ONLY: dict = {}  # (format, replicas) -> the dataset a read-only test ingested
+
+
 @pytest.fixture
 def ingest_as(live_cluster, overrides):
-    """Ingest the LOBSTER sample (or generated data without it) in a format and replication."""
-    def run(fmt: str = "csv", replicas: int = 1):
-        return ingest(config.load(overrides + data_overrides(fmt, replicas)))
+    """Ingest the LOBSTER sample (or generated data without it) in a format and replication.
+    reuse=True, for tests that only read it: the dataset an earlier such test ingested, if it is
+    still the current generation as the Registry says (any other ingest since replaced it)."""
+    from fasterfs import registry
+
+    def run(fmt: str = "csv", replicas: int = 1, reuse: bool = False):
+        kept = _READ_ONLY.get((fmt, replicas)) if reuse else None
+        if kept is not None:
+            current = registry.fetch_manifest(live_cluster.name, kept.name)
+            if current is not None and current.generation == kept.generation:
+                return kept
+        _READ_ONLY.clear()
+        manifest = ingest(config.load(overrides + data_overrides(fmt, replicas)))
+        if reuse:
+            _READ_ONLY[(fmt, replicas)] = manifest
+        return manifest
     return run
 
 

@@ -3,17 +3,20 @@ the read path, replays served from the cache only in the FasterFS mode, tasks on
 nodes holding their windows; the strategy's vectorised P&L equals a plain loop's."""
 from fractions import Fraction
 
+import polars as pl
 import pytest
-from conftest import load_job, loop_pnl, source_pnls, submit_job
+from conftest import load_job, loop_pnl, source_pnls, source_rows, submit_job
 
+from fasterfs import lobster
 from fasterfs.errors import FasterFSError
 
 SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
 
 
-def test_crossover_pnl_equals_a_plain_loop(ingest_as, client_for):
-    ingest_as("csv")
-    frame = client_for().read_table(0).head(400)
+@pytest.mark.unit
+def test_crossover_pnl_equals_a_plain_loop():
+    rows = source_rows([])[:400]  # the source files' first rows (csv module): no cluster needed
+    frame = pl.DataFrame(rows, schema=lobster.columns((len(rows[0]) - 6) // 4), orient="row")
     mid = [Fraction(a + b, 20000) for a, b in zip(frame["AskPrice1"], frame["BidPrice1"])]  # USD
     job = load_job("backtest")
     expected = {(f, s): loop_pnl(mid, f, s) for f, s in ((2, 5), (5, 20), (20, 100))}
@@ -25,7 +28,7 @@ def test_crossover_pnl_equals_a_plain_loop(ingest_as, client_for):
 
 @pytest.mark.parametrize("fmt", ["csv", "arrow"])
 def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, fmt):
-    ingest_as(fmt)
+    ingest_as(fmt, reuse=True)
     result = submit_job(live_cluster, "backtest", overrides + SMALL)  # from a shell without the venv
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
     # the P&L each mode's tasks computed on their nodes, against a plain loop over the source
@@ -48,6 +51,6 @@ def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_clu
     (["backtest.windows=0"], "backtest.windows"),
 ])
 def test_bad_backtest_options_named(ingest_as, overrides, extra, message):
-    ingest_as("csv")
+    ingest_as("csv", reuse=True)
     with pytest.raises(FasterFSError, match=message):
         load_job("backtest").main(overrides + extra)

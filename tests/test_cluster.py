@@ -56,7 +56,7 @@ def test_node_reports_have_their_declared_shapes(live_cluster):
 
 
 def test_csv_chunks_equal_source_rows_byte_for_byte(ingest_as, client_for, overrides):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     message, orderbook = source_lines(overrides)  # gzip's read of the source files
     client = client_for()
     assert len(client) == -(-len(message) // manifest.rows_per_chunk)
@@ -70,7 +70,7 @@ def test_csv_chunks_equal_source_rows_byte_for_byte(ingest_as, client_for, overr
 
 
 def test_arrow_chunks_equal_source_values(ingest_as, client_for, overrides):
-    manifest = ingest_as("arrow")
+    manifest = ingest_as("arrow", reuse=True)
     rows = source_rows(overrides)  # the csv module's parse of the source files
     client = client_for()
     for c in manifest.chunks:
@@ -81,7 +81,7 @@ def test_arrow_chunks_equal_source_values(ingest_as, client_for, overrides):
 
 @pytest.mark.parametrize("fmt", ["csv", "arrow"])
 def test_time_window_equals_source_rows(ingest_as, client_for, overrides, fmt):
-    manifest = ingest_as(fmt)
+    manifest = ingest_as(fmt, reuse=True)
     rows = source_rows(overrides)  # the csv module's parse of the source files
     client = client_for()
     t0, t1 = rows[0][0], rows[-1][0]

@@ -46,7 +46,7 @@ def test_dashboard_listens_on_the_head_address(live_cluster):
 
 
 def test_hot_chunk_shows_counted_and_cached(ingest_as, client_for, live_cluster):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)  # the caches are cleared below
     actors = cluster.storage_nodes(live_cluster)
     ray.get([a.cache_clear.remote() for a in actors])  # a new epoch: every key cold
     chunk = manifest.chunk(3)

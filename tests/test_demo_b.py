@@ -37,7 +37,7 @@ def test_cross_host_job_on_one_machine(ingest_as, overrides, live_cluster):
 
 
 def test_demo_a_runs_every_pass_with_the_kernels_counts(ingest_as, overrides, live_cluster):
-    m = ingest_as("csv")
+    m = ingest_as("csv", reuse=True)  # Demo A clears the caches and starts a new kernel epoch itself
     result = submit_job(live_cluster, "demo_a", overrides)
     passes = result["passes"]
     # every pass measured every chunk of the dataset, as its manifest counts them

@@ -22,7 +22,7 @@ def execute(name: str, cluster_root) -> tuple[str, list]:
 
 
 def test_quickstart_notebook_executes(ingest_as, cluster_root):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     text, outputs = execute("quickstart.ipynb", cluster_root)
     assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in text
     assert "kernel mode real" in text and "FasterFS dashboard: http://127.0.1.2:" in text
@@ -34,7 +34,7 @@ def test_quickstart_notebook_executes(ingest_as, cluster_root):
 
 
 def test_window_replay_notebook_executes(ingest_as, cluster_root):
-    ingest_as("arrow")
+    ingest_as("arrow", reuse=True)
     text, outputs = execute("backtest_window.ipynb", cluster_root)
     assert "(arrow): window" in text and "replays took" in text
     served = int(text.split("; ")[-1].split(" of ")[0])
