@@ -139,7 +139,7 @@ def test_reingest_keeps_the_replaced_generation_for_its_grace(ingest_as, live_cl
 
 
 def test_unknown_chunk_names_valid_range(ingest_as, client_for):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     with pytest.raises(FasterFSError, match=rf"valid ids are 0..{len(manifest) - 1}"):
         client_for().read_chunk(len(manifest))
 
@@ -230,7 +230,7 @@ def test_cluster_already_running_refused(live_cluster, cfg):
 
 
 def test_readback_job_runs_tasks_on_their_nodes(ingest_as, live_cluster, overrides):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     result = submit_job(live_cluster, "readback", overrides)  # `ray job submit` from a shell without the venv
     assert result["all_read"] and all(n["on_own_node"] for n in result["nodes"])
     assert sum(n["bytes"] for n in result["nodes"]) == manifest.total_bytes
@@ -349,7 +349,7 @@ def test_a_new_generation_drops_the_old_ones_cache_entries(ingest_as, live_clust
 
 def test_hints_never_join_ray(ingest_as, client_for):
     """The client's hint thread must not ray.init (or shutdown) behind the application's back."""
-    ingest_as("csv")
+    ingest_as("csv", reuse=True)
     client = client_for()
     ray.shutdown()
     for i in range(6):  # in order: the prefetcher hints

@@ -255,7 +255,7 @@ def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_c
 
 def test_mount_daemon_killed_is_replaced(ingest_as, mounted, live_cluster):
     point, actor = mounted
-    m = ingest_as("csv")
+    m = ingest_as("csv", reuse=True)
     pid = ray.get(actor.status.remote())["mounts"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
 
@@ -311,7 +311,7 @@ def test_bad_mount_points_named(live_cluster, cluster_root, mounted):
 
 
 def test_ray_data_reads_on_the_holders(ingest_as, live_cluster, overrides, client_for):
-    m = ingest_as("csv")
+    m = ingest_as("csv", reuse=True)
     ds = fasterfs.data.read(m.name, overrides=overrides, with_node=True)
     df = ds.to_pandas()
     assert len(df) == m.rows
