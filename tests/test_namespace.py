@@ -232,7 +232,7 @@ def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_c
     wait_until(filled, timeout=20, what="the kernel to make the chunk hot from reads through the mount and the "
                "cache to fill")
     hits = ray.get(holder.cache_status.remote())["readers"]["hits"]
-    assert path.read_bytes() == expected
+    assert path.read_bytes() == expected == client.read_chunk(i)
     assert ray.get(holder.cache_status.remote())["readers"]["hits"] >= hits + 1  # served from the cache
     assert open(path, "rb").read()[100:200] == expected[100:200]
     for attempt in (lambda: open(d / "new.csv", "wb"), lambda: open(path, "r+b"), lambda: os.mkdir(d / "x"),
