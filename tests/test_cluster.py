@@ -4,6 +4,7 @@ import base64
 import hashlib
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import ray
@@ -216,6 +217,35 @@ def test_all_replicas_down_is_a_clear_error(ingest_as, live_cluster, client_for)
             client_for().read_chunk(chunk.id)
     finally:
         ray.get(actor.release_minio.remote())
+
+
+def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as, live_cluster, overrides):
+    """A node's MinIO down during an ingest: the ingest fails naming the node, none of the new
+    generation's objects is left on any node (as MinIO lists them), and the previous generation
+    stays current and readable."""
+    old = ingest_as("csv")
+    actor = cluster.storage_nodes(live_cluster)[1]
+    creds = credentials.load(config.Paths(Path(live_cluster.root)).credentials_file).admin
+    prefix = old.chunks[0].key.rsplit("/", 2)[0] + "/"  # <dataset>/ : every generation's objects
+    before = _listed(live_cluster, creds, prefix)
+    ray.get(actor.hold_minio.remote())
+    try:
+        with pytest.raises(FasterFSError, match=r"on node 1 \(http://"):
+            ingest(config.load(overrides + data_overrides()))
+    finally:
+        ray.get(actor.release_minio.remote())
+    assert _listed(live_cluster, creds, prefix) == before  # nothing of the failed generation, nothing lost
+    current = registry.fetch_manifest(live_cluster.name, old.name)
+    assert current.generation == old.generation
+    body = s3.client(live_cluster.node(old.chunks[0].nodes[0]).endpoint, creds).get_object(
+        Bucket=old.bucket, Key=old.chunks[0].key)["Body"].read()
+    assert xxh3(body) == old.chunks[0].xxh3
+
+
+def _listed(state, creds, prefix: str) -> dict[int, set[str]]:
+    return {n.index: {o["Key"] for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
+                Bucket=state.settings.bucket, Prefix=prefix) for o in page.get("Contents", [])}
+            for n in state.nodes}
 
 
 def test_replicas_beyond_cluster_size_refused(live_cluster, overrides):

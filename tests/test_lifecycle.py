@@ -138,11 +138,13 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         outside.remove()
 
 
-def test_up_with_a_smaller_cache_than_the_disk_holds(own):
-    """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node."""
+def test_up_with_a_smaller_cache_than_the_disk_holds_and_no_dashboard(own, capsys):
+    """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node. With
+    dashboard.enabled=false no dashboard is started and `status` says only what runs."""
     from fasterfs.cache import ChunkCache
+    from fasterfs.cli import main
 
-    cfg = config.load(own + ["cache.capacity_mb=1"])
+    cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false"])
     cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
     before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
     for i in range(4):
@@ -154,6 +156,14 @@ def test_up_with_a_smaller_cache_than_the_disk_holds(own):
 
         row = ray.get(cluster.storage_nodes(state)[0].cache_status.remote())
         assert row["bytes"] <= 1_000_000 and row["evictions"] >= 3
+        assert state.web_url is None and not _listening(cfg.dashboard.port)
+        assert main(["status", *own]) == 0
+        assert "FasterFS dashboard" not in capsys.readouterr().out
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
+
+
+def _listening(port: int) -> bool:
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return bool(out.strip())

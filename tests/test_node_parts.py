@@ -13,6 +13,7 @@ from fasterfs.bpf.simulated import SimulatedPrograms
 from fasterfs.cache import ChunkCache, keep_capacity, kept_capacity
 from fasterfs.cache_entry import entry_name
 from fasterfs.cache_filler import CacheFiller
+from fasterfs.errors import FasterFSError
 from fasterfs.fill_router import FillRouter
 from fasterfs.invalidation import Invalidations
 from fasterfs.manifest import ChunkInfo, Manifest
@@ -387,3 +388,18 @@ def test_a_run_time_capacity_survives_a_crash_but_not_a_new_start(tmp_path):
     assert kept_capacity(kept, restarted=True, configured=100) == 42    # Ray restarted the crashed node
     assert kept_capacity(kept, restarted=False, configured=100) == 100  # a new `up`: its configuration
     assert not kept.exists()
+
+
+# -- the kernel backend a node gets -------------------------------------------------------------
+
+def test_kernel_mode_auto_falls_back_labelled_and_real_refuses(monkeypatch):
+    from fasterfs import bpf
+
+    monkeypatch.setattr(bpf, "unavailable_reason", lambda: "BCC's Python module is missing")
+    got = bpf.load("auto")
+    assert got.mode == "simulated" and got.snapshot()["simulated_because"] == "BCC's Python module is missing"
+    with pytest.raises(FasterFSError, match="kernel.mode=real but eBPF cannot run here: BCC's Python module"):
+        bpf.load("real")
+    with pytest.raises(FasterFSError, match="option kernel.mode='kernel': must be auto, real or simulated"):
+        bpf.load("kernel")
+    assert bpf.load("simulated").snapshot()["simulated_because"] == "kernel.mode=simulated"
