@@ -203,8 +203,7 @@ def _collect_garbage(cfg, state, clients=None) -> None:
         clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
     bucket = state.settings.bucket
     for g in gone:
-        prefix = g.get("prefix") or f"{g['dataset']}/"  # history from before the namespace
-        _delete_objects(clients.values(), bucket, f"{prefix}{g['generation']}/", lambda key: True)
+        _delete_objects(clients.values(), bucket, f"{g['prefix']}{g['generation']}/", lambda key: True)
 
 
 def _delete_objects(clients, bucket: str, prefix: str, doomed: Callable[[str], bool]) -> None:
