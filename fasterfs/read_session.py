@@ -32,7 +32,7 @@ class ReadSession:
                  prefetch: bool = True, mark: int = 0):
         """mark: GETs over sockets with this SO_MARK, which the kernel programs do not count
         (repair and the scrub read through a session; their reads are no sign of heat)."""
-        self.state, self.creds = state, creds
+        self.state, self.creds = state.trust(), creds
         self.paths = Paths(Path(state.root))
         # plain values: configuration lookups cost microseconds on the hit path
         self.verify = bool(cfg.client.verify_checksum)

@@ -190,7 +190,7 @@ def _ask(cluster_name: str, what: str, *args):
 
 
 def find_in_ray(cluster_name: str) -> ClusterState:
-    return ClusterState.from_dict(_ask(cluster_name, "state"))
+    return ClusterState.from_dict(_ask(cluster_name, "state")).trust()
 
 
 def fetch_credentials(cluster_name: str, role: str = "reader") -> credentials.Credentials:

@@ -85,14 +85,13 @@ class ClusterState:
     tls_ca: str | None = None  # the CA certificate (PEM) MinIO's certificates are checked against (minio.tls)
     started: float = field(default_factory=time.time)
 
-    # Whoever holds the state (made, loaded, or sent through Ray) verifies MinIO against its CA.
-    def __post_init__(self) -> None:
+    def trust(self) -> ClusterState:
+        """Verify this cluster's MinIO servers against its CA in this process (minio.tls); done
+        where a process learns the cluster (registry.find_in_ray, a ReadSession, `up`), never as
+        a side effect of making or unpickling a state."""
         if self.tls_ca:
             tls.trust(self.tls_ca)
-
-    def __setstate__(self, data: dict) -> None:
-        self.__dict__.update(data)
-        self.__post_init__()
+        return self
 
     @property
     def ray_namespace(self) -> str:

@@ -403,3 +403,22 @@ def test_kernel_mode_auto_falls_back_labelled_and_real_refuses(monkeypatch):
     with pytest.raises(FasterFSError, match="option kernel.mode='kernel': must be auto, real or simulated"):
         bpf.load("kernel")
     assert bpf.load("simulated").snapshot()["simulated_because"] == "kernel.mode=simulated"
+
+
+# -- no side effects of holding a cluster's state ------------------------------------------------
+
+def test_a_cluster_state_is_trusted_only_when_asked(tmp_path, monkeypatch):
+    import pickle
+
+    from fasterfs import tls
+    from fasterfs.state import ClusterState, NodeState
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tls, "_ca_file", None)
+    state = ClusterState("c", str(tmp_path), "127.0.0.1:1", "http://127.0.0.1:2",
+                         [NodeState(0, "127.0.0.2", "https://127.0.0.2:9000", None)], {}, {},
+                         tls_ca="-----BEGIN CERTIFICATE-----\nnot checked here\n-----END CERTIFICATE-----\n")
+    pickle.loads(pickle.dumps(state))  # as Ray sends it to a task
+    assert tls._ca_file is None and list(tmp_path.iterdir()) == []  # made and unpickled: no effect
+    state.trust()
+    assert tls.ca_file("https://127.0.0.2:9000") == tls._ca_file and list(tmp_path.iterdir())
