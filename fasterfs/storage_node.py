@@ -352,9 +352,9 @@ class StorageNode:
     def stop(self) -> None:
         self._stopping.set()
         self.mounts.unmount_all()
+        self.node_kernel.close()  # first: no kernel event reaches a filler that is closing
         self.filler.close()
         self.sources.close()
         self.cache.close()
         self.marked.close()
         self.minio.stop()
-        self.node_kernel.close()
