@@ -21,7 +21,7 @@ from .config import Paths
 from .fsutil import read_json
 from .node_directory import NodeDirectory
 from .reader_stats import LATENCY_SLOTS
-from .report import REPORT_SUFFIXES
+from .registry import REPORT_SUFFIXES
 from .state import ClusterState
 
 if TYPE_CHECKING:

@@ -29,11 +29,11 @@ from .fsutil import atomic_write
 from .manifest import Manifest
 from .namespace_store import NamespaceStore
 from .node_directory import NodeDirectory
-from .report import REPORT_SUFFIXES
 from .state import ClusterState, host_id, join, ray_namespace
 
 log = logging.getLogger("fasterfs.registry")
 NAME = "registry"
+REPORT_SUFFIXES = (".json", ".png")  # what a run directory holds that the dashboard serves
 PUSH_TIMEOUT_S = 60.0  # how long a namespace change waits for the StorageNodes to take it
 
 

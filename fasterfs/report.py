@@ -29,7 +29,6 @@ def fmt_bytes(n) -> str:
     return f"{n:.1f} GB"
 
 
-REPORT_SUFFIXES = (".json", ".png")  # what a run directory holds that the dashboard serves
 CLUSTER_FILE = ".cluster"  # in a run directory: the name of the cluster its reports go to
 
 
