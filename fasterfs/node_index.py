@@ -64,9 +64,8 @@ class NodeIndex:
         for m in manifests.values():
             for c, place in zip(m.chunks, places(m)):
                 keys = m.object_keys(c)
-                for k in keys:
+                for k in {c.key, *keys}:  # a shard's request names its chunk too
                     by_hash[key_hash(f"/{m.bucket}/{k}")] = c
-                by_hash[key_hash(f"/{m.bucket}/{c.key}")] = c
                 by_entry[entry_name(c.key)] = c.key
                 holders[c.key] = c.nodes
                 if m.layout == "ec":

@@ -6,15 +6,11 @@ whose chunk's holders are all down asks one node where a cached copy is.
 """
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable
 
 from .cache import ChunkCache
 from .cache_entry import entry_name
-
-log = logging.getLogger("fasterfs.peer_tier")
 
 
 class PeerTier:
@@ -40,13 +36,6 @@ class PeerTier:
         self.tell(names)
         self._sent, self._last = names, now
         return True
-
-    def run(self, stopping: threading.Event, interval_s: float = 1.0) -> None:
-        while not stopping.wait(interval_s):
-            try:
-                self.share()
-            except Exception:
-                log.exception("sharing the cache index failed")
 
     def heard(self, node: int, names: frozenset[str]) -> None:
         self.peers[node] = names

@@ -46,7 +46,8 @@ class ReadSession:
         self.mark = mark
         self._s3 = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, self.read_timeout_s)
                     for n in state.nodes}
-        self._getters: dict[int, s3.MarkedGetter] = {}  # lean signed GETs with this session's mark
+        # lean signed GETs with this session's mark (none: counted as reads)
+        self.getter = s3.MarkedPool(creds, mark, lambda node: state.node(node).endpoint, self.read_timeout_s)
         self.here = host_id()
         self.nodes = NodeDirectory(state.ray_namespace)
         self.local_node = self._local_node()
@@ -80,14 +81,6 @@ class ReadSession:
         return next((n.index for n in self.state.nodes if n.ray_node_id == node_id), None)
 
     # -- connections -----------------------------------------------------------------------
-
-    def getter(self, node: int) -> s3.MarkedGetter:
-        """Lean signed GETs to `node`'s MinIO, with this session's mark (none: counted as reads)."""
-        with self._lock:
-            if node not in self._getters:
-                self._getters[node] = s3.MarkedGetter(self.state.node(node).endpoint, self.creds, self.mark,
-                                                      self.read_timeout_s)
-            return self._getters[node]
 
     def timed_get(self, node: int, bucket: str, key: str) -> tuple[bytes, dict[str, str]]:
         """A whole object from `node`'s MinIO and its user metadata; the time feeds the node's

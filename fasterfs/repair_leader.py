@@ -13,7 +13,6 @@ without MinIO: `tick(now)` is one round.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -89,13 +88,6 @@ class RepairLeader:
         """A survey now, kept as this node's latest (what `status` and the dashboard show)."""
         self.health = self.survey().to_dict()
         return self.health
-
-    def run(self, stopping: threading.Event) -> None:
-        while not stopping.wait(self.timing.check_s):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("cluster watch failed")
 
     def record(self, why: str, out: Outcome) -> None:
         log.warning("%s repair: %d chunks repaired, %d pieces written (%d moved home), %d failed; found %s",

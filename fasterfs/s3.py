@@ -155,8 +155,8 @@ class MarkedPool:
     are what the kernel and SOCK_OPS see of a node's own traffic). `endpoint_of(node)` names a
     node's MinIO."""
 
-    def __init__(self, creds: Credentials, mark: int, endpoint_of):
-        self.creds, self.mark, self.endpoint_of = creds, mark, endpoint_of
+    def __init__(self, creds: Credentials, mark: int, endpoint_of, timeout: float = 10.0):
+        self.creds, self.mark, self.endpoint_of, self.timeout = creds, mark, endpoint_of, timeout
         self._getters: dict[str, MarkedGetter] = {}
         self._lock = threading.Lock()
 
@@ -164,7 +164,7 @@ class MarkedPool:
         endpoint = self.endpoint_of(node)
         with self._lock:
             if endpoint not in self._getters:
-                self._getters[endpoint] = MarkedGetter(endpoint, self.creds, self.mark)
+                self._getters[endpoint] = MarkedGetter(endpoint, self.creds, self.mark, self.timeout)
             return self._getters[endpoint]
 
     def close(self) -> None:

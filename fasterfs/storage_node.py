@@ -130,8 +130,8 @@ class StorageNode:
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
                          daemon=True).start()
-        threading.Thread(target=self.peer_tier.run, args=(self._stopping,), name="cache-index", daemon=True).start()
-        threading.Thread(target=self.leader.run, args=(self._stopping,), name="repair-leader", daemon=True).start()
+        every(1.0, self.peer_tier.share, self._stopping, "cache-index")
+        every(cfg.repair.check_s, self.leader.tick, self._stopping, "repair-leader")
         every(cfg.cache.scrub_interval_s, self.cache.scrub, self._stopping, "cache-scrub")
         every(cfg.scrub.interval_s, self.scrub_minio, self._stopping, "minio-scrub")
         every(cfg.minio.supervise_interval_s, self.minio.tick, self._stopping, "minio-supervisor")
