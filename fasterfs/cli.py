@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from . import config, report
 from .cli_cluster import (
@@ -116,7 +117,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     parser = Parser(prog="fasterfs", description=__doc__, epilog=OVERRIDES_RULE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+    # dests of their own: a command's arguments (lab exec's COMMAND) must not overwrite them
+    sub = parser.add_subparsers(dest="_command", required=True, metavar="COMMAND",
                                 parser_class=Parser)
     groups: dict[str, argparse._SubParsersAction] = {}
     parsers = {}
@@ -128,7 +130,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             group, action = name.split(" ", 1)
             if group not in groups:
                 groups[group] = sub.add_parser(group, help=f"{group} commands").add_subparsers(
-                    dest="action", required=True, metavar="ACTION", parser_class=Parser)
+                    dest="_action", required=True, metavar="ACTION", parser_class=Parser)
             p = groups[group].add_parser(action, **kw)
         else:
             p = sub.add_parser(name, **kw)
@@ -164,11 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     parser, parsers = _parser()
     words, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(words)
-    if getattr(args, "action", None):
-        args.command = f"{args.command} {args.action}"
+    name = f"{args._command} {args._action}" if getattr(args, "_action", None) else args._command
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    command = COMMANDS[args.command]
+    command = COMMANDS[name]
     try:
         cfg = config.load(([f"nodes={args.nodes}"] if args.nodes else []) + overrides)
         if args.cfg:
@@ -177,11 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         names = [name for name, _ in command.args] + [flag.lstrip("-").replace("-", "_") for flag, _ in command.flags]
         command.run(cfg, **{name: getattr(args, name) for name in names})
     except UsageError as e:  # an argument that parsed but names nothing there: as argparse, exit 2
-        parsers[args.command].error(str(e))
+        parsers[name].error(str(e))
     except FasterFSError as e:
         if args.verbose:
             raise
-        console.print(f"[red]fasterfs {args.command}: error:[/] {e}", highlight=False)
+        # one line on stderr, as argparse's own errors: a script or a test greps it whole
+        errors = Console(stderr=True, soft_wrap=True, highlight=False)
+        cause = getattr(e, "cause", None)  # raised in an actor: its own words, not Ray's remote traceback
+        errors.print(f"[red]fasterfs {name}: error:[/] {cause if isinstance(cause, FasterFSError) else e}")
         return 2 if isinstance(e, ConfigError) else 1
     return 0
 

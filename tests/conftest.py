@@ -200,15 +200,22 @@ def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
     return json.loads((Path(out[-1]) / f"{job}.json").read_text())
 
 
+def need_sample() -> None:
+    """A data test without the sample fails, unless generated data was asked for by name."""
+    if not HAVE_SAMPLE and not SYNTHETIC:
+        pytest.fail(MISSING_SAMPLE, pytrace=False)
+
+
 def data_overrides(fmt: str = "csv", replicas: int = 1) -> list[str]:
+    need_sample()
     base = [] if HAVE_SAMPLE else ["data=synthetic", "data.level=30"]
     return base + [f"data.format={fmt}", f"replicas={replicas}"]
 
 
 def source_lines(overrides: list[str]) -> tuple[list[bytes], list[bytes]]:
     """The source's message and order-book rows as the standard library reads them (gzip): the
-    oracle the data tests hold FasterFS to, never its own parser. Without the sample, the generated
-    data stands in (made by fasterfs.lobster: the run says so, MISSING_SAMPLE)."""
+    oracle the data tests hold FasterFS to, never its own parser. Without the sample, and only when
+    FASTERFS_TEST_DATA=synthetic asks for it, the generated data stands in (the run says so)."""
     return _source_lines(tuple(overrides))
 
 
@@ -305,8 +312,12 @@ def client_for(live_cluster, cluster_root):
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-MISSING_SAMPLE = (f"THE LOBSTER SAMPLE IS MISSING ({LOBSTER}): the data tests ran on generated LOBSTER-format "
-                  "data instead; put the AAPL sample there (or set FASTERFS_LOBSTER_DIR) to test on the real one")
+# Without the sample every data test fails; FASTERFS_TEST_DATA=synthetic runs them on generated
+# LOBSTER-format data instead, said in the header and the summary.
+SYNTHETIC = os.environ.get("FASTERFS_TEST_DATA") == "synthetic"
+MISSING_SAMPLE = (f"THE LOBSTER SAMPLE IS MISSING ({LOBSTER}): put the AAPL sample there (or set "
+                  "FASTERFS_LOBSTER_DIR); FASTERFS_TEST_DATA=synthetic tests on generated data instead"
+                  + (" (as this run did)" if SYNTHETIC else ""))
 
 
 def pytest_report_header(config):

@@ -100,7 +100,9 @@ def main() -> None:
     result["minio"] = {who: s3_try(endpoint, bucket, key, k, ca) for who, k in
                        (("none", None), ("wrong", ("ffs-nobody", "not-a-secret-at-all")),
                         ("reader", tuple(facts["reader"])), ("admin", tuple(facts["admin"])))}
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray tries the GCS once a second, 20 times by default: 3 tell a refusal as well
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_gcs_server_port_wait_time_s": "3"}
     result["join"] = ray_join(facts["ray"], facts["ray_address"], facts["me"], env, facts["join_timeout"])
     if ca:
         import os

@@ -57,19 +57,24 @@ def test_bad_override_is_one_line_and_exit_2(args, culprit, tmp_path):
 def test_cli_bad_override_and_cfg(tmp_path):
     fasterfs = str(PROJECT_DIR / ".venv/bin/fasterfs")
     out = run(fasterfs, "status", "nodez=2", f"cluster.root={tmp_path}")
-    assert out.returncode == 2 and "nodez" in out.stdout and "Traceback" not in out.stdout + out.stderr
+    _one_line_error(out, 2, "nodez")
     out = run(fasterfs, "up", "--cfg", "job", "nodes=4", f"cluster.root={tmp_path}")
     assert out.returncode == 0 and yaml.safe_load(out.stdout)["nodes"] == 4
     assert list(tmp_path.iterdir()) == []
 
 
 def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_cluster, overrides):
-    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "-m", "size=1MB,2MB", "graysort.baseline=false",
+    """Three runs, the last failing as it runs (7 bytes are no whole record): the others still run
+    and are summed up, the failed one is marked and named, and the sweep exits 1."""
+    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "-m", "size=1MB,2MB,7B", "graysort.baseline=false",
               "graysort.reference_mb=0", *overrides, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sweep_dir = Path(re.search(r"^sweep of 2 runs \(0 failed\): (\S+)/summary\.md$", out.stdout, re.M).group(1))
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "graysort: 1 run(s) failed: size=7B" in out.stderr, out.stderr[-3000:]
+    sweep_dir = Path(re.search(r"^sweep of 3 runs \(1 failed\): (\S+)/summary\.md$", out.stdout, re.M).group(1))
     summary = json.loads((sweep_dir / "sweep.json").read_text())
-    assert summary["swept"] == ["size"] and len(summary["runs"]) == 2
+    assert summary["swept"] == ["size"] and len(summary["runs"]) == 3
+    assert [bool(r["failed"]) for r in summary["runs"]] == [False, False, True]
+    assert "option size='7B'" in summary["runs"][2]["failed"]
     for size, r in zip(("1MB", "2MB"), summary["runs"]):
         run_dir = Path(r["dir"])
         assert run_dir.parent == sweep_dir.parent and run_dir.name.startswith("graysort-")
@@ -77,9 +82,9 @@ def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_clust
         report = json.loads((run_dir / "graysort.json").read_text())
         assert report["bytes"] == {"1MB": 1_000_000, "2MB": 2_000_000}[size]
         assert r["figures"] == report["figures"] and r["figures"]["sort end to end (s)"] > 0
-    assert len({r["dir"] for r in summary["runs"]}) == 2
+    assert len({r["dir"] for r in summary["runs"]}) == 3
     table = (sweep_dir / "summary.md").read_text().splitlines()
-    assert len(table) == 4 and "size=1MB" in table[2] and "size=2MB" in table[3]
+    assert len(table) == 5 and "size=1MB" in table[2] and "size=2MB" in table[3] and "FAILED" in table[4]
     assert (sweep_dir / "sweep.png").stat().st_size > 0
 
 
@@ -181,6 +186,43 @@ def test_bad_arguments_are_one_line_naming_them_exit_2(args, culprit, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+NO_CLUSTER = "no FasterFS cluster is running under"
+
+
+def _one_line_error(out: subprocess.CompletedProcess, code: int, culprit: str) -> None:
+    assert out.returncode == code, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("args, code, culprit", [
+    (["status"], 1, NO_CLUSTER), (["ingest"], 1, NO_CLUSTER), (["down"], 1, NO_CLUSTER),
+    (["rm"], 2, "NAME"), (["rm", "team/x"], 1, NO_CLUSTER), (["cat", "team/x"], 1, NO_CLUSTER),
+    (["ls"], 1, NO_CLUSTER), (["umount", "/mnt"], 1, NO_CLUSTER), (["lab", "exec", "7", "ls"], 1, NO_CLUSTER),
+    (["lab", "down"], 1, "no FasterFS lab is running"),
+    (["put", "/nonexistent", "team/x"], 1, "cannot read /nonexistent"),
+])
+def test_bad_input_without_a_cluster_is_one_line_naming_it(args, code, culprit, tmp_path):
+    _one_line_error(run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, f"cluster.root={tmp_path}"), code, culprit)
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
+def test_bad_input_on_a_live_cluster_is_one_line_naming_it(live_cluster, overrides):
+    """Each names what is wrong, exit 1, and the namespace (as the Registry lists it) is unchanged."""
+    from fasterfs import registry
+
+    before = registry.fetch_manifests(live_cluster.name)
+    for args, culprit in ((["cat", "nosuch/file"], "nosuch/file: no such dataset"),
+                          (["ls", "nosuch"], "nosuch: no such"),
+                          (["rm", "nosuch/file"], "'nosuch/file': no such dataset or file in cluster"),
+                          (["umount", "/tmp"], "/tmp is not a FasterFS mount"),
+                          (["put", "/nonexistent", "team/x"], "cannot read /nonexistent"),
+                          (["lab", "exec", "0", "ls"], "node 0 is not a running lab host")):
+        _one_line_error(run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, *overrides), 1, culprit)
+    assert registry.fetch_manifests(live_cluster.name) == before  # the same namespace version and manifests
 
 
 def test_paths_are_never_taken_for_overrides():

@@ -7,11 +7,12 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 import ray
-from conftest import load_job, wait_until
+from conftest import load_job, submit_job, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from fasterfs import bpf, cluster, config
@@ -173,14 +174,15 @@ def _pixels(b, name: str) -> list[list[str]]:
 
 
 def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_path):
-    """Headless Chromium on /kernel while Demo A runs: the canvas' pixels go from every chunk
-    unread to chunks cached; the readers' latency timeline drops when reads come from the
-    cache; the page reconnects by itself after the dashboard actor restarts."""
+    """Demo A, submitted with `ray job submit` as a user would (the suite's one run of it), while
+    headless Chromium shows /kernel: Demo A's passes and the kernel's counts; the canvas' pixels go
+    from every chunk unread to chunks cached; the readers' latency timeline drops when reads come
+    from the cache; the page reconnects by itself after the dashboard actor restarts."""
     from browser import Browser
 
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     actors = cluster.storage_nodes(live_cluster)
-    ray.get([a.cache_clear.remote() for a in actors])
+    ray.get([a.cache_clear.remote() for a in actors])  # Demo A clears them too: the page must see them empty
     b = Browser()
     try:
         b.open(f"{live_cluster.web_url}/kernel")
@@ -189,7 +191,15 @@ def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_p
         b.screenshot(tmp_path / "kernel-before.png")
         assert [len(h) for h in before] == [len(manifest)] * len(live_cluster.nodes)
         assert {s for h in before for s in h} == {"not read"}, before
-        load_job("demo_a").main(overrides)
+        result = submit_job(live_cluster, "demo_a", overrides)
+        passes = result["passes"]
+        # every pass measured every chunk of the dataset, as its manifest counts them
+        assert set(passes) == set(load_job("demo_a").PASSES) and all(p["n"] == len(manifest) for p in passes.values())
+        # every chunk was read twice from MinIO (cold, warm): the kernels made each hot exactly once
+        assert sum(k["hot_events"] for k in result["kernel"]) == len(manifest)
+        assert sum(k["hot_events_received"] for k in result["kernel"]) == len(manifest)
+        assert result["filled_after_warm"] == len(manifest)
+        assert passes["FasterFS hot"]["p50_ms"] < passes["FasterFS cold"]["p50_ms"]
         seen = b.js("ffs.frames")
         b.wait(f"ffs.frames > {seen + 1}", 30, "frames after Demo A")
         after = _pixels(b, manifest.name)
@@ -197,13 +207,13 @@ def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_p
         cached = sum(s == "in this host's cache" for h in after for s in h)
         assert cached >= len(manifest) // 2, after  # Demo A's hot passes read every chunk from a cache
         b.wait("ffs.timeline && ffs.timeline.time.length > 3", 30, "the timeline")
-        p50 = [v for h in b.js("Object.values(ffs.timeline.nodes).map(n => n.read_p50_ms)") for v in h if v]
-        peak = max(p50)
-        assert peak >= 1.0 and min(p50[p50.index(peak):]) <= peak / 4, p50  # MinIO's ms, then the cache's
+        # each host's line of read p50s, in time order: somewhere it falls (MinIO's reads, then the cache's)
+        lines = [[v for v in h if v] for h in b.js("Object.values(ffs.timeline.nodes).map(n => n.read_p50_ms)")]
+        assert any(later < earlier for line in lines for earlier, later in pairwise(line)), lines
 
         # Demo A's run charted on /runs from its own report
         run = next(r for r in api(live_cluster, "/api/runs") if r["job"] == "demo_a")
-        passes = api(live_cluster, f"/runs/{run['run']}/demo_a.json")["passes"]
+        assert api(live_cluster, f"/runs/{run['run']}/demo_a.json")["passes"] == passes
         b.open(f"{live_cluster.web_url}/runs?job=demo_a")
         b.wait("window.ffsRuns && ffsRuns.shown && ffsRuns.charts.length", 30, "the runs page's charts")
         assert b.js("ffsRuns.shown[0]") == run["run"]

@@ -1,6 +1,6 @@
-"""Demos A and B and the cross-host job on the live 2-node cluster (small volume), each
+"""Demo B and the cross-host job on the live 2-node cluster (small volume), each
 submitted with `ray job submit` from a shell without the virtualenv, as a user would."""
-from conftest import data_overrides, load_job, submit_job
+from conftest import data_overrides, submit_job
 
 
 def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_cluster):
@@ -33,16 +33,3 @@ def test_cross_host_job_on_one_machine(ingest_as, overrides, live_cluster):
     assert result["correct"] and result["chunks"] == 4
     assert sum(result["filled_on"].values()) == 4  # the kernel made every one hot and a node cached it
     assert result["p50_ms"]["hot"] < result["p50_ms"]["cold"]
-
-
-def test_demo_a_runs_every_pass_with_the_kernels_counts(ingest_as, overrides, live_cluster):
-    m = ingest_as("csv", reuse=True)  # Demo A clears the caches and starts a new kernel epoch itself
-    result = submit_job(live_cluster, "demo_a", overrides)
-    passes = result["passes"]
-    # every pass measured every chunk of the dataset, as its manifest counts them
-    assert set(passes) == set(load_job("demo_a").PASSES) and all(p["n"] == len(m) for p in passes.values())
-    # every chunk was read twice from MinIO (cold, warm), so the kernel made each hot exactly once
-    assert sum(k["hot_events"] for k in result["kernel"]) == result["chunks"]
-    assert sum(k["hot_events_received"] for k in result["kernel"]) == result["chunks"]
-    assert result["filled_after_warm"] == result["chunks"]
-    assert passes["FasterFS hot"]["p50_ms"] < passes["FasterFS cold"]["p50_ms"]

@@ -65,9 +65,17 @@ def _look_around(root: str) -> dict:
 
 
 @ray.remote(num_cpus=0)
-def _read(root, ids):
-    client = fasterfs.connect(root, ["cache.prefetch.enabled=false"])
+def _read(root, ids, dataset=None):
+    client = fasterfs.connect(root, ["cache.prefetch.enabled=false"], dataset=dataset)
     return ray.get_runtime_context().get_node_id(), [(xxh3(client.read_chunk(i)), client.sources(i)[0]) for i in ids]
+
+
+def _put_blob(state, overrides: list[str], name: str, mb: int) -> tuple[bytes, object]:
+    """A file of `mb` random MB stored in 1 MB chunks (a dataset that costs no parsing)."""
+    blob = os.urandom(mb * 2**20 - 7)
+    src = Path(state.root) / f"{name.replace('/', '_')}.src"
+    src.write_bytes(blob)
+    return blob, put(config.load(overrides + ["files.chunk_mb=1"]), src, name)
 
 
 @ray.remote(num_cpus=0)
@@ -327,12 +335,14 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
             key = Paths(Path(state.root)).minio_certs_dir(n.index) / "private.key"
             assert _on_host(state, n.index, "stat", "-c", "%a", str(key)).stdout.strip() == "600"
             assert "tls-ca" not in _on_host(state, n.index, "ls", state.root).stdout
-        manifest = ingest(config.load(overrides + data_overrides()))
+        _, manifest = _put_blob(state, overrides, "team/tls.bin", 8)
         chunk = next(c for c in manifest.chunks if c.nodes[0] == 0)
 
         # hot chunks under TLS: the kernel sees no paths; host 0's readers report their GETs
         remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
-        _, got = ray.get(_read.options(**cluster.on_node(state.node(0))).remote(state.root, remote + remote))
+        assert len(remote) == 3
+        on0 = cluster.on_node(state.node(0))
+        _, got = ray.get(_read.options(**on0).remote(state.root, remote + remote, manifest.name))
         assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
         actors = cluster.storage_nodes(state)
         wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
@@ -340,7 +350,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
         assert kernel[0]["reported_by_readers"] == {"gets": 2 * len(remote), "hot_events": len(remote)}
         assert kernel[0]["counters"].get("hot_events", 0) == 0  # no request line the kernel could read
         assert kernel[0]["counters"].get("packets", 0) > 0 and kernel[0]["counters"].get("requests", 0) == 0
-        _, again = ray.get(_read.options(**cluster.on_node(state.node(0))).remote(state.root, remote))
+        _, again = ray.get(_read.options(**on0).remote(state.root, remote, manifest.name))
         assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
         readers0 = ray.get(actors[0].cache_status.remote())["readers"]
         assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
@@ -470,7 +480,7 @@ def test_node_ids_follow_the_disks(lab_overrides):
     cfg = config.load(lab_overrides + ["nodes=2"])
     state = lab.up(cfg)
     try:
-        manifest = ingest(config.load(lab_overrides + ["nodes=2"] + data_overrides()))
+        blob, manifest = _put_blob(state, lab_overrides + ["nodes=2"], "team/ids.bin", 6)
     finally:
         cluster.down(cfg)
     assert [(n.index, n.address) for n in state.nodes] == [(0, f"{SUBNET}.10"), (1, f"{SUBNET}.11")]
@@ -481,8 +491,8 @@ def test_node_ids_follow_the_disks(lab_overrides):
                                                                  (2, f"{SUBNET}.12")]
         ids = list(range(len(manifest)))
         for n in state.nodes:  # every host reads everything back through the new addresses
-            _, got = ray.get(_read.options(**cluster.on_node(n)).remote(state.root, ids))
-            assert [h for h, _ in got] == [c.xxh3 for c in manifest.chunks]
+            _, got = ray.get(_read.options(**cluster.on_node(n)).remote(state.root, ids, manifest.name))
+            assert [h for h, _ in got] == [xxh3(blob[i * 2**20:(i + 1) * 2**20]) for i in ids]
             assert [src for _, src in got] == [c.nodes[0] for c in manifest.chunks]  # from the holder by id
     finally:
         cluster.down(cfg)
@@ -509,6 +519,62 @@ def _cmd(p: Path) -> str:
         return (p / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+# A receiver that counts the bytes of one connection and says how long they took (first to last
+# byte), and a sender of N bytes: the standard library's sockets, run inside a lab host's namespace.
+RECEIVE = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); n, first = 0, None
+while chunk := c.recv(1 << 16):
+    first = first or time.monotonic(); n += len(chunk)
+print(n, time.monotonic() - first, flush=True)
+"""
+SEND = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2]))).sendall(bytes(int(sys.argv[3])))"
+
+
+def _mbit_between(receiver_ns: str, sender_ns: str, address: str, size: int) -> float:
+    """Mbit/s of `size` bytes sent from namespace `sender_ns` to a receiver at `address` in `receiver_ns`."""
+    rx = subprocess.Popen(["ip", "netns", "exec", receiver_ns, "python3", "-c", RECEIVE, address, "47001"],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout.readline().strip() == "ready"
+        subprocess.run(["ip", "netns", "exec", sender_ns, "python3", "-c", SEND, address, "47001", str(size)],
+                       check=True, timeout=60)
+        got, seconds = rx.stdout.readline().split()
+        assert int(got) == size
+        return size * 8 / float(seconds) / 1e6
+    finally:
+        rx.kill()
+        rx.wait()
+
+
+@pytest.mark.parametrize("profile", ["laptops", "unlimited"])
+def test_bandwidth_profiles_limit_what_a_host_can_pull(lab_overrides, profile):
+    """The lab's bandwidth profiles, measured with plain sockets: under `laptops` a host sends to
+    another at most link_mbit (tbf on its link) and reads its own loopback (its "disk") at most
+    disk_mbit; under `unlimited` there is no limit on either."""
+    cfg = config.load([o for o in lab_overrides if not o.startswith(("lab.link_mbit", "lab.disk_mbit"))]
+                      + [f"lab={profile}", f"lab.subnet={SUBNET}"])
+    record, _, hosts = lab.create_network(cfg.cluster.name, 2, cfg.lab)
+    try:
+        a, b = hosts
+        size = 8 * 2**20  # 32x the tbf burst: the rate, not the burst, decides
+        link = _mbit_between(b.netns, a.netns, b.address, size)
+        disk = _mbit_between(a.netns, a.netns, "127.0.0.1", size)
+        print(f"{profile}: link {link:.0f} Mbit/s, loopback {disk:.0f} Mbit/s")
+        laptops = config.load(["lab=laptops"]).lab
+        for measured, limit in ((link, cfg.lab.link_mbit), (disk, cfg.lab.disk_mbit)):
+            if limit:
+                assert limit / 3 < measured <= limit * 1.15, (profile, measured, limit)  # + the burst
+            else:  # well past what the laptops are allowed
+                assert measured > 4 * max(laptops.link_mbit, laptops.disk_mbit), (profile, measured)
+        assert ("tbf" in _in_ns(a.netns, "tc", "qdisc", "show")) == bool(cfg.lab.link_mbit)
+    finally:
+        lab.destroy_network(record)
+    assert lab.leftovers(cfg.cluster.name) == []
 
 
 def test_lab_down_without_lab_is_an_error(lab_overrides):

@@ -4,7 +4,7 @@ import gzip
 import numpy as np
 import polars as pl
 import pytest
-from conftest import HAVE_SAMPLE, LOBSTER
+from conftest import HAVE_SAMPLE, LOBSTER, need_sample
 
 from fasterfs import lobster
 from fasterfs.errors import FasterFSError
@@ -27,8 +27,10 @@ def write(tmp_path, message: bytes, orderbook: bytes):
     return m, o
 
 
-@pytest.mark.skipif(not HAVE_SAMPLE, reason="LOBSTER sample not present")
 def test_real_sample_reads_and_checks():
+    if not HAVE_SAMPLE:
+        need_sample()
+        pytest.skip("generated data asked for (FASTERFS_TEST_DATA=synthetic): the real sample is not here")
     pair = lobster.read_pair(LOBSTER / MSG, LOBSTER / OB, 30, "AAPL")
     assert pair.rows == 86616
     assert pair.frame.columns == lobster.columns(30)

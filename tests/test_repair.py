@@ -49,7 +49,8 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     assert cli.main(["repair", *overrides, "repair.mb_per_s=50"]) == 1
     # repair read the surviving shard over marked sockets: no sign of heat to the kernel
     assert ray.get(survivor.kernel_key_count.remote(f"/{m.bucket}/{p0[0][1]}")) == counted
-    said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    shown = capsys.readouterr()  # the report on stdout, the error line on stderr
+    said = " ".join((shown.out + shown.err).split())  # rich wraps long lines
     assert "lost" in said and "repair/ec.bin: chunks 1" in said, said
     after = _objects(state, creds, m)
     assert p0[1][1] in after[p0[1][0]]  # back on its own node (it answers)

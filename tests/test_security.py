@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import CLEAN_ENV, assert_nothing_left, cluster_overrides, command_lines, data_overrides, submit_job
+from conftest import CLEAN_ENV, assert_nothing_left, cluster_overrides, command_lines, submit_job
 
 import fasterfs
 from fasterfs import auth, cluster, config, credentials, registry, s3
@@ -24,9 +24,12 @@ print("ran", ray.get(ray.remote(lambda: 6 * 7).remote()))
 
 
 def try_driver(address: str, node_ip: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    """A Python driver from a shell holding only `env` (not even Ray's default token file)."""
+    """A Python driver from a shell holding only `env` (not even Ray's default token file). Ray
+    tries the GCS once a second, 20 times by default; 3 (its RAY_gcs_server_port_wait_time_s) tell
+    a refusal as well, and a driver that gets in does so on the first."""
     return subprocess.run([str(PROJECT / ".venv/bin/python"), "-c", PROBE, address, node_ip], capture_output=True,
-                          text=True, timeout=timeout, env=dict(CLEAN_ENV, HOME="/nonexistent", **env))
+                          text=True, timeout=timeout, env=dict(CLEAN_ENV, HOME="/nonexistent",
+                                                               RAY_gcs_server_port_wait_time_s="3", **env))
 
 
 def http_status(url: str, headers: dict | None = None, data: bytes | None = None) -> tuple[int, dict, bytes]:
@@ -205,10 +208,12 @@ def test_rotated_keys_and_token_keep_the_data(tmp_path_factory):
     cfg = config.load(own)
     state = cluster.up(cfg)
     try:
-        from fasterfs.ingest import ingest
+        from fasterfs.ingest import put
 
         assert state.nodes[0].endpoint.startswith("https://")
-        manifest = ingest(config.load(own + data_overrides()))
+        src = root / "blob.bin"  # a small file: the keys, token and CA are under test, not ingest
+        src.write_bytes(os.urandom(3 * 2**20 + 17))
+        put(config.load(own + ["files.chunk_mb=1"]), src, "team/blob.bin")
         old, old_token = credentials.load(Paths(root).credentials_file), auth.read(auth.token_file(root))
         old_ca = state.tls_ca
     finally:
@@ -219,8 +224,8 @@ def test_rotated_keys_and_token_keep_the_data(tmp_path_factory):
         new, new_token = credentials.load(Paths(root).credentials_file), auth.read(auth.token_file(root))
         assert new.admin.secret_key != old.admin.secret_key and new.reader.secret_key != old.reader.secret_key
         assert new_token != old_token and state.tls_ca != old_ca
-        client = fasterfs.connect(root, own)
-        assert [len(client.read_chunk(c.id)) for c in manifest.chunks] == [c.bytes for c in manifest.chunks]
+        client = fasterfs.connect(root, own, dataset="team/blob.bin")
+        assert b"".join(client.read_chunk(i) for i in range(len(client))) == src.read_bytes()
         bucket, node = state.config["minio"]["bucket"], state.nodes[0]
         for stale in (old.admin, old.reader):
             with pytest.raises(Exception, match="InvalidAccessKeyId|SignatureDoesNotMatch"):
