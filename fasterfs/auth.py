@@ -88,6 +88,8 @@ def cluster_is_open(ray_address: str, node_ip: str, timeout: float = 60.0) -> bo
     """True if the Ray cluster at `ray_address` lets in a driver that has no token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(RAY_AUTH_MODE="disabled", HOME="/nonexistent")  # not even Ray's default token file
+    # Ray tries the GCS once a second, 20 times by default, before it gives up on a refusal: 3 say as much
+    env["RAY_gcs_server_port_wait_time_s"] = "3"
     try:
         probe = subprocess.run([sys.executable, "-c", _PROBE, ray_address, node_ip], env=env, timeout=timeout,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -29,7 +29,21 @@ from .cli_cluster import (
     cmd_up,
 )
 from .cli_data import cmd_cat, cmd_ingest, cmd_ls, cmd_put, cmd_rm
-from .cli_lab import cmd_lab_down, cmd_lab_exec, cmd_lab_power_off, cmd_lab_power_on, cmd_lab_up
+from .cli_lab import (
+    cmd_lab_down,
+    cmd_lab_exec,
+    cmd_lab_fill,
+    cmd_lab_flip,
+    cmd_lab_freeze,
+    cmd_lab_heal,
+    cmd_lab_partition,
+    cmd_lab_power_off,
+    cmd_lab_power_on,
+    cmd_lab_slow,
+    cmd_lab_thaw,
+    cmd_lab_up,
+    peer_list,
+)
 from .errors import ConfigError, FasterFSError, UsageError
 
 console = report.console()
@@ -78,6 +92,32 @@ COMMANDS = {
     "lab power-on": Command(cmd_lab_power_on, "start a powered-off lab host again", "fasterfs lab power-on 2 --empty",
                             (NODE,), (("--empty", dict(action="store_true",
                                                        help="with a blank disk, as a replaced machine")),)),
+    "lab partition": Command(cmd_lab_partition, "cut a lab host off from others (both ways, or --one-way: it cannot "
+                             "reach them, they still reach it)", "fasterfs lab partition 0 1,2",
+                             (NODE, ("peers", dict(type=peer_list, metavar="PEERS",
+                                                   help="host ids and/or 'head', comma-separated: 1,2 or head"))),
+                             (("--one-way", dict(action="store_true",
+                                                 help="only NODE's connections to PEERS fail")),)),
+    "lab heal": Command(cmd_lab_heal, "undo every partition, slow link and full disk of the lab", "fasterfs lab heal"),
+    "lab freeze": Command(cmd_lab_freeze, "SIGSTOP a lab host's MinIO or StorageNode: alive, never answering",
+                          "fasterfs lab freeze 1 minio", (NODE, ("what", dict(choices=["minio", "storage-node"],
+                                                                             metavar="WHAT",
+                                                                             help="minio or storage-node")))),
+    "lab thaw": Command(cmd_lab_thaw, "SIGCONT what `lab freeze` stopped on a host", "fasterfs lab thaw 1",
+                        (NODE, ("what", dict(nargs="?", choices=["minio", "storage-node"], metavar="WHAT",
+                                             help="minio or storage-node (default: both)")))),
+    "lab slow": Command(cmd_lab_slow, "limit a lab host's link to N Mbit/s (until `lab heal`)",
+                        "fasterfs lab slow 2 --mbit 2", (NODE,),
+                        (("--mbit", dict(type=float, required=True, metavar="N", help="the link's rate")),)),
+    "lab fill": Command(cmd_lab_fill, "fill a lab host's disk (a lab started with lab.disk_mb=N) until `lab heal`",
+                        "fasterfs lab fill 1 --leave-mb 0", (NODE,),
+                        (("--leave-mb", dict(type=float, default=0, metavar="MB", help="free space to leave")),)),
+    "lab flip": Command(cmd_lab_flip, "flip a byte in files of a lab host's disk, as bit rot would",
+                        "fasterfs lab flip 1 minio --count 3",
+                        (NODE, ("where", dict(choices=["minio", "cache"], metavar="WHERE",
+                                              help="minio (its object files) or cache (its entries)"))),
+                        (("--count", dict(type=int, default=1, metavar="N", help="files to flip a byte in (0: all)")),
+                         ("--seed", dict(type=int, default=0, metavar="S", help="which files and bytes")))),
     "put": Command(cmd_put, "store local files in the namespace (DEST ending in '/', or several LOCALs: a directory)",
                    "fasterfs put book.parquet research/book.parquet",
                    (("sources", dict(nargs="+", metavar="LOCAL", help="local files to store")),

@@ -68,3 +68,64 @@ def cmd_lab_power_on(cfg, node: int, empty: bool = False) -> None:
     console.print(f"lab host {index} back{' with a blank disk' if empty else ''}: Ray node "
                   f"{(state.node(index).ray_node_id or '-')[:12]}, StorageNode up; "
                   f"`fasterfs repair` (or the StorageNodes after repair.check_s) refills it")
+
+
+def peer_list(text: str) -> list[str]:
+    """argparse type of `lab partition`'s PEERS: host ids and/or head, comma-separated."""
+    import argparse
+
+    peers = [p.strip() for p in text.split(",") if p.strip()]
+    if not peers or not all(p == "head" or p.isdigit() for p in peers):
+        raise argparse.ArgumentTypeError(f"{text!r}: give host ids and/or 'head', comma-separated (1,2 or head)")
+    return peers
+
+
+def _lab_faults(cfg, node: int | None = None):
+    from . import lab_faults
+
+    state = _lab_state(cfg, node) if node is not None else cluster.ClusterState.load(config.Layout.of(cfg).paths.root)
+    return lab_faults, state
+
+
+def cmd_lab_partition(cfg, node: int, peers: list[str], one_way: bool = False) -> None:
+    faults, state = _lab_faults(cfg, node)
+    faults.partition(state, node, peers, one_way)
+    how = "cannot reach" if one_way else "cut both ways from"
+    console.print(f"lab host {node} {how} {', '.join(peers)}; `fasterfs lab heal` undoes it")
+
+
+def cmd_lab_heal(cfg) -> None:
+    faults, state = _lab_faults(cfg)
+    done = faults.heal(state)
+    console.print(f"lab healed: {done['cuts']} cut rules removed, {done['slow']} links back to their profile, "
+                  f"{done['filled']} disks emptied of their filler")
+
+
+def cmd_lab_freeze(cfg, node: int, what: str) -> None:
+    faults, state = _lab_faults(cfg, node)
+    pid = faults.freeze(state, node, what)
+    console.print(f"lab host {node}'s {what} frozen (pid {pid}, SIGSTOP); `fasterfs lab thaw {node}` undoes it")
+
+
+def cmd_lab_thaw(cfg, node: int, what: str | None = None) -> None:
+    faults, state = _lab_faults(cfg, node)
+    console.print(f"lab host {node}: {faults.thaw(state, node, what)} processes thawed (SIGCONT)")
+
+
+def cmd_lab_slow(cfg, node: int, mbit: float) -> None:
+    faults, state = _lab_faults(cfg, node)
+    faults.slow(state, node, mbit)
+    console.print(f"lab host {node}'s link limited to {mbit:g} Mbit/s; `fasterfs lab heal` undoes it")
+
+
+def cmd_lab_fill(cfg, node: int, leave_mb: float = 0) -> None:
+    faults, state = _lab_faults(cfg, node)
+    size = faults.fill(state, node, leave_mb)
+    console.print(f"lab host {node}'s disk filled ({report.fmt_bytes(size)} of filler, {leave_mb:g} MB left free); "
+                  "`fasterfs lab heal` undoes it")
+
+
+def cmd_lab_flip(cfg, node: int, where: str, count: int = 1, seed: int = 0) -> None:
+    faults, state = _lab_faults(cfg, node)
+    for f in faults.flip(state, node, where, count, seed):
+        console.print(f"flipped the byte at {f['offset']} of {f['path']}")

@@ -19,7 +19,7 @@ from . import cache_entry, erasure
 from .bpf.events import key_hash
 from .errors import FasterFSError
 from .manifest import Manifest
-from .read_session import ReadSession
+from .read_session import ReadFailed, ReadSession
 from .reader_stats import BYTES_MINIO, DAMAGED_ENTRIES, MISSES, PREFETCH
 
 
@@ -77,7 +77,8 @@ class Client:
         """Caches a reader here can read as local files, where a fill is likeliest first: its own
         node's where this host's kernel counts its GETs (kernel.watch=any), else the chunk's
         holders' on the same host (every node, on a one-machine cluster), then its own."""
-        here = [n for n in self._order(holders) if self.state.node(n).host_id == self.session.here]
+        here = [n for n in self._order(holders)
+                if n in self.session.cache_dirs and self.state.node(n).host_id == self.session.here]
         own = [] if self.local_node is None else [self.local_node]
         first, then = (own, here) if self.session.counted_here else (here, own)
         return first + [n for n in then if n not in first]
@@ -233,31 +234,32 @@ class Client:
         return None
 
     def _read_replicas(self, i: int, chunk) -> bytes:
-        errors = []
-        for node in sorted(self.sources(i), key=self._down):  # holders that refused lately, last
-            try:
-                body, meta = self.session.timed_get(node, self.manifest.bucket, chunk.key)
-            except Exception as e:  # node down or object missing: try the next holder
-                self.session.note_failure(node, e)
-                errors.append(f"node {node} ({self.state.node(node).endpoint}): {type(e).__name__}: {e}"[:300])
-                continue
+        def get(node: int) -> bytes:
+            body, meta = self.session.timed_get(node, self.manifest.bucket, chunk.key)
             # The object carries the checksum it was stored with; MinIO is the source of truth, so an
             # object rewritten by another tool (without one) is served as it now is.
             stored = meta.get("xxh3")
             if self.session.verify and stored is not None and xxhash.xxh3_64_intdigest(body) != int(stored):
-                errors.append(f"node {node}: {chunk.key} does not match its stored checksum")
-                continue
-            self.session.served_by[node] += 1
-            st = self.stats(node)
-            st.add(MISSES)
-            st.add(BYTES_MINIO, len(body))
-            self.session.report_read(node, f"/{self.manifest.bucket}/{chunk.key}")
+                raise FasterFSError(f"{chunk.key} does not match its stored checksum")
             return body
-        if errors and all("NoSuchKey" in e for e in errors):
-            raise FasterFSError(f"chunk {i} ({chunk.key}) of generation {self.manifest.generation} is gone from every "
-                                f"holder: dataset {self.manifest.dataset} was re-ingested more than ingest.keep_old_s "
-                                "ago; connect() again to read the current generation")
-        raise FasterFSError(f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(errors))
+
+        try:  # holders that refused lately, last
+            node, body = self.session.first_answer(sorted(self.sources(i), key=self._down), get)
+        except ReadFailed as failed:
+            errors = failed.errors
+            if errors and all("NoSuchKey" in str(e) for e in errors.values()):
+                raise FasterFSError(f"chunk {i} ({chunk.key}) of generation {self.manifest.generation} is gone "
+                                    f"from every holder: dataset {self.manifest.dataset} was re-ingested more than "
+                                    "ingest.keep_old_s ago; connect() again to read the current generation") from None
+            said = [f"node {n} ({self.session.where(n)}): {type(e).__name__}: {e}"[:300] for n, e in errors.items()]
+            raise FasterFSError(f"chunk {i} ({chunk.key}) could not be read from any holder: "
+                                + "; ".join(said)) from None
+        self.session.served_by[node] += 1
+        st = self.stats(node)
+        st.add(MISSES)
+        st.add(BYTES_MINIO, len(body))
+        self.session.report_read(node, f"/{self.manifest.bucket}/{chunk.key}")
+        return body
 
     def _read_shards(self, i: int, chunk) -> bytes:
         """An erasure-coded chunk: its data shards fetched in parallel and joined; a shard that
@@ -278,8 +280,10 @@ class Client:
             return body
 
         data, degraded, why = erasure.gather(chunk, self.manifest.ec_data, self.manifest.ec_parity, fetch,
-                                        self.session.shard_pool(), lambda s: self._down(chunk.nodes[s]),
-                                        f"chunk {i} ({chunk.key})")
+                                             self.session.shard_pool(), lambda s: self._down(chunk.nodes[s]),
+                                             f"chunk {i} ({chunk.key})",
+                                             self.session.hedge_s(chunk.nodes[0]) if self.session.hedge else None,
+                                             lambda s: self.session.hedged_around(chunk.nodes[s]))
         self.session.degraded_reads += degraded
         self.session.degraded_why.extend(why)
         self.stats(chunk.nodes[0]).add(MISSES)

@@ -234,6 +234,10 @@ def teardown(state: ClusterState) -> dict:
     """Stop everything the cluster started, whatever state it is in. Returns what was done."""
     report: dict[str, Any] = {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0,
                               "processes_killed": 0, "tc_filters_removed": 0}
+    if state.lab:  # a frozen process ignores SIGTERM, a cut host cannot be told to stop: undo them first
+        from . import lab_faults
+
+        report["lab_faults_undone"] = lab_faults.undo_all(state)
     report["notebook_stopped"] = notebook.stop(state)
     if state.running():
         try:
@@ -286,6 +290,9 @@ def teardown(state: ClusterState) -> dict:
         from .lab_network import destroy_network
 
         report["lab_removed"] = destroy_network(state.lab)
+        from . import lab_disks
+
+        report["lab_disks_unmounted"] = lab_disks.release(state.lab.get("disk_mounts", []))
     return report
 
 

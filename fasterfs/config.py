@@ -138,6 +138,15 @@ def validate(cfg: DictConfig) -> None:
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             bad(opt, "must be a number >= 0")
+    for opt in ("client.hedge.min_ms", "client.hedge.first_ms"):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            bad(opt, "must be a number of milliseconds >= 0")
+    f = cfg.client.hedge.factor
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or f < 1:
+        bad("client.hedge.factor", "must be a number >= 1 (times a MinIO's average GET here)")
+    if cfg.lab.get("disk_mb") is not None and (not isinstance(cfg.lab.disk_mb, int) or cfg.lab.disk_mb < 64):
+        bad("lab.disk_mb", "must be null (a directory) or a whole number of MB >= 64")
     for opt in ("repair.check_s", "repair.survey_s"):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:

@@ -10,6 +10,7 @@ a shard from another chunk or generation, or garbage from a host, fails the chec
 from __future__ import annotations
 
 import functools
+from concurrent.futures import FIRST_COMPLETED, wait
 
 import xxhash
 
@@ -76,12 +77,14 @@ def decode(shards: dict[int, bytes], data: int, parity: int, what: str) -> bytes
 
 
 def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False,
-           what: str = "") -> tuple[bytes, bool, list[str]]:
+           what: str = "", hedge_s: float | None = None, slow=lambda slot: None) -> tuple[bytes, bool, list[str]]:
     """Chunk `chunk` (a manifest Chunk) from its shards: `fetch(slot)` returns a shard's bytes
     or raises. The data shards are fetched in parallel on `pool` (those `late` names, on hosts
     down lately, last); a shard missing, unreadable or failing its checksum is replaced by the
-    next parity shard. Returns (the chunk, whether parity was needed, why: each shard that
-    failed); checked against the manifest's xxh3. Readers and the cache filler both read this way."""
+    next parity shard, and so is one still out after `hedge_s` (a hung or slow host: a hedged
+    request, whichever answers first is used; `slow(slot)` is told of the late ones). Returns
+    (the chunk, whether parity was needed, why: each shard that failed or was late); checked
+    against the manifest's xxh3. Readers and the cache filler both read this way."""
     what = what or f"chunk {chunk.id} ({chunk.key})"
 
     def get(slot: int) -> tuple[int, bytes | None, str]:
@@ -96,15 +99,35 @@ def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False,
     good: dict[int, bytes] = {}
     errors: list[str] = []
     order = sorted(range(data + parity), key=lambda s: (late(s), s))  # data shards first, then parity
-    wanted, spare = order[:data], order[data:]
-    while wanted:
-        for slot, body, error in pool.map(get, wanted):
+    spare = order[data:]
+    running = {pool.submit(get, s): s for s in order[:data]}
+    budget = hedge_s
+    while len(good) < data and (running or spare):
+        need = max(data - len(good) - len(running), 0)  # shards that failed: their replacements start now
+        for s in spare[:need]:
+            running[pool.submit(get, s)] = s
+        spare = spare[need:]
+        if not running:
+            break
+        done, _ = wait(running, timeout=budget if spare else None, return_when=FIRST_COMPLETED)
+        if not done and budget is not None:  # spent: as many parity shards as shards still out, in parallel
+            for s in running.values():
+                slow(s)
+                errors.append(f"shard {s} on node {chunk.nodes[s]}: no answer within {budget * 1e3:.0f} ms")
+            extra, spare = spare[:len(running)], spare[len(running):]
+            for s in extra:
+                running[pool.submit(get, s)] = s
+            budget = None  # hedged once: now the first good answers
+            continue
+        for f in done:
+            slot, body, error = f.result()
+            del running[f]
             if body is None:
                 errors.append(error)
             else:
                 good[slot] = body
-        need = data - len(good)
-        wanted, spare = spare[:need], spare[need:]
+    for f in running:
+        f.cancel()  # not started yet; one that is running ends at its own timeout, unread
     if len(good) < data:
         raise FasterFSError(f"{what}: {len(good)} of its {data + parity} shards readable, {data} needed: "
                             + "; ".join(errors))

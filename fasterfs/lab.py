@@ -1,13 +1,15 @@
 """The lab: N hosts on this one machine that share nothing but the network and the
 installed software, as real machines in a cluster do. Each host is a network namespace
 with an address of its own on a bridge FasterFS creates, a mount namespace of its own in
-which a private disk (a directory under <cluster.root>/lab-disks/) is its cluster root and
+which a private disk (a directory under <cluster.root>/lab-disks/, or an ext4 image of lab.disk_mb
+MB loop-mounted there: fasterfs.lab_disks) is its cluster root and
 /tmp and /dev/shm are its own, one Ray node, one MinIO, and bandwidth of its own.
 
     fasterfs lab up --nodes 4 [lab=unlimited] [lab.disks=[disk2,disk0,disk1]]
     fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391
     fasterfs lab power-off 2           # every process of host 2 killed at once
     fasterfs lab power-on 2 --empty    # back, with a blank disk: repair refills it
+    fasterfs lab partition 0 1         # and the other quiet failures: fasterfs.lab_faults
     fasterfs lab down
 
 Per host, `tbf` limits the host's loopback (what a local read can pull: the "disk") and
@@ -28,7 +30,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from . import cluster
+from . import cluster, lab_disks
 from .config import Layout, as_cfg
 from .errors import FasterFSError
 from .lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names
@@ -40,20 +42,27 @@ def up(cfg) -> cluster.ClusterState:
     cfg = as_cfg(cfg)
     # Kernel programs watch each host's lo and its own link for requests to any MinIO.
     cfg.kernel.host_interface, cfg.kernel.watch = LINK, "any"
-    disks = _disks(cfg)
+    disk_names = _disks(cfg)
     state_file = Layout.of(cfg).paths.state_file
     if state_file.exists() and cluster.ClusterState.load(state_file.parent).running():
         raise FasterFSError(f"a FasterFS cluster is already running under {state_file.parent}; "
                             "run `fasterfs lab down` first")
     if leftovers(cfg.cluster.name):  # a lab that crashed: no running cluster owns these any more
         destroy_network(names(cfg.cluster.name, MAX_HOSTS, MAX_HOSTS))
-    record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)
+    disks, mounted = lab_disks.prepare(Path(cfg.cluster.root) / "lab-disks", disk_names, cfg.lab.get("disk_mb"))
+    try:
+        record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)
+    except BaseException:
+        lab_disks.release(mounted)
+        raise
+    record["disk_mounts"] = mounted
     for host, disk in zip(hosts, disks):
         host.disk = str(disk)
     try:
         return cluster.up(cfg, hosts=hosts, head=head, lab=record)
     except BaseException:
-        destroy_network(record)  # cluster.up has stopped its processes; the network is ours to undo
+        destroy_network(record)  # cluster.up has stopped its processes; the network and disks are ours to undo
+        lab_disks.release(mounted)
         raise
 
 
@@ -64,26 +73,25 @@ def down(cfg) -> dict:
     if Layout.of(cfg).paths.state_file.exists():
         return cluster.down(cfg)
     left = leftovers(cfg.cluster.name)
-    if not left:
+    disks = Path(cfg.cluster.root) / "lab-disks"
+    mounted = [str(d) for d in disks.iterdir() if lab_disks.is_mounted(d)] if disks.is_dir() else []
+    if not left and not mounted:
         raise FasterFSError(f"no FasterFS lab is running under {cfg.cluster.root} and none is left to remove")
     destroy_network(names(cfg.cluster.name, MAX_HOSTS, MAX_HOSTS))
+    lab_disks.release(mounted)
     return {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
             "lab_removed": len(left)}
 
 
-def _disks(cfg) -> list[Path]:
-    """The hosts' private disks, in host order (created if new)."""
+def _disks(cfg) -> list[str]:
+    """The names of the hosts' private disks, in host order."""
     names = list(cfg.lab.disks) if cfg.lab.get("disks") else [f"disk{i}" for i in range(cfg.nodes)]
     if len(names) != cfg.nodes or len(set(names)) != len(names):
         raise FasterFSError(f"option lab.disks={names}: give {cfg.nodes} distinct names, one per host")
     for name in names:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", str(name)):
             raise FasterFSError(f"option lab.disks: disk name {name!r} must be 1-32 letters, digits, '-' or '_'")
-    base = Path(cfg.cluster.root) / "lab-disks"
-    paths = [base / str(n) for n in names]
-    for p in paths:
-        p.mkdir(parents=True, exist_ok=True)
-    return paths
+    return [str(n) for n in names]
 
 
 def exec_args(state: cluster.ClusterState, index: int, command: list[str]) -> list[str]:
@@ -131,8 +139,8 @@ def power_on(cfg, index: int, empty: bool = False) -> cluster.ClusterState:
     if left:
         raise FasterFSError(f"lab host {index} ({node.address}) still runs {len(left)} processes (pids "
                             f"{left[:5]}): power it off first (`fasterfs lab power-off {index}`)")
-    if empty:
-        shutil.rmtree(node.disk, ignore_errors=True)
-        Path(node.disk).mkdir(parents=True)
+    if empty:  # emptied, not removed: an image disk's directory is its mount point
+        for child in Path(node.disk).iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     cluster.rejoin(cfg, state, index, Host(node.address, node.netns, node.disk))
     return state

@@ -36,16 +36,22 @@ def _ip(*args: str) -> None:
         raise FasterFSError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
 
 
+def tbf_args(verb: str, device: str, mbit: float, burst_kb: int) -> list[str]:
+    """`tc qdisc <verb>` of a host's bandwidth limit on `device` (its link, or lo: its "disk")."""
+    return ["tc", "qdisc", verb, "dev", device, "root", "handle", "1:", "tbf", "rate", f"{mbit}mbit",
+            "burst", f"{burst_kb}kb", "latency", "50ms"]
+
+
 def _tbf(ns: str, device: str, mbit: int, burst_kb: int) -> None:
-    _ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "tbf",
-        "rate", f"{mbit}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
+    _ip("netns", "exec", ns, *tbf_args("add", device, mbit, burst_kb))
 
 
 def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list[Host]]:
     """Bridge, namespaces, veth pairs, addresses and limits. Returns the record to destroy
     it by, the head (bridge address) and the hosts."""
     record = names(cluster_name, hosts, int(lab.get("outsiders") or 0))
-    record.update(subnet=lab.subnet, profile=lab.profile, disk_mbit=lab.disk_mbit, link_mbit=lab.link_mbit)
+    record.update(subnet=lab.subnet, profile=lab.profile, disk_mbit=lab.disk_mbit, link_mbit=lab.link_mbit,
+                  burst_kb=lab.burst_kb)
     head = Host(f"{lab.subnet}.1")
     out = []
     try:

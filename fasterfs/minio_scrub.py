@@ -15,6 +15,7 @@ from typing import Protocol
 from . import erasure
 from .node_index import Piece
 from .repair import Throttle
+from .s3 import ServerError
 
 log = logging.getLogger("fasterfs.minio_scrub")
 
@@ -49,6 +50,13 @@ class MinioScrub:
                     data, headers = getter.get_object(self.bucket, key)
                 except KeyError:
                     continue  # missing: the survey sees it, and repair puts it back
+                except ServerError as e:
+                    if e.status < 500:
+                        raise
+                    log.warning("scrub: %s on node %d cannot be served: %s", key, self.node, e)
+                    bad.setdefault(piece.name, set()).add(piece.chunk_id)  # MinIO found it rotten itself
+                    bad_pieces.add((self.node, key))
+                    continue
                 throttle.take(len(data))
                 checked, nbytes = checked + 1, nbytes + len(data)
                 stored = headers.get("x-amz-meta-xxh3")

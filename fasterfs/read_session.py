@@ -12,8 +12,10 @@ import collections
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TypeVar
 
 from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
 
@@ -22,6 +24,20 @@ from .config import Paths
 from .node_directory import NodeDirectory
 from .reader_stats import BYTES_CACHE, HITS
 from .state import ClusterState, host_id
+
+T = TypeVar("T")
+
+
+class NodeGone(ConnectionError):
+    """A piece's node is not part of the cluster any more: as a machine that is down."""
+
+
+class ReadFailed(Exception):
+    """No node asked gave a good answer: each one's error, by node."""
+
+    def __init__(self, errors: dict[int, BaseException]):
+        super().__init__("; ".join(f"node {n}: {type(e).__name__}: {e}"[:300] for n, e in errors.items()))
+        self.errors = errors
 
 
 class ReadSession:
@@ -43,6 +59,9 @@ class ReadSession:
         self.prefetch_trigger = int(p.trigger)
         self.peer_slower_ms = float(cfg.cache.peer_slower_ms)
         self.read_timeout_s = cfg.client.read_timeout_s
+        h = cfg.client.hedge
+        self.hedge, self.hedge_factor = bool(h.enabled), float(h.factor)
+        self.hedge_min_ms, self.hedge_first_ms = float(h.min_ms), float(h.first_ms)
         self.mark = mark
         self._s3 = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, self.read_timeout_s)
                     for n in state.nodes}
@@ -85,6 +104,9 @@ class ReadSession:
     def timed_get(self, node: int, bucket: str, key: str) -> tuple[bytes, dict[str, str]]:
         """A whole object from `node`'s MinIO and its user metadata; the time feeds the node's
         moving average (`slow`)."""
+        if node not in self._s3:
+            raise NodeGone(f"node {node} is not part of cluster {self.state.name!r} now (its nodes are "
+                           f"{sorted(self._s3)}): read as down")
         t = time.perf_counter()
         if self.mark:
             body, headers = self.getter(node).get_object(bucket, key)
@@ -96,6 +118,58 @@ class ReadSession:
         ms = (time.perf_counter() - t) * 1e3
         self._origin_ms[node] = ms if node not in self._origin_ms else 0.7 * self._origin_ms[node] + 0.3 * ms
         return body, meta
+
+    def hedge_s(self, node: int) -> float:
+        """How long a GET to `node` may go unanswered before the same piece is asked of another
+        copy: hedge.factor x its moving average here (else the other nodes'), at least
+        hedge.min_ms; hedge.first_ms before any GET was timed."""
+        known = self._origin_ms.get(node)
+        if known is None and self._origin_ms:
+            known = sum(self._origin_ms.values()) / len(self._origin_ms)
+        ms = self.hedge_first_ms if known is None else max(self.hedge_min_ms, self.hedge_factor * known)
+        return ms / 1e3
+
+    def first_answer(self, nodes: list[int], get: Callable[[int], T]) -> tuple[int, T]:
+        """get(node) of the first node; the next node is asked as well when those asked have
+        failed or stayed silent for the hedge budget (a hung or slow host: Dean and Barroso's
+        hedged requests), and the first good answer wins. A node hedged around is tried last
+        for a while. Raises ReadFailed naming every node's error when none answers."""
+        errors: dict[int, BaseException] = {}
+        if len(nodes) == 1 or not self.hedge:  # nothing to hedge with: no thread hop
+            for node in nodes:
+                try:
+                    return node, get(node)
+                except Exception as e:
+                    self.note_failure(node, e)
+                    errors[node] = e
+            raise ReadFailed(errors)
+        pool = self.shard_pool()
+        waiting: list[int] = list(nodes)
+        running: dict[Future[T], int] = {}
+        while waiting or running:
+            if waiting and not running:
+                node = waiting.pop(0)
+                running[pool.submit(get, node)] = node
+            done, _ = wait(running, timeout=self.hedge_s(node) if waiting else None, return_when=FIRST_COMPLETED)
+            if not done:  # silent for its budget: ask the next copy too
+                node = waiting.pop(0)
+                running[pool.submit(get, node)] = node
+                continue
+            for f in done:
+                asked = running.pop(f)
+                error = f.exception()
+                if error is None:
+                    for late in running.values():
+                        self.hedged_around(late)
+                    return asked, f.result()
+                self.note_failure(asked, error)
+                errors[asked] = error
+        raise ReadFailed(errors)
+
+    def hedged_around(self, node: int) -> None:
+        """`node` stayed silent while another copy answered: it may be hung, so it is tried last
+        until a GET of its could have timed out."""
+        self._refused[node] = time.monotonic() + self.read_timeout_s
 
     def shard_pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -110,12 +184,17 @@ class ReadSession:
         for node in nodes:
             self._refused[node] = float("inf")
 
+    def where(self, node: int) -> str:
+        """`node`'s MinIO endpoint, for errors (or that it is not in the cluster now)."""
+        return self.state.node(node).endpoint if node in self._s3 else "not part of the cluster now"
+
     def down(self, node: int) -> bool:
         """The node refused a connection within DOWN_S: read elsewhere first (a refused
-        connection costs 0.1-0.5 s in botocore here)."""
-        return self._refused.get(node, 0.0) > time.monotonic()
+        connection costs 0.1-0.5 s in botocore here). A node the data was stored on that is
+        not part of the cluster now (brought up with fewer machines) is down for good."""
+        return node not in self._s3 or self._refused.get(node, 0.0) > time.monotonic()
 
-    def note_failure(self, node: int, error: Exception) -> None:
+    def note_failure(self, node: int, error: BaseException) -> None:
         if isinstance(error, (EndpointConnectionError, ConnectTimeoutError)):
             self._refused[node] = time.monotonic() + self.DOWN_S
 
@@ -131,7 +210,8 @@ class ReadSession:
         across hosts counts as this host's reader's). A driver on a host without a
         StorageNode (the lab's head) has no one to count for it."""
         if node not in self._stats:
-            home = node if self.state.node(node).host_id == self.here else self.local_node
+            here = node in self._s3 and self.state.node(node).host_id == self.here
+            home = node if here else self.local_node
             self._stats[node] = (reader_stats.ReaderStats(self.paths.reader_stats_dir(home)) if home is not None
                                  else reader_stats.UNCOUNTED)
         return self._stats[node]

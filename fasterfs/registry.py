@@ -26,6 +26,7 @@ from .config import Paths
 from .credentials import ClusterKeys
 from .errors import FasterFSError
 from .fsutil import atomic_write
+from .lease import Lease
 from .manifest import Manifest
 from .namespace_store import NamespaceStore
 from .node_directory import NodeDirectory
@@ -46,6 +47,7 @@ class Registry:
         self.cluster = ClusterState.load(self.paths.root)
         self.keys = credentials.load(self.paths.credentials_file)
         self.names = NamespaceStore(self.paths.root / "namespace", self.cluster.name, self._push)
+        self.repair_lease = Lease()  # one repair leader at a time; a restarted Registry starts a new epoch count
 
     def ready(self) -> str:
         return host_id()
@@ -87,8 +89,17 @@ class Registry:
         return self.names.publish(manifest, prefix)
 
     def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      retired: Sequence[tuple[int, str]] = ()) -> list[int]:
+                      retired: Sequence[tuple[int, str]] = (), fence: tuple[int, int] | None = None) -> list[int]:
+        """`fence`: (node, epoch) of the repair leader's lease it repaired under; refused unless
+        that lease is still held (a leader cut off meanwhile has been replaced)."""
+        if fence is not None and not self.repair_lease.valid(*fence):
+            raise FasterFSError(f"repair by node {fence[0]} under lease epoch {fence[1]} refused: the lease is "
+                                f"{self.repair_lease.to_dict()}")
         return self.names.update_chunks(name, generation, moves, retired)
+
+    def lease_repair(self, node: int, ttl_s: float) -> int | None:
+        """The repair leader's lease for `node` (granted or renewed: its epoch), or None."""
+        return self.repair_lease.acquire(node, ttl_s)
 
     def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
         return self.names.expired_pieces(keep_old_s)
@@ -222,8 +233,15 @@ def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list
     return _ask(cluster_name, "publish_manifest", manifest, prefix)
 
 
-def update_chunks(cluster_name: str, name: str, generation: str, moves: dict, retired: list) -> list[int]:
-    return _ask(cluster_name, "update_chunks", name, generation, moves, retired)
+def update_chunks(cluster_name: str, name: str, generation: str, moves: dict, retired: list,
+                  fence: tuple[int, int] | None = None) -> list[int]:
+    return _ask(cluster_name, "update_chunks", name, generation, moves, retired, fence)
+
+
+def lease_repair(cluster_name: str, node: int, ttl_s: float) -> int | None:
+    import ray
+
+    return ray.get(handle(cluster_name).lease_repair.remote(node, ttl_s), timeout=max(1.0, ttl_s / 2))
 
 
 def expired_pieces(cluster_name: str, keep_old_s: float) -> list[tuple[int, str]]:

@@ -126,6 +126,7 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
     alive = {n for n, keys in listing.items() if keys is not None}
     health = Health(nodes_down=sorted(set(listing) - alive))
     plans = []
+    stored_on: set[int] = set()
     for m in manifests:
         home = homes(m, state, load_slack)
         for c in m.chunks:
@@ -146,6 +147,9 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
                 health.lost.setdefault(m.name, []).append(c.id)
             elif missing or moves:
                 plans.append(_Plan(m, c, missing, moves, home[c.id]))
+            stored_on.update(c.nodes)
+    # a node the data was stored on that is not part of the cluster now: down, as a machine that is
+    health.nodes_down = sorted(set(health.nodes_down) | (stored_on - {n.index for n in state.nodes}))
     return health, plans
 
 
@@ -203,8 +207,9 @@ class Outcome:
 
 def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
         waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
-        only: dict[str, set[int]] | None = None) -> Outcome:
-    """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc."""
+        only: dict[str, set[int]] | None = None, fence: tuple[int, int] | None = None) -> Outcome:
+    """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc.
+    `fence`: (node, epoch) of the repair lease this repair runs under (the automatic leader's)."""
     from .client import Client
     from .read_session import ReadSession
 
@@ -293,7 +298,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     for m in manifests.values():
         if moves.get(m.name):
             applied = set(registry.update_chunks(state.name, m.name, m.generation, dict(moves[m.name]),
-                                                 retired.get(m.name, [])))
+                                                 retired.get(m.name, []), fence))
             for cid in set(moves[m.name]) - applied:
                 out.failed.append(f"{m.name} chunk {cid}: changed while repaired (re-ingested?); not applied")
     out.seconds = time.monotonic() - started

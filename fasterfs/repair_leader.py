@@ -1,7 +1,8 @@
 """RepairLeader: auto repair with no coordinator, as one node's part of it.
 
 Every node probes the others each `repair.check_s`; the lowest-numbered node whose MinIO answers
-surveys the namespace and repairs it. Pieces on a node down for less than `repair.after_s` are
+asks the Registry for the repair lease (fasterfs.lease) and, holding it, surveys the namespace and
+repairs it, its changes fenced by the lease's epoch. Pieces on a node down for less than `repair.after_s` are
 left alone (it may come back). A survey lists every node's bucket (most of an idle node's CPU with
 10,000 chunks if done every check), so the leader surveys only when something changed (nodes
 down or back, one down past `after_s`, the namespace), while the last survey found anything to
@@ -38,14 +39,18 @@ class Timing:
 
 class RepairLeader:
     """`probe()` -> (every node of the cluster, those whose MinIO answers now); `version()` -> the
-    namespace's version; `survey()` -> its Health; `repair(waiting)` -> the Outcome of a repair
-    that leaves the pieces of the nodes in `waiting` alone."""
+    namespace's version; `survey()` -> its Health; `repair(waiting, epoch)` -> the Outcome of a
+    repair that leaves the pieces of the nodes in `waiting` alone, fenced by the lease's epoch;
+    `lease(ttl_s)` -> the repair lease's epoch for this node (granted or renewed), or None: held by
+    another, or the granter unreachable. The lowest answering node asks for it; only its holder
+    leads, so two sides of a partition never both repair."""
 
     def __init__(self, node: int, timing: Timing, probe: Callable[[], tuple[list[int], set[int]]],
                  version: Callable[[], Hashable], survey: Callable[[], Health],
-                 repair: Callable[[set[int]], Outcome]):
+                 repair: Callable[[set[int], int], Outcome], lease: Callable[[float], int | None]):
         self.node, self.timing = node, timing
-        self.probe, self.version, self.survey, self.repair = probe, version, survey, repair
+        self.probe, self.version, self.survey, self.repair, self.lease = probe, version, survey, repair, lease
+        self.epoch: int | None = None  # the repair lease this node holds, as last granted
         self.health: dict | None = None  # the namespace's redundancy as this node last surveyed it (when it leads)
         self.repairs: list[dict] = []    # what this node's own repairs did, latest last
         self._down_since: dict[int, float] = {}
@@ -62,7 +67,13 @@ class RepairLeader:
                 self._down_since.pop(n, None)
             else:
                 self._down_since.setdefault(n, now)
-        if not alive or min(alive) != self.node:
+        self.epoch = None
+        if alive and min(alive) == self.node:
+            try:  # a few checks' worth: a leader that stops renewing is replaced soon after
+                self.epoch = self.lease(3 * self.timing.check_s)
+            except Exception as e:
+                log.warning("node %d cannot reach the repair lease's granter: %s", self.node, e)
+        if self.epoch is None:
             self.health, self._seen = None, None
             return "follow"
         # a node is gone only after after_s down; one that answered the probe but not the
@@ -77,7 +88,7 @@ class RepairLeader:
         if not self.timing.auto:
             self.health = self.survey().to_dict()
             return "survey"
-        out = self.repair(waiting)
+        out = self.repair(waiting, self.epoch)
         self.health = out.health.to_dict()
         if out.repaired or out.failed:
             self.record("auto", out)

@@ -48,6 +48,15 @@ def client(endpoint: str, creds: Credentials, connect_timeout: float = 1.0, read
         )
 
 
+
+class ServerError(OSError):
+    """MinIO answered a GET with an error status (a 5xx: it could not serve the object, e.g. its
+    own bitrot check failed)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
 class MarkedGetter:
     """Signed GETs over sockets that carry SO_MARK, so the kernel's request tracker can
     tell the cache filler's own traffic from readers' (it skips packets with the mark).
@@ -91,7 +100,8 @@ class MarkedGetter:
         if response.status == 404:
             raise KeyError(f"{path} not found on {self.endpoint}")
         if response.status != (206 if ranged else 200):
-            raise OSError(f"GET {path} on {self.endpoint}: HTTP {response.status} {response.data[:200]!r}")
+            raise ServerError(response.status, f"GET {path} on {self.endpoint}: HTTP {response.status} "
+                                               f"{response.data[:200]!r}")
         return response.data, response.headers
 
     def list(self, bucket: str, prefix: str = ""):

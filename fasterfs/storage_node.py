@@ -26,6 +26,7 @@ from .cache import ChunkCache, keep_capacity, kept_capacity
 from .cache_filler import CacheFiller
 from .config import Layout, as_cfg, minio_binary
 from .credentials import ClusterKeys
+from .errors import FasterFSError
 from .fill_router import FillRouter
 from .fill_sources import FillSources
 from .invalidation import Invalidations, Write, revalidate
@@ -114,7 +115,7 @@ class StorageNode:
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_index, self._reconnect)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
-                                   lambda waiting: repair.run(cfg, self._state(), server.creds, waiting=waiting))
+                                   self._repair, self._lease)
         self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
@@ -177,6 +178,18 @@ class StorageNode:
 
     def _survey(self) -> repair.Health:
         return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack)
+
+    def _lease(self, ttl_s: float) -> int | None:
+        return registry.lease_repair(self.cfg.cluster.name, self.index, ttl_s)
+
+    def _repair(self, waiting: set[int], epoch: int) -> repair.Outcome:
+        """The leader's repair, fenced by its lease, which each chunk done renews (a long repair
+        keeps it; a leader cut off from the Registry loses it, and its repair is not applied)."""
+        def renew(done: int, total: int) -> None:
+            if self._lease(3 * self.cfg.repair.check_s) != epoch:
+                raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
+        return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
+                          fence=(self.index, epoch))
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
         out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad)

@@ -1,8 +1,9 @@
 """The fault harness: readers on every node check every read against the source while the
 cluster is hurt on purpose — MinIO servers, StorageNodes and readers SIGKILLed, objects
 rewritten, the dataset re-ingested, caches filled past a small capacity, the nodes polled
-like an open dashboard. Seeded and bounded in time. (The peak is judged against the
-capacity each node reported at that moment.)
+like an open dashboard; on a lab (`fasterfs lab up`) also the quiet failures: a MinIO frozen,
+a host cut from another, a link at 2 Mbit/s, bytes flipped in a host's MinIO files. Seeded and
+bounded in time. (The peak is judged against the capacity each node reported at that moment.)
 
     python jobs/faults.py [faults.duration_s=120 faults.seed=7 ...]      (on `fasterfs up`)
 
@@ -11,7 +12,8 @@ back. Every read is checked after the run against the history of writes: it must
 version that was current at some moment while it ran (wrong: bytes no write ever stored;
 stale: a version replaced before the read began).
 
-Prints and writes (faults.json) reads checked, writes, kills, wrong, stale and failed reads
+Prints and writes (faults.json) reads checked, writes, kills, wrong, stale and failed reads (and,
+per quiet fault kind, reads during it, wrong, stale, failed and p99 latency against outside),
 and the peak cache bytes against the capacity, and how long each killed StorageNode took to answer
 again (faults go on meanwhile, on the other nodes). Exits 1 unless every read was right, none failed,
 no cache ever exceeded its capacity and every killed StorageNode came back. It ingests with
@@ -37,6 +39,8 @@ from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 
 ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reingest")
+# the quiet failures, on a lab only (fasterfs.lab_faults): each held for faults.every_s, then undone
+QUIET = ("freeze_minio", "partition", "slow_link", "flip")
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -49,6 +53,7 @@ class Reader:
         self.counts = {"failed": 0, "generations": 0}
         self.errors: list[str] = []
         self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end), wall-clock
+        self.failures: list[tuple] = []  # (start, end) of each failed read
 
     def pid(self) -> int:
         return os.getpid()
@@ -67,11 +72,12 @@ class Reader:
                 data = client.read_chunk(i)
             except Exception as e:
                 self.counts["failed"] += 1
+                self.failures.append((start, time.time()))
                 self.errors.append(f"chunk {i}: {type(e).__name__}: {e}"[:300])
                 continue
             self.reads.append((client.manifest.chunk(i).key, xxh3_64_intdigest(data), start, time.time()))
         self.counts["generations"] = len(seen)
-        return {**self.counts, "reads": self.reads, "errors": self.errors[-10:]}
+        return {**self.counts, "reads": self.reads, "failures": self.failures, "errors": self.errors[-10:]}
 
 
 class Harness:
@@ -86,7 +92,7 @@ class Harness:
         self.client = fasterfs.connect(overrides=argv)
         self.state = self.client.state
         self.actors = cluster.storage_nodes(self.state)
-        self.counts = {"writes": 0, "kills": 0, "reingests": 0, "polls": 0, **{a: 0 for a in ACTIONS}}
+        self.counts = {"writes": 0, "kills": 0, "reingests": 0, "polls": 0, **{a: 0 for a in ACTIONS + QUIET}}
         self.history = WriteHistory()
         self.history.add_manifest(self.manifest)
         self.peak = {n.index: 0 for n in self.state.nodes}        # bytes on disk
@@ -98,6 +104,8 @@ class Harness:
         self.back_after_s: list[dict] = []   # how long each killed StorageNode took to answer again, its phases
         self.not_back: list[str] = []        # ... or that it never did
         self.killed_readers: set[int] = set()  # the readers' pids this harness killed
+        self.actions = ACTIONS + (QUIET if self.state.lab else ())
+        self.windows: list[tuple[str, float, float]] = []  # (fault kind, began, undone), wall-clock
 
     # -- readers -----------------------------------------------------------------------------
 
@@ -164,7 +172,9 @@ class Harness:
             chunk = self.cached_chunk(m)
             clients = [s3.client(self.state.node(h).endpoint, registry.fetch_credentials(self.state.name, "admin"))
                        for h in chunk.nodes]
-            original = clients[0].get_object(Bucket=m.bucket, Key=chunk.key)["Body"].read()
+            copies = [c.get_object(Bucket=m.bucket, Key=chunk.key)["Body"].read() for c in clients]
+            # the copy that matches the manifest (a flipped byte may have rotted another)
+            original = next((b for b in copies if xxh3_64_intdigest(b) == chunk.xxh3), copies[0])
             other = b"overwritten %d\n" % self.counts["writes"] + original[::-1]
             for body in (other, original):
                 begin = time.time()
@@ -179,8 +189,55 @@ class Harness:
             self.history.add_manifest(ingest(self.ingest_cfg))
             self.counts["reingests"] += 1
             return "re-ingested"
+        elif action in QUIET:
+            return self.quiet(action, node)
         self.counts["kills"] += action.startswith("kill")
         return f"{action} on node {node.index}"
+
+    def quiet(self, action: str, node) -> str:
+        """A quiet failure on lab host `node` for faults.every_s (readers read on), then undone."""
+        from fasterfs import lab_faults
+
+        others = [n for n in self.state.nodes if n.index != node.index]
+        began = time.time()
+        if action == "freeze_minio":
+            lab_faults.freeze(self.state, node.index, "minio")
+            what = f"froze node {node.index}'s MinIO"
+        elif action == "partition":
+            peer = self.rng.choice(others)
+            lab_faults.partition(self.state, node.index, [str(peer.index)])
+            what = f"cut node {node.index} from node {peer.index}"
+        elif action == "slow_link":
+            lab_faults.slow(self.state, node.index, 2)
+            what = f"node {node.index}'s link at 2 Mbit/s"
+        else:
+            flipped = lab_faults.flip(self.state, node.index, "minio", 3, self.rng.randrange(1 << 30))
+            what = f"flipped a byte in {len(flipped)} of node {node.index}'s MinIO files (left for the scrub)"
+        try:
+            time.sleep(self.every)
+        finally:
+            lab_faults.thaw(self.state)
+            lab_faults.heal(self.state)
+        self.windows.append((action, began, time.time()))
+        return what
+
+    def by_kind(self, reads: list[tuple], failures: list[tuple], verdicts: list[str | None]) -> dict:
+        """Per fault kind: how often injected, reads while in force, wrong, stale, failed, and the
+        p99 read latency then against the reads outside every fault window."""
+        def during(kind: str, start: float, end: float) -> bool:
+            return any(k == kind and start <= e and b <= end for k, b, e in self.windows)
+        quiet_kinds = sorted({k for k, _, _ in self.windows})
+        outside = [r[3] - r[2] for r in reads if not any(during(k, r[2], r[3]) for k in quiet_kinds)]
+        out = {"healthy_p99_ms": round(_p99(outside) * 1e3, 1) if outside else None}
+        for kind in quiet_kinds:
+            inside = [(r, v) for r, v in zip(reads, verdicts) if during(kind, r[2], r[3])]
+            lat = [r[3] - r[2] for r, _ in inside]
+            out[kind] = {"injected": sum(k == kind for k, _, _ in self.windows), "reads": len(inside),
+                         "wrong": sum(bool(v) and v.startswith("wrong") for _, v in inside),
+                         "stale": sum(bool(v) and v.startswith("stale") for _, v in inside),
+                         "failed": sum(during(kind, b, e) for b, e in failures),
+                         "p99_ms": round(_p99(lat) * 1e3, 1) if lat else None}
+        return out
 
     def _wait_back(self, actor, killed: float) -> None:
         try:
@@ -223,7 +280,7 @@ class Harness:
             while time.monotonic() + self.every < self.deadline:
                 time.sleep(self.every)
                 if not plan:  # every kind of fault once per round, in a seeded order
-                    plan = self.rng.sample(ACTIONS, len(ACTIONS))
+                    plan = self.rng.sample(self.actions, len(self.actions))
                 action = plan.pop()
                 node = self.rng.choice(self.up_nodes(every=action in ("overwrite", "reingest")))
                 self.counts[action] += 1
@@ -232,6 +289,7 @@ class Harness:
             totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "readers_lost": 0,
                       "read_overwritten": 0}
             errors = []
+            all_reads, all_failures, verdicts = [], [], []
             for index, runs in self.readers.items():
                 for pid, ref in runs:
                     try:
@@ -246,10 +304,13 @@ class Harness:
                         continue
                     totals["failed"] += r["failed"]
                     errors += r["errors"]
+                    all_reads += r["reads"]
+                    all_failures += r["failures"]
                     for key, got, start, end in r["reads"]:
                         totals["reads"] += 1
                         totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
                         verdict = self.history.check(key, got, start, end)
+                        verdicts.append(verdict)
                         if verdict:
                             totals[verdict.split(":")[0]] += 1
                             errors.append(verdict)
@@ -259,6 +320,7 @@ class Harness:
             self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
         return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
+                "by_kind": self.by_kind(all_reads, all_failures, verdicts),
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
                 "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
@@ -296,6 +358,10 @@ class WriteHistory:
             return f"wrong: {key}: bytes no write stored (read {start:.3f}-{end:.3f})"
         late = start - max(r for r in replaced_at if r < start)
         return f"stale: {key}: a version replaced {late * 1e3:.1f} ms before the read began (read at {start:.3f})"
+
+
+def _p99(xs: list[float]) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))]
 
 
 def _disk_bytes(directory) -> int:
@@ -344,6 +410,12 @@ def main(argv: list[str]) -> dict:
     console.print(table)
     for line in result["log"]:
         console.print("  " + line)
+    kinds = result["by_kind"]
+    for kind in sorted(k for k in kinds if k != "healthy_p99_ms"):
+        k = kinds[kind]
+        console.print(f"  {kind}: injected {k['injected']}, {k['reads']} reads during it: {k['wrong']} wrong, "
+                      f"{k['stale']} stale, {k['failed']} failed; p99 {k['p99_ms']} ms "
+                      f"(outside every fault: {kinds['healthy_p99_ms']} ms)")
     for back in result["storage_node_back_after_s"]:
         console.print(f"  a killed StorageNode answered again after {back['answered_s']:.1f} s; its own start took "
                       f"{back['total_s']:.1f} s (kernel programs {back['kernel_s']:.1f}, MinIO {back['minio_s']:.1f}, "

@@ -37,6 +37,9 @@ def test_synthetic_data_group():
     (["cluster.insecure=1"], "cluster.insecure"),
     (["dashboard.require_token=never"], "dashboard.require_token"),
     (["namespace.shed_read_ahead_above=150"], "namespace.shed_read_ahead_above"),
+    (["client.hedge.factor=0.5"], "client.hedge.factor"),
+    (["client.hedge.min_ms=-1"], "client.hedge.min_ms"),
+    (["lab.disk_mb=10"], "lab.disk_mb"),
 ])
 def test_bad_option_named(override, culprit):
     with pytest.raises(FasterFSError, match=culprit):

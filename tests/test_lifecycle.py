@@ -168,3 +168,4 @@ def test_up_with_a_smaller_cache_than_the_disk_holds_and_no_dashboard(own, capsy
 def _listening(port: int) -> bool:
     out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
     return bool(out.strip())
+

@@ -15,6 +15,7 @@ from fasterfs.cache_filler import CacheFiller
 from fasterfs.errors import FasterFSError
 from fasterfs.fill_router import FillRouter
 from fasterfs.invalidation import Invalidations
+from fasterfs.lease import Lease
 from fasterfs.manifest import ChunkInfo, Manifest
 from fasterfs.minio_scrub import MinioScrub
 from fasterfs.node_directory import NodeDirectory
@@ -219,6 +220,10 @@ class Cluster:
     def __init__(self, degraded: bool = False):
         self.alive, self.version, self.repairs, self.surveys = {0, 1, 2}, 1, [], 0
         self.degraded = degraded
+        self.now = 0.0
+        self.lease = Lease(lambda: self.now)  # the Registry's, on a clock of the test's
+        self.sees: dict[int, set[int]] = {}  # what a node's probes see, when not `alive` (a partition)
+        self.epochs: list[int] = []
 
     def health(self) -> Health:
         return Health(chunks=4, degraded={"d": [0]} if self.degraded else {})
@@ -228,11 +233,13 @@ class Cluster:
             self.surveys += 1
             return self.health()
 
-        def repair(waiting: set[int]) -> Outcome:
+        def repair(waiting: set[int], epoch: int) -> Outcome:
             self.repairs.append(set(waiting))
+            self.epochs.append(epoch)
             return Outcome(self.health())
         return RepairLeader(node, Timing(check_s=1, after_s=10, survey_s=100, auto=auto),
-                            lambda: ([0, 1, 2], set(self.alive)), lambda: self.version, survey, repair)
+                            lambda: ([0, 1, 2], set(self.sees.get(node, self.alive))), lambda: self.version, survey,
+                            repair, lambda ttl_s: self.lease.acquire(node, ttl_s))
 
 
 def test_only_the_lowest_answering_node_leads():
@@ -267,6 +274,32 @@ def test_a_leader_surveys_again_on_change_on_findings_and_when_due():
     assert leader.tick(151) == "repair"  # not settled: it keeps going while there is work
     c.degraded = False
     assert leader.tick(152) == "repair" and leader.tick(153) == "wait"
+
+
+def test_one_leader_across_a_partition_and_a_new_epoch_after_it():
+    """Nodes 0 and 1 cut from each other: each sees itself as the lowest answering node, but only
+    the lease's holder leads; when it stops renewing (cut off from the Registry), node 1 takes
+    over after the lease's time, under a new epoch, and node 0's old epoch is no longer valid."""
+    c = Cluster()
+    c.sees = {0: {0, 2}, 1: {1, 2}}
+    zero, one = c.leader(0), c.leader(1)
+    assert zero.tick(0) == "repair" and one.tick(0) == "follow"
+    c.now = 2.0
+    assert zero.tick(2) == "wait" and one.tick(2) == "follow"  # renewed: still node 0's
+    c.now = 2.0 + 3 * 1 + 0.1  # node 0 silent for longer than the lease (3 checks)
+    assert one.tick(5.1) == "repair" and c.epochs == [1, 2]
+    assert not c.lease.valid(0, 1) and c.lease.valid(1, 2)
+    assert zero.tick(5.2) == "follow"  # node 0 is back in touch: the lease is node 1's now
+
+
+def test_a_lease_is_one_holders_until_it_expires():
+    now = [0.0]
+    lease = Lease(lambda: now[0])
+    assert lease.acquire(0, 10) == 1 and lease.acquire(1, 10) is None and lease.acquire(0, 10) == 1
+    now[0] = 9.9
+    assert lease.valid(0, 1) and lease.acquire(1, 10) is None
+    now[0] = 20.0  # expired: node 0's epoch is not valid any more, node 1 gets a new one
+    assert not lease.valid(0, 1) and lease.acquire(1, 10) == 2 and lease.acquire(0, 10) is None
 
 
 def test_without_auto_repair_the_leader_only_surveys():

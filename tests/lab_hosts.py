@@ -1,0 +1,92 @@
+"""What the lab tests do on share-nothing hosts: run a command on a host as on that machine,
+store a small file, and read on a given host (Ray tasks placed there), returning checksums
+the tests hold against the bytes they stored themselves."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import ray
+from conftest import cluster_overrides
+from xxhash import xxh3_64_intdigest as xxh3
+
+import fasterfs
+from fasterfs import config, lab
+from fasterfs.ingest import put
+
+SUBNET = "198.18.7"
+PROJECT = config.PROJECT_DIR
+
+
+def lab_overrides(root: Path, nodes: int = 3) -> list[str]:
+    return cluster_overrides(root, "127.0.4.2", 3, nodes=nodes) + [f"lab.subnet={SUBNET}", "lab.link_mbit=200",
+                                                                   "lab.disk_mbit=null"]
+
+
+def in_ns(ns: str, *cmd: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, check=True).stdout
+
+
+def on_host(state, index: int, *cmd: str) -> subprocess.CompletedProcess:
+    """A command run on a lab host as on that machine (`fasterfs lab exec`)."""
+    return subprocess.run(lab.exec_args(state, index, list(cmd)), capture_output=True, text=True, timeout=180,
+                          cwd=PROJECT)
+
+
+def put_blob(state, overrides: list[str], name: str, mb: int, *options: str) -> tuple[bytes, object]:
+    """A file of about `mb` random MB stored in 1 MB chunks (a dataset that costs no parsing)."""
+    blob = os.urandom(mb * 2**20 - 7)
+    src = Path(state.root) / f"{name.replace('/', '_')}.src"
+    src.write_bytes(blob)
+    return blob, put(config.load(overrides + ["files.chunk_mb=1", *options]), src, name)
+
+
+@ray.remote(num_cpus=0)
+def read_ids(root, ids, dataset=None):
+    """(this host's Ray node id, [(xxh3, the node it was read from)] of chunks `ids`)."""
+    client = fasterfs.connect(root, ["cache.prefetch.enabled=false"], dataset=dataset)
+    return ray.get_runtime_context().get_node_id(), [(xxh3(client.read_chunk(i)), client.sources(i)[0]) for i in ids]
+
+
+@ray.remote(num_cpus=0)
+def read_file(name):
+    """xxh3 of a whole file read on this host, how many of its chunks needed parity, and why."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
+    data = b"".join(client.read_chunk(i) for i in range(len(client)))
+    return xxh3(data), client.degraded_reads, list(client.degraded_why)
+
+
+def check_file(where, name, checksum, degraded):
+    """The whole file read on host `where` has `checksum`, `degraded` of its chunks needing parity."""
+    got, count, why = ray.get(read_file.options(**where).remote(name))
+    assert (got, count) == (checksum, degraded), f"{name}: {count} chunks needed parity, {degraded} expected: {why}"
+
+
+@ray.remote(num_cpus=0)
+def read_twice(name, i):
+    """Chunk i of `name` read twice on this host: the kernel makes it hot here."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
+    return [xxh3(client.read_chunk(i)) for _ in range(2)][-1]
+
+
+@ray.remote(num_cpus=0)
+def read_once(name, i):
+    """xxh3 of chunk i read on this host, and how many chunks came from another host's cache."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name)
+    return xxh3(client.read_chunk(i)), client.peer_reads
+
+
+@ray.remote(num_cpus=0)
+def read_slow(name, i):
+    """Chunk i read twice on this host, every MinIO counted as slow: the first read measures its
+    holder, the second asks the caches of other hosts first. (xxh3, peer reads, MinIO reads)."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false", "cache.peer_slower_ms=0.001"], dataset=name)
+    client.read_chunk(i)
+    return xxh3(client.read_chunk(i)), client.peer_reads, sum(client.served_by.values())
+
+
+@ray.remote(num_cpus=0)
+def read_raw(i):
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"])
+    return xxh3(client.read_chunk(i)), client.local_node

@@ -1,0 +1,309 @@
+"""The quiet failures of real clusters, made on share-nothing lab hosts (fasterfs.lab_faults):
+cuts, hung and slow servers, full disks, rotten bytes. Each fault is seen from the hosts with
+plain sockets, tc, statvfs and the files' bytes; FasterFS's reads under it are compared with
+the source file's bytes. One lab serves the module; every test undoes what it made."""
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import assert_nothing_left, cluster_overrides, data_overrides, load_job
+from xxhash import xxh3_64_intdigest as xxh3
+
+import fasterfs
+from fasterfs import cluster, config, lab, lab_faults
+from fasterfs.ingest import put
+
+pytestmark = pytest.mark.lab
+
+SUBNET = "198.18.8"
+PROJECT = config.PROJECT_DIR
+CONNECTS = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close(); print("open")
+except OSError as e:
+    print(type(e).__name__)
+"""
+ANSWERS = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+s.settimeout(float(sys.argv[3]))
+s.sendall(b"GET /minio/health/live HTTP/1.0\\r\\n\\r\\n")
+try:
+    print("answers" if s.recv(64) else "closed")
+except TimeoutError:
+    print("silent")
+"""
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """A 3-host lab whose hosts have disks of their own (512 MB ext4 images), for the module."""
+    root = Path(str(tmp_path_factory.mktemp("flt"))[:60])
+    overrides = cluster_overrides(root, "127.0.4.2", 3, nodes=3) + [
+        f"lab.subnet={SUBNET}", "lab.link_mbit=200", "lab.disk_mbit=null", "lab.disk_mb=512"]
+    cfg = config.load(overrides)
+    state = lab.up(cfg)
+    yield state, overrides
+    cluster.down(cfg)
+    assert_nothing_left(state)
+    assert lab.leftovers(cfg.cluster.name) == []
+    assert not _cut_rules(None) and not [n for n in state.nodes if os.path.ismount(n.disk)]
+    assert not Path(state.root, "lab-faults.json").exists()
+
+
+def _from(netns, script: str, *args) -> str:
+    """What `script` prints, run on a lab host (None: the head)."""
+    cmd = ["python3", "-c", script, *map(str, args)]
+    return subprocess.run(["ip", "netns", "exec", netns, *cmd] if netns else cmd, capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+
+
+def _cut_rules(netns) -> list:
+    out = subprocess.run(["ip", *(["-n", netns] if netns else []), "-j", "rule", "show"], capture_output=True,
+                         text=True, check=True).stdout
+    return [r for r in json.loads(out) if r.get("priority") == lab_faults.CUT_PREF]
+
+
+def _lab(overrides, *args) -> str:
+    """`fasterfs lab ARGS` as a user types it."""
+    out = subprocess.run([str(PROJECT / ".venv/bin/fasterfs"), "lab", *map(str, args), *overrides],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def _blob(state, overrides, name: str, mb: int, *options: str) -> tuple[bytes, object]:
+    blob = os.urandom(mb * 2**20 - 11)
+    src = Path(state.root) / f"{name.replace('/', '_')}.src"
+    src.write_bytes(blob)
+    return blob, put(config.load(overrides + ["files.chunk_mb=1", *options]), src, name)
+
+
+@ray.remote(num_cpus=0)
+def _timed_reads(name: str, rounds: int) -> dict:
+    """Every chunk of `name` read `rounds` times on this host (MinIO only: no cache), each read's
+    seconds, and the bytes of the last round."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
+    seconds, data = [], b""
+    for _ in range(rounds):
+        parts = []
+        for i in range(len(client)):
+            t = time.perf_counter()
+            parts.append(client.read_chunk(i))
+            seconds.append(time.perf_counter() - t)
+        data = b"".join(parts)
+    return {"seconds": seconds, "xxh3": xxh3(data), "degraded": client.degraded_reads}
+
+
+def p99(xs: list[float]) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+def test_cuts_are_made_and_healed(faulty):
+    """`lab partition` both ways, from the head, and one way; `lab heal`: seen by plain sockets."""
+    state, overrides = faulty
+    port = config.load(overrides).minio.port
+    h0, h1, h2 = state.nodes
+    reach = lambda a, b: _from(a.netns, CONNECTS, b.address, port, 1)  # noqa: E731
+    head_reach = lambda b: _from(None, CONNECTS, b.address, port, 1)  # noqa: E731
+    try:
+        assert reach(h0, h1) == reach(h1, h0) == reach(h0, h2) == "open"
+        _lab(overrides, "partition", 0, "1,head")
+        assert reach(h0, h1) == reach(h1, h0) == "TimeoutError" and reach(h0, h2) == reach(h2, h0) == "open"
+        assert head_reach(h0) == "TimeoutError" and head_reach(h1) == "open"
+        _lab(overrides, "heal")
+        assert not _cut_rules(h0.netns) and not _cut_rules(h1.netns) and not _cut_rules(None)
+        assert reach(h0, h1) == reach(h1, h0) == "open" and head_reach(h0) == "open"
+        _lab(overrides, "partition", 0, "1", "--one-way")  # host 0 cannot reach host 1; host 1 still reaches 0
+        assert reach(h0, h1) == "TimeoutError" and reach(h1, h0) == "open"
+    finally:
+        _lab(overrides, "heal")
+    assert reach(h0, h1) == "open"
+
+
+def test_freeze_thaw_slow_fill_flip(faulty):
+    """A frozen MinIO accepts connections and never answers until thawed; `lab slow` sets the
+    link's rate until healed; `lab fill` leaves the host's disk no room (ENOSPC) until healed;
+    `lab flip` changes exactly one byte of one file."""
+    state, overrides = faulty
+    port = config.load(overrides).minio.port
+    h0, h1, h2 = state.nodes
+    try:
+        assert _from(h0.netns, ANSWERS, h1.address, port, 2) == "answers"
+        _lab(overrides, "freeze", 1, "minio")
+        pid = lab_faults.in_force(state)["frozen"][0]["pid"]
+        assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"  # stopped
+        assert _from(h0.netns, ANSWERS, h1.address, port, 2) == "silent"
+        _lab(overrides, "thaw", 1)
+        assert _from(h0.netns, ANSWERS, h1.address, port, 2) == "answers"
+
+        _lab(overrides, "slow", 2, "--mbit", 8)
+        assert "rate 8Mbit" in subprocess.run(["ip", "netns", "exec", h2.netns, "tc", "qdisc", "show", "dev", "lab0"],
+                                              capture_output=True, text=True).stdout
+        free = lambda d: os.statvfs(d).f_bavail * os.statvfs(d).f_frsize  # noqa: E731
+        assert free(h1.disk) > 256 * 2**20
+        _lab(overrides, "fill", 1)
+        assert free(h1.disk) < 2**20
+        with pytest.raises(OSError, match="No space left"), open(Path(h1.disk) / "more", "wb") as f:
+            f.write(os.urandom(4 * 2**20))
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        Path(h1.disk, "more").unlink(missing_ok=True)
+        _lab(overrides, "thaw", 1)
+        _lab(overrides, "heal")
+    assert "rate 200Mbit" in subprocess.run(["ip", "netns", "exec", h2.netns, "tc", "qdisc", "show", "dev", "lab0"],
+                                            capture_output=True, text=True).stdout
+    assert os.statvfs(h1.disk).f_bavail * os.statvfs(h1.disk).f_frsize > 256 * 2**20
+
+    _blob(state, overrides, "team/flip.bin", 2, "replicas=3")  # a copy on every host
+    files = {p: p.read_bytes() for p in (Path(h1.disk) / "node-1" / "minio").rglob("*") if p.is_file()}
+    said = _lab(overrides, "flip", 1, "minio", "--seed", 7)
+    changed = [p for p, b in files.items() if p.read_bytes() != b]
+    assert len(changed) == 1 and str(changed[0]) in "".join(said.split()), said  # (rich wraps long paths)
+    assert sum(x != y for x, y in zip(files[changed[0]], changed[0].read_bytes())) == 1
+
+
+@pytest.mark.parametrize("layout", [["replicas=2"], ["layout=ec", "ec.data=2", "ec.parity=1"]],
+                         ids=["replicas", "ec"])
+def test_a_hung_minio_is_read_around(faulty, layout):
+    """Host 1's MinIO frozen (connections accepted, nothing answered): host 0's readers get every
+    chunk right from the other copies (replicas, or parity), none waits for its read timeout
+    (hedged requests); p99 read latency during the hang against the healthy one, in the output."""
+    state, overrides = faulty
+    name = f"team/hung-{layout[0].split('=')[0]}.bin"
+    blob, manifest = _blob(state, overrides, name, 8, *layout)
+    assert any(1 in c.nodes for c in manifest.chunks)
+    on0 = cluster.on_node(state.node(0))
+    healthy = ray.get(_timed_reads.options(**on0).remote(name, 3))
+    assert healthy["xxh3"] == xxh3(blob)
+    try:
+        _lab(overrides, "freeze", 1, "minio")
+        hung = ray.get(_timed_reads.options(**on0).remote(name, 3))
+    finally:
+        _lab(overrides, "thaw", 1)
+    assert hung["xxh3"] == xxh3(blob)
+    timeout = config.load(overrides).client.read_timeout_s
+    assert max(hung["seconds"]) < timeout / 2, max(hung["seconds"])  # hedged, never waited out
+    ratio = p99(hung["seconds"]) / p99(healthy["seconds"])
+    print(f"{layout}: p99 {p99(healthy['seconds']) * 1e3:.1f} ms healthy, {p99(hung['seconds']) * 1e3:.1f} ms "
+          f"with host 1's MinIO hung ({ratio:.1f}x); slowest {max(hung['seconds']) * 1e3:.0f} ms")
+
+
+def test_rotten_bytes_are_never_returned_and_the_scrub_repairs_them(faulty):
+    """A byte flipped in every MinIO file of host 1 (bit rot): reads on host 0 are the source's
+    bytes (a checksum catches each rotten copy; the other replica serves), and host 1's scrub
+    finds the rotten objects and rewrites them."""
+    state, overrides = faulty
+    blob, manifest = _blob(state, overrides, "team/rot.bin", 6, "replicas=2")
+    on1 = [c for c in manifest.chunks if 1 in c.nodes]
+    assert on1
+    _lab(overrides, "flip", 1, "minio", "--count", 0, "--seed", 3)  # every file of host 1's MinIO
+    got = ray.get(_timed_reads.options(**cluster.on_node(state.node(0))).remote("team/rot.bin", 1))
+    assert got["xxh3"] == xxh3(blob)
+    got = ray.get(_timed_reads.options(**cluster.on_node(state.node(1))).remote("team/rot.bin", 1))
+    assert got["xxh3"] == xxh3(blob)  # host 1's own readers too: its copy is rotten, host 0's is not
+    actor = cluster.storage_nodes(state)[1]
+    found = ray.get(actor.scrub_minio.remote())
+    rot_keys = {c.key for c in on1}
+    assert rot_keys <= set(found["bad"]) and found["repaired"] >= len(rot_keys), found
+    assert not rot_keys & set(ray.get(actor.scrub_minio.remote())["bad"])  # repaired: clean now
+
+
+def test_a_full_disk_fails_a_put_naming_the_host_and_keeps_the_old_generation(faulty):
+    """Host 1's disk full: replacing a file whose chunks go to it fails naming node 1; every
+    node's MinIO holds exactly the old generation's objects of that file (as MinIO lists them),
+    and the old generation reads back as the source bytes."""
+    from fasterfs import registry, s3
+    from fasterfs.errors import FasterFSError
+
+    state, overrides = faulty
+    blob, first = _blob(state, overrides, "team/full.bin", 6)
+    assert any(1 in c.nodes for c in first.chunks)
+    creds = registry.fetch_credentials(state.name, "admin")
+    prefix = "/".join(first.chunks[0].key.split("/")[:2]) + "/"  # files/<the name's hash>/: every generation
+
+    def stored() -> set:
+        keys = set()
+        for n in state.nodes:
+            listing = s3.client(n.endpoint, creds).list_objects_v2(Bucket=first.bucket, Prefix=prefix)
+            keys |= {(n.index, o["Key"]) for o in listing.get("Contents", [])}
+        return keys
+
+    before = stored()
+    assert before == {p for c in first.chunks for p in first.pieces(c)}
+    src = Path(state.root) / "full-new.src"
+    src.write_bytes(os.urandom(6 * 2**20))
+    try:
+        _lab(overrides, "fill", 1)
+        with pytest.raises(FasterFSError, match=r"node 1 \("):
+            put(config.load(overrides + ["files.chunk_mb=1"]), src, "team/full.bin", force=True)
+    finally:
+        _lab(overrides, "heal")
+    assert stored() == before
+    assert registry.fetch_manifest(state.name, "team/full.bin").generation == first.generation
+    got = ray.get(_timed_reads.options(**cluster.on_node(state.node(0))).remote("team/full.bin", 1))
+    assert got["xxh3"] == xxh3(blob)
+
+
+@ray.remote(num_cpus=0)
+def _read_each(name: str) -> list:
+    """Each chunk of `name` read on this host: (xxh3, None) or (None, the error), and its seconds."""
+    client = fasterfs.connect(None, ["cache.prefetch.enabled=false"], dataset=name, use_cache=False)
+    out = []
+    for i in range(len(client)):
+        t = time.perf_counter()
+        try:
+            out.append((xxh3(client.read_chunk(i)), None, time.perf_counter() - t))
+        except Exception as e:
+            out.append((None, f"{type(e).__name__}: {e}", time.perf_counter() - t))
+    return out
+
+
+def test_a_cut_host_reads_what_it_reaches_and_fails_fast_naming_what_it_cannot(faulty):
+    """Host 0 cut from host 1 (both ways): its readers read every chunk with a copy on hosts 0 or
+    2 right, and each chunk only host 1 holds fails within a bounded time naming node 1; nothing
+    wrong is ever returned. Healed, everything reads again."""
+    state, overrides = faulty
+    cfg = config.load(overrides)
+    blob, manifest = _blob(state, overrides, "team/cut.bin", 8)
+    chunk = 2**20
+    expected = [xxh3(blob[i * chunk:(i + 1) * chunk]) for i in range(len(manifest))]
+    only1 = {c.id for c in manifest.chunks if c.nodes == [1]}
+    assert only1 and len(only1) < len(manifest)
+    on0 = cluster.on_node(state.node(0))
+    try:
+        _lab(overrides, "partition", 0, "1")
+        got = ray.get(_read_each.options(**on0).remote("team/cut.bin"))
+    finally:
+        _lab(overrides, "heal")
+    bound = 3 * cfg.client.connect_timeout_s + cfg.client.read_timeout_s
+    for i, (h, error, seconds) in enumerate(got):
+        if i in only1:
+            assert h is None and "node 1" in error and seconds < bound, (i, error, seconds)
+        else:
+            assert h == expected[i] and error is None, (i, error)
+    print(f"cut: chunks only host 1 holds failed in {max(s for _, e, s in got if e) * 1e3:.0f} ms at most")
+    again = ray.get(_read_each.options(**on0).remote("team/cut.bin"))
+    assert [h for h, _, _ in again] == expected
+
+
+def test_the_fault_harness_reads_right_through_the_quiet_failures(faulty):
+    """jobs/faults.py on the lab, short: kills, overwrites and re-ingests, and the quiet failures
+    (a frozen MinIO, a cut, a slow link, flipped bytes), every read checked against the history
+    of writes (the source's bytes and each overwrite's): none wrong, stale or failed, every kind
+    injected with reads during it."""
+    _, overrides = faulty
+    result = load_job("faults").main(overrides + data_overrides() + [
+        "faults.duration_s=45", "faults.every_s=2", "faults.readers_per_node=1", "faults.seed=5"])
+    kinds = result["by_kind"]
+    assert (result["wrong"], result["stale"], result["failed"], result["readers_lost"]) == (0, 0, 0, 0), \
+        result["errors"]
+    for kind in ("freeze_minio", "partition", "slow_link", "flip"):
+        assert kinds[kind]["injected"] >= 1 and kinds[kind]["reads"] > 0, kinds
+    assert result["passed"]
