@@ -19,7 +19,7 @@ from . import cache_entry, erasure
 from .bpf.events import key_hash
 from .errors import FasterFSError
 from .manifest import Manifest
-from .read_session import ReadFailed, ReadSession
+from .read_session import ReadFailed, ReadSession, Unreachable, unreachable
 from .reader_stats import BYTES_MINIO, DAMAGED_ENTRIES, MISSES, PREFETCH
 
 
@@ -252,8 +252,10 @@ class Client:
                                     f"from every holder: dataset {self.manifest.dataset} was re-ingested more than "
                                     "ingest.keep_old_s ago; connect() again to read the current generation") from None
             said = [f"node {n} ({self.session.where(n)}): {type(e).__name__}: {e}"[:300] for n, e in errors.items()]
-            raise FasterFSError(f"chunk {i} ({chunk.key}) could not be read from any holder: "
-                                + "; ".join(said)) from None
+            message = f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(said)
+            if all(unreachable(e) for e in errors.values()):
+                raise Unreachable(message, sorted(errors)) from None
+            raise FasterFSError(message) from None
         self.session.served_by[node] += 1
         st = self.stats(node)
         st.add(MISSES)

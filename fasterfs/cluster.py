@@ -261,13 +261,14 @@ def teardown(state: ClusterState) -> dict:
             import ray
 
             ray.shutdown()
-    # `ray start --block` drains and stops its node's processes on SIGTERM; workers before the head.
+    # `ray start --block` drains and stops its node's processes on SIGTERM; the workers (side by
+    # side) before the head.
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     ours = set(cgroup.pids()) if cgroup.path else None
-    for pid in [n.ray_pid for n in reversed(state.nodes)] + [state.head_pid]:
-        if pid and is_ray_start(pid) and (ours is None or pid in ours):
-            process.terminate(pid, 40)
-            report["ray_nodes_stopped"] += 1
+    for pids in ([n.ray_pid for n in state.nodes], [state.head_pid]):
+        started = [pid for pid in pids if pid and is_ray_start(pid) and (ours is None or pid in ours)]
+        process.terminate_all(started, 40)
+        report["ray_nodes_stopped"] += len(started)
     deadline = time.monotonic() + 15  # the nodes' own processes finish exiting a moment later
     while cgroup.pids() and time.monotonic() < deadline:
         time.sleep(0.1)

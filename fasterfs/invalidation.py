@@ -141,13 +141,18 @@ class Invalidations:
             del self.recent[next(iter(self.recent))]
 
 
-def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict[int, str], creds) -> int:
-    """Drop cached entries whose object changed while this node was not running: no kernel event
-    and no peer's invalidation reached it then (or the directory holds another cluster's entries
-    under this cluster's keys). One HEAD per entry, to the chunk's holders (`endpoints`: node ->
-    its MinIO); an entry no holder can vouch for is kept (it may be the only copy readable) and
-    logged. Returns how many were dropped."""
+def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict[int, str], creds,
+               held_by: set[int] | None = None) -> int:
+    """Drop cached entries whose object changed while no invalidation could reach this node: it
+    was not running, or (`held_by`: only entries of chunks those nodes hold) those nodes were cut
+    off from it and are back (or the directory holds another cluster's entries under this
+    cluster's keys). One HEAD per entry, to the chunk's holders (`endpoints`: node -> its MinIO);
+    an entry no holder can vouch for is kept (it may be the only copy readable) and logged.
+    Returns how many were dropped."""
     etags = cache.etags()
+    if held_by is not None:
+        etags = {name: etag for name, etag in etags.items()
+                 if set(index.holders.get(index.by_entry.get(name, ""), ())) & held_by}
     if not etags:
         return 0
     clients = {n: s3.client(endpoint, creds, 1.0, 5.0) for n, endpoint in endpoints.items()}

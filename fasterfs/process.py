@@ -10,24 +10,32 @@ from pathlib import Path
 
 def terminate(pid: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
     """SIGTERM, then SIGKILL after `timeout`; reaps our own child."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None:
-            if proc.poll() is not None:
-                return
-        elif not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
+    terminate_all([pid], timeout)
     if proc is not None:
         proc.wait()
+
+
+def terminate_all(pids: list[int], timeout: float = 10.0) -> None:
+    """SIGTERM to every one at once, then SIGKILL to those still running after `timeout`: they
+    stop side by side (a Ray node takes seconds to stop its processes; one after the other, the
+    seconds add up)."""
+    left = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            left.append(pid)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if running(pid)]
+        if left:
+            time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def running(pid: int | None) -> bool:

@@ -17,10 +17,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
-from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 
 from . import credentials, reader_stats, s3
 from .config import Paths
+from .errors import FasterFSError
 from .node_directory import NodeDirectory
 from .reader_stats import BYTES_CACHE, HITS
 from .state import ClusterState, host_id
@@ -30,6 +31,28 @@ T = TypeVar("T")
 
 class NodeGone(ConnectionError):
     """A piece's node is not part of the cluster any more: as a machine that is down."""
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether `error` says the node could not be reached or did not answer in time (down, cut
+    off, hung, gone), as opposed to answering wrongly."""
+    import urllib3
+    from botocore.exceptions import ClientError
+
+    if isinstance(error, ClientError):  # 503: a MinIO starting up, or shedding load: not answering yet
+        return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 503
+    if isinstance(error, s3.ServerError):
+        return error.status == 503
+    return isinstance(error, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, NodeGone,
+                              ConnectionError, TimeoutError, urllib3.exceptions.HTTPError))
+
+
+class Unreachable(FasterFSError):
+    """A chunk none of whose holders could be reached (each down, cut off, hung or gone)."""
+
+    def __init__(self, message: str, nodes: list[int]):
+        super().__init__(message)
+        self.nodes = nodes
 
 
 class ReadFailed(Exception):

@@ -121,6 +121,7 @@ class StorageNode:
                                    self._rebuild)
         _, manifests = registry.fetch_manifests(cfg.cluster.name)  # a restarted node learns the current ones
         self._manifests = manifests
+        self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
         self._reindex()
         revalidate(self.cache, self.ns_index, self.bucket,
                    {n.index: n.endpoint for n in self._state().nodes}, server.creds)
@@ -174,7 +175,15 @@ class StorageNode:
 
     def _probe(self) -> tuple[list[int], set[int]]:
         state = self._state()
-        return [n.index for n in state.nodes], repair.answering(state, self.marked)  # the fills' pooled connections
+        alive = repair.answering(state, self.marked)  # over the fills' pooled connections
+        back = alive - self._answering if self._answering is not None else set()
+        self._answering = alive
+        if back:  # writes there while they were out of reach never invalidated this cache: check its entries
+            dropped = revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in state.nodes},
+                                 self.minio.server.creds, held_by=back)
+            log.warning("nodes %s answer again: %d cache entries of their chunks had changed, dropped",
+                        sorted(back), dropped)
+        return [n.index for n in state.nodes], alive
 
     def _survey(self) -> repair.Health:
         return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack)

@@ -17,8 +17,8 @@ per quiet fault kind, reads during it, wrong, stale, failed and p99 latency agai
 and the peak cache bytes against the capacity, and how long each killed StorageNode took to answer
 again (faults go on meanwhile, on the other nodes). Exits 1 unless every read was right, none failed,
 no cache ever exceeded its capacity and every killed StorageNode came back. It ingests with
-replicas=2, so that a killed MinIO leaves a copy to read; it leaves the dataset ingested and the
-caches at their capacity.
+faults.replicas (2), so that a killed MinIO leaves a copy to read; it leaves the dataset ingested and
+the caches at their capacity.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import fasterfs
 from fasterfs import cluster, config, job, registry, report, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
+from fasterfs.read_session import Unreachable
 
 ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reingest")
 # the quiet failures, on a lab only (fasterfs.lab_faults): each held for faults.every_s, then undone
@@ -54,6 +55,7 @@ class Reader:
         self.errors: list[str] = []
         self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end), wall-clock
         self.failures: list[tuple] = []  # (start, end) of each failed read
+        self.unreachable: list[tuple] = []  # (start, end, holders) of each read no holder could answer
 
     def pid(self) -> int:
         return os.getpid()
@@ -70,14 +72,18 @@ class Reader:
             start = time.time()
             try:
                 data = client.read_chunk(i)
+            except Unreachable as e:  # every copy down, cut off or hung at once: reported, with the hosts
+                self.unreachable.append((start, time.time(), e.nodes))
+                continue
             except Exception as e:
                 self.counts["failed"] += 1
                 self.failures.append((start, time.time()))
-                self.errors.append(f"chunk {i}: {type(e).__name__}: {e}"[:300])
+                self.errors.append(f"chunk {i}: {type(e).__name__}: {e}"[:1000])
                 continue
             self.reads.append((client.manifest.chunk(i).key, xxh3_64_intdigest(data), start, time.time()))
         self.counts["generations"] = len(seen)
-        return {**self.counts, "reads": self.reads, "failures": self.failures, "errors": self.errors[-10:]}
+        return {**self.counts, "reads": self.reads, "failures": self.failures, "unreachable": self.unreachable,
+                "errors": self.errors[-10:]}
 
 
 class Harness:
@@ -87,7 +93,7 @@ class Harness:
         self.rng = random.Random(f.seed)
         self.duration, self.every = float(f.duration_s), float(f.every_s)
         self.capacity = int(f.cache_mb * 1_000_000)
-        self.ingest_cfg = config.load(argv + [f"replicas={min(2, cfg.nodes)}"])
+        self.ingest_cfg = config.load(argv + [f"replicas={min(int(f.replicas), cfg.nodes)}"])
         self.manifest = ingest(self.ingest_cfg)
         self.client = fasterfs.connect(overrides=argv)
         self.state = self.client.state
@@ -287,7 +293,8 @@ class Harness:
                 began = time.monotonic() - self.deadline + self.duration
                 log.append(f"{began:6.1f} s  {self.act(action, node)}")
             totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "readers_lost": 0,
-                      "read_overwritten": 0}
+                      "read_overwritten": 0, "unreachable": 0}
+            unreachable_hosts: dict[str, int] = {}
             errors = []
             all_reads, all_failures, verdicts = [], [], []
             for index, runs in self.readers.items():
@@ -306,6 +313,10 @@ class Harness:
                     errors += r["errors"]
                     all_reads += r["reads"]
                     all_failures += r["failures"]
+                    for _, _, holders in r["unreachable"]:
+                        totals["unreachable"] += 1
+                        hosts = ",".join(map(str, holders))
+                        unreachable_hosts[hosts] = unreachable_hosts.get(hosts, 0) + 1
                     for key, got, start, end in r["reads"]:
                         totals["reads"] += 1
                         totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
@@ -320,7 +331,7 @@ class Harness:
             self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
         return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
-                "by_kind": self.by_kind(all_reads, all_failures, verdicts),
+                "by_kind": self.by_kind(all_reads, all_failures, verdicts), "unreachable_holders": unreachable_hosts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
                 "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
@@ -399,12 +410,13 @@ def main(argv: list[str]) -> dict:
                         and result["readers_lost"] == 0 and result["polls_over_capacity"] == 0
                         and result["not_back"] == 0)
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
-    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "writes", "kills", "re-ingests", "polls",
-                "peak cache", "peak of capacity"):
+    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "every copy unreachable", "writes",
+                "kills", "re-ingests", "polls", "peak cache", "peak of capacity"):
         table.add_column(col)
     peak, ratio = max(result["peak_cache_bytes"].values()), max(result["peak_fill_of_capacity"].values())
     table.add_row(str(result["reads"]), str(result["read_overwritten"]), str(result["wrong"]), str(result["stale"]),
-                  str(result["failed"]), str(result["writes"]), str(result["kills"]), str(result["reingests"]),
+                  str(result["failed"]), str(result["unreachable"]), str(result["writes"]), str(result["kills"]),
+                  str(result["reingests"]),
                   str(result["polls"]), report.fmt_bytes(peak), f"{ratio:.0%}")
     console = report.console()
     console.print(table)
@@ -420,10 +432,12 @@ def main(argv: list[str]) -> dict:
         console.print(f"  a killed StorageNode answered again after {back['answered_s']:.1f} s; its own start took "
                       f"{back['total_s']:.1f} s (kernel programs {back['kernel_s']:.1f}, MinIO {back['minio_s']:.1f}, "
                       f"cache {back['cache_s']:.1f}), the rest was Ray restarting its worker")
+    for hosts, n in result["unreachable_holders"].items():
+        console.print(f"  {n} reads found every copy unreachable at once: holders {hosts} (down, cut off or hung)")
     for e in result["errors"]:
         console.print(f"  [red]{e}[/]")
     result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "stale": result["stale"],
-                          "failed": result["failed"],
+                          "failed": result["failed"], "every copy unreachable": result["unreachable"],
                           "kills": result["kills"], "peak cache vs capacity": f"{ratio:.0%}"}
     result["figures"] = {k: result[k] for k in ("reads", "wrong", "stale", "failed")}
     out = report.write_json(report.run_dir(cfg, "faults"), "faults.json", result)
