@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import ray
-from conftest import cluster_overrides
+from conftest import assert_nothing_left, cluster_overrides
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import config, lab
+from fasterfs import cluster, config, lab
 from fasterfs.ingest import put
 
 SUBNET = "198.18.7"
@@ -22,6 +22,20 @@ PROJECT = config.PROJECT_DIR
 def lab_overrides(root: Path, nodes: int = 3) -> list[str]:
     return cluster_overrides(root, "127.0.4.2", 3, nodes=nodes) + [f"lab.subnet={SUBNET}", "lab.link_mbit=200",
                                                                    "lab.disk_mbit=null"]
+
+
+def module_lab(tmp_path_factory, name: str, *options: str, after=lambda state: None):
+    """A 3-host lab for a whole test module (a fixture's body): yields (state, overrides); after
+    the module, checks it left nothing (and `after(state)`)."""
+    root = Path(str(tmp_path_factory.mktemp(name))[:60])  # under /tmp: the hosts' own /tmp hides it from them
+    overrides = lab_overrides(root) + list(options)
+    cfg = config.load(overrides)
+    state = lab.up(cfg)
+    yield state, overrides
+    cluster.down(cfg)
+    assert_nothing_left(state)
+    assert lab.leftovers(cfg.cluster.name) == []
+    after(state)
 
 
 def in_ns(ns: str, *cmd: str) -> str:

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import assert_nothing_left, cluster_overrides, data_overrides, load_job, wait_until
+from conftest import data_overrides, load_job, wait_until
+from lab_hosts import module_lab
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, lab, lab_faults
+from fasterfs import cluster, config, lab_faults
 from fasterfs.ingest import put
 
 pytestmark = pytest.mark.lab
 
-SUBNET = "198.18.8"
 PROJECT = config.PROJECT_DIR
 CONNECTS = """
 import socket, sys
@@ -42,18 +42,13 @@ except TimeoutError:
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
-    """A 3-host lab whose hosts have disks of their own (512 MB ext4 images), for the module."""
-    root = Path(str(tmp_path_factory.mktemp("flt"))[:60])
-    overrides = cluster_overrides(root, "127.0.4.2", 3, nodes=3) + [
-        f"lab.subnet={SUBNET}", "lab.link_mbit=200", "lab.disk_mbit=null", "lab.disk_mb=512", "repair.check_s=2"]
-    cfg = config.load(overrides)
-    state = lab.up(cfg)
-    yield state, overrides
-    cluster.down(cfg)
-    assert_nothing_left(state)
-    assert lab.leftovers(cfg.cluster.name) == []
-    assert not _cut_rules(None) and not [n for n in state.nodes if os.path.ismount(n.disk)]
-    assert not Path(state.root, "lab-faults.json").exists()
+    """A 3-host lab whose hosts have disks of their own (512 MB ext4 images), for the module;
+    afterwards no cut rule, disk mount or record of faults is left."""
+    def nothing_of_the_faults_left(state) -> None:
+        assert not [n for n in state.nodes if os.path.ismount(n.disk)]
+        assert not Path(state.root, "lab-faults.json").exists()
+    yield from module_lab(tmp_path_factory, "flt", "lab.disk_mb=512", "repair.check_s=2",
+                          after=nothing_of_the_faults_left)
 
 
 def _from(netns, script: str, *args) -> str:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import assert_nothing_left, data_overrides, load_job, mounts_under, source_pnls, submit_job, wait_until
+from conftest import data_overrides, load_job, mounts_under, source_pnls, submit_job, wait_until
 from lab_hosts import (
     PROJECT,
     SUBNET,
     check_file,
     in_ns,
-    lab_overrides,
+    module_lab,
     on_host,
     put_blob,
     read_file,
@@ -39,14 +39,7 @@ SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.param
 
 @pytest.fixture(scope="module")
 def lab3(tmp_path_factory):
-    root = Path(str(tmp_path_factory.mktemp("lab"))[:60])  # under /tmp: the hosts' own /tmp hides it from them
-    overrides = lab_overrides(root)
-    cfg = config.load(overrides)
-    state = lab.up(cfg)
-    yield state, overrides
-    cluster.down(cfg)
-    assert_nothing_left(state)
-    assert lab.leftovers(cfg.cluster.name) == []
+    yield from module_lab(tmp_path_factory, "lab")
 
 
 @pytest.fixture(scope="module")
