@@ -39,10 +39,12 @@ def unreachable(error: BaseException) -> bool:
     import urllib3
     from botocore.exceptions import ClientError
 
-    if isinstance(error, ClientError):  # 503: a MinIO starting up, or shedding load: not answering yet
-        return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 503
+    if isinstance(error, ClientError):  # a MinIO starting up or shedding load: not answering yet (but
+        # SlowDownRead, also a 503, is MinIO's own bitrot verdict on the object: an answer)
+        code = error.response.get("Error", {}).get("Code")
+        return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 503 and code != "SlowDownRead"
     if isinstance(error, s3.ServerError):
-        return error.status == 503
+        return error.status == 503 and "SlowDownRead" not in str(error)
     return isinstance(error, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, NodeGone,
                               ConnectionError, TimeoutError, urllib3.exceptions.HTTPError))
 
