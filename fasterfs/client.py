@@ -19,7 +19,7 @@ from . import cache_entry, erasure
 from .bpf.events import key_hash
 from .errors import FasterFSError
 from .manifest import Manifest
-from .read_session import ReadFailed, ReadSession, Unreachable, unreachable
+from .read_session import NoGoodCopy, ReadFailed, ReadSession, RottenCopy, unavailable
 from .reader_stats import BYTES_MINIO, DAMAGED_ENTRIES, MISSES, PREFETCH
 
 
@@ -240,7 +240,7 @@ class Client:
             # object rewritten by another tool (without one) is served as it now is.
             stored = meta.get("xxh3")
             if self.session.verify and stored is not None and xxhash.xxh3_64_intdigest(body) != int(stored):
-                raise FasterFSError(f"{chunk.key} does not match its stored checksum")
+                raise RottenCopy(f"{chunk.key} does not match its stored checksum")
             return body
 
         try:  # holders that refused lately, last
@@ -253,8 +253,8 @@ class Client:
                                     "ingest.keep_old_s ago; connect() again to read the current generation") from None
             said = [f"node {n} ({self.session.where(n)}): {type(e).__name__}: {e}"[:300] for n, e in errors.items()]
             message = f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(said)
-            if all(unreachable(e) for e in errors.values()):
-                raise Unreachable(message, sorted(errors)) from None
+            if all(unavailable(e) for e in errors.values()):
+                raise NoGoodCopy(message, sorted(errors)) from None
             raise FasterFSError(message) from None
         self.session.served_by[node] += 1
         st = self.stats(node)

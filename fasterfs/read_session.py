@@ -33,24 +33,29 @@ class NodeGone(ConnectionError):
     """A piece's node is not part of the cluster any more: as a machine that is down."""
 
 
-def unreachable(error: BaseException) -> bool:
-    """Whether `error` says the node could not be reached or did not answer in time (down, cut
-    off, hung, gone), as opposed to answering wrongly."""
-    import urllib3
-    from botocore.exceptions import ClientError
+class RottenCopy(FasterFSError):
+    """A copy whose bytes do not match the checksum stored with it."""
 
-    if isinstance(error, ClientError):  # a MinIO starting up or shedding load: not answering yet (but
-        # SlowDownRead, also a 503, is MinIO's own bitrot verdict on the object: an answer)
-        code = error.response.get("Error", {}).get("Code")
-        return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 503 and code != "SlowDownRead"
+
+def unavailable(error: BaseException) -> bool:
+    """Whether `error` says this copy could not serve the read: its node could not be reached or
+    did not answer in time (down, cut off, hung, gone, starting up), or the copy is rotten (its
+    checksum, or MinIO's own bitrot check: a 503 SlowDownRead) - as opposed to a bug or a missing
+    object."""
+    import urllib3
+    from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
+
+    if isinstance(error, ClientError):
+        return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 503
     if isinstance(error, s3.ServerError):
-        return error.status == 503 and "SlowDownRead" not in str(error)
-    return isinstance(error, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, NodeGone,
+        return error.status == 503
+    return isinstance(error, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, NodeGone, RottenCopy,
+                              ResponseStreamingError, IncompleteReadError,  # its server died mid-answer
                               ConnectionError, TimeoutError, urllib3.exceptions.HTTPError))
 
 
-class Unreachable(FasterFSError):
-    """A chunk none of whose holders could be reached (each down, cut off, hung or gone)."""
+class NoGoodCopy(FasterFSError):
+    """A chunk none of whose copies could serve it at once (each down, cut off, hung, gone or rotten)."""
 
     def __init__(self, message: str, nodes: list[int]):
         super().__init__(message)

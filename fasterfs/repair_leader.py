@@ -50,7 +50,6 @@ class RepairLeader:
                  repair: Callable[[set[int], int], Outcome], lease: Callable[[float], int | None]):
         self.node, self.timing = node, timing
         self.probe, self.version, self.survey, self.repair, self.lease = probe, version, survey, repair, lease
-        self.epoch: int | None = None  # the repair lease this node holds, as last granted
         self.health: dict | None = None  # the namespace's redundancy as this node last surveyed it (when it leads)
         self.repairs: list[dict] = []    # what this node's own repairs did, latest last
         self._down_since: dict[int, float] = {}
@@ -67,13 +66,13 @@ class RepairLeader:
                 self._down_since.pop(n, None)
             else:
                 self._down_since.setdefault(n, now)
-        self.epoch = None
+        epoch = None  # the repair lease's, when this node holds it
         if alive and min(alive) == self.node:
             try:  # a few checks' worth: a leader that stops renewing is replaced soon after
-                self.epoch = self.lease(3 * self.timing.check_s)
+                epoch = self.lease(3 * self.timing.check_s)
             except Exception as e:
                 log.warning("node %d cannot reach the repair lease's granter: %s", self.node, e)
-        if self.epoch is None:
+        if epoch is None:
             self.health, self._seen = None, None
             return "follow"
         # a node is gone only after after_s down; one that answered the probe but not the
@@ -88,7 +87,7 @@ class RepairLeader:
         if not self.timing.auto:
             self.health = self.survey().to_dict()
             return "survey"
-        out = self.repair(waiting, self.epoch)
+        out = self.repair(waiting, epoch)
         self.health = out.health.to_dict()
         if out.repaired or out.failed:
             self.record("auto", out)

@@ -37,7 +37,7 @@ import fasterfs
 from fasterfs import cluster, config, job, registry, report, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
-from fasterfs.read_session import Unreachable
+from fasterfs.read_session import NoGoodCopy
 
 ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reingest")
 # the quiet failures, on a lab only (fasterfs.lab_faults): each held for faults.every_s, then undone
@@ -55,7 +55,7 @@ class Reader:
         self.errors: list[str] = []
         self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end), wall-clock
         self.failures: list[tuple] = []  # (start, end) of each failed read
-        self.unreachable: list[tuple] = []  # (start, end, holders) of each read no holder could answer
+        self.no_good_copy: list[tuple] = []  # (start, end, holders) of each read no copy could serve
 
     def pid(self) -> int:
         return os.getpid()
@@ -72,8 +72,8 @@ class Reader:
             start = time.time()
             try:
                 data = client.read_chunk(i)
-            except Unreachable as e:  # every copy down, cut off or hung at once: reported, with the hosts
-                self.unreachable.append((start, time.time(), e.nodes))
+            except NoGoodCopy as e:  # every copy down, cut off, hung or rotten at once: reported, with the hosts
+                self.no_good_copy.append((start, time.time(), e.nodes))
                 continue
             except Exception as e:
                 self.counts["failed"] += 1
@@ -82,7 +82,7 @@ class Reader:
                 continue
             self.reads.append((client.manifest.chunk(i).key, xxh3_64_intdigest(data), start, time.time()))
         self.counts["generations"] = len(seen)
-        return {**self.counts, "reads": self.reads, "failures": self.failures, "unreachable": self.unreachable,
+        return {**self.counts, "reads": self.reads, "failures": self.failures, "no_good_copy": self.no_good_copy,
                 "errors": self.errors[-10:]}
 
 
@@ -303,8 +303,8 @@ class Harness:
                 began = time.monotonic() - self.deadline + self.duration
                 log.append(f"{began:6.1f} s  {self.act(action, node)}")
             totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "readers_lost": 0,
-                      "read_overwritten": 0, "unreachable": 0}
-            unreachable_hosts: dict[str, int] = {}
+                      "read_overwritten": 0, "no_good_copy": 0}
+            no_good_copy_hosts: dict[str, int] = {}
             errors = []
             all_reads, all_failures, verdicts = [], [], []
             for index, runs in self.readers.items():
@@ -323,10 +323,10 @@ class Harness:
                     errors += r["errors"]
                     all_reads += r["reads"]
                     all_failures += r["failures"]
-                    for _, _, holders in r["unreachable"]:
-                        totals["unreachable"] += 1
+                    for _, _, holders in r["no_good_copy"]:
+                        totals["no_good_copy"] += 1
                         hosts = ",".join(map(str, holders))
-                        unreachable_hosts[hosts] = unreachable_hosts.get(hosts, 0) + 1
+                        no_good_copy_hosts[hosts] = no_good_copy_hosts.get(hosts, 0) + 1
                     for key, got, start, end in r["reads"]:
                         totals["reads"] += 1
                         totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
@@ -341,7 +341,7 @@ class Harness:
             self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
         return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
-                "by_kind": self.by_kind(all_reads, all_failures, verdicts), "unreachable_holders": unreachable_hosts,
+                "by_kind": self.by_kind(all_reads, all_failures, verdicts), "no_good_copy_holders": no_good_copy_hosts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
                 "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
@@ -420,12 +420,12 @@ def main(argv: list[str]) -> dict:
                         and result["readers_lost"] == 0 and result["polls_over_capacity"] == 0
                         and result["not_back"] == 0)
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
-    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "every copy unreachable", "writes",
+    for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "no good copy", "writes",
                 "kills", "re-ingests", "polls", "peak cache", "peak of capacity"):
         table.add_column(col)
     peak, ratio = max(result["peak_cache_bytes"].values()), max(result["peak_fill_of_capacity"].values())
     table.add_row(str(result["reads"]), str(result["read_overwritten"]), str(result["wrong"]), str(result["stale"]),
-                  str(result["failed"]), str(result["unreachable"]), str(result["writes"]), str(result["kills"]),
+                  str(result["failed"]), str(result["no_good_copy"]), str(result["writes"]), str(result["kills"]),
                   str(result["reingests"]),
                   str(result["polls"]), report.fmt_bytes(peak), f"{ratio:.0%}")
     console = report.console()
@@ -442,12 +442,12 @@ def main(argv: list[str]) -> dict:
         console.print(f"  a killed StorageNode answered again after {back['answered_s']:.1f} s; its own start took "
                       f"{back['total_s']:.1f} s (kernel programs {back['kernel_s']:.1f}, MinIO {back['minio_s']:.1f}, "
                       f"cache {back['cache_s']:.1f}), the rest was Ray restarting its worker")
-    for hosts, n in result["unreachable_holders"].items():
-        console.print(f"  {n} reads found every copy unreachable at once: holders {hosts} (down, cut off or hung)")
+    for hosts, n in result["no_good_copy_holders"].items():
+        console.print(f"  {n} reads found no good copy at once: holders {hosts} (down, cut off, hung or rotten)")
     for e in result["errors"]:
         console.print(f"  [red]{e}[/]")
     result["headline"] = {"reads checked": result["reads"], "wrong": result["wrong"], "stale": result["stale"],
-                          "failed": result["failed"], "every copy unreachable": result["unreachable"],
+                          "failed": result["failed"], "no good copy": result["no_good_copy"],
                           "kills": result["kills"], "peak cache vs capacity": f"{ratio:.0%}"}
     result["figures"] = {k: result[k] for k in ("reads", "wrong", "stale", "failed")}
     out = report.write_json(report.run_dir(cfg, "faults"), "faults.json", result)

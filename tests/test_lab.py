@@ -17,8 +17,7 @@ from conftest import (
     mounts_under,
     wait_until,
 )
-from lab_hosts import PROJECT, SUBNET, in_ns, on_host, put_blob, read_ids
-from xxhash import xxh3_64_intdigest as xxh3
+from lab_hosts import PROJECT, SUBNET, chunk_xxh3, in_ns, on_host, put_blob, read_ids
 
 from fasterfs import auth, cluster, config, identity, lab
 from fasterfs.cgroup import cgroup2_mount
@@ -71,7 +70,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
             key = Paths(Path(state.root)).minio_certs_dir(n.index) / "private.key"
             assert on_host(state, n.index, "stat", "-c", "%a", str(key)).stdout.strip() == "600"
             assert "tls-ca" not in on_host(state, n.index, "ls", state.root).stdout
-        _, manifest = put_blob(state, overrides, "team/tls.bin", 8)
+        blob, manifest = put_blob(state, overrides, "team/tls.bin", 8)
         chunk = next(c for c in manifest.chunks if c.nodes[0] == 0)
 
         # hot chunks under TLS: the kernel sees no paths; host 0's readers report their GETs
@@ -79,7 +78,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
         assert len(remote) == 3
         on0 = cluster.on_node(state.node(0))
         _, got = ray.get(read_ids.options(**on0).remote(state.root, remote + remote, manifest.name))
-        assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
+        assert [h for h, _ in got] == [chunk_xxh3(blob, i) for i in remote + remote]
         actors = cluster.storage_nodes(state)
         wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
         kernel = ray.get([a.kernel_status.remote() for a in actors])
@@ -87,7 +86,7 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
         assert kernel[0]["counters"].get("hot_events", 0) == 0  # no request line the kernel could read
         assert kernel[0]["counters"].get("packets", 0) > 0 and kernel[0]["counters"].get("requests", 0) == 0
         _, again = ray.get(read_ids.options(**on0).remote(state.root, remote, manifest.name))
-        assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
+        assert [h for h, _ in again] == [chunk_xxh3(blob, i) for i in remote]
         readers0 = ray.get(actors[0].cache_status.remote())["readers"]
         assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
 
@@ -203,7 +202,7 @@ def test_node_ids_follow_the_disks_and_a_machine_gone_reads_as_down(lab_override
         readable = [c.id for c in manifest.chunks if set(c.nodes) & {0, 1}]  # replicas=2: every chunk
         for n in state.nodes:  # every host reads back through the new addresses, as stored
             _, got = ray.get(read_ids.options(**cluster.on_node(n)).remote(state.root, readable, manifest.name))
-            assert [h for h, _ in got] == [xxh3(blob[i * 2**20:(i + 1) * 2**20]) for i in readable]
+            assert [h for h, _ in got] == [chunk_xxh3(blob, i) for i in readable]
         ffs = str(PROJECT / ".venv/bin/fasterfs")
         address = [f"cluster.ray_address={state.ray_address}"]
         got = subprocess.run(lab.exec_args(state, 1, [ffs, "cat", "team/ec.bin", *two, *address]),

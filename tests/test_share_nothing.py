@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import data_overrides, load_job, mounts_under, source_pnls, submit_job, wait_until
+from conftest import data_overrides, load_job, mounts_under, source_csv, source_pnls, submit_job, wait_until
 from lab_hosts import (
     PROJECT,
     SUBNET,
     check_file,
+    chunk_xxh3,
     in_ns,
     module_lab,
     on_host,
@@ -101,7 +102,9 @@ def test_reads_across_hosts_are_right_and_cached_on_the_readers_host(lab3, sampl
     on0 = cluster.on_node(state.node(0))
     node_id, got = ray.get(read_ids.options(**on0).remote(state.root, remote + remote))
     assert node_id == state.node(0).ray_node_id
-    assert [h for h, _ in got] == [manifest.chunk(i).xxh3 for i in remote + remote]
+    rows = config.load(lab3[1] + data_overrides()).data.rows_per_chunk
+    expected = {i: xxh3(source_csv(i * rows, rows)) for i in remote}  # the source files' rows (gzip)
+    assert [h for h, _ in got] == [expected[i] for i in remote + remote]
     assert all(src == 1 for _, src in got)
     kernel = ray.get([a.kernel_status.remote() for a in actors])
     hot = [k["counters"].get("hot_events", 0) - b["counters"].get("hot_events", 0) for k, b in zip(kernel, before)]
@@ -109,7 +112,7 @@ def test_reads_across_hosts_are_right_and_cached_on_the_readers_host(lab3, sampl
     wait_until(lambda: all(ray.get(actors[0].cache_contains.remote(manifest.chunk(i).key)) for i in remote), 30,
                "host 0's fills")
     _, again = ray.get(read_ids.options(**on0).remote(state.root, remote))
-    assert [h for h, _ in again] == [manifest.chunk(i).xxh3 for i in remote]
+    assert [h for h, _ in again] == [expected[i] for i in remote]
     # readers' statistics are summed by their own host's StorageNode: 6 misses, then 3 hits
     readers0 = ray.get(actors[0].cache_status.remote())["readers"]
     assert (readers0["misses"] - misses0["misses"], readers0["hits"] - misses0["hits"]) == (2 * len(remote),
@@ -218,14 +221,14 @@ def test_erasure_coding_the_peer_tier_and_the_scrub_across_hosts(lab3):
     assert erasure.shard_key(bad.key, 0) in found["bad"] and found["repaired"] >= 1
     check_file(on0, "team/blob.bin", xxh3(blob), 0)
     hot = ec.chunks[3]
-    assert ray.get(read_twice.options(**on0).remote("team/blob.bin", hot.id)) == hot.xxh3
+    assert ray.get(read_twice.options(**on0).remote("team/blob.bin", hot.id)) == chunk_xxh3(blob, hot.id)
     assert wait_until(lambda: ray.get(actors[0].cache_contains.remote(hot.key)), 15, "shards made a chunk hot")
     assert wait_until(lambda: ray.get(actors[1].cached_on.remote(hot.key)) == [0], 15, "cache index shared")
     ray.get([actors[i].hold_minio.remote() for i in (1, 2)])
     try:
-        assert ray.get(read_once.options(**on0).remote("team/blob.bin", hot.id)) == (hot.xxh3, 0)
+        assert ray.get(read_once.options(**on0).remote("team/blob.bin", hot.id)) == (chunk_xxh3(blob, hot.id), 0)
         on1 = cluster.on_node(state.node(1))
-        assert ray.get(read_once.options(**on1).remote("team/blob.bin", hot.id)) == (hot.xxh3, 1)
+        assert ray.get(read_once.options(**on1).remote("team/blob.bin", hot.id)) == (chunk_xxh3(blob, hot.id), 1)
     finally:
         ray.get([actors[i].release_minio.remote() for i in (1, 2)])
 
@@ -267,15 +270,15 @@ def test_a_host_dies_and_comes_back_empty(lab3):
     actors = cluster.storage_nodes(state)
     on0, on1 = cluster.on_node(state.node(0)), cluster.on_node(state.node(1))
     only2 = next(c for c in one.chunks if c.nodes == [2])
-    assert ray.get(read_twice.options(**on0).remote("team/one.bin", only2.id)) == only2.xxh3
+    assert ray.get(read_twice.options(**on0).remote("team/one.bin", only2.id)) == chunk_xxh3(blob, only2.id)
     assert wait_until(lambda: ray.get(actors[0].cache_contains.remote(only2.key)), 15, "hot chunk cached on host 0")
     assert wait_until(lambda: ray.get(actors[1].cached_on.remote(only2.key)) == [0], 15, "cache index shared")
     # a holder slower than cache.peer_slower_ms: the peer first
-    assert ray.get(read_slow.options(**on1).remote("team/one.bin", only2.id)) == (only2.xxh3, 1, 1)
+    assert ray.get(read_slow.options(**on1).remote("team/one.bin", only2.id)) == (chunk_xxh3(blob, only2.id), 1, 1)
     ffs = str(PROJECT / ".venv/bin/fasterfs")
     ray.get(actors[2].hold_minio.remote())
     try:
-        assert ray.get(read_once.options(**on1).remote("team/one.bin", only2.id)) == (only2.xxh3, 1)
+        assert ray.get(read_once.options(**on1).remote("team/one.bin", only2.id)) == (chunk_xxh3(blob, only2.id), 1)
         out = subprocess.run([ffs, "repair", *overrides], capture_output=True, text=True, timeout=300)
         said = " ".join((out.stdout + out.stderr).split())
         assert out.returncode == 1 and "LOST" in said and "team/one.bin" in said, said
