@@ -72,40 +72,54 @@ class NamespaceStore:
             return self.push("set_manifest", manifest)
 
     def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      retired: Sequence[tuple[int, str]] = ()) -> list[int]:
+                      refused: bool = False) -> list[int]:
         """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
         to the chunks still as the repair saw them, only in the generation it repaired (a
-        re-ingest meanwhile wins); pushed like a new generation. Returns the chunk ids applied."""
+        re-ingest meanwhile wins; its orphans go with the generation); pushed like a new
+        generation. A chunk another repair already put where this one did counts as applied.
+        The pieces no reader of the current manifest reads are retired: those moved away, and
+        what a repair that lost (or was `refused`: fenced off) wrote. Returns the chunk ids applied."""
         with self._lock:
             current = self._entries.get(name)
             if current is None or current.generation != generation:
                 return []
-            chunks, applied = list(current.chunks), []
+            chunks, applied, retired = list(current.chunks), [], set()
             for cid, (before, after) in moves.items():
-                if chunks[cid].nodes == list(before):
-                    chunks[cid] = dataclasses.replace(chunks[cid], nodes=list(after))
+                now, wrote = chunks[cid], set(current.pieces(dataclasses.replace(chunks[cid], nodes=list(after))))
+                if not refused and now.nodes == list(before):
+                    chunks[cid] = dataclasses.replace(now, nodes=list(after))
+                    retired |= set(current.pieces(now)) - wrote
                     applied.append(cid)
-            if not applied:
-                return []
+                elif not refused and now.nodes == list(after):
+                    applied.append(cid)  # the same move, made by another repair: it retired the old pieces
+                else:
+                    retired |= wrote - set(current.pieces(now))
+            if retired:
+                at = time.time()
+                known = {(p["node"], p["key"]) for p in self._retired}
+                self._retired += [{"node": node, "key": key, "retired": at} for node, key in sorted(retired - known)]
+                atomic_write_json(self._retired_file, self._retired)
+            if chunks == current.chunks:
+                return applied
             manifest = dataclasses.replace(current, chunks=chunks)
             manifest.save(self._file(name))
             self._entries[name] = manifest
-            now = time.time()
-            self._retired += [{"node": node, "key": key, "retired": now} for node, key in retired]
-            atomic_write_json(self._retired_file, self._retired)
             self.version += 1
             self.push("set_manifest", manifest)
             return applied
 
     def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
-        """Pieces retired by repair more than keep_old_s ago, forgotten here: they can go."""
+        """Pieces retired more than keep_old_s ago, forgotten here: they can go. One a current
+        manifest names again (moved back since) is only forgotten."""
         with self._lock:
             now = time.time()
             gone = [p for p in self._retired if now - p["retired"] >= keep_old_s]
-            if gone:
-                self._retired = [p for p in self._retired if p not in gone]
-                atomic_write_json(self._retired_file, self._retired)
-            return [(p["node"], p["key"]) for p in gone]
+            if not gone:
+                return []
+            self._retired = [p for p in self._retired if p not in gone]
+            atomic_write_json(self._retired_file, self._retired)
+            live = {piece for m in self._entries.values() for c in m.chunks for piece in m.pieces(c)}
+            return [(p["node"], p["key"]) for p in gone if (p["node"], p["key"]) not in live]
 
     def remove(self, name: str) -> Manifest:
         """Take `name` out of the namespace. Its objects stay for readers that hold its manifest

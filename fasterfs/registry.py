@@ -89,13 +89,15 @@ class Registry:
         return self.names.publish(manifest, prefix)
 
     def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      retired: Sequence[tuple[int, str]] = (), fence: tuple[int, int] | None = None) -> list[int]:
+                      fence: tuple[int, int] | None = None) -> list[int]:
         """`fence`: (node, epoch) of the repair leader's lease it repaired under; refused unless
-        that lease is still held (a leader cut off meanwhile has been replaced)."""
+        that lease is still held (a leader cut off meanwhile has been replaced): what it wrote
+        is then retired."""
         if fence is not None and not self.repair_lease.valid(*fence):
+            self.names.update_chunks(name, generation, moves, refused=True)
             raise FasterFSError(f"repair by node {fence[0]} under lease epoch {fence[1]} refused: the lease is "
                                 f"{self.repair_lease.to_dict()}")
-        return self.names.update_chunks(name, generation, moves, retired)
+        return self.names.update_chunks(name, generation, moves)
 
     def lease_repair(self, node: int, ttl_s: float) -> int | None:
         """The repair leader's lease for `node` (granted or renewed: its epoch), or None."""
@@ -233,9 +235,9 @@ def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list
     return _ask(cluster_name, "publish_manifest", manifest, prefix)
 
 
-def update_chunks(cluster_name: str, name: str, generation: str, moves: dict, retired: list,
+def update_chunks(cluster_name: str, name: str, generation: str, moves: dict,
                   fence: tuple[int, int] | None = None) -> list[int]:
-    return _ask(cluster_name, "update_chunks", name, generation, moves, retired, fence)
+    return _ask(cluster_name, "update_chunks", name, generation, moves, fence)
 
 
 def lease_repair(cluster_name: str, node: int, ttl_s: float) -> int | None:

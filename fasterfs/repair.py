@@ -231,7 +231,6 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     throttle = Throttle(cfg.repair.mb_per_s * 1e6)
     lock = threading.Lock()
     moves: dict[str, dict[int, tuple[list[int], list[int]]]] = collections.defaultdict(dict)
-    retired: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
 
     def target(plan: _Plan, slot: int, nodes: list[int]) -> int | None:
         """Where slot's piece goes: its own node if it answers, then its home, then the live
@@ -274,8 +273,6 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
             clients[nodes[slot]].put_object(Bucket=m.bucket, Key=key, Body=bodies[slot],
                                             Metadata={"xxh3": str(sums[slot])})
             wrote += len(bodies[slot])
-            if nodes[slot] != c.nodes[slot]:  # the old place: a piece moved home, or one on a node gone for good
-                retired[m.name].append((c.nodes[slot], key))
         with lock:
             out.pieces_written += len(slots)
             out.moved += len(plan.moves)
@@ -297,8 +294,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
                 progress(done, len(plans))
     for m in manifests.values():
         if moves.get(m.name):
-            applied = set(registry.update_chunks(state.name, m.name, m.generation, dict(moves[m.name]),
-                                                 retired.get(m.name, []), fence))
+            applied = set(registry.update_chunks(state.name, m.name, m.generation, dict(moves[m.name]), fence))
             for cid in set(moves[m.name]) - applied:
                 out.failed.append(f"{m.name} chunk {cid}: changed while repaired (re-ingested?); not applied")
     out.seconds = time.monotonic() - started

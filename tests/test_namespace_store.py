@@ -47,12 +47,34 @@ def test_a_replaced_generation_expires_after_keep_old_s(store):
 
 def test_repair_moves_apply_only_to_the_generation_repaired(store):
     store.publish(manifest("d", "g1"), "d/g1/")
+    key = store.manifest("d").chunks[0].key
     assert store.update_chunks("d", "g0", {0: ([0, 1], [0, 2])}) == []          # another generation
-    assert store.update_chunks("d", "g1", {0: ([1, 0], [0, 2])}) == []          # not as repair saw it
-    assert store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])}, [(1, "d/g1/0")]) == [0]
+    assert store.expired_pieces(keep_old_s=0) == []                               # its orphans go with it
+    assert store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])}) == [0]
     assert store.manifest("d").chunks[0].nodes == [0, 2]
     assert store.expired_pieces(keep_old_s=3600) == []
-    assert store.expired_pieces(keep_old_s=0) == [(1, "d/g1/0")]
+    assert store.expired_pieces(keep_old_s=0) == [(1, key)]                       # the copy moved away
+
+
+def test_a_move_another_repair_made_counts_and_a_lost_ones_pieces_go(store):
+    store.publish(manifest("d", "g1"), "d/g1/")
+    key = store.manifest("d").chunks[0].key
+    assert store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])}) == [0]
+    version = store.version
+    assert store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])}) == [0]          # the same move, again
+    assert store.version == version                                               # nothing changed
+    assert store.update_chunks("d", "g1", {0: ([0, 1], [3, 1])}) == []           # not as it saw it: lost
+    assert store.update_chunks("d", "g1", {0: ([0, 2], [4, 2])}, refused=True) == []  # fenced off
+    assert store.manifest("d").chunks[0].nodes == [0, 2]
+    assert sorted(store.expired_pieces(keep_old_s=0)) == [(1, key), (3, key), (4, key)]
+
+
+def test_a_retired_piece_named_again_is_not_deleted(store):
+    store.publish(manifest("d", "g1"), "d/g1/")
+    key = store.manifest("d").chunks[0].key
+    store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])})
+    store.update_chunks("d", "g1", {0: ([0, 2], [0, 1])})                         # moved back
+    assert store.expired_pieces(keep_old_s=0) == [(2, key)]
 
 
 def test_removing_a_name_pushes_the_drop_and_names_a_missing_one(store):
