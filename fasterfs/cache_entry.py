@@ -38,6 +38,8 @@ from pathlib import Path
 
 import xxhash
 
+from .stamp import BOOT
+
 log = logging.getLogger("fasterfs.cache_entry")
 MAGIC = b"FFSCACH3"
 XATTR = "user.fasterfs.entry"  # where an entry's header lives: the file itself is the object's bytes
@@ -49,15 +51,6 @@ SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
 FILE_SUFFIX, INDEX_SUFFIX = ".file", ".idx"
 
 
-def _boot_id() -> int:
-    try:
-        raw = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return 0
-    return xxhash.xxh3_64_intdigest(raw.encode())
-
-
-BOOT = _boot_id()
 
 
 def entry_name(key: str) -> str:

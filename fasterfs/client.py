@@ -284,8 +284,7 @@ class Client:
         data, degraded, why = erasure.gather(chunk, self.manifest.ec_data, self.manifest.ec_parity, fetch,
                                              self.session.shard_pool(), lambda s: self._down(chunk.nodes[s]),
                                              f"chunk {i} ({chunk.key})",
-                                             self.session.hedge_s(chunk.nodes[0]) if self.session.hedge else None,
-                                             lambda s: self.session.hedged_around(chunk.nodes[s]))
+                                             self.session.hedge_s(chunk.nodes[0]) if self.session.hedge else None)
         self.session.degraded_reads += degraded
         self.session.degraded_why.extend(why)
         self.stats(chunk.nodes[0]).add(MISSES)

@@ -77,12 +77,12 @@ def decode(shards: dict[int, bytes], data: int, parity: int, what: str) -> bytes
 
 
 def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False,
-           what: str = "", hedge_s: float | None = None, slow=lambda slot: None) -> tuple[bytes, bool, list[str]]:
+           what: str = "", hedge_s: float | None = None) -> tuple[bytes, bool, list[str]]:
     """Chunk `chunk` (a manifest Chunk) from its shards: `fetch(slot)` returns a shard's bytes
     or raises. The data shards are fetched in parallel on `pool` (those `late` names, on hosts
-    down lately, last); a shard missing, unreadable or failing its checksum is replaced by the
-    next parity shard, and so is one still out after `hedge_s` (a hung or slow host: a hedged
-    request, whichever answers first is used; `slow(slot)` is told of the late ones). Returns
+    down or silent now, last); a shard missing, unreadable or failing its checksum is replaced by
+    the next parity shard, and so is one still out after `hedge_s` (a hung or slow host: a hedged
+    request, whichever answers first is used; never to a `late` host, which would hang too). Returns
     (the chunk, whether parity was needed, why: each shard that failed or was late); checked
     against the manifest's xxh3. Readers and the cache filler both read this way."""
     what = what or f"chunk {chunk.id} ({chunk.key})"
@@ -112,9 +112,9 @@ def gather(chunk, data: int, parity: int, fetch, pool, late=lambda slot: False,
         done, _ = wait(running, timeout=budget if spare else None, return_when=FIRST_COMPLETED)
         if not done and budget is not None:  # spent: as many parity shards as shards still out, in parallel
             for s in running.values():
-                slow(s)
                 errors.append(f"shard {s} on node {chunk.nodes[s]}: no answer within {budget * 1e3:.0f} ms")
-            extra, spare = spare[:len(running)], spare[len(running):]
+            extra = [s for s in spare if not late(s)][:len(running)]  # never a hung host's: only for a failure
+            spare = [s for s in spare if s not in extra]
             for s in extra:
                 running[pool.submit(get, s)] = s
             budget = None  # hedged once: now the first good answers

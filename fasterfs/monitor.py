@@ -48,14 +48,15 @@ class Monitor:
         self.nodes = NodeDirectory(self.state.ray_namespace)
         self.history: collections.deque = collections.deque(maxlen=history)  # (time, {node: totals})
         self._last: dict | None = None
+        self._taken = float("-inf")  # monotonic: a wall-clock step back must not freeze the live view
         self._lock = threading.Lock()
 
     # -- live ------------------------------------------------------------------------
 
     def snapshot(self) -> dict:
         with self._lock:
-            if self._last is None or time.time() - self._last["time"] >= self.min_interval:
-                self._last = self._collect()
+            if self._last is None or time.monotonic() - self._taken >= self.min_interval:
+                self._last, self._taken = self._collect(), time.monotonic()
             return self._last
 
     def _collect(self) -> dict:

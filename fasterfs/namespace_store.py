@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
+from . import stamp
 from .errors import FasterFSError
 from .fsutil import atomic_write_json, read_json
 from .manifest import Manifest
@@ -53,16 +54,16 @@ class NamespaceStore:
     def _file(self, name: str) -> Path:
         return self.dir / (quote(name, safe="") + ".json")
 
-    def _retire(self, name: str, now: float) -> None:
+    def _retire(self, name: str, when: dict) -> None:
         for g in self._history:
             if g["dataset"] == name and g["replaced"] is None:
-                g["replaced"] = now
+                g["replaced"] = when
 
     def publish(self, manifest: Manifest, prefix: str) -> list[int]:
         """Make `manifest` the current generation of its name (its objects under `prefix`): kept
         on disk, then pushed. Returns the nodes that took it."""
         with self._lock:
-            self._retire(manifest.name, time.time())
+            self._retire(manifest.name, stamp.now())
             self._history.append({"dataset": manifest.name, "generation": manifest.generation, "prefix": prefix,
                                   "replaced": None})
             atomic_write_json(self._history_file, self._history)
@@ -95,7 +96,7 @@ class NamespaceStore:
                 else:
                     retired |= wrote - set(current.pieces(now))
             if retired:
-                at = time.time()
+                at = stamp.now()
                 known = {(p["node"], p["key"]) for p in self._retired}
                 self._retired += [{"node": node, "key": key, "retired": at} for node, key in sorted(retired - known)]
                 atomic_write_json(self._retired_file, self._retired)
@@ -112,8 +113,7 @@ class NamespaceStore:
         """Pieces retired more than keep_old_s ago, forgotten here: they can go. One a current
         manifest names again (moved back since) is only forgotten."""
         with self._lock:
-            now = time.time()
-            gone = [p for p in self._retired if now - p["retired"] >= keep_old_s]
+            gone = [p for p in self._retired if stamp.age(p["retired"]) >= keep_old_s]
             if not gone:
                 return []
             self._retired = [p for p in self._retired if p not in gone]
@@ -128,7 +128,7 @@ class NamespaceStore:
             manifest = self._entries.pop(name, None)
             if manifest is None:
                 raise FasterFSError(f"{name!r}: no such dataset or file in cluster {self.cluster_name!r}")
-            self._retire(name, time.time())
+            self._retire(name, stamp.now())
             atomic_write_json(self._history_file, self._history)
             self._file(name).unlink(missing_ok=True)
             self.version += 1
@@ -139,8 +139,7 @@ class NamespaceStore:
         """Generations replaced (or removed) more than keep_old_s ago, forgotten here: their
         objects can go. Each as {dataset, generation, prefix}."""
         with self._lock:
-            now = time.time()
-            gone = [g for g in self._history if g["replaced"] is not None and now - g["replaced"] >= keep_old_s]
+            gone = [g for g in self._history if g["replaced"] is not None and stamp.age(g["replaced"]) >= keep_old_s]
             if gone:
                 self._history = [g for g in self._history if g not in gone]
                 atomic_write_json(self._history_file, self._history)

@@ -43,7 +43,10 @@ def ray_env(name: str, root: str | Path) -> dict[str, str]:
     # a job's code comes from its uploaded copy (`--working-dir .`), not this checkout: the
     # sample data's place must come with the environment
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
-    return dict(env, RAY_USAGE_STATS_ENABLED="0", PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
+    # a `ray start --block` told to stop first waits up to 30 s for its node to drain (for Ray
+    # Serve's proxies), which never happens while a StorageNode holds its lease: at once instead
+    return dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+                PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
                 FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_CLUSTER=name, FASTERFS_ROOT=str(root),
                 **auth.ray_env(auth.token_file(root)))
 

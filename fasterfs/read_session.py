@@ -107,6 +107,7 @@ class ReadSession:
         self._stats: dict[int, reader_stats.ReaderStats | reader_stats.Uncounted] = {}
         self._refused: dict[int, float] = {}  # node -> until when it is tried last
         self._origin_ms: dict[int, float] = {}  # node -> moving average of a GET from its MinIO here
+        self._out: dict[int, dict[object, float]] = {}  # node -> when each GET to it still out began
         self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
         self.degraded_why: collections.deque[str] = collections.deque(maxlen=20)  # the latest shards that failed
@@ -138,13 +139,20 @@ class ReadSession:
             raise NodeGone(f"node {node} is not part of cluster {self.state.name!r} now (its nodes are "
                            f"{sorted(self._s3)}): read as down")
         t = time.perf_counter()
-        if self.mark:
-            body, headers = self.getter(node).get_object(bucket, key)
-            meta = {k.lower()[len("x-amz-meta-"):]: v for k, v in headers.items()
-                    if k.lower().startswith("x-amz-meta-")}
-        else:
-            response = self._s3[node].get_object(Bucket=bucket, Key=key)
-            body, meta = response["Body"].read(), response.get("Metadata", {})
+        token = object()
+        with self._lock:
+            self._out.setdefault(node, {})[token] = time.monotonic()
+        try:
+            if self.mark:
+                body, headers = self.getter(node).get_object(bucket, key)
+                meta = {k.lower()[len("x-amz-meta-"):]: v for k, v in headers.items()
+                        if k.lower().startswith("x-amz-meta-")}
+            else:
+                response = self._s3[node].get_object(Bucket=bucket, Key=key)
+                body, meta = response["Body"].read(), response.get("Metadata", {})
+        finally:
+            with self._lock:
+                del self._out[node][token]
         ms = (time.perf_counter() - t) * 1e3
         self._origin_ms[node] = ms if node not in self._origin_ms else 0.7 * self._origin_ms[node] + 0.3 * ms
         return body, meta
@@ -162,8 +170,11 @@ class ReadSession:
     def first_answer(self, nodes: list[int], get: Callable[[int], T]) -> tuple[int, T]:
         """get(node) of the first node; the next node is asked as well when those asked have
         failed or stayed silent for the hedge budget (a hung or slow host: Dean and Barroso's
-        hedged requests), and the first good answer wins. A node hedged around is tried last
-        for a while. Raises ReadFailed naming every node's error when none answers."""
+        hedged requests), and the first good answer wins. A node silent now (`silent`) is
+        tried last, and never as a hedge: only once every other has failed (a hung node holds
+        a pool thread per request until its timeout; hedging to it again and again would fill
+        the pool and queue every read behind it). Raises ReadFailed naming every node's error
+        when none answers."""
         errors: dict[int, BaseException] = {}
         if len(nodes) == 1 or not self.hedge:  # nothing to hedge with: no thread hop
             for node in nodes:
@@ -180,31 +191,33 @@ class ReadSession:
             if waiting and not running:
                 node = waiting.pop(0)
                 running[pool.submit(get, node)] = node
-            done, _ = wait(running, timeout=self.hedge_s(node) if waiting else None, return_when=FIRST_COMPLETED)
+            spares = [n for n in waiting if not self.down(n)]  # what a hedge may ask
+            done, _ = wait(running, timeout=self.hedge_s(node) if spares else None, return_when=FIRST_COMPLETED)
             if not done:  # silent for its budget: ask the next copy too
-                node = waiting.pop(0)
+                node = spares[0]
+                waiting.remove(node)
                 running[pool.submit(get, node)] = node
                 continue
             for f in done:
                 asked = running.pop(f)
                 error = f.exception()
                 if error is None:
-                    for late in running.values():
-                        self.hedged_around(late)
                     return asked, f.result()
                 self.note_failure(asked, error)
                 errors[asked] = error
         raise ReadFailed(errors)
 
-    def hedged_around(self, node: int) -> None:
-        """`node` stayed silent while another copy answered: it may be hung, so it is tried last
-        until a GET of its could have timed out."""
-        self._refused[node] = time.monotonic() + self.read_timeout_s
+    def silent(self, node: int) -> bool:
+        """A GET of this process to `node` has been out longer than its hedge budget: the node
+        is hung or very slow now (until that GET ends, answered or timed out)."""
+        with self._lock:
+            out = min(self._out.get(node, {}).values(), default=None)
+        return out is not None and time.monotonic() - out > self.hedge_s(node)
 
     def shard_pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._shard_pool is None:
-                self._shard_pool = ThreadPoolExecutor(8, thread_name_prefix="fasterfs-shards")
+                self._shard_pool = ThreadPoolExecutor(16, thread_name_prefix="fasterfs-shards")
             return self._shard_pool
 
     # -- which nodes to try first ------------------------------------------------------------
@@ -219,10 +232,10 @@ class ReadSession:
         return self.state.node(node).endpoint if node in self._s3 else "not part of the cluster now"
 
     def down(self, node: int) -> bool:
-        """The node refused a connection within DOWN_S: read elsewhere first (a refused
-        connection costs 0.1-0.5 s in botocore here). A node the data was stored on that is
-        not part of the cluster now (brought up with fewer machines) is down for good."""
-        return node not in self._s3 or self._refused.get(node, 0.0) > time.monotonic()
+        """The node refused a connection within DOWN_S (a refused connection costs 0.1-0.5 s in
+        botocore here) or is silent now: read elsewhere first. A node the data was stored on
+        that is not part of the cluster now (brought up with fewer machines) is down for good."""
+        return node not in self._s3 or self._refused.get(node, 0.0) > time.monotonic() or self.silent(node)
 
     def note_failure(self, node: int, error: BaseException) -> None:
         if isinstance(error, (EndpointConnectionError, ConnectTimeoutError)):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 from . import credentials, tls

@@ -2,8 +2,9 @@
 cluster is hurt on purpose — MinIO servers, StorageNodes and readers SIGKILLed, objects
 rewritten, the dataset re-ingested, caches filled past a small capacity, the nodes polled
 like an open dashboard; on a lab (`fasterfs lab up`) also the quiet failures: a MinIO frozen,
-a host cut from another, a link at 2 Mbit/s, bytes flipped in a host's MinIO files. Seeded and
-bounded in time. (The peak is judged against the capacity each node reported at that moment.)
+a host cut from another, a link at 2 Mbit/s, bytes flipped in a host's MinIO files (then
+scrubbed), a host's disk full (a lab with lab.disk_mb). Seeded and bounded in time. (The peak is
+judged against the capacity each node reported at that moment.)
 
     python jobs/faults.py [faults.duration_s=120 faults.seed=7 ...]      (on `fasterfs up`)
 
@@ -13,7 +14,8 @@ version that was current at some moment while it ran (wrong: bytes no write ever
 stale: a version replaced before the read began).
 
 Prints and writes (faults.json) reads checked, writes, kills, wrong, stale and failed reads (and,
-per quiet fault kind, reads during it, wrong, stale, failed and p99 latency against outside),
+per quiet fault kind, reads during it, wrong, stale, failed, p99 latency against outside, and the
+time from its undoing to full redundancy: every node's MinIO listing every piece it should hold),
 and the peak cache bytes against the capacity, and how long each killed StorageNode took to answer
 again (faults go on meanwhile, on the other nodes). Exits 1 unless every read was right, none failed,
 no cache ever exceeded its capacity and every killed StorageNode came back. It ingests with
@@ -34,14 +36,15 @@ from rich.table import Table
 from xxhash import xxh3_64_intdigest
 
 import fasterfs
-from fasterfs import cluster, config, job, registry, report, s3
+from fasterfs import cluster, config, job, lab_disks, registry, repair, report, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 from fasterfs.read_session import NoGoodCopy
 
 ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reingest")
 # the quiet failures, on a lab only (fasterfs.lab_faults): each held for faults.every_s, then undone
-QUIET = ("freeze_minio", "partition", "slow_link", "flip")
+# (flipped bytes: scrubbed); a full disk on a lab whose hosts have disks of their own (lab.disk_mb)
+QUIET = ("freeze_minio", "partition", "slow_link", "flip", "full_disk")
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -110,8 +113,10 @@ class Harness:
         self.back_after_s: list[dict] = []   # how long each killed StorageNode took to answer again, its phases
         self.not_back: list[str] = []        # ... or that it never did
         self.killed_readers: set[int] = set()  # the readers' pids this harness killed
-        self.actions = ACTIONS + (QUIET if self.state.lab else ())
+        own_disks = bool(self.state.lab) and all(lab_disks.is_mounted(Path(n.disk)) for n in self.state.nodes)
+        self.actions = ACTIONS + tuple(k for k in QUIET if self.state.lab and (k != "full_disk" or own_disks))
         self.windows: list[tuple[str, float, float]] = []  # (fault kind, began, undone), wall-clock
+        self.to_full: dict[str, list[float | None]] = {}  # fault kind -> seconds from its undoing to full redundancy
 
     # -- readers -----------------------------------------------------------------------------
 
@@ -223,19 +228,43 @@ class Harness:
         elif action == "slow_link":
             lab_faults.slow(self.state, node.index, 2)
             what = f"node {node.index}'s link at 2 Mbit/s"
+        elif action == "full_disk":
+            size = lab_faults.fill(self.state, node.index)
+            what = f"filled node {node.index}'s disk ({size / 1e6:.0f} MB)"
         else:
             try:
                 flipped = lab_faults.flip(self.state, node.index, "minio", 3, self.rng.randrange(1 << 30))
             except FasterFSError as e:  # a host holding fewer than 3 object files
                 return f"no flip: {e}"
-            what = f"flipped a byte in {len(flipped)} of node {node.index}'s MinIO files (left for the scrub)"
+            what = f"flipped a byte in {len(flipped)} of node {node.index}'s MinIO files"
         try:
             time.sleep(self.every)
         finally:
             lab_faults.thaw(self.state)
             lab_faults.heal(self.state)
-        self.windows.append((action, began, time.time()))
-        return what
+        undone = time.time()
+        self.windows.append((action, began, undone))
+        took = self.until_full(node.index if action == "flip" else None)
+        self.to_full.setdefault(action, []).append(took)
+        return what + (f"; full redundancy {took:.1f} s after" if took is not None else "; NOT back to full redundancy")
+
+    def until_full(self, scrub: int | None, limit_s: float = 60.0) -> float | None:
+        """Seconds until every node's MinIO lists every piece it should hold (repair's survey:
+        nothing degraded, no node down), after node `scrub` scrubbed its objects (flipped bytes
+        are found by reading them; the scrub's own schedule is scrub.interval_s); None past limit_s."""
+        t = time.monotonic()
+        creds = registry.fetch_credentials(self.state.name, "admin")
+        if scrub is not None:
+            found = ray.get(self.actors[self.state.nodes.index(self.state.node(scrub))].scrub_minio.remote(),
+                            timeout=limit_s)
+            if found["repaired"] < len(found["bad"]):
+                return None
+        while time.monotonic() - t < limit_s:
+            health = repair.survey(self.state, creds, self.cfg.placement.load_slack)
+            if not health.degraded_count and not health.lost and not health.nodes_down:
+                return time.monotonic() - t
+            time.sleep(0.5)
+        return None
 
     def by_kind(self, reads: list[tuple], failures: list[tuple], verdicts: list[str | None]) -> dict:
         """Per fault kind: how often injected, reads while in force, wrong, stale, failed, and the
@@ -252,7 +281,9 @@ class Harness:
                          "wrong": sum(bool(v) and v.startswith("wrong") for _, v in inside),
                          "stale": sum(bool(v) and v.startswith("stale") for _, v in inside),
                          "failed": sum(during(kind, b, e) for b, e in failures),
-                         "p99_ms": round(_p99(lat) * 1e3, 1) if lat else None}
+                         "p99_ms": round(_p99(lat) * 1e3, 1) if lat else None,
+                         "to_full_redundancy_max_s": _max_or_none(self.to_full.get(kind, [])),
+                         "not_back_to_full": sum(t is None for t in self.to_full.get(kind, []))}
         return out
 
     def _wait_back(self, actor, killed: float) -> None:
@@ -381,6 +412,11 @@ class WriteHistory:
         return f"stale: {key}: a version replaced {late * 1e3:.1f} ms before the read began (read at {start:.3f})"
 
 
+def _max_or_none(xs: list[float | None]) -> float | None:
+    done = [x for x in xs if x is not None]
+    return round(max(done), 1) if done else None
+
+
 def _p99(xs: list[float]) -> float:
     return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))]
 
@@ -418,7 +454,9 @@ def main(argv: list[str]) -> dict:
     result = Harness(cfg, argv).run()
     result["passed"] = (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
                         and result["readers_lost"] == 0 and result["polls_over_capacity"] == 0
-                        and result["not_back"] == 0)
+                        and result["not_back"] == 0
+                        and not any(k["not_back_to_full"] for n, k in result["by_kind"].items()
+                                    if n != "healthy_p99_ms"))
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
     for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "no good copy", "writes",
                 "kills", "re-ingests", "polls", "peak cache", "peak of capacity"):
@@ -437,7 +475,9 @@ def main(argv: list[str]) -> dict:
         k = kinds[kind]
         console.print(f"  {kind}: injected {k['injected']}, {k['reads']} reads during it: {k['wrong']} wrong, "
                       f"{k['stale']} stale, {k['failed']} failed; p99 {k['p99_ms']} ms "
-                      f"(outside every fault: {kinds['healthy_p99_ms']} ms)")
+                      f"(outside every fault: {kinds['healthy_p99_ms']} ms); full redundancy at most "
+                      f"{k['to_full_redundancy_max_s']} s after it was undone"
+                      + (f", {k['not_back_to_full']} times not within 60 s" if k["not_back_to_full"] else ""))
     for back in result["storage_node_back_after_s"]:
         console.print(f"  a killed StorageNode answered again after {back['answered_s']:.1f} s; its own start took "
                       f"{back['total_s']:.1f} s (kernel programs {back['kernel_s']:.1f}, MinIO {back['minio_s']:.1f}, "

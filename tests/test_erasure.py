@@ -60,6 +60,32 @@ def test_a_shard_that_fools_its_checksum_is_caught_by_the_chunks():
         erasure.gather(record, 2, 1, served.__getitem__, pool)
 
 
+def test_silent_shards_are_hedged_around_but_never_to_a_hung_host():
+    """Shards 0 (hung) and 1 (slow) silent past the hedge budget: as many parity shards are asked
+    instead, but not those on hosts already hedged around (`late`: 2 and 3), whose requests would
+    hang too and hold the pool's threads; shard 4 and the slow shard 1 make the chunk."""
+    import threading
+    import time
+    body = os.urandom(60_000)
+    shards = erasure.encode(body, 2, 3)
+    release, asked = threading.Event(), []
+
+    def fetch(slot: int) -> bytes:
+        asked.append(slot)
+        if slot == 1:
+            time.sleep(0.3)
+        elif slot != 4:
+            release.wait(5)
+        return shards[slot]
+    with ThreadPoolExecutor(5) as pool:
+        try:
+            out, degraded, _ = erasure.gather(_chunk(body, shards, [0, 1, 2, 3, 4]), 2, 3, fetch, pool,
+                                              late=lambda s: s in (2, 3), hedge_s=0.05)
+        finally:
+            release.set()
+    assert out == body and degraded and sorted(asked) == [0, 1, 4]
+
+
 def test_layout_options_checked():
     with pytest.raises(FasterFSError, match=r"ec.data=4 \+ ec.parity=2: .* the data goes on 4"):
         erasure.check_layout(4, 2, 4)

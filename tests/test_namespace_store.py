@@ -95,3 +95,23 @@ def test_the_last_dataset_ingested_is_the_default(store):
     second.kind, second.created = "dataset", first.created + 1
     store.publish(second, "d2/g1/")
     assert store.manifest().name == "d2"
+
+
+def test_a_wall_clock_step_neither_expires_nor_keeps_a_generation(store, monkeypatch):
+    """The head's wall clock a day ahead (or behind): a generation replaced just now is kept; once
+    keep_old_s has passed on the monotonic clock it goes. A stamp from before a reboot (another
+    boot id), or a bare wall-clock time as older files kept, ages by the wall clock."""
+    from fasterfs import stamp
+
+    store.publish(manifest("d", "g1"), "d/g1/")
+    store.publish(manifest("d", "g2"), "d/g2/")
+    wall, mono = time.time, time.monotonic
+    monkeypatch.setattr(time, "time", lambda: wall() + 86400)
+    assert store.expired(keep_old_s=3600) == []
+    monkeypatch.setattr(time, "time", lambda: wall() - 86400)
+    monkeypatch.setattr(time, "monotonic", lambda: mono() + 3601)
+    assert [g["generation"] for g in store.expired(keep_old_s=3600)] == ["g1"]
+    monkeypatch.setattr(time, "time", wall)
+    monkeypatch.setattr(time, "monotonic", mono)
+    before_reboot = {"wall": wall() - 7200, "mono": mono(), "boot": stamp.BOOT + 1}
+    assert 7199 < stamp.age(before_reboot) < 7300 and 7199 < stamp.age(wall() - 7200) < 7300
