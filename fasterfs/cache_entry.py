@@ -51,8 +51,6 @@ SUFFIX, TMP_PREFIX = ".chunk", ".fill-"
 FILE_SUFFIX, INDEX_SUFFIX = ".file", ".idx"
 
 
-
-
 def entry_name(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=16).hexdigest() + SUFFIX
 

@@ -154,18 +154,18 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
                          **info)
 
     chunks: list[ChunkInfo] = []
-    try:
+    try:  # a failed store or publish (the head's disk full) leaves none of the new generation
         with ThreadPoolExecutor(max_workers=8) as pool:  # at most 8 chunks in memory
             for info in pool.map(store, range(count)):
                 chunks.append(info)
                 if progress:
                     progress(len(chunks), count)
+        new = manifest(replicas=1 if ec else cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
+                       chunks=chunks, layout=cfg.layout, ec_data=k, ec_parity=m)
+        took = registry.publish_manifest(state.name, new, prefix)  # the head keeps it; every StorageNode gets it
     except BaseException:
         _delete_objects(clients.values(), bucket, f"{prefix}{generation}/", lambda key: True)
         raise
-    new = manifest(replicas=1 if ec else cfg.replicas, node_count=n_nodes, bucket=bucket, generation=generation,
-                   chunks=chunks, layout=cfg.layout, ec_data=k, ec_parity=m)
-    took = registry.publish_manifest(state.name, new, prefix)  # the head keeps it; every StorageNode gets it
     missed = sorted({n.index for n in state.nodes} - set(took))
     if missed:  # readers still see it (they ask the Registry); those nodes learn it when they restart
         log.warning("nodes %s did not take generation %s of %s in time", missed, generation, name)

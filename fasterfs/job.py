@@ -40,6 +40,14 @@ def _check(overrides: list[str], multirun: bool) -> None:
             config.load(list(combination))
 
 
+def failure(result: dict) -> str | None:
+    """Why a job's result is a failure: the error it raised, or (a job that checks itself, like
+    the fault harness) its checks not passed; None when it is not."""
+    if result.get("error"):
+        return str(result["error"])
+    return "did not pass its checks" if result.get("passed") is False else None
+
+
 def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
     """`main(overrides)` under Hydra's command line; `name` (the script's) prefixes messages.
     Exits the process."""
@@ -68,11 +76,11 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
         try:
             result = main(overrides)
         except FasterFSError as e:
-            result = {"failed": str(e)}
+            result = {"error": str(e)}
             print(f"{name}: error: {e}", file=sys.stderr)
             if not args.multirun:
                 sys.exit(2 if isinstance(e, ConfigError) else 1)
-        if "failed" in result or result.get("passed") is False:  # a job that checks itself (faults)
+        if failure(result):
             _failed.append(" ".join(overrides) or "(no overrides)")
         for k, v in (result.get("headline") or {}).items():  # what `ray job logs` ends with
             print(f"  {k}: {v}")

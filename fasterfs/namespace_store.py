@@ -54,21 +54,46 @@ class NamespaceStore:
     def _file(self, name: str) -> Path:
         return self.dir / (quote(name, safe="") + ".json")
 
-    def _retire(self, name: str, when: dict) -> None:
-        for g in self._history:
-            if g["dataset"] == name and g["replaced"] is None:
-                g["replaced"] = when
+    def _write(self, path: Path, obj: Manifest | list) -> None:
+        """A file of the namespace written whole, or an error naming it (the head's disk full):
+        the caller changes nothing in memory then."""
+        try:
+            obj.save(path) if isinstance(obj, Manifest) else atomic_write_json(path, obj)
+        except OSError as e:
+            raise FasterFSError(f"the head cannot write {path}: {e.strerror}; the namespace is unchanged") from None
+
+    def _change(self, name: str, manifest: Manifest | None, history: list[dict]) -> None:
+        """`name`'s manifest (None: removed) and the generation history, both on disk or neither:
+        the manifest first, put back as it was if the history cannot follow (a history naming the
+        current generation replaced would have its objects deleted)."""
+        path, before = self._file(name), self._entries.get(name)
+        if manifest is None:
+            path.unlink(missing_ok=True)
+        else:
+            self._write(path, manifest)
+        try:
+            self._write(self._history_file, history)
+        except FasterFSError:
+            if before is not None:
+                before.save(path)  # the file it replaced: its room is free again
+            else:
+                path.unlink(missing_ok=True)
+            raise
+
+    def _replaced(self, name: str) -> list[dict]:
+        """The history with `name`'s current generation marked replaced now (a copy)."""
+        when = stamp.now()
+        return [dict(g, replaced=when) if g["dataset"] == name and g["replaced"] is None else g
+                for g in self._history]
 
     def publish(self, manifest: Manifest, prefix: str) -> list[int]:
         """Make `manifest` the current generation of its name (its objects under `prefix`): kept
         on disk, then pushed. Returns the nodes that took it."""
         with self._lock:
-            self._retire(manifest.name, stamp.now())
-            self._history.append({"dataset": manifest.name, "generation": manifest.generation, "prefix": prefix,
-                                  "replaced": None})
-            atomic_write_json(self._history_file, self._history)
-            manifest.save(self._file(manifest.name))
-            self._entries[manifest.name] = manifest
+            history = self._replaced(manifest.name) + [
+                {"dataset": manifest.name, "generation": manifest.generation, "prefix": prefix, "replaced": None}]
+            self._change(manifest.name, manifest, history)
+            self._entries[manifest.name], self._history = manifest, history
             self.version += 1
             return self.push("set_manifest", manifest)
 
@@ -95,18 +120,19 @@ class NamespaceStore:
                     applied.append(cid)  # the same move, made by another repair: it retired the old pieces
                 else:
                     retired |= wrote - set(current.pieces(now))
-            if retired:
+            if chunks != current.chunks:  # first: a retired piece not yet moved would be deleted
+                manifest = dataclasses.replace(current, chunks=chunks)
+                self._write(self._file(name), manifest)
+                self._entries[name] = manifest
+                self.version += 1
+                self.push("set_manifest", manifest)
+            known = {(p["node"], p["key"]) for p in self._retired}
+            if retired - known:  # unwritten (the head's disk full): orphans, never a live piece lost
                 at = stamp.now()
-                known = {(p["node"], p["key"]) for p in self._retired}
-                self._retired += [{"node": node, "key": key, "retired": at} for node, key in sorted(retired - known)]
-                atomic_write_json(self._retired_file, self._retired)
-            if chunks == current.chunks:
-                return applied
-            manifest = dataclasses.replace(current, chunks=chunks)
-            manifest.save(self._file(name))
-            self._entries[name] = manifest
-            self.version += 1
-            self.push("set_manifest", manifest)
+                new = self._retired + [{"node": node, "key": key, "retired": at}
+                                       for node, key in sorted(retired - known)]
+                self._write(self._retired_file, new)
+                self._retired = new
             return applied
 
     def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
@@ -116,8 +142,9 @@ class NamespaceStore:
             gone = [p for p in self._retired if stamp.age(p["retired"]) >= keep_old_s]
             if not gone:
                 return []
-            self._retired = [p for p in self._retired if p not in gone]
-            atomic_write_json(self._retired_file, self._retired)
+            kept = [p for p in self._retired if p not in gone]
+            self._write(self._retired_file, kept)
+            self._retired = kept
             live = {piece for m in self._entries.values() for c in m.chunks for piece in m.pieces(c)}
             return [(p["node"], p["key"]) for p in gone if (p["node"], p["key"]) not in live]
 
@@ -125,12 +152,13 @@ class NamespaceStore:
         """Take `name` out of the namespace. Its objects stay for readers that hold its manifest
         until ingest.keep_old_s has passed (`expired` then names them)."""
         with self._lock:
-            manifest = self._entries.pop(name, None)
+            manifest = self._entries.get(name)
             if manifest is None:
                 raise FasterFSError(f"{name!r}: no such dataset or file in cluster {self.cluster_name!r}")
-            self._retire(name, stamp.now())
-            atomic_write_json(self._history_file, self._history)
-            self._file(name).unlink(missing_ok=True)
+            history = self._replaced(name)
+            self._change(name, None, history)
+            del self._entries[name]
+            self._history = history
             self.version += 1
             self.push("drop_manifest", name)
             return manifest
@@ -141,8 +169,9 @@ class NamespaceStore:
         with self._lock:
             gone = [g for g in self._history if g["replaced"] is not None and stamp.age(g["replaced"]) >= keep_old_s]
             if gone:
-                self._history = [g for g in self._history if g not in gone]
-                atomic_write_json(self._history_file, self._history)
+                kept = [g for g in self._history if g not in gone]
+                self._write(self._history_file, kept)
+                self._history = kept
             return gone
 
     def generations(self, dataset: str) -> list[str]:

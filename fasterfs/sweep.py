@@ -10,6 +10,8 @@ from typing import Any
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 
+from .job import failure
+
 
 class SweepSummary(Callback):
     def __init__(self) -> None:
@@ -26,8 +28,7 @@ class SweepSummary(Callback):
         if job_return.status == JobStatus.COMPLETED and isinstance(job_return._return_value, dict):
             result = job_return._return_value
             run["figures"] = {k: v for k, v in (result.get("figures") or {}).items() if isinstance(v, (int, float))}
-            if "failed" in result or result.get("passed") is False:
-                run["failed"] = result.get("failed") or "did not pass its checks"
+            run["failed"] = failure(result)
         elif job_return.status == JobStatus.FAILED:
             run["failed"] = f"{type(job_return._return_value).__name__}: {job_return._return_value}"
         self.runs.append(run)

@@ -25,16 +25,24 @@ def lab_overrides(root: Path, nodes: int = 3) -> list[str]:
 
 
 def module_lab(tmp_path_factory, name: str, *options: str, after=lambda state: None):
-    """A 3-host lab for a whole test module (a fixture's body): yields (state, overrides); after
-    the module, checks it left nothing (and `after(state)`)."""
+    """A 3-host lab for a whole test module (a fixture's body), made and removed as a user does
+    (`fasterfs lab up`, `fasterfs lab down`): yields (state, overrides); after the module, checks
+    it left nothing (and `after(state)`)."""
     root = Path(str(tmp_path_factory.mktemp(name))[:60])  # under /tmp: the hosts' own /tmp hides it from them
     overrides = lab_overrides(root) + list(options)
-    cfg = config.load(overrides)
-    state = lab.up(cfg)
+    ffs = str(PROJECT / ".venv/bin/fasterfs")
+    out = subprocess.run([ffs, "lab", "up", *overrides], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "FasterFS lab up: 3 hosts" in " ".join(out.stdout.split()), out.stdout + out.stderr
+    state = cluster.ClusterState.load(root)
+    cluster.connect_ray(state)
     yield state, overrides
-    cluster.down(cfg)
+    ray.shutdown()
+    out = subprocess.run([ffs, "lab", "down", *overrides], capture_output=True, text=True, timeout=600)
+    said = " ".join(out.stdout.split())
+    ray_nodes = len(state.nodes) + bool(state.head_pid)  # and the head's, a Ray node without storage
+    assert out.returncode == 0 and f"3 StorageNodes and {ray_nodes} Ray nodes stopped" in said, out.stdout + out.stderr
     assert_nothing_left(state)
-    assert lab.leftovers(cfg.cluster.name) == []
+    assert lab.leftovers(state.name) == []
     after(state)
 
 

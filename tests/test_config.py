@@ -88,3 +88,14 @@ def test_missing_minio_binary_says_how_to_install(tmp_path):
     cfg = config.load([f"minio.binary={tmp_path}/minio"])
     with pytest.raises(FasterFSError, match="make setup"):
         config.minio_binary(cfg)
+
+
+def test_a_jobs_result_fails_only_on_an_error_or_its_own_checks():
+    """What makes `python jobs/x.py` (and a sweep's run) exit 1: a count of failed reads that is
+    0 in a passing harness run is not a failure (it was: 20 clean minutes reported as failed)."""
+    from fasterfs.job import failure
+
+    assert failure({"failed": 0, "passed": True, "reads": 131509}) is None
+    assert failure({"figures": {"mb_s": 1.0}}) is None
+    assert failure({"error": "option size='7B': ..."}) == "option size='7B': ..."
+    assert failure({"failed": 0, "passed": False}) == "did not pass its checks"

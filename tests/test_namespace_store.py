@@ -115,3 +115,29 @@ def test_a_wall_clock_step_neither_expires_nor_keeps_a_generation(store, monkeyp
     monkeypatch.setattr(time, "monotonic", mono)
     before_reboot = {"wall": wall() - 7200, "mono": mono(), "boot": stamp.BOOT + 1}
     assert 7199 < stamp.age(before_reboot) < 7300 and 7199 < stamp.age(wall() - 7200) < 7300
+
+
+def test_the_heads_disk_full_names_the_file_and_changes_nothing(store, tmp_path, monkeypatch):
+    """ENOSPC while the Registry writes the namespace: the error names the file, and neither
+    memory nor disk has half of the change (a history naming the current generation replaced
+    would have its objects deleted once keep_old_s passed)."""
+    import errno
+
+    from fasterfs import namespace_store
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    store.publish(manifest("d", "g1"), "d/g1/")
+    monkeypatch.setattr(namespace_store, "atomic_write_json", full)  # the manifest fits, the history does not
+    with pytest.raises(FasterFSError, match=r"the head cannot write \S+/generations.json: No space left on device; "
+                                            "the namespace is unchanged"):
+        store.publish(manifest("d", "g2"), "d/g2/")
+    with pytest.raises(FasterFSError, match="generations.json: No space left"):
+        store.remove("d")
+    monkeypatch.setattr(Manifest, "save", full)  # nor the manifest
+    with pytest.raises(FasterFSError, match=r"the head cannot write \S+/namespace/d.json"):
+        store.publish(manifest("d", "g3"), "d/g3/")
+    monkeypatch.undo()
+    for seen in (store, NamespaceStore(tmp_path / "namespace", "c", lambda m, a: [])):  # in memory, on disk
+        assert seen.manifest("d").generation == "g1" and seen.generations("d") == ["g1"]
+        assert seen.expired(keep_old_s=0) == []
