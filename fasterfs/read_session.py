@@ -238,8 +238,13 @@ class ReadSession:
         return node not in self._s3 or self._refused.get(node, 0.0) > time.monotonic() or self.silent(node)
 
     def note_failure(self, node: int, error: BaseException) -> None:
+        import urllib3
+
         if isinstance(error, (EndpointConnectionError, ConnectTimeoutError)):
             self._refused[node] = time.monotonic() + self.DOWN_S
+        elif isinstance(error, (ReadTimeoutError, urllib3.exceptions.ReadTimeoutError)):
+            # hung: tried last (its only copies: the peer caches first) for as long as a GET could hang
+            self._refused[node] = time.monotonic() + self.read_timeout_s
 
     def slow(self, holders: list[int]) -> bool:
         """Every holder answered this process slower than cache.peer_slower_ms of late."""
