@@ -102,7 +102,7 @@ class MinioServer:
         self.stop()
         raise FasterFSError(f"MinIO on {self.endpoint} was not healthy within {timeout:.0f} s; see {self.log_path}")
 
-    def ensure_reader(self, reader: Credentials, bucket: str) -> None:
+    def ensure_reader(self, reader: Credentials, bucket: str, timeout: float = 30.0) -> None:
         """The read-only user readers sign with: may list and GET `bucket`, nothing else
         (MinIO refuses its PUTs and DELETEs). Idempotent; sets the secret (rotation)."""
         from minio.credentials import StaticProvider
@@ -116,17 +116,25 @@ class MinioServer:
         policy = {"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"],
             "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}
-        try:
-            admin.policy_add(READER_POLICY, policy=policy)
-            admin.user_add(reader.access_key, reader.secret_key)
+        # MinIO answers its liveness probe before its IAM has loaded; until then admin
+        # requests get 503 XMinioServerNotInitialized, which is "wait", not "refused".
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                admin.attach_policy([READER_POLICY], user=reader.access_key)
-            except MinioAdminException as e:
-                if "AlreadyApplied" not in str(e):
-                    raise
-        except MinioAdminException as e:  # the message names the request, never the keys
-            raise FasterFSError(f"MinIO on {self.endpoint} refused to set up its reader user: "
-                                f"{str(e).splitlines()[0][:300]}") from None
+                admin.policy_add(READER_POLICY, policy=policy)
+                admin.user_add(reader.access_key, reader.secret_key)
+                try:
+                    admin.attach_policy([READER_POLICY], user=reader.access_key)
+                except MinioAdminException as e:
+                    if "AlreadyApplied" not in str(e):
+                        raise
+                return
+            except MinioAdminException as e:  # the message names the request, never the keys
+                if "XMinioServerNotInitialized" in str(e) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise FasterFSError(f"MinIO on {self.endpoint} refused to set up its reader user: "
+                                    f"{str(e).splitlines()[0][:300]}") from None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
