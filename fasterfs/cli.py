@@ -45,6 +45,7 @@ from .cli_lab import (
     peer_list,
 )
 from .errors import ConfigError, FasterFSError, UsageError
+from .state import joined, leave
 
 console = report.console()
 
@@ -210,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     command = COMMANDS[name]
+    was_joined = joined()  # main() called by a driver: its connection stays
     try:
         cfg = config.load(([f"nodes={args.nodes}"] if args.nodes else []) + overrides)
         if args.cfg:
@@ -227,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         cause = getattr(e, "cause", None)  # raised in an actor: its own words, not Ray's remote traceback
         errors.print(f"[red]fasterfs {name}: error:[/] {cause if isinstance(cause, FasterFSError) else e}")
         return 2 if isinstance(e, ConfigError) else 1
+    finally:
+        if not was_joined:
+            leave()
     return 0
 
 

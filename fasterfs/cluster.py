@@ -247,14 +247,21 @@ def teardown(state: ClusterState) -> dict:
             _stop_dashboard(state, report)
             _stop_registry(state)
             nodes = NodeDirectory(state.ray_namespace)
+            stopping = {}  # every node stops at once (MinIO's exit, the kernel programs' detach)
             for node in state.nodes:
                 try:
                     actor = nodes.require(node.index)
-                    ray.get(actor.stop.remote(), timeout=30)
-                    ray.kill(actor, no_restart=True)
-                    report["actors_stopped"] += 1
+                    stopping[node.index] = (actor, actor.stop.remote())
                 except Exception as e:  # a dead actor must not stop the rest of the teardown
                     report["actor_errors"].append(f"node {node.index}: {type(e).__name__}: {e}"[:300])
+            deadline = time.monotonic() + 30
+            for index, (actor, stopped) in stopping.items():
+                try:
+                    ray.get(stopped, timeout=max(1.0, deadline - time.monotonic()))
+                    ray.kill(actor, no_restart=True)
+                    report["actors_stopped"] += 1
+                except Exception as e:
+                    report["actor_errors"].append(f"node {index}: {type(e).__name__}: {e}"[:300])
         except Exception as e:
             report["actor_errors"].append(f"ray: {type(e).__name__}: {e}"[:300])
         finally:

@@ -56,7 +56,7 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from . import config
-    from .state import DRIVER_METADATA
+    from .state import DRIVER_METADATA, leave
 
     args = get_args_parser().parse_args(sys.argv[1:])  # argparse: an unknown flag exits 2
     if args.help and doc:
@@ -90,7 +90,10 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
     # Hydra names a job after the module of its task function (here fasterfs.job, for every
     # job): name it after the script instead, for its output directories and --help
     task.__wrapped__.__module__ = name
-    task()
+    try:
+        task()
+    finally:
+        leave()
     if _failed:
         print(f"{name}: {len(_failed)} run(s) failed: {'; '.join(_failed)}", file=sys.stderr)
         sys.exit(1)

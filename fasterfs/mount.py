@@ -41,6 +41,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write_json
 from .namespace import Entry
 from .reader import Namespace, OpenFile
+from .state import leave
 
 log = logging.getLogger("fasterfs.mount")
 DAEMON = config.PROJECT_DIR / "native" / "ffs-mount" / "target" / "release" / "ffs-mount"
@@ -311,6 +312,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
         if daemon.poll() is None:
             daemon.terminate()
         daemon.wait(timeout=30)
+        leave()  # the unmount waits for this process
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ cgroup and waited for. A lab host's node runs in its own mount namespace (faster
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -23,6 +24,17 @@ def _ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
+def ray_temp_dir(root: str | Path, index: int | None = None) -> str:
+    """Ray's directory on this machine's /tmp (a lab host's own) for the head of the cluster
+    under `root` (index None) or its node `index`. One per cluster: Ray records the last cluster
+    started in <temp dir>/ray_current_cluster and gives a job's driver that address (its job
+    supervisor resolves "auto" there), so with one /tmp/ray for all, a job submitted to one
+    cluster joins whichever started last. One per node: Ray names a node's sockets and logs by
+    counting what its directory holds already, so nodes sharing one can only start one at a
+    time. Short: socket paths (<temp dir>/session_<time>_<pid>/sockets/plasma_store) must stay
+    under 108 bytes."""
+    base = "/tmp/ray-ffs-" + hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:12]
+    return base if index is None else f"{base}-{index}"
 
 
 def _software_under_tmp() -> list[str]:
@@ -43,9 +55,12 @@ def ray_env(name: str, root: str | Path) -> dict[str, str]:
     # a job's code comes from its uploaded copy (`--working-dir .`), not this checkout: the
     # sample data's place must come with the environment
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
-    # a `ray start --block` told to stop first waits up to 30 s for its node to drain (for Ray
-    # Serve's proxies), which never happens while a StorageNode holds its lease: at once instead
+    # A `ray start --block` told to stop first waits up to 30 s for its node to drain (for Ray
+    # Serve's proxies), which never happens while a StorageNode holds its lease: at once instead.
+    # Ray's log monitor lists its logs directory every 0.1 s below 1,000 files, every 0.5 s above:
+    # an idle node's largest cost (1.7% of a core each, with a hundred worker logs): every 0.5 s.
     return dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+                RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="0",
                 PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
                 FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_CLUSTER=name, FASTERFS_ROOT=str(root),
                 **auth.ray_env(auth.token_file(root)))
@@ -76,12 +91,13 @@ def ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool
     if is_head:
         # objects beyond the object store spill to files here (GraySort larger than memory)
         spill = {"type": "filesystem", "params": {"directory_path": str(c.spill_dir)}}
-        args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true",
-                 f"--system-config={json.dumps({'object_spilling_config': json.dumps(spill)})}",
+        system = {"object_spilling_config": json.dumps(spill), "health_check_period_ms": int(c.health_check_period_ms)}
+        args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true", f"--system-config={json.dumps(system)}",
                  f"--dashboard-host={host.address}", f"--dashboard-port={c.dashboard_port}",
                  f"--ray-client-server-port={c.client_port}"]
     else:
         args += [f"--address={head.address}:{c.ray_port}"]
+    args += [f"--temp-dir={ray_temp_dir(c.root, None if is_head else index)}"]
     if host.disk:
         args = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", "fasterfs.private_host",
                 str(c.root), host.disk, ":".join(_software_under_tmp()), *args]
@@ -139,33 +155,31 @@ def head_node_id(state: ClusterState) -> str:
 
 
 def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head: Host) -> None:
-    """One `ray start` per host (and one for a head without storage); records their PIDs."""
+    """One `ray start` per host (and one for a head without storage), all side by side (a
+    node's `ray start` waits for the head's GCS); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     env = ray_env(state.name, state.root)
     logs = layout.paths.log_dir
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
-        proc = cgroup.spawn(ray_start_args(cfg, head, head, None, True), logs / "ray-head.log",
-                            _head_env(cfg, env, None), child="head")
-        state.head_pid = proc.pid
+        head_log = logs / "ray-head.log"
+        head_proc = cgroup.spawn(ray_start_args(cfg, head, head, None, True), head_log,
+                                 _head_env(cfg, env, None), child="head")
+        state.head_pid = head_proc.pid
         state.save()
-        wait_for_head(cfg, head, proc, logs / "ray-head.log")
-        connect_ray(state)
-    joined = {head.address} if head not in hosts else set()
     for i, host in enumerate(hosts):
         provision(host, state.root)
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
         proc = cgroup.spawn(ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log",
                             _head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
+        if host == head:
+            head_proc, head_log = proc, logs / f"ray-node-{i}.log"
         # provisional (position, not id): lets `down` stop it if we fail from here on
         state.nodes.append(NodeState(i, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid,
                                      netns=host.netns, disk=host.disk))
         state.save()
-        if host == head:
-            wait_for_head(cfg, head, proc, logs / f"ray-node-{i}.log")
-            connect_ray(state)
-        # One at a time: raylets started back to back race for the same socket names.
-        joined.add(host.address)
-        _wait_for_nodes(cfg, state, joined)
+    wait_for_head(cfg, head, head_proc, head_log)
+    connect_ray(state)
+    _wait_for_nodes(cfg, state, {head.address} | {host.address for host in hosts})
 
 
 def wait_for_head(cfg, head: Host, proc, log_path: Path) -> None:

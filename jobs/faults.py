@@ -3,8 +3,9 @@ cluster is hurt on purpose — MinIO servers, StorageNodes and readers SIGKILLed
 rewritten, the dataset re-ingested, caches filled past a small capacity, the nodes polled
 like an open dashboard; on a lab (`fasterfs lab up`) also the quiet failures: a MinIO frozen,
 a host cut from another, a link at 2 Mbit/s, bytes flipped in a host's MinIO files (then
-scrubbed), a host's disk full (a lab with lab.disk_mb). Seeded and bounded in time. (The peak is
-judged against the capacity each node reported at that moment.)
+scrubbed), a host's disk full (a lab with lab.disk_mb). Seeded and bounded in time (and, with
+faults.rounds, in rounds of every kind of fault once). (The peak is judged against the capacity
+each node reported at that moment.)
 
     python jobs/faults.py [faults.duration_s=120 faults.seed=7 ...]      (on `fasterfs up`)
 
@@ -47,10 +48,11 @@ ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reing
 QUIET = ("freeze_minio", "partition", "slow_link", "flip", "full_disk")
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)  # stop() while run() reads
 class Reader:
-    """Reads random chunks for a while, recording what each read returned and when (checked
-    against the write history afterwards); reconnects now and then to follow new generations."""
+    """Reads random chunks for a while (or until stopped), recording what each read returned and
+    when (checked against the write history afterwards); reconnects now and then to follow new
+    generations."""
 
     def __init__(self, root: str, seed: int):
         self.root, self.rng = root, random.Random(seed)
@@ -59,14 +61,18 @@ class Reader:
         self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end), wall-clock
         self.failures: list[tuple] = []  # (start, end) of each failed read
         self.no_good_copy: list[tuple] = []  # (start, end, holders) of each read no copy could serve
+        self.stopped = threading.Event()
 
     def pid(self) -> int:
         return os.getpid()
 
+    def stop(self) -> None:
+        self.stopped.set()
+
     def run(self, seconds: float, reconnect_every: int) -> dict:
         deadline = time.monotonic() + seconds
         client, seen, n = None, set(), 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.stopped.is_set():
             if n % reconnect_every == 0:
                 client = fasterfs.connect(self.root)
                 seen.add(client.manifest.generation)
@@ -128,7 +134,7 @@ class Harness:
         pids = ray.get([r.pid.remote() for r in readers], timeout=120)
         for node, reader, pid in zip(nodes, readers, pids):
             ref = reader.run.remote(seconds, int(self.cfg.faults.reconnect_every))
-            self.readers.setdefault(node.index, []).append((pid, ref))
+            self.readers.setdefault(node.index, []).append((pid, ref, reader))
 
     # -- watching, like an open dashboard ---------------------------------------------------
 
@@ -174,7 +180,7 @@ class Harness:
             self.restarting[node.index] = waiter
             waiter.start()
         elif action == "kill_reader":
-            pid, _ = self.readers[node.index][-1]
+            pid, _, _ = self.readers[node.index][-1]
             self.killed_readers.add(pid)
             os.kill(pid, signal.SIGKILL)
             self.start_readers([node], max(1.0, self.deadline - time.monotonic()))
@@ -324,22 +330,31 @@ class Harness:
         log = []
         try:
             plan: list[str] = []
+            rounds, most = 0, self.cfg.faults.rounds
             while time.monotonic() + self.every < self.deadline:
                 time.sleep(self.every)
                 if not plan:  # every kind of fault once per round, in a seeded order
+                    if rounds == most:
+                        break
                     plan = self.rng.sample(self.actions, len(self.actions))
+                    rounds += 1
                 action = plan.pop()
                 node = self.rng.choice(self.up_nodes(every=action in ("overwrite", "reingest")))
                 self.counts[action] += 1
                 began = time.monotonic() - self.deadline + self.duration
                 log.append(f"{began:6.1f} s  {self.act(action, node)}")
+            time.sleep(self.every)  # reads after the last fault too
+            for runs in self.readers.values():
+                for pid, _, reader in runs:
+                    if pid not in self.killed_readers:
+                        reader.stop.remote()
             totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "readers_lost": 0,
                       "read_overwritten": 0, "no_good_copy": 0}
             no_good_copy_hosts: dict[str, int] = {}
             errors = []
             all_reads, all_failures, verdicts = [], [], []
             for index, runs in self.readers.items():
-                for pid, ref in runs:
+                for pid, ref, _ in runs:
                     try:
                         r = ray.get(ref, timeout=self.duration + 120)
                     except ray.exceptions.RayActorError as e:
@@ -371,7 +386,8 @@ class Harness:
             watcher.join(5)
             self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
-        return {"seed": self.cfg.faults.seed, "duration_s": self.duration, **totals, **self.counts,
+        ran_s = time.monotonic() - (self.deadline - self.duration)
+        return {"seed": self.cfg.faults.seed, "duration_s": ran_s, "rounds": rounds, **totals, **self.counts,
                 "by_kind": self.by_kind(all_reads, all_failures, verdicts), "no_good_copy_holders": no_good_copy_hosts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
@@ -451,13 +467,16 @@ def main(argv: list[str]) -> dict:
     if f.duration_s <= 0 or f.every_s <= 0 or f.cache_mb <= 0 or f.readers_per_node < 1:
         raise FasterFSError("options faults.duration_s, faults.every_s and faults.cache_mb must be > 0, "
                             "faults.readers_per_node >= 1")
+    if f.rounds is not None and (not isinstance(f.rounds, int) or f.rounds < 1):
+        raise FasterFSError(f"option faults.rounds={f.rounds!r}: a whole number >= 1, or null (run for duration_s)")
     result = Harness(cfg, argv).run()
     result["passed"] = (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
                         and result["readers_lost"] == 0 and result["polls_over_capacity"] == 0
                         and result["not_back"] == 0
                         and not any(k["not_back_to_full"] for n, k in result["by_kind"].items()
                                     if n != "healthy_p99_ms"))
-    table = Table(title=f"fault harness: {result['duration_s']:.0f} s, seed {result['seed']}")
+    rounds = f"{result['rounds']} round{'s' if result['rounds'] != 1 else ''}"
+    table = Table(title=f"fault harness: {result['duration_s']:.0f} s, {rounds} of faults, seed {result['seed']}")
     for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "no good copy", "writes",
                 "kills", "re-ingests", "polls", "peak cache", "peak of capacity"):
         table.add_column(col)

@@ -45,6 +45,31 @@ def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def placed(tasks) -> bool:
+    """Every task listed has the node Ray placed it on (a task's record may arrive before that)."""
+    return bool(tasks) and all(t.node_id for t in tasks)
+
+
+def tasks_ray_recorded(state, filters: list, present=placed) -> list:
+    """The tasks Ray's state API (the dashboard of cluster `state`) lists under `filters`, once
+    `present(tasks)`: a task's events reach the GCS a second or so after it ends, so a job just
+    finished may not be there yet."""
+    from ray.util.state import list_tasks
+
+    tasks: list = []
+
+    def listed() -> bool:
+        nonlocal tasks
+        tasks = list_tasks(address=state.dashboard_url, filters=filters, limit=10000, timeout=60)
+        return present(tasks)
+
+    try:
+        wait_until(listed, 30, f"Ray to record tasks {filters}")
+    except AssertionError as e:  # what Ray did have, to tell a lost record from one without its node
+        raise AssertionError(f"{e}; listed: {[(t.state, t.node_id, t.job_id) for t in tasks]}") from None
+    return tasks
+
+
 def mounts_under(root) -> list[str]:
     """Mount points (bpffs, cgroup2) the cluster under `root` still has."""
     return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
@@ -103,7 +128,7 @@ def another_clusters_token_at_the_default_root():
 
 @pytest.fixture(scope="session")
 def cluster_root():
-    root = Path(tempfile.mkdtemp(prefix="ffs-test-"))  # short: Ray's socket paths must stay < 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="ffs-test-"))  # its own root, never the default one
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
@@ -143,6 +168,20 @@ def pytest_runtest_setup(item):
         _LIVE["stop"]()
 
 
+@pytest.fixture(scope="session")
+def lab3(tmp_path_factory):
+    """One 3-host lab for test_lab_faults and test_share_nothing (a lab takes 20 s to come up),
+    its hosts with disks of their own (512 MB ext4 images) and repair looking every 2 s. Each
+    test undoes what it made; afterwards no cut rule, disk mount or record of faults is left."""
+    from lab_hosts import shared_lab
+
+    def nothing_of_the_faults_left(state) -> None:
+        assert not [n for n in state.nodes if os.path.ismount(n.disk)]
+        assert not Path(state.root, "lab-faults.json").exists()
+    yield from shared_lab(tmp_path_factory, "lab", "lab.disk_mb=512", "repair.check_s=2",
+                          after=nothing_of_the_faults_left)
+
+
 @pytest.fixture
 def mounted(live_cluster, cluster_root):
     """The namespace mounted on this host by its StorageNode (one host: one mount); unmounted after."""
@@ -173,31 +212,63 @@ CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 
 def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
-    """`ray job submit ... -- python jobs/<job>.py ARGS` from a clean shell (no VIRTUAL_ENV,
-    default PATH; the cluster's Ray token), as the README says; checks Ray reports it SUCCEEDED, and returns its
-    report (<job>.json in the output directory the job's log names)."""
+    """`ray job submit --no-wait ... -- python jobs/<job>.py ARGS` from a clean shell, as the README
+    says (run_job); returns its report (<job>.json in the output directory the job's log names)."""
     import json
     import re
+
+    logs = run_job(state, ["python", f"jobs/{job}.py", *args], timeout, job)
+    out = re.findall(r"^output: (\S+)$", logs, re.M)
+    assert out, logs[-4000:]
+    return json.loads((Path(out[-1]) / f"{job}.json").read_text())
+
+
+def run_job(state, entrypoint: list[str], timeout: float = 900, name: str = "job") -> str:
+    """`ray job submit --no-wait ... -- ENTRYPOINT` from a clean shell (no VIRTUAL_ENV, default
+    PATH; the cluster's Ray token); waits for Ray to report it SUCCEEDED and returns its log.
+    Polled rather than followed: Ray's log tail adds seconds at each end of a job (the following
+    form is test_command_line's)."""
     import uuid
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from fasterfs import auth
 
-    sid = f"test-{job}-{uuid.uuid4().hex[:8]}"
-    run = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/ray"), "job", "submit", "--address", state.dashboard_url,
-                          "--submission-id", sid, "--working-dir", str(config.PROJECT_DIR), "--",
-                          "python", f"jobs/{job}.py", *args],
+    sid = f"test-{name}-{uuid.uuid4().hex[:8]}"
+    run = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/ray"), "job", "submit", "--no-wait",
+                          "--address", state.dashboard_url, "--submission-id", sid,
+                          "--working-dir", str(config.PROJECT_DIR), "--", *entrypoint],
                          # the cluster's token, as the README says (`fasterfs status` names the file)
                          env=dict(CLEAN_ENV, **auth.ray_env(auth.token_file(state.root))), cwd="/",
-                         capture_output=True, text=True, timeout=timeout)
-    jobs = JobSubmissionClient(state.dashboard_url)
-    logs = jobs.get_job_logs(sid)
-    assert jobs.get_job_status(sid) == JobStatus.SUCCEEDED, logs[-4000:] + run.stderr[-2000:]
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    out = re.findall(r"^output: (\S+)$", logs, re.M)
-    assert out, logs[-4000:]
-    return json.loads((Path(out[-1]) / f"{job}.json").read_text())
+    # this cluster's token by name: the process may hold another's (a cluster it started since)
+    jobs = JobSubmissionClient(state.dashboard_url,
+                               headers={"Authorization": f"Bearer {auth.read(auth.token_file(state.root))}"})
+    deadline = time.monotonic() + timeout
+    while not (status := jobs.get_job_status(sid)).is_terminal():
+        assert time.monotonic() < deadline, f"job {sid} still {status} after {timeout} s"
+        time.sleep(0.2)
+    logs = jobs.get_job_logs(sid)
+    assert status == JobStatus.SUCCEEDED, logs[-4000:]
+    return logs
+
+
+# a driver that joins and runs one task: what anyone reaching the GCS would try
+PROBE = """
+import logging, sys, ray
+ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2], logging_level=logging.ERROR, log_to_driver=False)
+print("ran", ray.get(ray.remote(lambda: 6 * 7).remote()))
+"""
+
+
+def try_driver(address: str, node_ip: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """A Python driver from a shell holding only `env` (not even Ray's default token file). Ray
+    tries the GCS once a second, 20 times by default; 3 (its RAY_gcs_server_port_wait_time_s) tell
+    a refusal as well, and a driver that gets in does so on the first."""
+    return subprocess.run([str(config.PROJECT_DIR / ".venv/bin/python"), "-c", PROBE, address, node_ip],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(CLEAN_ENV, HOME="/nonexistent", RAY_gcs_server_port_wait_time_s="3", **env))
 
 
 def need_sample() -> None:

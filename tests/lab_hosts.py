@@ -24,9 +24,9 @@ def lab_overrides(root: Path, nodes: int = 3) -> list[str]:
                                                                    "lab.disk_mbit=null"]
 
 
-def module_lab(tmp_path_factory, name: str, *options: str, after=lambda state: None):
-    """A 3-host lab for a whole test module (a fixture's body), made and removed as a user does
-    (`fasterfs lab up`, `fasterfs lab down`): yields (state, overrides); after the module, checks
+def shared_lab(tmp_path_factory, name: str, *options: str, after=lambda state: None):
+    """A 3-host lab for the tests that share it (a fixture's body), made and removed as a user
+    does (`fasterfs lab up`, `fasterfs lab down`): yields (state, overrides); afterwards, checks
     it left nothing (and `after(state)`)."""
     root = Path(str(tmp_path_factory.mktemp(name))[:60])  # under /tmp: the hosts' own /tmp hides it from them
     overrides = lab_overrides(root) + list(options)

@@ -20,13 +20,22 @@ from fasterfs.ingest import put
 NO_PREFETCH = ["cache.prefetch.enabled=false"]
 
 
-@pytest.fixture
-def fresh(ingest_as, live_cluster):
-    """A freshly ingested CSV dataset, empty caches, a new kernel epoch."""
-    manifest = ingest_as("csv")
+def _emptied(manifest, live_cluster):
     actors = cluster.storage_nodes(live_cluster)
     ray.get([a.cache_clear.remote() for a in actors])
     return manifest, actors
+
+
+@pytest.fixture
+def cold(ingest_as, live_cluster):
+    """The CSV dataset the tests that only read share, empty caches, a new kernel epoch."""
+    return _emptied(ingest_as("csv", reuse=True), live_cluster)
+
+
+@pytest.fixture
+def fresh(ingest_as, live_cluster):
+    """A freshly ingested CSV dataset (the test writes its objects), empty caches, a new kernel epoch."""
+    return _emptied(ingest_as("csv"), live_cluster)
 
 
 def counter(actors, *path: str) -> int:
@@ -44,8 +53,8 @@ def key_count(actor, manifest, i):
     return ray.get(actor.kernel_key_count.remote(f"/{manifest.bucket}/{manifest.chunk(i).key}"))
 
 
-def test_cached_after_exactly_threshold_reads(fresh, cluster_root, live_cluster):
-    manifest, actors = fresh
+def test_cached_after_exactly_threshold_reads(cold, cluster_root, live_cluster):
+    manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     i = 3
     node = client.sources(i)[0]
@@ -105,8 +114,8 @@ def test_erasure_coded_chunk_cached_whole(live_cluster, overrides, cluster_root,
         registry.remove(live_cluster.name, "cache/ec.bin")
 
 
-def test_capacity_never_exceeded(fresh, cluster_root):
-    manifest, actors = fresh
+def test_capacity_never_exceeded(cold, cluster_root):
+    manifest, actors = cold
     cap = 4 * max(c.bytes for c in manifest.chunks)
     sizes, evictions = [], [counter([a], "evictions") for a in actors]
     try:
@@ -139,8 +148,9 @@ def _disk_bytes(directory: Path) -> int:
     return total
 
 
-def _reader(root, ids, expected, rounds, out):
+def _reader(root, ids, expected, rounds, go, out):
     client = fasterfs.connect(root, ["cache.prefetch.enabled=false", "cache.verify_reads=false"])
+    go.wait(120)  # every reader connected: they read at once, while the caches are cleared
     bad = 0
     for _ in range(rounds):
         for i in ids:
@@ -149,28 +159,30 @@ def _reader(root, ids, expected, rounds, out):
     out.put(bad)
 
 
-def test_concurrent_readers_see_only_whole_chunks(fresh, cluster_root):
-    manifest, actors = fresh
+def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root):
+    manifest, actors = cold
     ids = list(range(min(24, len(manifest))))
     expected = {c.id: c.xxh3 for c in manifest.chunks}
     cap = 6 * max(c.bytes for c in manifest.chunks)  # small: fills and evictions all the time
     fills, hits = counter(actors, "fills"), counter(actors, "readers", "hits")
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, readers = ctx.Queue(), 4
+    go = ctx.Barrier(readers + 1)
     try:
         ray.get([a.cache_resize.remote(cap) for a in actors])
         procs = [ctx.Process(target=_reader, args=(str(cluster_root), random.Random(p).sample(ids, len(ids)),
-                                                    expected, 4, out)) for p in range(8)]
+                                                    expected, 4, go, out)) for p in range(readers)]
         for p in procs:
             p.start()
+        go.wait(120)
         for _ in range(6):  # and caches cleared under them
-            time.sleep(0.4)
+            time.sleep(0.2)
             ray.get([a.cache_clear.remote() for a in actors])
         bad = [out.get(timeout=300) for _ in procs]
         for p in procs:
             p.join(60)
         assert all(p.exitcode == 0 for p in procs)
-        assert bad == [0] * 8
+        assert bad == [0] * readers
         assert counter(actors, "fills") > fills and counter(actors, "readers", "hits") > hits
     finally:
         ray.get([a.cache_resize.remote(1024 * 1_000_000) for a in actors])
@@ -189,8 +201,8 @@ def _cached(client, actors, i):
     return Path(client.cache_path(node, i))
 
 
-def test_flipped_byte_caught_and_healed(fresh, cluster_root):
-    manifest, actors = fresh
+def test_flipped_byte_caught_and_healed(cold, cluster_root):
+    manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=true"])
     entry = _cached(client, actors, 5)
     raw = bytearray(entry.read_bytes())
@@ -202,8 +214,8 @@ def test_flipped_byte_caught_and_healed(fresh, cluster_root):
     assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3
 
 
-def test_truncated_entry_caught_even_without_verification(fresh, cluster_root):
-    manifest, actors = fresh
+def test_truncated_entry_caught_even_without_verification(cold, cluster_root):
+    manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=false"])
     entry = _cached(client, actors, 6)
     with open(entry, "r+b") as f:
@@ -213,8 +225,8 @@ def test_truncated_entry_caught_even_without_verification(fresh, cluster_root):
                what="the heal")
 
 
-def test_scrub_catches_damage_readers_do_not_verify(fresh, cluster_root):
-    _manifest, actors = fresh
+def test_scrub_catches_damage_readers_do_not_verify(cold, cluster_root):
+    _manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     entry = _cached(client, actors, 7)
     raw = bytearray(entry.read_bytes())
@@ -262,8 +274,8 @@ def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_
     assert not entry.exists()
 
 
-def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root, live_cluster):
-    manifest, actors = fresh
+def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, live_cluster):
+    manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     ids = [i for i in range(len(manifest)) if client.sources(i)[0] == 0][:5]
     ray.get(actors[0].cache_warm.remote([manifest.chunk(i).key for i in ids]))
@@ -306,8 +318,8 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(fresh, cluster_root,
     wait_until(lambda: client._stale_mark(0, ids[0]) > at_ingest, timeout=5, what="the client to follow the new pin")
 
 
-def test_prefetch_during_sequential_scan_not_random(fresh, cluster_root):
-    manifest, actors = fresh
+def test_prefetch_during_sequential_scan_not_random(cold, cluster_root):
+    manifest, actors = cold
     client = fasterfs.connect(cluster_root, ["cache.prefetch.window=4", "cache.prefetch.trigger=2"])
     n = min(30, len(manifest))
     order = list(range(n))
@@ -328,10 +340,10 @@ def test_prefetch_during_sequential_scan_not_random(fresh, cluster_root):
     assert counter(actors, "readers", "hits") - hits >= n // 3  # later chunks were waiting in the cache
 
 
-def test_cache_cli(fresh, overrides, capsys, cluster_root, live_cluster):
+def test_cache_cli(cold, overrides, capsys, cluster_root, live_cluster):
     from fasterfs.cli import main
 
-    manifest, _ = fresh
+    manifest, _ = cold
 
     def on_disk() -> set[str]:  # the entries in the nodes' cache directories, as the file system lists them
         return {f.name for n in range(len(live_cluster.nodes)) for f in Paths(cluster_root).cache_dir(n).iterdir()
@@ -349,7 +361,7 @@ def test_cache_cli(fresh, overrides, capsys, cluster_root, live_cluster):
 
 
 def test_cached_arrow_chunk_mapped_into_polars(ingest_as, live_cluster, cluster_root, overrides):
-    manifest = ingest_as("arrow")
+    manifest = ingest_as("arrow", reuse=True)
     actors = cluster.storage_nodes(live_cluster)
     ray.get([a.cache_clear.remote() for a in actors])
     client = fasterfs.connect(cluster_root, NO_PREFETCH)

@@ -101,7 +101,7 @@ def test_time_window_equals_source_rows(ingest_as, client_for, overrides, fmt):
 
 
 def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     creds = registry.fetch_credentials(live_cluster.name, "admin")
     prefix = f"{manifest.dataset}/{manifest.generation}/"
     held = {n.index: sorted(o["Key"] for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2")
@@ -126,7 +126,7 @@ def _generations(state, dataset: str) -> dict[str, int]:
 
 
 def test_reingest_keeps_the_replaced_generation_for_its_grace(ingest_as, live_cluster, client_for, overrides):
-    first = ingest_as("csv")
+    first = ingest_as("csv", reuse=True)
     creds = registry.fetch_credentials(live_cluster.name, "admin")
     orphan = f"{first.dataset}/g-crashed-ingest/chunk-00000.csv"  # written by an ingest that never published
     s3.client(live_cluster.nodes[0].endpoint, creds).put_object(Bucket=first.bucket, Key=orphan, Body=b"x")
@@ -146,7 +146,7 @@ def test_unknown_chunk_names_valid_range(ingest_as, client_for):
 
 
 def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, client_for):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     before = statuses(live_cluster)[1]
     os.kill(before["minio_pid"], signal.SIGKILL)
     wait_until(lambda: (statuses(live_cluster)[1]["healthy"]
@@ -160,7 +160,7 @@ def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, cli
 
 
 def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_for):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     before = statuses(live_cluster)[0]
     os.kill(before["actor_pid"], signal.SIGKILL)
 
@@ -208,7 +208,7 @@ def test_replicas_survive_one_minio_down(ingest_as, live_cluster, client_for):
 
 
 def test_all_replicas_down_is_a_clear_error(ingest_as, live_cluster, client_for):
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     chunk = manifest.on_node(1)[0]
     actor = cluster.storage_nodes(live_cluster)[1]
     ray.get(actor.hold_minio.remote())
@@ -223,7 +223,7 @@ def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as
     """A node's MinIO down during an ingest: the ingest fails naming the node, none of the new
     generation's objects is left on any node (as MinIO lists them), and the previous generation
     stays current and readable."""
-    old = ingest_as("csv")
+    old = ingest_as("csv", reuse=True)
     actor = cluster.storage_nodes(live_cluster)[1]
     creds = credentials.load(config.Paths(Path(live_cluster.root)).credentials_file).admin
     prefix = old.chunks[0].key.rsplit("/", 2)[0] + "/"  # <dataset>/ : every generation's objects
@@ -297,7 +297,7 @@ def test_minio_etag_modes(tmp_path, md5_etags):
 
 def test_registry_restarts_knowing_the_cluster(ingest_as, live_cluster, client_for):
     """The Registry keeps its facts on the head's disk: killed, it comes back with them."""
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     cluster.connect_ray(live_cluster)
     ray.kill(registry.handle(live_cluster.name), no_restart=False)
     client = client_for()  # state, keys and manifest from the restarted Registry
@@ -312,7 +312,7 @@ def test_a_cluster_without_registry_is_a_clear_error(live_cluster):
 
 
 def test_new_manifest_reaches_every_storage_node(ingest_as, live_cluster):
-    old = ingest_as("csv")
+    old = ingest_as("csv", reuse=True)
     manifest = ingest_as("csv")  # a new generation, pushed by the Registry before ingest returns
     assert manifest.generation != old.generation
     # every node holds the new generation: it resolves the new keys to chunk names
@@ -343,7 +343,7 @@ def test_readers_keep_their_generation_through_reingest(ingest_as, live_cluster,
     failed, each reader on the generation it connected to; a new connect() sees the new one."""
     import fasterfs
 
-    first = ingest_as("csv")
+    first = ingest_as("csv", reuse=True)
     readers = [_loop_reads.options(**cluster.on_node(n)).remote(str(cluster_root), 3) for n in live_cluster.nodes]
     second = ingest_as("csv")
     for generation, (right, reads), failures in ray.get(readers):
@@ -362,7 +362,7 @@ def test_readers_keep_their_generation_through_reingest(ingest_as, live_cluster,
 
 
 def test_a_new_generation_drops_the_old_ones_cache_entries(ingest_as, live_cluster, client_for):
-    first = ingest_as("csv")
+    first = ingest_as("csv", reuse=True)
     client = client_for()
     for _ in range(2):
         for i in range(4):

@@ -10,9 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
-from conftest import CLEAN_ENV
+from conftest import CLEAN_ENV, tasks_ray_recorded
 
 from fasterfs.config import PROJECT_DIR
 
@@ -24,34 +23,56 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(args, env=CLEAN_ENV, cwd="/", capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("job", JOBS)
-def test_help_and_cfg_job(job, tmp_path):
-    first_doc_line = (PROJECT_DIR / "jobs" / f"{job}.py").read_text().split('"""')[1].strip().splitlines()[0]
-    out = run(PYTHON, str(PROJECT_DIR / "jobs" / f"{job}.py"), "--help")
-    assert out.returncode == 0, out.stderr
-    assert first_doc_line in out.stdout                      # what the job does
-    assert "== Config ==" in out.stdout and "\nnodes: 2" in out.stdout  # what can be overridden, with defaults
-    out = run(PYTHON, str(PROJECT_DIR / "jobs" / f"{job}.py"), "--cfg", "job", "nodes=3", f"cluster.root={tmp_path}")
-    assert out.returncode == 0, out.stderr
-    cfg = yaml.safe_load(out.stdout)
-    assert cfg["nodes"] == 3 and cfg["cluster"]["root"] == str(tmp_path)
-    assert list(tmp_path.iterdir()) == []  # printing the configuration runs nothing
+def run_all(*commands: list[str]) -> list[subprocess.CompletedProcess]:
+    """Each command as `run` does, side by side (each spends most of a second importing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda c: run(*c), commands))
 
 
-@pytest.mark.parametrize("args, culprit", [
+def run_in_roots(tmp_path: Path, commands: list[list[str]]) -> list[tuple[Path, subprocess.CompletedProcess]]:
+    """Each command with an empty cluster.root of its own (what it leaves there is checked), side by side."""
+    where = [tmp_path / str(i) for i in range(len(commands))]
+    for root in where:
+        root.mkdir()
+    return list(zip(where, run_all(*([*c, f"cluster.root={root}"] for c, root in zip(commands, where)))))
+
+
+def test_help_and_cfg_job(tmp_path):
+    """Every job's --help (what it does, what can be overridden) and --cfg job (runs nothing)."""
+    scripts = [str(PROJECT_DIR / "jobs" / f"{job}.py") for job in JOBS]
+    helps = run_all(*([PYTHON, script, "--help"] for script in scripts))
+    cfgs = run_in_roots(tmp_path, [[PYTHON, script, "--cfg", "job", "nodes=3"] for script in scripts])
+    for job, script, out, (root, cfg_out) in zip(JOBS, scripts, helps, cfgs):
+        first_doc_line = Path(script).read_text().split('"""')[1].strip().splitlines()[0]
+        assert out.returncode == 0, (job, out.stderr)
+        assert first_doc_line in out.stdout, job                 # what the job does
+        assert "== Config ==" in out.stdout and "\nnodes: 2" in out.stdout, job  # what can be overridden
+        assert cfg_out.returncode == 0, (job, cfg_out.stderr)
+        cfg = yaml.safe_load(cfg_out.stdout)
+        assert cfg["nodes"] == 3 and cfg["cluster"]["root"] == str(root), job
+        assert list(root.iterdir()) == [], job  # printing the configuration runs nothing
+
+
+BAD_OVERRIDES = [
     (["nodez=2"], "nodez"),                      # no such key
     (["nodes=abc"], "nodes"),                    # a bad value
     (["nodes=1,2"], "nodes=1,2"),                # a sweep without -m
     (["size=[1"], "size=\\[1"),                   # not Hydra's override grammar
     (["-m", "nodes=1,abc"], "nodes"),            # the second run of a sweep is bad: nothing runs
     (["-m", "size=1MB,2MB", "kernel.mode=imaginary"], "kernel.mode"),
-])
-def test_bad_override_is_one_line_and_exit_2(args, culprit, tmp_path):
-    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), *args, f"cluster.root={tmp_path}")
-    assert out.returncode == 2, (out.stdout, out.stderr)
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and re.search(culprit, lines[0]) and lines[0].startswith("graysort: error:"), out.stderr
-    assert list(tmp_path.iterdir()) == []  # no output directory, nothing started
+]
+
+
+def test_bad_override_is_one_line_and_exit_2(tmp_path):
+    ran = run_in_roots(tmp_path, [[PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), *args] for args, _ in BAD_OVERRIDES])
+    for (args, culprit), (root, out) in zip(BAD_OVERRIDES, ran):
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and re.search(culprit, lines[0]) and lines[0].startswith("graysort: error:"), \
+            (args, out.stderr)
+        assert list(root.iterdir()) == [], args  # no output directory, nothing started
 
 
 def test_cli_bad_override_and_cfg(tmp_path):
@@ -96,7 +117,7 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
 
     import ray
     from conftest import wait_until
-    from ray.util.state import list_actors, list_tasks
+    from ray.util.state import list_actors
 
     from fasterfs import auth, cluster
 
@@ -112,10 +133,9 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     mine = [j for j in jobs if (j.get("metadata") or {}).get("fasterfs.output") == output]
     assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.job"] == "graysort", jobs
     assert "size=1MB" in mine[0]["metadata"]["fasterfs.overrides"].split()
-    names = {t.name for t in list_tasks(address=live_cluster.dashboard_url, limit=10000, timeout=60,
-                                        filters=[("job_id", "=", mine[0]["job_id"])])}
-    assert {"graysort.map[part 0 @ node 0]", "graysort.reduce[part 1 @ node 1]",
-            "graysort.generate[part 1 @ node 1]"} <= names, names
+    named = {"graysort.map[part 0 @ node 0]", "graysort.reduce[part 1 @ node 1]", "graysort.generate[part 1 @ node 1]"}
+    tasks_ray_recorded(live_cluster, [("job_id", "=", mine[0]["job_id"])],
+                       lambda tasks: named <= {t.name for t in tasks})
     actors = {a.name for a in list_actors(address=live_cluster.dashboard_url, filters=[("state", "=", "ALIVE")],
                                           limit=1000, timeout=60) if a.ray_namespace == live_cluster.ray_namespace}
     assert {"registry", "dashboard", "storage-node-0", "storage-node-1"} <= actors
@@ -161,8 +181,8 @@ def test_every_subcommand_names_its_arguments_and_gives_an_example():
     from fasterfs.cli import COMMANDS
 
     fasterfs = str(PROJECT_DIR / ".venv/bin/fasterfs")
-    for name, command in COMMANDS.items():
-        out = run(fasterfs, *name.split(), "--help")
+    helps = run_all(*([fasterfs, *name.split(), "--help"] for name in COMMANDS))
+    for (name, command), out in zip(COMMANDS.items(), helps):
         assert out.returncode == 0, (name, out.stderr)
         usage = " ".join(out.stdout.split("\n\n")[0].split())  # argparse's usage, unwrapped
         for _, spec in command.args:
@@ -172,42 +192,47 @@ def test_every_subcommand_names_its_arguments_and_gives_an_example():
     assert "LOCAL [LOCAL ...] DEST" in " ".join(usage.split())
 
 
-@pytest.mark.parametrize("args, culprit", [
+BAD_ARGUMENTS = [
     (["cache", "warm", "3-1"], "argument CHUNKS: '3-1'"),
     (["cache", "warm", "x"], "argument CHUNKS: 'x'"),
     (["lab", "power-on", "one"], "argument NODE"),
     (["mount"], "MOUNTPOINT"),
     (["put", "only-one"], "DEST"),
     (["cat", "a", "b"], "unrecognized arguments: b"),
-])
-def test_bad_arguments_are_one_line_naming_them_exit_2(args, culprit, tmp_path):
-    out = run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, f"cluster.root={tmp_path}")
-    assert out.returncode == 2, (out.stdout, out.stderr)
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), out.stderr
-    assert list(tmp_path.iterdir()) == []
+]
+
+
+def test_bad_arguments_are_one_line_naming_them_exit_2(tmp_path):
+    ran = run_in_roots(tmp_path, [[str(PROJECT_DIR / ".venv/bin/fasterfs"), *args] for args, _ in BAD_ARGUMENTS])
+    for (args, culprit), (root, out) in zip(BAD_ARGUMENTS, ran):
+        _one_line_error(out, 2, culprit, args)
+        assert list(root.iterdir()) == [], args
 
 
 NO_CLUSTER = "no FasterFS cluster is running under"
 
 
-def _one_line_error(out: subprocess.CompletedProcess, code: int, culprit: str) -> None:
-    assert out.returncode == code, (out.stdout, out.stderr)
+def _one_line_error(out: subprocess.CompletedProcess, code: int, culprit: str, case: object = None) -> None:
+    assert out.returncode == code, (case, out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), out.stderr
-    assert "Traceback" not in out.stdout + out.stderr
+    assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), (case, out.stderr)
+    assert "Traceback" not in out.stdout + out.stderr, case
 
 
-@pytest.mark.parametrize("args, code, culprit", [
+WITHOUT_A_CLUSTER = [
     (["status"], 1, NO_CLUSTER), (["ingest"], 1, NO_CLUSTER), (["down"], 1, NO_CLUSTER),
     (["rm"], 2, "NAME"), (["rm", "team/x"], 1, NO_CLUSTER), (["cat", "team/x"], 1, NO_CLUSTER),
     (["ls"], 1, NO_CLUSTER), (["umount", "/mnt"], 1, NO_CLUSTER), (["lab", "exec", "7", "ls"], 1, NO_CLUSTER),
     (["lab", "down"], 1, "no FasterFS lab is running"),
     (["put", "/nonexistent", "team/x"], 1, "cannot read /nonexistent"),
-])
-def test_bad_input_without_a_cluster_is_one_line_naming_it(args, code, culprit, tmp_path):
-    _one_line_error(run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, f"cluster.root={tmp_path}"), code, culprit)
-    assert list(tmp_path.iterdir()) == []  # nothing made
+]
+
+
+def test_bad_input_without_a_cluster_is_one_line_naming_it(tmp_path):
+    ran = run_in_roots(tmp_path, [[str(PROJECT_DIR / ".venv/bin/fasterfs"), *args] for args, _, _ in WITHOUT_A_CLUSTER])
+    for (args, code, culprit), (root, out) in zip(WITHOUT_A_CLUSTER, ran):
+        _one_line_error(out, code, culprit, args)
+        assert list(root.iterdir()) == [], args  # nothing made
 
 
 def test_bad_input_on_a_live_cluster_is_one_line_naming_it(live_cluster, overrides):

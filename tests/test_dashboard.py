@@ -237,6 +237,7 @@ def test_kernel_stream_survives_bad_viewers(live_cluster):
     viewer's slot is given back when it leaves."""
     import base64
     import os
+    import signal
     import socket
 
     from websockets.sync.client import connect
@@ -260,10 +261,14 @@ def test_kernel_stream_survives_bad_viewers(live_cluster):
         assert api(live_cluster, "/api/kernel/stats")["viewers"] == 101
 
         node1 = ray.get_actor(cluster.actor_name(1), namespace=live_cluster.ray_namespace)
-        ray.kill(node1, no_restart=False)  # restarts (max_restarts): silent meanwhile
-        assert wait_until(lambda: "1" in api(live_cluster, "/api/kernel/stats")["missing"], 60,
-                          "node 1 named missing")
-        assert wait_until(lambda: not api(live_cluster, "/api/kernel/stats")["missing"], 120, "node 1 back")
+        pid = ray.get(node1.status.remote())["actor_pid"]
+        os.kill(pid, signal.SIGSTOP)  # a StorageNode that stops answering (a restart can be too quick to see)
+        try:
+            assert wait_until(lambda: "1" in api(live_cluster, "/api/kernel/stats")["missing"], 30,
+                              "node 1 named missing")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert wait_until(lambda: not api(live_cluster, "/api/kernel/stats")["missing"], 60, "node 1 back")
     finally:
         for ws in viewers:
             ws.close()

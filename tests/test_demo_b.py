@@ -1,10 +1,10 @@
 """Demo B and the cross-host job on the live 2-node cluster (small volume), each
 submitted with `ray job submit` from a shell without the virtualenv, as a user would."""
-from conftest import data_overrides, submit_job
+from conftest import data_overrides, submit_job, tasks_ray_recorded
 
 
 def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_cluster):
-    ingest_as("csv")
+    ingest_as("csv", reuse=True)
     result = submit_job(live_cluster, "demo_b", overrides + data_overrides() +
                         ["demo_b.total_mb=24", "demo_b.sweep=[1,2]", "demo_b.replicated=true"])
     runs = result["runs"]
@@ -18,17 +18,15 @@ def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_clus
         assert sum(p["bytes"] for p in r["per_node"]) >= 24e6
         assert r["wall_s"] > 0 and r["bound_by"]
     # where each read task ran, as Ray recorded it (its state API), not as the job reports it
-    from ray.util.state import list_tasks
-
     for n in {r["nodes"] for r in runs}:
         for k in range(n):  # each read task is named "demo_b.read[N nodes @ node K]" by fasterfs.state.on_node
             name = f"demo_b.read[{n} nodes @ node {k}]"
-            ran = list_tasks(filters=[("name", "=", name), ("state", "=", "FINISHED")], limit=1000)
-            assert ran and {t.node_id for t in ran} == {live_cluster.node(k).ray_node_id}, (name, ran)
+            ran = tasks_ray_recorded(live_cluster, [("name", "=", name)])
+            assert {t.node_id for t in ran} == {live_cluster.node(k).ray_node_id}, (name, ran)
 
 
 def test_cross_host_job_on_one_machine(ingest_as, overrides, live_cluster):
-    ingest_as("csv")
+    ingest_as("csv", reuse=True)
     result = submit_job(live_cluster, "cross_host", overrides + ["cross_host.chunks=4"])
     assert result["correct"] and result["chunks"] == 4
     assert sum(result["filled_on"].values()) == 4  # the kernel made every one hot and a node cached it

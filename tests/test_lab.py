@@ -1,10 +1,12 @@
-"""Labs of their own: outsiders kept out (MinIO over TLS), hosts losing power (the chaos job),
-node ids following the disks and a machine gone reading as down, a failed `lab up`, the
-bandwidth profiles, leftovers; node identity decided from what the disks record. (The
-share-nothing behaviour of one lab: test_share_nothing.py; its quiet failures: test_lab_faults.py.)"""
+"""Labs of their own: outsiders kept out (MinIO over TLS), hosts losing power (the chaos job, over
+TLS) then the secrets rotated, node ids following the disks and a machine gone reading as down, a
+failed `lab up`, the bandwidth profiles, leftovers; node identity decided from what the disks
+record. (The share-nothing behaviour of one lab: test_share_nothing.py; its quiet failures:
+test_lab_faults.py.)"""
 import json
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lab_hosts
@@ -15,11 +17,12 @@ from conftest import (
     data_overrides,
     load_job,
     mounts_under,
+    try_driver,
     wait_until,
 )
 from lab_hosts import PROJECT, SUBNET, chunk_xxh3, in_ns, on_host, put_blob, read_ids
 
-from fasterfs import auth, cluster, config, identity, lab
+from fasterfs import auth, cluster, config, identity, lab, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 
@@ -56,8 +59,8 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
     MinIO in plain HTTP, without the cluster's CA, with no keys, wrong keys, reader keys.
     Without the right secret each is refused; with it, it works. Nothing listens beyond the
     ports the README lists. And the cache still learns what is hot from the readers' reports,
-    the kernel seeing only ciphertext."""
-    from fasterfs import credentials
+    the kernel seeing only ciphertext. (The secrets' rotation: the next test.)"""
+    from fasterfs import credentials, tls
     from fasterfs.cgroup import ProjectCgroup
     from fasterfs.config import Paths
 
@@ -143,22 +146,36 @@ def test_outsiders_are_kept_out(lab_overrides, tmp_path):
                    *range(base, base + 7)}  # + the autoscaler's and Ray dashboard's metrics
         ports = _listening(None, pids)
         assert ports and {p for _, p in ports if p not in WORKER_PORTS} <= allowed, sorted(ports)
+        ca = state.tls_ca
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
     assert lab.leftovers(cfg.cluster.name) == []
+    assert not tls._ca_path(ca).exists()  # down removed this host's copy of the CA certificate
 
 
-def test_hosts_losing_power(lab_overrides):
-    """jobs/chaos.py, small: 4 hosts, ec=2+1, a host powered off (every process of it killed at
-    once) while a backtest and a full read run: no read fails, the same P&L and chunks as without
-    faults; repair then brings every chunk back to full redundancy on the 3 hosts left; the host
-    comes back with a blank disk and is refilled."""
-    overrides = lab_overrides + ["nodes=4"]
-    cfg = config.load(overrides)
+def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(lab_overrides, tmp_path):
+    """jobs/chaos.py, small, MinIO over TLS: 4 hosts, ec=2+1, a host powered off (every process
+    of it killed at once) while a backtest and a full read run: no read fails, the same P&L and
+    chunks as without faults; repair then brings every chunk back to full redundancy on the 3
+    hosts left; the host comes back with a blank disk (a certificate of its own again) and is
+    refilled.
+
+    Then `lab up credentials.rotate=true` on 3 hosts with disks 0 and 1 swapped and disk 2 gone:
+    new MinIO keys for both users, a new Ray token and a new CA; the old keys and token are
+    refused. Nodes 0, 1 and 3 keep their ids (their data; a new host's id is identity's unit
+    test below), and node 2 (gone) reads as a node that is down: a replicas=2 file and a 2+1
+    file with shards there, written under the old secrets, read whole (as the bytes stored,
+    verified against the new CA), through the CLI on a host and the mount, and `status` names
+    node 2 down."""
+    from fasterfs import credentials
+    from fasterfs.config import Paths
+
+    four = lab_overrides + ["nodes=4", "minio.tls=true"]
+    cfg = config.load(four)
     state = lab.up(cfg)
     try:
-        result = load_job("chaos").main(overrides + data_overrides() + SMALL_BACKTEST + [
+        result = load_job("chaos").main(four + data_overrides() + SMALL_BACKTEST + [
             "chaos.ec_data=2", "chaos.ec_parity=1", "chaos.victims=[2]", "chaos.kill_at_s=[2]", "chaos.rounds_after=1"])
         assert result["killed"][0]["processes"] > 0 and result["layout"] == "ec=2+1"
         assert result["failed_reads"] == 0 and result["all_same"], result["rounds"]
@@ -174,63 +191,71 @@ def test_hosts_losing_power(lab_overrides):
         assert back["failed_reads"] == 0 and back["all_same"], back
         now = lab.cluster.ClusterState.load(cfg.cluster.root)
         assert now.node(2).ray_node_id != state.node(2).ray_node_id and cluster.is_ray_start(now.node(2).ray_pid)
+        blob, manifest = put_blob(now, four, "team/ids.bin", 6, "replicas=2")
+        ec_blob, ec = put_blob(now, four, "team/ec.bin", 4, "layout=ec", "ec.data=2", "ec.parity=1")
+        keys = credentials.load(Paths(Path(now.root)).credentials_file)
+        old_token, old_ca = auth.read(auth.token_file(now.root)), now.tls_ca
+    finally:
+        cluster.down(cfg)
+    assert_nothing_left(state)
+    assert [(n.index, n.address) for n in state.nodes] == [(i, f"{SUBNET}.{10 + i}") for i in range(4)]
+    assert any(2 in c.nodes for c in manifest.chunks) and any(2 in c.nodes for c in ec.chunks)
+
+    three = lab_overrides + ["nodes=3", "minio.tls=true", "lab.disks=[disk1,disk0,disk3]", "repair.after_s=3600"]
+    cfg = config.load(three)
+    state = lab.up(config.load(three + ["credentials.rotate=true"]))
+    try:
+        new = credentials.load(Paths(Path(state.root)).credentials_file)
+        assert new.admin.secret_key != keys.admin.secret_key and new.reader.secret_key != keys.reader.secret_key
+        assert auth.read(auth.token_file(state.root)) != old_token and state.tls_ca != old_ca
+        for node in state.nodes:
+            for stale in (keys.admin, keys.reader):
+                with pytest.raises(Exception, match="InvalidAccessKeyId|SignatureDoesNotMatch"):
+                    s3.client(node.endpoint, stale).list_objects_v2(Bucket=manifest.bucket, MaxKeys=1)
+        old_file = tmp_path / "old-token"
+        old_file.write_text(old_token)
+        old_file.chmod(0o600)
+        with ThreadPoolExecutor(2) as pool:
+            old_one, new_one = pool.map(lambda f: try_driver(state.ray_address, state.head_address, auth.ray_env(f)),
+                                        [old_file, auth.token_file(state.root)])
+        assert old_one.returncode != 0 and new_one.returncode == 0, new_one.stderr[-2000:]
+        assert [(n.index, n.address) for n in state.nodes] == [(0, f"{SUBNET}.11"), (1, f"{SUBNET}.10"),
+                                                               (3, f"{SUBNET}.12")]
+        for n in state.nodes:  # every host reads back through the new addresses, as stored
+            ids = list(range(len(manifest.chunks)))  # replicas=2: every chunk has a copy on a host left
+            _, got = ray.get(read_ids.options(**cluster.on_node(n)).remote(state.root, ids, manifest.name))
+            assert [h for h, _ in got] == [chunk_xxh3(blob, i) for i in ids]
+        ffs = str(PROJECT / ".venv/bin/fasterfs")
+        address = [f"cluster.ray_address={state.ray_address}"]
+        got = subprocess.run(lab.exec_args(state, 1, [ffs, "cat", "team/ec.bin", *three, *address]),
+                             capture_output=True, timeout=300, cwd=PROJECT)
+        assert got.returncode == 0 and got.stdout == ec_blob, got.stderr[-2000:]
+        shown = subprocess.run([ffs, "status", *three], capture_output=True, text=True, timeout=300)
+        said = " ".join(shown.stdout.split())
+        assert shown.returncode == 0 and "nodes down: 2" in said and "LOST" not in said, said
+        point = f"{state.root}/mnt"
+        for n in state.nodes:
+            assert on_host(state, n.index, "mkdir", "-p", point).returncode == 0
+        out = subprocess.run([ffs, "mount", point, *three], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        raw = subprocess.run(lab.exec_args(state, 0, ["cat", f"{point}/team/ec.bin"]), capture_output=True,
+                             timeout=180, cwd=PROJECT)
+        assert raw.returncode == 0 and raw.stdout == ec_blob, raw.stderr[-500:]
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
     assert lab.leftovers(cfg.cluster.name) == []
 
 
-def test_node_ids_follow_the_disks_and_a_machine_gone_reads_as_down(lab_overrides):
-    """Stop a 3-host lab, start it on 2 hosts with hosts 0 and 1's disks swapped and host 2's
-    disk gone: nodes 0 and 1 keep their ids (their data; a new host's id is identity's unit test
-    below), and node 2 (gone) reads as a node that is down: a replicas=2 file and a 2+1 file
-    with a shard there read whole (as the bytes stored), through the CLI on a host and the
-    mount, and `status` names node 2 down."""
-    cfg = config.load(lab_overrides)
-    state = lab.up(cfg)
-    try:
-        blob, manifest = put_blob(state, lab_overrides, "team/ids.bin", 6, "replicas=2")
-        ec_blob, ec = put_blob(state, lab_overrides, "team/ec.bin", 4, "layout=ec", "ec.data=2", "ec.parity=1")
-    finally:
-        cluster.down(cfg)
-    assert [(n.index, n.address) for n in state.nodes] == [(i, f"{SUBNET}.{10 + i}") for i in range(3)]
-    two = lab_overrides + ["nodes=2", "lab.disks=[disk1,disk0]", "repair.after_s=3600"]
-    cfg = config.load(two)
-    state = lab.up(cfg)
-    try:
-        assert [(n.index, n.address) for n in state.nodes] == [(0, f"{SUBNET}.11"), (1, f"{SUBNET}.10")]
-        readable = [c.id for c in manifest.chunks if set(c.nodes) & {0, 1}]  # replicas=2: every chunk
-        for n in state.nodes:  # every host reads back through the new addresses, as stored
-            _, got = ray.get(read_ids.options(**cluster.on_node(n)).remote(state.root, readable, manifest.name))
-            assert [h for h, _ in got] == [chunk_xxh3(blob, i) for i in readable]
-        ffs = str(PROJECT / ".venv/bin/fasterfs")
-        address = [f"cluster.ray_address={state.ray_address}"]
-        got = subprocess.run(lab.exec_args(state, 1, [ffs, "cat", "team/ec.bin", *two, *address]),
-                             capture_output=True, timeout=300, cwd=PROJECT)
-        assert got.returncode == 0 and got.stdout == ec_blob, got.stderr[-2000:]
-        shown = subprocess.run([ffs, "status", *two], capture_output=True, text=True, timeout=300)
-        said = " ".join(shown.stdout.split())
-        assert shown.returncode == 0 and "nodes down: 2" in said and "LOST" not in said, said
-        point = f"{state.root}/mnt"
-        assert on_host(state, 0, "mkdir", "-p", point).returncode == 0
-        assert on_host(state, 1, "mkdir", "-p", point).returncode == 0
-        out = subprocess.run([ffs, "mount", point, *two], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout + out.stderr
-        raw = subprocess.run(lab.exec_args(state, 0, ["cat", f"{point}/team/ec.bin"]), capture_output=True,
-                             timeout=180, cwd=PROJECT)
-        assert raw.returncode == 0 and raw.stdout == ec_blob, raw.stderr[-500:]
-        assert any(2 in c.nodes for c in ec.chunks)
-    finally:
-        cluster.down(cfg)
-    assert_nothing_left(state)
-
-
 def test_failed_lab_up_leaves_nothing(lab_overrides, tmp_path):
+    """A host without the MinIO binary the head has (tmp_path is under the head's /tmp, which each
+    host's own /tmp hides): the network and Ray nodes are up by the time its StorageNode fails."""
     fake = tmp_path / "minio"
-    fake.write_text("#!/bin/sh\nexit 3\n")  # MinIO that dies: the network and Ray nodes are up by then
+    fake.write_text("#!/bin/sh\nexit 3\n")
     fake.chmod(0o755)
-    cfg = config.load(lab_overrides + [f"minio.binary={fake}", "cluster.start_timeout_s=60", "nodes=2"])
-    with pytest.raises(FasterFSError, match=f"StorageNode failed to start on host {re.escape(SUBNET)}\\.1[01] "):
+    cfg = config.load(lab_overrides + [f"minio.binary={fake}", "cluster.start_timeout_s=60", "nodes=1"])
+    said = f"(?s)StorageNode failed to start on host {re.escape(SUBNET)}\\.10 .*MinIO binary not found"
+    with pytest.raises(FasterFSError, match=said):
         lab.up(cfg)
     assert lab.leftovers(cfg.cluster.name) == []
     assert not config.Layout.of(cfg).paths.state_file.exists()

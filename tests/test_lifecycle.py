@@ -1,11 +1,12 @@
 """up/down of a cluster of its own: what is started is all stopped; bad starts clean up
 after themselves and name the culprit."""
+import re
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under
+from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under, run_job
 from omegaconf import OmegaConf
 
 from fasterfs import cluster, config, ray_nodes
@@ -15,26 +16,8 @@ from fasterfs.errors import FasterFSError
 
 @pytest.fixture
 def own(tmp_path_factory):
-    root = Path(str(tmp_path_factory.mktemp("lc"))[:60])  # keep Ray's socket paths short
+    root = Path(str(tmp_path_factory.mktemp("lc"))[:60])  # a short root, like a user's
     return cluster_overrides(root, "127.0.2.2", 1, nodes=1)
-
-
-def test_up_then_down_leaves_nothing(own):
-    import ray
-
-    cfg = config.load(own)
-    state = cluster.up(cfg)
-    try:
-        cg = Path(state.cgroup["path"])
-        assert cg.parent == cgroup2_mount() and len((cg / "node-0" / "cgroup.procs").read_text().split()) > 3
-        point = Path(state.root) / "mnt"
-        point.mkdir()
-        ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it
-        assert str(point) in mounts_under(state.root)
-    finally:
-        report = cluster.down(cfg)
-    assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
-    assert_nothing_left(state)  # no mount (the FUSE one included), process, filter, cgroup
 
 
 def test_down_without_cluster(own):
@@ -79,7 +62,7 @@ def test_failed_actor_start_tears_everything_down(own, tmp_path):
 
 
 @pytest.mark.parametrize("secured", [True, False], ids=["token", "open"])
-def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch, secured):
+def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch, capsys, secured):
     """cluster.yaml's path: Ray is started by someone else (with token authentication, as
     cluster.yaml does; or without, which FasterFS refuses unless cluster.insecure=true, and
     then says so); FasterFS adds StorageNodes and on down stops only what it started."""
@@ -90,6 +73,7 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
     import fasterfs
     from fasterfs import auth
     from fasterfs.cgroup import ProjectCgroup
+    from fasterfs.cli import main
     from fasterfs.ingest import put
 
     root = Path(str(tmp_path_factory.mktemp("att"))[:60])
@@ -119,15 +103,15 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         state = cluster.up(config.load(attach))
         assert state.attached and [n.address for n in state.nodes] == ["127.0.3.2"]
         assert state.insecure is not secured
-        shown = subprocess.run([sys.executable, "-m", "fasterfs.cli", "status", *attach], capture_output=True,
-                               text=True, timeout=300, env=dict(os.environ))
-        assert shown.returncode == 0, shown.stderr[-2000:]
-        assert ("Insecure: Ray runs without token authentication" in shown.stdout) is not secured, shown.stdout
-        src = root / "blob.bin"  # a small file: what is tested is the attached cluster, not ingest's speed
-        src.write_bytes(os.urandom(3 * 2**20 + 17))
-        put(config.load(own + ["files.chunk_mb=1"]), src, "team/blob.bin")
-        client = fasterfs.connect(root, dataset="team/blob.bin")
-        assert b"".join(client.read_chunk(i) for i in range(len(client))) == src.read_bytes()
+        assert main(["status", *attach]) == 0
+        shown = capsys.readouterr().out
+        assert ("Insecure: Ray runs without token authentication" in shown) is not secured, shown
+        if secured:  # the data path, once: the token is all the two cases differ in
+            src = root / "blob.bin"  # a small file: what is tested is the attached cluster, not ingest's speed
+            src.write_bytes(os.urandom(3 * 2**20 + 17))
+            put(config.load(own + ["files.chunk_mb=1"]), src, "team/blob.bin")
+            client = fasterfs.connect(root, dataset="team/blob.bin")
+            assert b"".join(client.read_chunk(i) for i in range(len(client))) == src.read_bytes()
         report = cluster.down(cfg)
         assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 0
         assert head.poll() is None  # the Ray cluster we did not start keeps running
@@ -139,9 +123,14 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         outside.remove()
 
 
-def test_up_with_a_smaller_cache_than_the_disk_holds_and_no_dashboard(own, capsys):
+def test_up_with_a_smaller_cache_and_no_dashboard_then_down_leaves_nothing(own, capsys, live_cluster):
     """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node. With
-    dashboard.enabled=false no dashboard is started and `status` says only what runs."""
+    dashboard.enabled=false no dashboard is started and `status` says only what runs. A job
+    submitted to either this cluster or the session's (started before it) is given its own
+    cluster's address by Ray, not the last one started on the machine. Down stops all of it, the
+    FUSE mount included: no process, filter, cgroup or mount left."""
+    import ray
+
     from fasterfs.cache import ChunkCache
     from fasterfs.cli import main
 
@@ -153,15 +142,23 @@ def test_up_with_a_smaller_cache_than_the_disk_holds_and_no_dashboard(own, capsy
     before.close()
     state = cluster.up(cfg)
     try:
-        import ray
-
+        cg = Path(state.cgroup["path"])
+        assert cg.parent == cgroup2_mount() and len((cg / "node-0" / "cgroup.procs").read_text().split()) > 3
         row = ray.get(cluster.storage_nodes(state)[0].cache_status.remote())
         assert row["bytes"] <= 1_000_000 and row["evictions"] >= 3
         assert state.web_url is None and not _listening(cfg.dashboard.port)
         assert main(["status", *own]) == 0
         assert "FasterFS dashboard" not in capsys.readouterr().out
+        for where in (live_cluster, state):  # what Ray hands a job's driver (its RAY_ADDRESS)
+            said = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
+            assert re.findall(r"^address: (\S+)$", said, re.M) == [where.ray_address], said
+        point = Path(state.root) / "mnt"
+        point.mkdir()
+        ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it
+        assert str(point) in mounts_under(state.root)
     finally:
-        cluster.down(cfg)
+        report = cluster.down(cfg)
+    assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
     assert_nothing_left(state)
 
 

@@ -170,7 +170,7 @@ def test_small_random_reads_of_a_cold_chunk_fetch_ranges_the_kernel_counts(cfg_o
 
 
 def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_path, live_cluster):
-    ingest_as("csv")
+    ingest_as("csv", reuse=True)
     m = put(cfg_of(), write(tmp_path / "f", b"abc" * 1000), "gc/f.bin")
     remove(cfg_of("ingest.keep_old_s=0"), "gc/f.bin")  # no grace: the next write collects it
     from fasterfs import registry, s3
@@ -213,7 +213,7 @@ def test_fsspec_pandas_pyarrow_polars(ingest_as, fs, cfg_of, tmp_path):
 
 def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_cluster, cfg_of, tmp_path, client_for):
     point, _ = mounted
-    m = ingest_as("csv")
+    m = ingest_as("csv", reuse=True)
     actors = cluster.storage_nodes(live_cluster)
     ray.get([a.cache_clear.remote() for a in actors])
     client = client_for()

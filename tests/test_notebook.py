@@ -58,7 +58,7 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
 
     from fasterfs import cluster, notebook
 
-    manifest = ingest_as("csv")
+    manifest = ingest_as("csv", reuse=True)
     fasterfs = str(config.PROJECT_DIR / ".venv/bin/fasterfs")
     out = subprocess.run([fasterfs, "notebook", *overrides], env=CLEAN_ENV, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,4 +1,4 @@
-"""The share-nothing lab, three hosts for the whole module: no host sees another's files; the
+"""The share-nothing lab (conftest's lab3, three hosts): no host sees another's files; the
 cluster's facts reach every host through Ray; data read across hosts is right and cached on
 the reader's host; a write from anywhere invalidates every host's cache; any host can drive;
 the mount on every host; erasure coding, the peer tier and repair across hosts; the jobs. Each
@@ -12,14 +12,22 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import data_overrides, load_job, mounts_under, source_csv, source_pnls, submit_job, wait_until
+from conftest import (
+    data_overrides,
+    load_job,
+    mounts_under,
+    source_csv,
+    source_pnls,
+    submit_job,
+    tasks_ray_recorded,
+    wait_until,
+)
 from lab_hosts import (
     PROJECT,
     SUBNET,
     check_file,
     chunk_xxh3,
     in_ns,
-    module_lab,
     on_host,
     put_blob,
     read_file,
@@ -30,7 +38,7 @@ from lab_hosts import (
 )
 from xxhash import xxh3_64_intdigest as xxh3
 
-from fasterfs import auth, cluster, config, erasure, lab, registry, repair, s3
+from fasterfs import auth, cluster, config, erasure, lab, ray_nodes, registry, repair, s3
 from fasterfs.ingest import ingest
 
 pytestmark = pytest.mark.lab  # share-nothing hosts: the last tier
@@ -39,23 +47,23 @@ SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.param
 
 
 @pytest.fixture(scope="module")
-def lab3(tmp_path_factory):
-    yield from module_lab(tmp_path_factory, "lab")
-
-
-@pytest.fixture(scope="module")
 def sample(lab3):
     """The LOBSTER sample ingested from the head (replicas=1 over the three hosts)."""
     return ingest(config.load(lab3[1] + data_overrides()))
 
 
+def lab_procs(netns: str) -> list[str]:
+    """The pids running in a lab host's network namespace, as `ip netns pids` lists them."""
+    return subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout.split()
+
+
 @ray.remote(num_cpus=0)
-def _look_around(root: str) -> dict:
-    """What a process on a host sees of the cluster's files, and which mount namespace it is in."""
+def _look_around(root: str, index: int) -> dict:
+    """What a process on host `index` sees of the cluster's files, and which mount namespace it is in."""
     import os
 
     return {"node_id": ray.get_runtime_context().get_node_id(), "mnt": os.readlink("/proc/self/ns/mnt"),
-            "root": sorted(os.listdir(root)), "tmp_ray": os.path.isdir("/tmp/ray")}
+            "root": sorted(os.listdir(root)), "ray_dir": os.path.isdir(ray_nodes.ray_temp_dir(root, index))}
 
 
 def test_each_host_has_its_network_kernel_and_files_of_its_own(lab3):
@@ -75,7 +83,7 @@ def test_each_host_has_its_network_kernel_and_files_of_its_own(lab3):
             assert f"ffs:{state.name}:{n.index}:{name}" in filters
     assert len({n.host_id for n in state.nodes}) == 3
     # no host process can see another host's cluster root (nor the head's)
-    seen = ray.get([_look_around.options(**cluster.on_node(n)).remote(state.root) for n in state.nodes])
+    seen = ray.get([_look_around.options(**cluster.on_node(n)).remote(state.root, n.index) for n in state.nodes])
     head_mnt = os.readlink("/proc/self/ns/mnt")
     assert len({s["mnt"] for s in seen} | {head_mnt}) == 4, "every host has a mount namespace of its own"
     for n, s in zip(state.nodes, seen):
@@ -83,9 +91,13 @@ def test_each_host_has_its_network_kernel_and_files_of_its_own(lab3):
         nodes_seen = [d for d in s["root"] if d.startswith("node-")]
         assert nodes_seen == [f"node-{n.index}"], f"host {n.address} sees {s['root']}"
         assert not {"cluster.json", "credentials.json", "manifest.json", "lab-disks"} & set(s["root"])
-        assert s["tmp_ray"]  # its own Ray session directory, on its own /tmp
-    for n in state.nodes:  # and from a shell on the host, as a user would look
-        listing = on_host(state, n.index, "ls", "-a", state.root).stdout.split()
+        assert s["ray_dir"]  # its own Ray session directory, on its own /tmp
+    ffs = str(PROJECT / ".venv/bin/fasterfs")
+    for n in state.nodes:  # and from a shell on the host, as a user would look (`fasterfs lab exec`)
+        out = subprocess.run([ffs, "lab", "exec", str(n.index), *overrides, "--", "ls", "-a", state.root],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        listing = out.stdout.split()
         assert f"node-{n.index}" in listing and "credentials.json" not in listing
         assert not [d for d in listing if d.startswith("node-") and d != f"node-{n.index}"]
 
@@ -240,12 +252,9 @@ def test_the_jobs_on_share_nothing_hosts(lab3, sample):
     demo_b = load_job("demo_b").main(overrides + data_overrides() + ["demo_b.total_mb=12", "demo_b.sweep=[1,3]",
                                                                      "demo_b.replicated=false"])
     assert all(0 <= p["cpu_busy"] <= 1 and p["host_cores"] >= 1 for r in demo_b["runs"] for p in r["per_node"])
-    from ray.util.state import list_tasks
-
     for k in range(3):  # where each read task ran, as Ray recorded it
-        ran = list_tasks(filters=[("name", "=", f"demo_b.read[3 nodes @ node {k}]"), ("state", "=", "FINISHED")],
-                         limit=1000)
-        assert ran and {t.node_id for t in ran} == {state.node(k).ray_node_id}
+        ran = tasks_ray_recorded(state, [("name", "=", f"demo_b.read[3 nodes @ node {k}]")])
+        assert {t.node_id for t in ran} == {state.node(k).ray_node_id}
     backtest = load_job("backtest").main(overrides + SMALL_BACKTEST)
     runs = zip(*(backtest["modes"][m]["runs"] for m in ("MinIO direct", "FasterFS")))
     for (rows, expected), (a, b) in zip(source_pnls(backtest["windows"], backtest["params"]), runs):
@@ -257,9 +266,11 @@ def test_the_jobs_on_share_nothing_hosts(lab3, sample):
 
 
 def test_a_host_dies_and_comes_back_empty(lab3):
-    """Host 2 down: its chunks cached on another host stay readable (the peer tier), `fasterfs
-    repair` puts its pieces on the other hosts and names what only it held; back with an empty
-    disk, it is refilled and every piece moved home. (Last: it loses the single copies on host 2.)"""
+    """Host 2 powered off (`fasterfs lab power-off 2`: every process of it killed at once): its
+    chunks cached on another host stay readable (the peer tier), `fasterfs repair` puts its pieces
+    on the other hosts and names what only it held; back with an empty disk (`fasterfs lab
+    power-on 2 --empty`), it is refilled and every piece moved home. (Last: it loses the single
+    copies on host 2.)"""
     state, overrides = lab3
     cfg = config.load(overrides)
     blob, one = put_blob(state, overrides, "team/one.bin", 6)
@@ -276,8 +287,11 @@ def test_a_host_dies_and_comes_back_empty(lab3):
     # a holder slower than cache.peer_slower_ms: the peer first
     assert ray.get(read_slow.options(**on1).remote("team/one.bin", only2.id)) == (chunk_xxh3(blob, only2.id), 1, 1)
     ffs = str(PROJECT / ".venv/bin/fasterfs")
-    ray.get(actors[2].hold_minio.remote())
+    out = subprocess.run([ffs, "lab", "power-off", "2", *overrides], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "lab host 2 powered off" in out.stdout, out.stdout + out.stderr
+    off = time.time()
     try:
+        assert not lab_procs(state.node(2).netns)  # nothing of it runs
         assert ray.get(read_once.options(**on1).remote("team/one.bin", only2.id)) == (chunk_xxh3(blob, only2.id), 1)
         out = subprocess.run([ffs, "repair", *overrides], capture_output=True, text=True, timeout=300)
         said = " ".join((out.stdout + out.stderr).split())
@@ -285,17 +299,23 @@ def test_a_host_dies_and_comes_back_empty(lab3):
         moved = registry.fetch_manifest(state.name, "team/two.bin")
         assert all(sorted(c.nodes) == [0, 1] for c in moved.chunks)  # host 2's copies now on the others
         assert ray.get(read_file.options(**on0).remote("team/two.bin"))[0] == xxh3(blob)
-        minio_dir = config.Paths(Path(state.root)).node_dir(2) / "minio"  # host 2 comes back with an empty disk
-        assert on_host(state, 2, "rm", "-rf", str(minio_dir)).returncode == 0
-    finally:
-        ray.get(actors[2].release_minio.remote())
+    finally:  # back with an empty disk
+        out = subprocess.run([ffs, "lab", "power-on", "2", "--empty", *overrides], capture_output=True, text=True,
+                             timeout=300)
+    assert out.returncode == 0 and "lab host 2 back with a blank disk" in " ".join(out.stdout.split()), \
+        out.stdout + out.stderr
+    creds = registry.fetch_credentials(state.name, "admin")
+    node2 = s3.client(state.node(2).endpoint, creds)
+
+    def held() -> dict:  # what host 2's MinIO lists, by its own account: key -> when it was written
+        return {o["Key"]: o["LastModified"].timestamp() for page in node2.get_paginator("list_objects_v2").paginate(
+            Bucket=two.bucket, Prefix="files/") for o in page.get("Contents", [])}
+    # a blank disk: none of its old objects (its StorageNodes may have begun refilling it already)
+    assert all(written > off for written in held().values())
     out = subprocess.run([ffs, "repair", *overrides], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr  # team/one.bin's single copies on host 2 are gone
-    creds = registry.fetch_credentials(state.name, "admin")
     health = repair.survey(state, creds, cfg.placement.load_slack)
     assert "team/two.bin" not in health.degraded, health
     assert registry.fetch_manifest(state.name, "team/two.bin").chunks == two.chunks  # every piece back home
-    held = {o["Key"] for o in s3.client(state.node(2).endpoint, creds).list_objects_v2(
-        Bucket=two.bucket, Prefix="files/").get("Contents", [])}
-    assert {c.key for c in two.chunks if 2 in c.nodes} <= held
+    assert {c.key for c in two.chunks if 2 in c.nodes} <= set(held())
     assert ray.get(read_file.options(**on0).remote("team/two.bin"))[0] == xxh3(blob)

@@ -116,10 +116,35 @@ def served(agent, path, rel, want):
     agent, "passthrough" if neither did. Fails on wrong bytes."""
     o, r = agent.opens[rel], agent.reads[rel]
     assert read_all(path) == want, f"{rel}: wrong bytes"
-    time.sleep(0.2)  # let RELEASE reach the daemon before the next open
+    settle(agent)  # every RELEASE handled before the next open
     if agent.opens[rel] == o and agent.reads[rel] == r:
         return "passthrough"
     return "agent" if agent.opens[rel] > o and agent.reads[rel] > r else "mixed"
+
+
+def applied(agent):
+    """Returns once the daemon has applied every message sent before: one reader thread
+    applies them in stream order, and answers "stats" in that order too."""
+    agent.stats()
+
+
+def settle(agent):
+    """Returns once the daemon has handled the RELEASE of every file closed so far (the kernel
+    sends it after close() returns); applied() too. The agent hears of an agent handle's release
+    a moment later: the daemon answers the kernel first."""
+    deadline = time.time() + 5
+    while (s := agent.stats())["releases"] < s["passthrough_opens"] + s["agent_opens"]:
+        assert time.time() < deadline, f"RELEASEs never came: {s}"
+        time.sleep(0.005)
+
+
+def until(pred, what, timeout=5.0):
+    """Polls pred() for up to `timeout` s. (Waiting on an entry: far inside its 60 s TTL, so only
+    an invalidation can change it in that time.)"""
+    deadline = time.time() + timeout
+    while not pred():
+        assert time.time() < deadline, f"never: {what}"
+        time.sleep(0.01)
 
 
 def alive(pid):
@@ -307,7 +332,7 @@ def main():
         check("agent errno passed through (EACCES)", True)
         s = agent.stats()
         check("daemon stats passthrough_opens >= 1", s["passthrough_opens"] >= 1, s)
-        time.sleep(0.3)  # every handle of HOT released: the next open probes the backing anew
+        settle(agent)  # every handle of HOT released: the next open probes the backing anew
         old = time.time() - 100
         os.utime(backing, (old, old))
         read_all(hp)
@@ -316,16 +341,16 @@ def main():
 
         print("mode switching:")
         agent.send({"op": "cold", "path": HOT})
-        time.sleep(0.2)
+        applied(agent)
         with open(hp, "rb") as held:  # non-passthrough open via the agent
             check("cold-declared hot file served by agent",
                   held.read() == hot_bytes and agent.opens[HOT] == 1, agent.opens[HOT])
             agent.send(hot_msg)
-            time.sleep(0.2)
+            applied(agent)
             # A non-passthrough open exists: this one must also go to the agent.
             check("open while agent-open held -> agent, no EIO",
                   read_all(hp) == hot_bytes and agent.opens[HOT] == 2, agent.opens[HOT])
-        time.sleep(0.2)  # let RELEASE reach the daemon
+        settle(agent)
         before = agent.opens[HOT]
         check("after release: passthrough again",
               read_all(hp) == hot_bytes and agent.opens[HOT] == before)
@@ -391,7 +416,7 @@ def main():
                   h in agent.released and agent.opens[WARM] == 1, agent.released)
             check("... and read by passthrough", f.read() == data[WARM] and agent.reads[WARM] == 0,
                   agent.reads[WARM])
-        time.sleep(0.2)
+        settle(agent)
         check("next open: passthrough (hot recorded)",
               served(agent, p, WARM, data[WARM]) == "passthrough")
         s = agent.stats()
@@ -405,7 +430,7 @@ def main():
             h = agent.last_handle[BADHOT]
             check("hot reply, wrong inode: agent open, served by the agent",
                   f.read() == data[BADHOT] and agent.reads[BADHOT] > 0 and h not in agent.released)
-        time.sleep(0.2)
+        until(lambda: h in agent.released, "the agent told of the release")  # after the kernel's reply
         check("... released on close", h in agent.released)
         agent.extra[BADHOT] = {"hot": dict(good, pin=pin, key=77, fetched_ns=now)}
         mark(pin, 77, now + 1)
@@ -429,7 +454,7 @@ def main():
         agent.send({"op": "hot", "path": m, "backing": backings[m],
                     "inode": os.stat(backings[m]).st_ino, "version": 1,
                     "pin": pin, "key": key, "bucket": bucket, "fetched_ns": fetched})
-        time.sleep(0.2)
+        applied(agent)
         before = agent.stats()
         check("unmarked key -> passthrough", served(agent, p, m, data[m]) == "passthrough")
         mark(pin, key, fetched - 1000)
@@ -447,7 +472,7 @@ def main():
         agent.send({"op": "hot", "path": m, "backing": backings[m],
                     "inode": os.stat(backings[m]).st_ino, "version": 1,
                     "pin": pin, "keys": [key, other], "bucket": bucket, "fetched_ns": fetched})
-        time.sleep(0.2)
+        settle(agent)
         check("keys unmarked -> passthrough", served(agent, p, m, data[m]) == "passthrough")
         mark(pin, other, fetched + 1000)
         check("second of keys marked > fetched_ns -> agent", served(agent, p, m, data[m]) == "agent")
@@ -457,7 +482,7 @@ def main():
             expect_errno(errno.ESTALE, os.open, p, os.O_RDONLY)
             check("stale while a passthrough open is held -> ESTALE, held file still reads",
                   held.read() == data[m])
-        time.sleep(0.2)
+        settle(agent)
         check("... after its release -> agent", served(agent, p, m, data[m]) == "agent")
         os.unlink(pin)
         map_create(pin)  # a new, empty map at the same path
@@ -479,7 +504,7 @@ def main():
         agent.send({"op": "tree", "version": 2, "entries": [
             {"path": HOT, "dir": False, "size": len(hot_bytes), "mtime_ns": now},
         ]})  # "d" is implicit now
-        time.sleep(1.2)  # well within the 60 s entry TTL: only the invalidation makes it go
+        until(lambda: not os.path.exists(cp), "the removed path's entry invalidated")
         expect_errno(errno.ENOENT, os.stat, cp)
         check("removed path -> ENOENT", True)
         check("a lookup miss asked the agent for a newer tree", agent.refreshes >= 1)
@@ -488,13 +513,13 @@ def main():
         read_all(hp)
         check("hot msg for old version ignored (agent open)", agent.opens[HOT] == before + 1)
         agent.send(dict(hot_msg, version=2))
-        time.sleep(0.2)
+        settle(agent)
         read_all(hp)
         check("hot msg for new version -> passthrough", agent.opens[HOT] == before + 1)
         with open(hp, "rb") as held:  # held by passthrough while its file is replaced
             agent.send({"op": "tree", "version": 3, "entries": [
                 {"path": HOT, "dir": False, "size": len(cold_bytes), "mtime_ns": now, "gen": "g2"}]})
-            time.sleep(1.2)
+            until(lambda: os.stat(hp).st_ino != ino, "the replaced file's entry invalidated")
             check("a new gen is a new inode", os.stat(hp).st_ino != ino, (os.stat(hp).st_ino, ino))
             agent.contents[HOT] = cold_bytes
             check("a new open reads the new file (agent)", read_all(hp) == cold_bytes)
@@ -504,7 +529,8 @@ def main():
         agent.send({"op": "tree", "version": 4, "entries": [
             {"path": HOT, "dir": False, "size": len(hot_bytes), "mtime_ns": now}]})
         agent.send(dict(hot_msg, version=4))
-        time.sleep(1.2)
+        settle(agent)
+        until(lambda: os.stat(hp).st_ino == ino, "the old gen's entry back")
         check("the old gen's inode again", os.stat(hp).st_ino == ino)
 
         print("read-only:")

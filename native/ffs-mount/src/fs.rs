@@ -108,6 +108,8 @@ pub struct Stats {
     pub stale_refused: AtomicU64,
     pub hot_from_open_reply: AtomicU64,
     pub lookup_refreshes: AtomicU64,
+    /// RELEASEs handled: equal to passthrough_opens + agent_opens once every file is closed.
+    pub releases: AtomicU64,
     /// Whether the kernel took FUSE_PASSTHROUGH at INIT (else every open goes to the agent).
     pub passthrough_enabled: AtomicBool,
 }
@@ -127,6 +129,7 @@ impl Stats {
             "stale_refused": self.stale_refused.load(Relaxed),
             "hot_from_open_reply": self.hot_from_open_reply.load(Relaxed),
             "lookup_refreshes": self.lookup_refreshes.load(Relaxed),
+            "releases": self.releases.load(Relaxed),
             "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
         })
     }
@@ -643,13 +646,14 @@ impl Filesystem for FuseFs {
                 let n = r.data.len().min(size as usize);
                 s.stats.reads_forwarded.fetch_add(1, Relaxed);
                 s.stats.bytes_forwarded.fetch_add(n as u64, Relaxed);
-                reply.data(&r.data[..n]);
-                // More of the file cached since: later reads there are ours.
+                // More of the file cached since: later reads there are ours. Recorded
+                // before the reply, or the reader's next read may race past it.
                 if let Some(c) = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)) {
                     if let Some(Handle::Agent { cached, .. }) = s.opens.lock().unwrap().handles.get_mut(&fh.0) {
                         *cached = Some(Arc::new(c));
                     }
                 }
+                reply.data(&r.data[..n]);
             }
             Err(e) => reply.error(err(e)),
         }
@@ -704,6 +708,7 @@ impl Filesystem for FuseFs {
             None => None,
         };
         drop(st);
+        s.stats.releases.fetch_add(1, Relaxed);
         reply.ok(); // the kernel does not wait on the agent's bookkeeping
         if let Some(h) = agent_h {
             let _ = s.agent.call(json!({"op": "release", "handle": h}));

@@ -73,7 +73,8 @@
 //!   whose marks said stale, whatever then happened), hot_from_open_reply
 //!   (opens made passthrough by their open reply's "hot"; also counted in
 //!   passthrough_opens, not in agent_opens), reads_cached, bytes_cached
-//!   (reads of agent handles served from their "cached" ranges).
+//!   (reads of agent handles served from their "cached" ranges), releases
+//!   (RELEASEs handled: passthrough_opens + agent_opens once all are closed).
 //!
 //! Messages are applied in stream order by one reader thread, and an open
 //! reply's "hot" at its place in that order. Unknown ops are logged and
