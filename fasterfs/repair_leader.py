@@ -75,10 +75,16 @@ class RepairLeader:
         if epoch is None:
             self.health, self._seen = None, None
             return "follow"
+        if self.timing.auto and self.health is None:
+            # new to leading: learn the nodes the data names that are no longer part of the
+            # cluster (a host left out at `up`), which no probe sees, so they wait like any down one
+            self.health = self.survey().to_dict()
+        for n in set((self.health or {}).get("nodes_down", ())) - set(nodes):
+            self._down_since.setdefault(n, now)
         # a node is gone only after after_s down; one that answered the probe but not the
         # survey's listing (just back, busy) must not have its pieces rebuilt elsewhere
         gone = {n for n, t in self._down_since.items() if now - t >= self.timing.after_s}
-        waiting = set(nodes) - gone
+        waiting = (set(nodes) | set(self._down_since)) - gone
         seen = (frozenset(alive), frozenset(waiting), self.version())
         settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
         if seen == self._seen and settled and now - self._surveyed < self.timing.survey_s:

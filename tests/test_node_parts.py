@@ -220,13 +220,14 @@ class Cluster:
     def __init__(self, degraded: bool = False):
         self.alive, self.version, self.repairs, self.surveys = {0, 1, 2}, 1, [], 0
         self.degraded = degraded
+        self.left: list[int] = []  # nodes the data names that are not part of the cluster
         self.now = 0.0
         self.lease = Lease(lambda: self.now)  # the Registry's, on a clock of the test's
         self.sees: dict[int, set[int]] = {}  # what a node's probes see, when not `alive` (a partition)
         self.epochs: list[int] = []
 
     def health(self) -> Health:
-        return Health(chunks=4, degraded={"d": [0]} if self.degraded else {})
+        return Health(chunks=4, degraded={"d": [0]} if self.degraded else {}, nodes_down=list(self.left))
 
     def leader(self, node: int, auto: bool = True) -> RepairLeader:
         def survey() -> Health:
@@ -259,6 +260,15 @@ def test_a_node_down_for_less_than_after_s_keeps_its_pieces():
     assert leader.tick(11) == "repair" and c.repairs[-1] == {0, 1}     # gone: its pieces rebuilt
     c.alive = {0, 1, 2}
     assert leader.tick(12) == "repair" and c.repairs[-1] == {0, 1, 2}  # back
+
+
+def test_a_node_no_longer_in_the_cluster_keeps_its_pieces_for_after_s_too():
+    """A host left out at `up` is in no probe, only in the data: it waits like a down node."""
+    c = Cluster()
+    c.left = [3]
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair" and c.repairs[-1] == {0, 1, 2, 3}
+    assert leader.tick(11) == "repair" and c.repairs[-1] == {0, 1, 2}  # gone: its pieces rebuilt
 
 
 def test_a_leader_surveys_again_on_change_on_findings_and_when_due():
