@@ -1,5 +1,5 @@
-"""Labs of their own: outsiders kept out (MinIO over TLS), hosts losing power (the chaos job, over
-TLS) then the secrets rotated, node ids following the disks and a machine gone reading as down, a
+"""Labs of their own: outsiders kept out (MinIO over TLS), then on the same lab hosts losing power
+(the chaos job) and the secrets rotated, node ids following the disks and a machine gone reading as down, a
 failed `lab up`, the bandwidth profiles, leftovers; node identity decided from what the disks
 record. (The share-nothing behaviour of one lab: test_share_nothing.py; its quiet failures:
 test_lab_faults.py.)"""
@@ -25,6 +25,7 @@ from lab_hosts import PROJECT, SUBNET, chunk_xxh3, in_ns, on_host, put_blob, rea
 from fasterfs import auth, cluster, config, identity, lab, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
+from fasterfs.ingest import remove
 
 pytestmark = pytest.mark.lab  # share-nothing hosts: the last tier
 
@@ -35,6 +36,22 @@ SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.param
 def lab_overrides(tmp_path_factory):
     root = Path(str(tmp_path_factory.mktemp("lab"))[:60])  # under /tmp: the hosts' own /tmp hides it from them
     return lab_hosts.lab_overrides(root)
+
+
+@pytest.fixture(scope="module")
+def tls_lab(tmp_path_factory):
+    """One lab of 4 hosts with MinIO over TLS and a machine on its network that is not part of
+    the cluster, for the outsiders' test and then the power-loss test, which takes it down itself
+    (its last user: it powers a host off). Yields (state, the lab's overrides, the root's)."""
+    base = lab_hosts.lab_overrides(Path(str(tmp_path_factory.mktemp("tls"))[:60]))
+    four = base + ["nodes=4", "lab.outsiders=1", "minio.tls=true"]
+    cfg = config.load(four)
+    state = lab.up(cfg)
+    yield state, four, base
+    if config.Layout.of(cfg).paths.state_file.exists():  # the power-loss test did not get to take it down
+        cluster.down(cfg)
+        assert_nothing_left(state)
+        assert lab.leftovers(cfg.cluster.name) == []
 
 
 WORKER_PORTS = range(10002, 20000)  # cluster.worker_ports, Ray's workers
@@ -53,108 +70,103 @@ def _listening(ns: str | None, pids: set[int] | None = None) -> set[tuple[str, i
     return out
 
 
-def test_outsiders_are_kept_out(lab_overrides, tmp_path):
+def test_outsiders_are_kept_out(tls_lab, tmp_path, request):
     """With MinIO over TLS (minio.tls=true), a machine on the lab's network that is not part
     of the cluster tries every way in: joining the GCS, submitting a Ray job, both dashboards,
     MinIO in plain HTTP, without the cluster's CA, with no keys, wrong keys, reader keys.
     Without the right secret each is refused; with it, it works. Nothing listens beyond the
     ports the README lists. And the cache still learns what is hot from the readers' reports,
-    the kernel seeing only ciphertext. (The secrets' rotation: the next test.)"""
-    from fasterfs import credentials, tls
+    the kernel seeing only ciphertext. (What is left after down and the secrets' rotation: the
+    next test.)"""
+    from fasterfs import credentials
     from fasterfs.cgroup import ProjectCgroup
     from fasterfs.config import Paths
 
-    overrides = lab_overrides + ["nodes=2", "lab.outsiders=1", "minio.tls=true"]
+    state, overrides, _ = tls_lab
     cfg = config.load(overrides)
-    state = lab.up(cfg)
+    assert state.tls_ca and all(n.endpoint.startswith("https://") for n in state.nodes)
+    for n in state.nodes:  # each host made its own key; the CA's key stays on the head
+        key = Paths(Path(state.root)).minio_certs_dir(n.index) / "private.key"
+        assert on_host(state, n.index, "stat", "-c", "%a", str(key)).stdout.strip() == "600"
+        assert "tls-ca" not in on_host(state, n.index, "ls", state.root).stdout
+    blob, manifest = put_blob(state, overrides, "team/tls.bin", 16)  # 3+ chunks on host 1
+    # the lab's next user powers a host off: no single copy of this test's may be there
+    request.addfinalizer(lambda: remove(cfg, manifest.name))
+    chunk = next(c for c in manifest.chunks if c.nodes[0] == 0)
+
+    # hot chunks under TLS: the kernel sees no paths; host 0's readers report their GETs
+    remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
+    assert len(remote) == 3
+    on0 = cluster.on_node(state.node(0))
+    _, got = ray.get(read_ids.options(**on0).remote(state.root, remote + remote, manifest.name))
+    assert [h for h, _ in got] == [chunk_xxh3(blob, i) for i in remote + remote]
+    actors = cluster.storage_nodes(state)
+    wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
+    kernel = ray.get([a.kernel_status.remote() for a in actors])
+    assert kernel[0]["reported_by_readers"] == {"gets": 2 * len(remote), "hot_events": len(remote)}
+    assert kernel[0]["counters"].get("hot_events", 0) == 0  # no request line the kernel could read
+    assert kernel[0]["counters"].get("packets", 0) > 0 and kernel[0]["counters"].get("requests", 0) == 0
+    _, again = ray.get(read_ids.options(**on0).remote(state.root, remote, manifest.name))
+    assert [h for h, _ in again] == [chunk_xxh3(blob, i) for i in remote]
+    readers0 = ray.get(actors[0].cache_status.remote())["readers"]
+    assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
+
+    keys = credentials.load(Paths(Path(state.root)).credentials_file)
+    outsider = state.lab["outsiders"][0]
+    facts = tmp_path / "facts.json"
+    facts.touch(mode=0o600)
+    facts.write_text(json.dumps({
+        "token": auth.read(auth.token_file(state.root)), "head": state.head_address,
+        "ray_dashboard_port": cfg.cluster.dashboard_port, "dashboard_port": cfg.dashboard.port,
+        "minio": state.node(0).endpoint, "bucket": manifest.bucket, "key": chunk.key,
+        "reader": [keys.reader.access_key, keys.reader.secret_key],
+        "admin": [keys.admin.access_key, keys.admin.secret_key],
+        "ray": str(PROJECT / ".venv/bin/ray"), "ray_address": state.ray_address, "me": outsider["address"],
+        "join_timeout": 120, "ca": state.tls_ca}))
+    nodes_before = len([n for n in ray.nodes() if n["Alive"]])
+    jail = ProjectCgroup.create(f"outsider-{cfg.cluster.name}", Path(state.root))  # whatever it starts, we stop
     try:
-        assert state.tls_ca and all(n.endpoint.startswith("https://") for n in state.nodes)
-        for n in state.nodes:  # each host made its own key; the CA's key stays on the head
-            key = Paths(Path(state.root)).minio_certs_dir(n.index) / "private.key"
-            assert on_host(state, n.index, "stat", "-c", "%a", str(key)).stdout.strip() == "600"
-            assert "tls-ca" not in on_host(state, n.index, "ls", state.root).stdout
-        blob, manifest = put_blob(state, overrides, "team/tls.bin", 8)
-        chunk = next(c for c in manifest.chunks if c.nodes[0] == 0)
-
-        # hot chunks under TLS: the kernel sees no paths; host 0's readers report their GETs
-        remote = [c.id for c in manifest.chunks if c.nodes == [1]][:3]
-        assert len(remote) == 3
-        on0 = cluster.on_node(state.node(0))
-        _, got = ray.get(read_ids.options(**on0).remote(state.root, remote + remote, manifest.name))
-        assert [h for h, _ in got] == [chunk_xxh3(blob, i) for i in remote + remote]
-        actors = cluster.storage_nodes(state)
-        wait_until(lambda: ray.get(actors[0].cache_status.remote())["entries"] >= len(remote), 30, "host 0's fills")
-        kernel = ray.get([a.kernel_status.remote() for a in actors])
-        assert kernel[0]["reported_by_readers"] == {"gets": 2 * len(remote), "hot_events": len(remote)}
-        assert kernel[0]["counters"].get("hot_events", 0) == 0  # no request line the kernel could read
-        assert kernel[0]["counters"].get("packets", 0) > 0 and kernel[0]["counters"].get("requests", 0) == 0
-        _, again = ray.get(read_ids.options(**on0).remote(state.root, remote, manifest.name))
-        assert [h for h, _ in again] == [chunk_xxh3(blob, i) for i in remote]
-        readers0 = ray.get(actors[0].cache_status.remote())["readers"]
-        assert (readers0["misses"], readers0["hits"]) == (2 * len(remote), len(remote))
-
-        keys = credentials.load(Paths(Path(state.root)).credentials_file)
-        outsider = state.lab["outsiders"][0]
-        facts = tmp_path / "facts.json"
-        facts.touch(mode=0o600)
-        facts.write_text(json.dumps({
-            "token": auth.read(auth.token_file(state.root)), "head": state.head_address,
-            "ray_dashboard_port": cfg.cluster.dashboard_port, "dashboard_port": cfg.dashboard.port,
-            "minio": state.node(0).endpoint, "bucket": manifest.bucket, "key": chunk.key,
-            "reader": [keys.reader.access_key, keys.reader.secret_key],
-            "admin": [keys.admin.access_key, keys.admin.secret_key],
-            "ray": str(PROJECT / ".venv/bin/ray"), "ray_address": state.ray_address, "me": outsider["address"],
-            "join_timeout": 120, "ca": state.tls_ca}))
-        nodes_before = len([n for n in ray.nodes() if n["Alive"]])
-        jail = ProjectCgroup.create(f"outsider-{cfg.cluster.name}", Path(state.root))  # whatever it starts, we stop
-        try:
-            proc = jail.spawn(["ip", "netns", "exec", outsider["netns"], str(PROJECT / ".venv/bin/python"),
-                               str(PROJECT / "tests/outsider.py"), str(facts)], tmp_path / "outsider.log")
-            assert proc.wait(timeout=600) == 0, (tmp_path / "outsider.log").read_text()[-3000:]
-            nodes_after = len([n for n in ray.nodes() if n["Alive"]])
-        finally:
-            jail.remove()
-        got = json.loads((tmp_path / "outsider.log").read_text().strip().splitlines()[-1])
-        for door, wrong in (("ray_dashboard", 403), ("fasterfs_dashboard", 401), ("jobs", 403)):
-            assert got[door] == {"none": 401, "wrong": wrong, "token": 200}, (door, got[door])
-        assert got["tls"] == {"plain_http": 400, "system_cas": "SSLCertVerificationError",
-                              "cluster_ca": 200}, got["tls"]
-        from ray.job_submission import JobSubmissionClient
-
-        submitted = {j.submission_id for j in JobSubmissionClient(state.dashboard_url).list_jobs()}
-        assert "outsider-token" in submitted and not {"outsider-none", "outsider-wrong"} & submitted
-        minio = got["minio"]
-        assert minio["none"] == {"get": "AccessDenied", "put": "AccessDenied", "delete": "AccessDenied"}, minio
-        assert set(minio["wrong"].values()) == {"InvalidAccessKeyId"}, minio
-        assert minio["reader"] == {"get": "ok", "put": "AccessDenied", "delete": "AccessDenied"}, minio
-        assert minio["admin"] == {"get": "ok", "put": "ok", "delete": "ok"}, minio
-        # refused: `ray start` exits with an error; one that hangs (exit None) is not a refusal
-        assert isinstance(got["join"]["exit"], int) and got["join"]["exit"] != 0, got["join"]
-        assert nodes_after == nodes_before, got["join"]
-
-        # what listens: on each host, only its node's documented ports; on the head, the head's
-        c = cfg.cluster
-        for i, node in enumerate(state.nodes):
-            base = c.node_ports + 10 * i
-            allowed = {cfg.minio.port, c.agent_port + i, *range(base, base + 5)}
-            ports = _listening(node.netns)
-            assert {p for _, p in ports if p not in WORKER_PORTS} <= allowed, (i, sorted(ports))
-        head_cgroup = Path(state.cgroup["path"]) / "head"
-        pids = {int(p) for p in (head_cgroup / "cgroup.procs").read_text().split()}
-        base = c.node_ports + 990
-        allowed = {c.ray_port, c.dashboard_port, c.client_port, c.agent_port + 99, cfg.dashboard.port,
-                   *range(base, base + 7)}  # + the autoscaler's and Ray dashboard's metrics
-        ports = _listening(None, pids)
-        assert ports and {p for _, p in ports if p not in WORKER_PORTS} <= allowed, sorted(ports)
-        ca = state.tls_ca
+        proc = jail.spawn(["ip", "netns", "exec", outsider["netns"], str(PROJECT / ".venv/bin/python"),
+                           str(PROJECT / "tests/outsider.py"), str(facts)], tmp_path / "outsider.log")
+        assert proc.wait(timeout=600) == 0, (tmp_path / "outsider.log").read_text()[-3000:]
+        nodes_after = len([n for n in ray.nodes() if n["Alive"]])
     finally:
-        cluster.down(cfg)
-    assert_nothing_left(state)
-    assert lab.leftovers(cfg.cluster.name) == []
-    assert not tls._ca_path(ca).exists()  # down removed this host's copy of the CA certificate
+        jail.remove()
+    got = json.loads((tmp_path / "outsider.log").read_text().strip().splitlines()[-1])
+    for door, wrong in (("ray_dashboard", 403), ("fasterfs_dashboard", 401), ("jobs", 403)):
+        assert got[door] == {"none": 401, "wrong": wrong, "token": 200}, (door, got[door])
+    assert got["tls"] == {"plain_http": 400, "system_cas": "SSLCertVerificationError",
+                          "cluster_ca": 200}, got["tls"]
+    from ray.job_submission import JobSubmissionClient
+
+    submitted = {j.submission_id for j in JobSubmissionClient(state.dashboard_url).list_jobs()}
+    assert "outsider-token" in submitted and not {"outsider-none", "outsider-wrong"} & submitted
+    minio = got["minio"]
+    assert minio["none"] == {"get": "AccessDenied", "put": "AccessDenied", "delete": "AccessDenied"}, minio
+    assert set(minio["wrong"].values()) == {"InvalidAccessKeyId"}, minio
+    assert minio["reader"] == {"get": "ok", "put": "AccessDenied", "delete": "AccessDenied"}, minio
+    assert minio["admin"] == {"get": "ok", "put": "ok", "delete": "ok"}, minio
+    # refused: `ray start` exits with an error; one that hangs (exit None) is not a refusal
+    assert isinstance(got["join"]["exit"], int) and got["join"]["exit"] != 0, got["join"]
+    assert nodes_after == nodes_before, got["join"]
+
+    # what listens: on each host, only its node's documented ports; on the head, the head's
+    c = cfg.cluster
+    for i, node in enumerate(state.nodes):
+        base = c.node_ports + 10 * i
+        allowed = {cfg.minio.port, c.agent_port + i, *range(base, base + 5)}
+        ports = _listening(node.netns)
+        assert {p for _, p in ports if p not in WORKER_PORTS} <= allowed, (i, sorted(ports))
+    head_cgroup = Path(state.cgroup["path"]) / "head"
+    pids = {int(p) for p in (head_cgroup / "cgroup.procs").read_text().split()}
+    base = c.node_ports + 990
+    allowed = {c.ray_port, c.dashboard_port, c.client_port, c.agent_port + 99, cfg.dashboard.port,
+               *range(base, base + 7)}  # + the autoscaler's and Ray dashboard's metrics
+    ports = _listening(None, pids)
+    assert ports and {p for _, p in ports if p not in WORKER_PORTS} <= allowed, sorted(ports)
 
 
-def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(lab_overrides, tmp_path):
+def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(tls_lab, tmp_path):
     """jobs/chaos.py, small, MinIO over TLS: 4 hosts, ec=2+1, a host powered off (every process
     of it killed at once) while a backtest and a full read run: no read fails, the same P&L and
     chunks as without faults; repair then brings every chunk back to full redundancy on the 3
@@ -168,12 +180,11 @@ def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(la
     file with shards there, written under the old secrets, read whole (as the bytes stored,
     verified against the new CA), through the CLI on a host and the mount, and `status` names
     node 2 down."""
-    from fasterfs import credentials
+    from fasterfs import credentials, tls
     from fasterfs.config import Paths
 
-    four = lab_overrides + ["nodes=4", "minio.tls=true"]
+    state, four, lab_overrides = tls_lab
     cfg = config.load(four)
-    state = lab.up(cfg)
     try:
         result = load_job("chaos").main(four + data_overrides() + SMALL_BACKTEST + [
             "chaos.ec_data=2", "chaos.ec_parity=1", "chaos.victims=[2]", "chaos.kill_at_s=[2]", "chaos.rounds_after=1"])
@@ -198,6 +209,8 @@ def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(la
     finally:
         cluster.down(cfg)
     assert_nothing_left(state)
+    assert lab.leftovers(cfg.cluster.name) == []  # the outsider's namespace too
+    assert not tls._ca_path(old_ca).exists()  # down removed this host's copy of the CA certificate
     assert [(n.index, n.address) for n in state.nodes] == [(i, f"{SUBNET}.{10 + i}") for i in range(4)]
     assert any(2 in c.nodes for c in manifest.chunks) and any(2 in c.nodes for c in ec.chunks)
 
