@@ -354,8 +354,6 @@ def down(cfg) -> dict:
 def status(cfg) -> tuple[ClusterState, list[dict]]:
     """The cluster state and one row per node, as each StorageNode reports it; from any host
     given cluster.ray_address."""
-    import ray
-
     cfg = as_cfg(cfg)
     if not cfg.cluster.ray_address:  # on the head: its state file says whether Ray still runs
         state = ClusterState.load(Layout.of(cfg).paths.root)
@@ -363,6 +361,8 @@ def status(cfg) -> tuple[ClusterState, list[dict]]:
             raise FasterFSError(f"the cluster under {state.root} is not running (its Ray processes are gone); "
                                 "run `fasterfs down` to clean up, then `fasterfs up`")
     state = registry.find(cfg)
+    import ray
+
     rows = []
     for node, actor in zip(state.nodes, storage_nodes(state)):
         try:

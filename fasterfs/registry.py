@@ -171,11 +171,11 @@ def find(cfg, root=None) -> ClusterState:
     """The running cluster, from any host: inside a Ray task or actor, the cluster it runs in
     (its Ray namespace names it); elsewhere the one at cluster.ray_address (or RAY_ADDRESS), or else the one
     whose head state file is under `root` (this is the head). Joins it and asks its Registry."""
-    import ray
-
     from .state import in_ray_worker
 
     if in_ray_worker():
+        import ray
+
         ns = ray.get_runtime_context().namespace or ""
         name = ns[len(ray_namespace("")):] if ns.startswith(ray_namespace("")) else cfg.cluster.name
     elif address := _ray_address(cfg):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -197,10 +198,11 @@ def local_address_towards(host: str, port: int) -> str:
 
 
 def in_ray_worker() -> bool:
-    """True inside a Ray task or actor (whose cluster is the one to use)."""
-    import ray
-
-    return ray.is_initialized() and ray._private.worker.global_worker.mode == ray._private.worker.WORKER_MODE
+    """True inside a Ray task or actor (whose cluster is the one to use). A worker has Ray loaded:
+    a command that has not needs no half-second import of it to learn that it is not one."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and \
+        ray._private.worker.global_worker.mode == ray._private.worker.WORKER_MODE
 
 
 # What a job's driver tells Ray about itself (fasterfs.job sets it): shown with the job in
@@ -240,8 +242,6 @@ def join(ray_address: str, cluster_name: str, root: str | None = None):
 
 def joined() -> bool:
     """Whether this process is a driver connected to Ray."""
-    import sys
-
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized() and not in_ray_worker()
 
