@@ -57,10 +57,7 @@ def ray_env(name: str, root: str | Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # by file only: no token in environ
     # A `ray start --block` told to stop first waits up to 30 s for its node to drain (for Ray
     # Serve's proxies), which never happens while a StorageNode holds its lease: at once instead.
-    # Ray's log monitor lists its logs directory every 0.1 s below 1,000 files, every 0.5 s above:
-    # an idle node's largest cost (1.7% of a core each, with a hundred worker logs): every 0.5 s.
     return dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-                RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="0",
                 PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
                 FASTERFS_LOBSTER_DIR=lobster_dir(), FASTERFS_CLUSTER=name, FASTERFS_ROOT=str(root),
                 **auth.ray_env(auth.token_file(root)))
@@ -77,8 +74,11 @@ def provision(host: Host, root: str | Path) -> None:
 def ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool) -> list[str]:
     """`ray start` for a storage node (index given) or a coordinating head without storage."""
     c = cfg.cluster
-    args = [_ray_bin(), "start", "--block", "--disable-usage-stats", f"--node-ip-address={host.address}",
-            f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}"]
+    # No log monitor: it streams workers' output to drivers, and FasterFS's drivers take none
+    # (state.join: log_to_driver=False); it listed the logs directory every 0.1 s, an idle node's
+    # largest cost (1.7% of a core with a hundred worker logs). The logs stay in Ray's files.
+    args = [_ray_bin(), "start", "--block", "--disable-usage-stats", "--include-log-monitor=false",
+            f"--node-ip-address={host.address}", f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}"]
     if index is None:
         args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + 99}"]
     else:
