@@ -19,7 +19,7 @@ from fastapi import WebSocket  # at module level: FastAPI resolves the handler's
 from . import auth
 from .dashboard_page import insecure_banner, ray_jobs, render_live, render_page
 from .errors import FasterFSError
-from .monitor import Heat, Monitor, RayMetrics
+from .monitor import Cadence, Heat, Monitor, RayMetrics
 
 log = logging.getLogger("fasterfs.dashboard")
 ACTOR_NAME = "dashboard"
@@ -30,8 +30,9 @@ SEND_TIMEOUT_S = 10.0
 
 
 def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers: int = 200,
-               token: str | None = None):
-    """The dashboard's routes; with a `token`, every one but /healthz needs it (fasterfs.auth)."""
+               token: str | None = None, cadence: Cadence | None = None):
+    """The dashboard's routes; with a `token`, every one but /healthz needs it (fasterfs.auth).
+    Every request but a health check or a metrics scrape tells `cadence` someone watches."""
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import FileResponse, HTMLResponse, Response
 
@@ -39,6 +40,12 @@ def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers
     if token:
         app.add_middleware(auth.TokenGate, token=token)
         auth.add_login(app, token)
+    if cadence is not None:
+        @app.middleware("http")
+        async def watching(request, call_next):
+            if request.url.path not in ("/healthz", "/metrics"):
+                cadence.seen()
+            return await call_next(request)
 
     @app.get("/kernel", response_class=HTMLResponse)
     def kernel_page():
@@ -176,11 +183,13 @@ class DashboardServer:
         self.where = f"{address}:{port}"
         self.monitor = Monitor(root, min_interval=sample_s * 0.9)
         self.heat = Heat(self.monitor.state, sample_s)
+        self.cadence = Cadence()
         self._stopping = threading.Event()
         # the cluster's Ray token, as this worker holds it; not needed on a loopback-only address
         token = auth.current_token(root) if require_token == "always" or not auth.is_loopback(address) else None
         self.gated = token is not None
-        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s, token=token), host=address, port=port,
+        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s, token=token, cadence=self.cadence),
+                                host=address, port=port,
                                 log_level="warning", access_log=False, lifespan="off", ws="websockets-sansio")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="dashboard", daemon=True)
@@ -190,6 +199,8 @@ class DashboardServer:
     def _sample(self, every: float, export_s: float = 5.0) -> None:
         ray_metrics, exported = RayMetrics(), 0.0
         while not self._stopping.wait(every):
+            if not self.cadence.due(self.heat.viewers):
+                continue
             try:
                 snap = self.monitor.snapshot()
                 if time.monotonic() - exported >= export_s:

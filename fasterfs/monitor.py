@@ -2,10 +2,10 @@
 timelines, the kernel heatmap's frames, the job runs on disk, and the same figures as
 Prometheus metrics.
 
-The dashboard actor takes a snapshot every `dashboard.sample_s` (and reuses it for anyone who
-asks meanwhile) and keeps `dashboard.history_s` of them, so a page opened mid-run shows what
-happened before; rates and per-second latency quantiles are differences between consecutive
-snapshots. The heatmap is sampled only while a /kernel page is open (`Heat`).
+The dashboard actor takes a snapshot every second while anyone watches, every few seconds
+otherwise (`Cadence`), reuses it for anyone who asks meanwhile and keeps the last 900, so a page
+opened mid-run shows what happened before; rates and latency quantiles are differences between
+consecutive snapshots, per second. The heatmap is sampled only while a /kernel page is open (`Heat`).
 """
 from __future__ import annotations
 
@@ -36,6 +36,26 @@ TIMELINE_RATES = {"minio_reads": "reads from MinIO", "cache_reads": "reads from 
                   "evictions": "evictions"}
 COUNT_MAX_AGE_S = 15.0  # the objects and bytes per node shown may be this old
 TIMELINE_HISTS = {"read": "readers' read latency", "kernel": "kernel: request to first byte"}
+
+
+class Cadence:
+    """When the timelines take a sample: at every tick (a second) while anyone watches (a /kernel
+    page's stream, or a page or API request within `watched_s`), else every `idle_s`, so a
+    cluster nobody looks at is asked a fifth as often (3 calls per StorageNode a sample)."""
+
+    def __init__(self, idle_s: float = 5.0, watched_s: float = 30.0):
+        self.idle_s, self.watched_s = idle_s, watched_s
+        self.watched_at = self.taken = float("-inf")
+
+    def seen(self, now: float | None = None) -> None:
+        self.watched_at = time.monotonic() if now is None else now
+
+    def due(self, viewers: int, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        if viewers > 0 or now - self.watched_at < self.watched_s or now - self.taken >= self.idle_s:
+            self.taken = now
+            return True
+        return False
 
 
 class Monitor:

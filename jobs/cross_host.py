@@ -24,19 +24,20 @@ def read_remote_chunks(root: str, overrides: list[str], ids: list[int]) -> dict:
     actors = cluster.storage_nodes(client.state)
     before = ray.get([a.cache_status.remote() for a in actors])
     kernel_before = ray.get([a.kernel_status.remote() for a in actors])
-    wrong = []
+    digests: dict[str, list[int]] = {}  # per pass, of the bytes each read returned
 
-    def read(i):
-        if xxhash.xxh3_64_intdigest(client.read_chunk(i)) != client.manifest.chunk(i).xxh3:
-            wrong.append(i)
-    passes = {"cold": report.timed(read, ids)}
-    passes["warm"] = report.timed(read, ids)  # the second read makes each chunk hot in the reader host's kernel
+    def reading(name: str):
+        got = digests.setdefault(name, [])
+        return lambda i: got.append(xxhash.xxh3_64_intdigest(client.read_chunk(i)))
+    passes = {"cold": report.timed(reading("cold"), ids)}
+    passes["warm"] = report.timed(reading("warm"), ids)  # the second read makes each chunk hot in the reader's kernel
     report.wait_for_fills(actors, len(ids), timeout=120)  # fills cross the same slow link
-    passes["hot"] = report.timed(read, ids)
-    correct = not wrong
+    passes["hot"] = report.timed(reading("hot"), ids)
+    correct = all(got == [client.manifest.chunk(i).xxh3 for i in ids] for got in digests.values())
     rows = ray.get([a.cache_status.remote() for a in actors])
     kernel = ray.get([a.kernel_status.remote() for a in actors])
-    return {"passes": passes, "correct": correct, "local_node": client.local_node,  # counts of this run only
+    return {"passes": passes, "correct": correct, "ids": ids, "xxh3": digests,
+            "local_node": client.local_node,  # counts of this run only
             "filled_on": {r["index"]: r["filler"].get("hot_fills", 0) - b["filler"].get("hot_fills", 0)
                           for r, b in zip(rows, before)},
             "hot_events": {k["index"]: k["counters"].get("hot_events", 0) - b["counters"].get("hot_events", 0)

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fasterfs import bpf, cluster, config
 from fasterfs.dashboard_page import _banners, _nodes
 from fasterfs.errors import FasterFSError
-from fasterfs.monitor import Monitor
+from fasterfs.monitor import Cadence, Monitor
 
 
 def get(url: str) -> tuple[int, bytes, str]:
@@ -150,6 +150,18 @@ def test_simulated_nodes_labelled(live_cluster):
     assert table.count("SIMULATED") == 1 and table.count("real eBPF") == 1
 
 
+@pytest.mark.unit
+def test_timelines_sample_every_tick_only_while_watched():
+    """Ticks a second apart: nobody watching, a sample every idle_s; a request, then every tick
+    until watched_s has passed; a /kernel viewer, every tick."""
+    c = Cadence(idle_s=5, watched_s=30)
+    assert [t for t in range(20) if c.due(0, t)] == [0, 5, 10, 15]
+    c.seen(20)
+    assert [t for t in range(20, 60) if c.due(0, t)] == list(range(20, 50)) + [54, 59]
+    assert [t for t in range(60, 64) if c.due(1, t)] == [60, 61, 62, 63]
+
+
+@pytest.mark.unit
 def test_bad_refresh_named():
     with pytest.raises(FasterFSError, match="dashboard.refresh_s"):
         config.load(["dashboard.refresh_s=0"])
