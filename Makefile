@@ -27,8 +27,8 @@ lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host 
 	$(VENV)/fasterfs ingest $(ARGS) && $(VENV)/python jobs/demo_b.py $(ARGS) && $(VENV)/python jobs/cross_host.py $(ARGS); \
 	  rc=$$?; $(VENV)/fasterfs lab down $(ARGS); exit $$rc
 
-test: setup       ## the whole test suite against real MinIO, Ray and kernel (the unit tier first)
-	$(VENV)/python -m pytest tests
+test: setup       ## the whole test suite against real MinIO, Ray and kernel: the unit and cluster tiers beside the lab's
+	$(VENV)/python -m pytest tests -n 2
 
 lint: setup       ## ruff (lint + import order) on everything, mypy on the package: any finding fails
 	$(VENV)/ruff check fasterfs jobs bench tests

@@ -107,23 +107,43 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
     assert f"fasterfs-{state.name}/" not in tree, "SOCK_OPS attachment left"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def another_clusters_token_at_the_default_root():
-    """The suite runs as after `make run`: another cluster's Ray token under the default root
-    (that cluster's own, when one is there; else a stand-in made here and removed after). Every
-    process the test clusters start must find their own cluster, never take that token."""
+STAND_IN = pytest.StashKey[list]()  # what pytest_configure made, for pytest_unconfigure to remove
+
+
+def default_token() -> Path:
     from fasterfs import auth
 
-    default = Path(config.load([]).cluster.root)
-    token = auth.token_file(default)
-    made = [] if token.exists() else [p for p in (default, token) if not p.exists()]
+    return auth.token_file(Path(config.load([]).cluster.root))
+
+
+def pytest_configure(config):
+    """The suite runs as after `make run`: another cluster's Ray token under the default root
+    (that cluster's own, when one is there; else a stand-in made here, once per run by pytest's
+    controller when -n runs workers, and removed after). Every process the test clusters start
+    must find their own cluster, never take that token."""
+    from fasterfs import auth
+
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller made it
+        return
+    token = default_token()
+    made = [] if token.exists() else [p for p in (token.parent, token) if not p.exists()]
     if made:
-        default.mkdir(parents=True, exist_ok=True)
+        token.parent.mkdir(parents=True, exist_ok=True)
         auth.create(token)
-    yield auth.read(token)
-    for path in reversed(made):
+    config.stash[STAND_IN] = made
+
+
+def pytest_unconfigure(config):
+    for path in reversed(config.stash.get(STAND_IN, [])):
         with contextlib.suppress(OSError):  # never more than what was made here
             path.unlink() if path.is_file() else path.rmdir()
+
+
+@pytest.fixture(scope="session")
+def another_clusters_token_at_the_default_root() -> str:
+    from fasterfs import auth
+
+    return auth.read(default_token())
 
 
 @pytest.fixture(scope="session")
@@ -170,7 +190,7 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def lab3(tmp_path_factory):
-    """One 3-host lab for test_lab_faults and test_share_nothing (a lab takes 20 s to come up),
+    """One 3-host lab for test_lab_faults and test_lab_share_nothing (a lab takes 20 s to come up),
     its hosts with disks of their own (512 MB ext4 images) and repair looking every 2 s. Each
     test undoes what it made; afterwards no cut rule, disk mount or record of faults is left."""
     from lab_hosts import shared_lab
@@ -401,12 +421,34 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(MISSING_SAMPLE, red=True, bold=True)
 
 
+def in_lab_tier(nodeid: str) -> bool:
+    """The lab tier is its modules, tests/test_lab*.py: the one place it is said, as pytest's
+    workers' scheduler sees only test ids."""
+    return Path(nodeid.split("::")[0]).name.startswith("test_lab")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tiers: `unit` (no root, no Ray, no MinIO) first, so a broken component fails in seconds
     before any cluster starts; then `cluster` (the session's live cluster, or clusters of their
-    own); `lab` (share-nothing hosts) last. `pytest -m unit` (or cluster, lab) runs one tier."""
+    own); `lab` (share-nothing hosts, tests/test_lab*.py) last. `pytest -m unit` (or cluster,
+    lab) runs one tier."""
     for item in items:
-        if item.get_closest_marker("unit") is None and item.get_closest_marker("lab") is None:
+        if in_lab_tier(item.nodeid):
+            item.add_marker(pytest.mark.lab)
+        elif item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.cluster)
     tier = {"unit": 0, "cluster": 1, "lab": 2}
     items.sort(key=lambda item: min(tier[m.name] for m in item.iter_markers() if m.name in tier))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2` (make test): the lab tier on one worker, the unit and cluster tiers in order
+    on the other, side by side. The suite is CPU-bound with 1.5 of 2 cores busy when run in one
+    process; each tier keeps its own clusters (the session's one, the labs'), so neither sees the
+    other's."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByTier(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "lab" if in_lab_tier(nodeid) else "unit and cluster"
+    return ByTier(config, log)

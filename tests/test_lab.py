@@ -1,7 +1,7 @@
 """Labs of their own: outsiders kept out (MinIO over TLS), then on the same lab hosts losing power
 (the chaos job) and the secrets rotated, node ids following the disks and a machine gone reading as down, a
 failed `lab up`, the bandwidth profiles, leftovers; node identity decided from what the disks
-record. (The share-nothing behaviour of one lab: test_share_nothing.py; its quiet failures:
+record. (The share-nothing behaviour of one lab: test_lab_share_nothing.py; its quiet failures:
 test_lab_faults.py.)"""
 import json
 import re
@@ -26,8 +26,6 @@ from fasterfs import auth, cluster, config, identity, lab, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import remove
-
-pytestmark = pytest.mark.lab  # share-nothing hosts: the last tier
 
 SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8]]"]
 

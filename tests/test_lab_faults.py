@@ -18,8 +18,6 @@ import fasterfs
 from fasterfs import cluster, config, lab_faults
 from fasterfs.ingest import put
 
-pytestmark = pytest.mark.lab
-
 PROJECT = config.PROJECT_DIR
 CONNECTS = """
 import socket, sys

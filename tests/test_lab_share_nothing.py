@@ -41,8 +41,6 @@ from xxhash import xxh3_64_intdigest as xxh3
 from fasterfs import auth, cluster, config, erasure, lab, ray_nodes, registry, repair, s3
 from fasterfs.ingest import ingest
 
-pytestmark = pytest.mark.lab  # share-nothing hosts: the last tier
-
 SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8]]"]
 
 
