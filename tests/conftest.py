@@ -424,7 +424,16 @@ def pytest_terminal_summary(terminalreporter):
 def in_lab_tier(nodeid: str) -> bool:
     """The lab tier is its modules, tests/test_lab*.py: the one place it is said, as pytest's
     workers' scheduler sees only test ids."""
-    return Path(nodeid.split("::")[0]).name.startswith("test_lab")
+    return _module(nodeid).startswith("test_lab")
+
+
+# Cluster-tier modules that start only clusters and servers of their own, never the session's:
+# with `pytest -n 2` they run on the lab tier's worker, which has less to do.
+BESIDE_THE_LAB = ("test_lifecycle.py", "test_minio_supervisor.py")
+
+
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::")[0]).name
 
 
 def pytest_collection_modifyitems(config, items):
@@ -437,18 +446,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
         elif item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.cluster)
+        if (in_lab_tier(item.nodeid) or _module(item.nodeid) in BESIDE_THE_LAB) and "live_cluster" in item.fixturenames:
+            raise pytest.UsageError(f"{item.nodeid} uses the session's cluster: with -n 2 it would start a second "
+                                    "one beside it; put it in a module of the cluster tier (conftest.BESIDE_THE_LAB)")
     tier = {"unit": 0, "cluster": 1, "lab": 2}
     items.sort(key=lambda item: min(tier[m.name] for m in item.iter_markers() if m.name in tier))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`pytest -n 2` (make test): the lab tier on one worker, the unit and cluster tiers in order
-    on the other, side by side. The suite is CPU-bound with 1.5 of 2 cores busy when run in one
-    process; each tier keeps its own clusters (the session's one, the labs'), so neither sees the
-    other's."""
+    """`pytest -n 2` (make test): the lab tier (and BESIDE_THE_LAB) on one worker, the unit and
+    cluster tiers in order on the other, side by side. Run in one process the suite keeps only
+    1.5 of 2 cores busy; each worker keeps its own clusters (the session's, the labs'), on
+    addresses and ports of their own."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByTier(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "lab" if in_lab_tier(nodeid) else "unit and cluster"
+            return "lab" if in_lab_tier(nodeid) or _module(nodeid) in BESIDE_THE_LAB else "session cluster"
     return ByTier(config, log)

@@ -3,16 +3,30 @@ back exactly; failures healed (MinIO, actor) or routed around (replicas)."""
 import base64
 import hashlib
 import os
+import re
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import ray
 from botocore.exceptions import ClientError
-from conftest import data_overrides, source_lines, source_rows, submit_job, tasks_ray_recorded, wait_until
+from conftest import (
+    assert_nothing_left,
+    cluster_overrides,
+    data_overrides,
+    mounts_under,
+    run_job,
+    source_lines,
+    source_rows,
+    submit_job,
+    tasks_ray_recorded,
+    wait_until,
+)
 from xxhash import xxh3_64_intdigest as xxh3
 
 from fasterfs import cluster, config, credentials, lobster, registry, s3
+from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest
 from fasterfs.minio_server import MinioServer, _cmdline
@@ -395,3 +409,47 @@ def test_hints_never_join_ray(ingest_as, client_for):
         client.read_chunk(i)
     wait_until(lambda: client.hints_dropped > 0, 10, "a dropped hint")
     assert not ray.is_initialized()
+
+
+def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_path_factory, capsys, live_cluster):
+    """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node. With
+    dashboard.enabled=false no dashboard is started and `status` says only what runs. A job
+    submitted to either this cluster or the session's (started before it) is given its own
+    cluster's address by Ray, not the last one started on the machine. Down stops all of it, the
+    FUSE mount included: no process, filter, cgroup or mount left."""
+    from fasterfs.cache import ChunkCache
+    from fasterfs.cli import main
+
+    own = cluster_overrides(Path(str(tmp_path_factory.mktemp("beside"))[:60]), "127.0.5.2", 4, nodes=1)
+    cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false"])
+    cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
+    before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
+    for i in range(4):
+        before.put(f"ds/g/chunk-{i}", bytes([i]) * 1_000_000)
+    before.close()
+    state = cluster.up(cfg)
+    try:
+        cg = Path(state.cgroup["path"])
+        assert cg.parent == cgroup2_mount() and len((cg / "node-0" / "cgroup.procs").read_text().split()) > 3
+        row = ray.get(cluster.storage_nodes(state)[0].cache_status.remote())
+        assert row["bytes"] <= 1_000_000 and row["evictions"] >= 3
+        assert state.web_url is None and not _listening(cfg.dashboard.port)
+        assert main(["status", *own]) == 0
+        assert "FasterFS dashboard" not in capsys.readouterr().out
+        for where in (live_cluster, state):  # what Ray hands a job's driver (its RAY_ADDRESS)
+            said = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
+            assert re.findall(r"^address: (\S+)$", said, re.M) == [where.ray_address], said
+        point = Path(state.root) / "mnt"
+        point.mkdir()
+        ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it
+        assert str(point) in mounts_under(state.root)
+    finally:
+        report = cluster.down(cfg)
+    assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
+    assert_nothing_left(state)
+
+
+def _listening(port: int) -> bool:
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return bool(out.strip())
+

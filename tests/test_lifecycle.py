@@ -1,12 +1,10 @@
 """up/down of a cluster of its own: what is started is all stopped; bad starts clean up
 after themselves and name the culprit."""
-import re
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_nothing_left, cluster_overrides, command_lines, mounts_under, run_job
+from conftest import cluster_overrides, command_lines, mounts_under
 from omegaconf import OmegaConf
 
 from fasterfs import cluster, config, ray_nodes
@@ -121,48 +119,3 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         head.send_signal(signal.SIGTERM)
         head.wait(60)
         outside.remove()
-
-
-def test_up_with_a_smaller_cache_and_no_dashboard_then_down_leaves_nothing(own, capsys, live_cluster):
-    """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node. With
-    dashboard.enabled=false no dashboard is started and `status` says only what runs. A job
-    submitted to either this cluster or the session's (started before it) is given its own
-    cluster's address by Ray, not the last one started on the machine. Down stops all of it, the
-    FUSE mount included: no process, filter, cgroup or mount left."""
-    import ray
-
-    from fasterfs.cache import ChunkCache
-    from fasterfs.cli import main
-
-    cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false"])
-    cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
-    before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
-    for i in range(4):
-        before.put(f"ds/g/chunk-{i}", bytes([i]) * 1_000_000)
-    before.close()
-    state = cluster.up(cfg)
-    try:
-        cg = Path(state.cgroup["path"])
-        assert cg.parent == cgroup2_mount() and len((cg / "node-0" / "cgroup.procs").read_text().split()) > 3
-        row = ray.get(cluster.storage_nodes(state)[0].cache_status.remote())
-        assert row["bytes"] <= 1_000_000 and row["evictions"] >= 3
-        assert state.web_url is None and not _listening(cfg.dashboard.port)
-        assert main(["status", *own]) == 0
-        assert "FasterFS dashboard" not in capsys.readouterr().out
-        for where in (live_cluster, state):  # what Ray hands a job's driver (its RAY_ADDRESS)
-            said = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
-            assert re.findall(r"^address: (\S+)$", said, re.M) == [where.ray_address], said
-        point = Path(state.root) / "mnt"
-        point.mkdir()
-        ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it
-        assert str(point) in mounts_under(state.root)
-    finally:
-        report = cluster.down(cfg)
-    assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
-    assert_nothing_left(state)
-
-
-def _listening(port: int) -> bool:
-    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
-    return bool(out.strip())
-
