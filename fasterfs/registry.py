@@ -159,6 +159,9 @@ def handle(cluster_name: str):
     """The Registry of a cluster this process is connected to through Ray."""
     import ray
 
+    if not ray.is_initialized():  # else Ray's auto-init would join whatever cluster it finds, or wait for one
+        raise FasterFSError(f"this process is not connected to the Ray cluster of FasterFS cluster {cluster_name!r}: "
+                            "connect first (fasterfs.connect, cluster.connect_ray)")
     try:
         return ray.get_actor(NAME, namespace=ray_namespace(cluster_name))
     except ValueError:

@@ -445,6 +445,7 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
         assert str(point) in mounts_under(state.root)
     finally:
         report = cluster.down(cfg)
+        cluster.connect_ray(live_cluster)  # this process's driver back on the session's cluster
     assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
     assert_nothing_left(state)
 

@@ -241,8 +241,9 @@ def test_bad_input_without_a_cluster_is_one_line_naming_it(tmp_path):
 
 def test_bad_input_on_a_live_cluster_is_one_line_naming_it(live_cluster, overrides):
     """Each names what is wrong, exit 1, and the namespace (as the Registry lists it) is unchanged."""
-    from fasterfs import registry
+    from fasterfs import cluster, registry
 
+    cluster.connect_ray(live_cluster)
     before = registry.fetch_manifests(live_cluster.name)
     for args, culprit in ((["cat", "nosuch/file"], "nosuch/file: no such dataset"),
                           (["ls", "nosuch"], "nosuch: no such"),
