@@ -30,12 +30,12 @@ class CpuPressure:
     loading chunks nobody asked for yet takes CPU from the reads that were asked for (WFS Ultra's
     load-adaptive prefetch); without PSI it is never shed."""
 
-    def __init__(self, limit: float = 50.0, path: str = "/proc/pressure/cpu"):
-        self.limit, self.path = limit, path
-        self._at, self._busy = 0.0, False
+    def __init__(self, limit: float = 50.0, path: str = "/proc/pressure/cpu", clock=time.monotonic):
+        self.limit, self.path, self.clock = limit, path, clock
+        self._at, self._busy = -1.0, False
 
     def busy(self) -> bool:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._at >= 1.0:
             self._at = now
             try:

@@ -109,7 +109,7 @@ def come_back(cfg, argv, state, manifest, victims, creds, reference, plan) -> di
             "full": after.degraded_count == 0 and not after.lost and not after.nodes_down,
             "pieces_on": {v: sum(v in c.nodes for c in registry.fetch_manifests(cfg.cluster.name)[1][
                 manifest.name].chunks) for v in victims},
-            "failed_reads": len(got["failed_reads"]),
+            "failed_reads": len(got["failed_reads"]), "pnl": got["pnl"], "sums": got["sums"],
             "all_same": got["pnl"] == reference["pnl"] and got["sums"] == reference["sums"]}
 
 
@@ -154,6 +154,7 @@ def main(argv: list[str]) -> dict:
                        "pnl_same": got["pnl"] == reference["pnl"], "bytes_same": got["bytes"] == reference["bytes"],
                        "chunks_same": got["sums"] == reference["sums"],
                        "failed_reads": len(got["failed_reads"]), "failures": got["failed_reads"][:5],
+                       "pnl": got["pnl"], "sums": got["sums"],  # what was read, for a check against the source
                        "degraded_reads": got["degraded_reads"], "peer_reads": got["peer_reads"]})
         print(f"round {len(rounds)}: began with {down} hosts down, {rounds[-1]['seconds']:.1f} s, "
               f"P&L same: {rounds[-1]['pnl_same']}, chunks same: {rounds[-1]['chunks_same']}, "
@@ -164,7 +165,9 @@ def main(argv: list[str]) -> dict:
     back = come_back(cfg, argv, state, manifest, victims, creds, reference, (windows, homes, params)) \
         if c.power_on else None
     result = {"dataset": manifest.dataset, "layout": manifest.redundancy(), "hosts": len(state.nodes),
-              "chunks": len(manifest), "reference_s": reference_s, "killed": killed, "rounds": rounds,
+              "chunks": len(manifest), "windows": windows, "params": params,
+              "reference": {"pnl": reference["pnl"], "sums": reference["sums"]},
+              "reference_s": reference_s, "killed": killed, "rounds": rounds,
               "failed_reads": sum(r["failed_reads"] for r in rounds),
               "all_same": all(r["pnl_same"] and r["chunks_same"] and r["bytes_same"] for r in rounds),
               "repair": {"found": fixed.health.summary(), "repaired": fixed.repaired,

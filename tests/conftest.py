@@ -70,6 +70,25 @@ def tasks_ray_recorded(state, filters: list, present=placed) -> list:
     return tasks
 
 
+def minio_listing(state, prefix: str) -> dict[int, list[dict]]:
+    """Node index -> the objects under `prefix` in that node's MinIO, as MinIO lists them (boto3
+    with the cluster's admin key): where the data is, not where FasterFS's plan says."""
+    from fasterfs import registry, s3
+
+    creds = registry.fetch_credentials(state.name, "admin")
+    out = {}
+    for n in state.nodes:
+        pages = s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
+            Bucket=state.settings.bucket, Prefix=prefix)
+        out[n.index] = [o for page in pages for o in page.get("Contents", [])]
+    return out
+
+
+def minio_holdings(state, manifest) -> dict[int, list[dict]]:
+    """Node index -> the objects of `manifest`'s generation in that node's MinIO."""
+    return minio_listing(state, f"{manifest.dataset}/{manifest.generation}/")
+
+
 def mounts_under(root) -> list[str]:
     """Mount points (bpffs, cgroup2) the cluster under `root` still has."""
     return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
@@ -331,6 +350,13 @@ def source_csv(first_row: int = 0, rows: int | None = None) -> bytes:
     message, orderbook = source_lines([])
     stop = len(message) if rows is None else first_row + rows
     return b"".join(m + b"," + o + b"\n" for m, o in zip(message[first_row:stop], orderbook[first_row:stop]))
+
+
+def source_xxh3(chunk) -> int:
+    """The xxh3 a CSV dataset's chunk must have: that of its rows of the source files (gzip)."""
+    from xxhash import xxh3_64_intdigest
+
+    return xxh3_64_intdigest(source_csv(chunk.first_row, chunk.rows))
 
 
 def source_rows(overrides: list[str]) -> list[tuple]:

@@ -1,11 +1,12 @@
 """The backtest job on the live 2-node cluster: the same P&L with and without the cache on
 the read path, replays served from the cache only in the FasterFS mode, tasks on the
 nodes holding their windows; the strategy's vectorised P&L equals a plain loop's."""
+from collections import Counter
 from fractions import Fraction
 
 import polars as pl
 import pytest
-from conftest import load_job, loop_pnl, source_pnls, source_rows, submit_job
+from conftest import load_job, loop_pnl, minio_holdings, source_pnls, source_rows, submit_job, tasks_ray_recorded
 
 from fasterfs import lobster
 from fasterfs.errors import FasterFSError
@@ -28,7 +29,7 @@ def test_crossover_pnl_equals_a_plain_loop():
 
 @pytest.mark.parametrize("fmt", ["csv", "arrow"])
 def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, fmt):
-    ingest_as(fmt, reuse=True)
+    manifest = ingest_as(fmt, reuse=True)
     result = submit_job(live_cluster, "backtest", overrides + SMALL)  # from a shell without the venv
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
     # the P&L each mode's tasks computed on their nodes, against a plain loop over the source
@@ -42,7 +43,19 @@ def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_clu
     assert direct["cache_hits"] == 0  # no cache on its read path
     reads = sum(r["chunks"] for r in cached["runs"]) * 3
     assert 0 < cached["cache_hits"] <= reads  # later replays were served from the cache
-    assert direct["on_home_nodes"] and cached["on_home_nodes"]
+    # each window's replays ran on the node whose MinIO holds most of its bytes: the chunks
+    # overlapping it by the source's times, where MinIO lists them; where they ran as Ray recorded it
+    rows = source_rows([])
+    held = {o["Key"]: (node, o["Size"]) for node, objs in minio_holdings(live_cluster, manifest).items() for o in objs}
+    for i, (start, end) in enumerate(result["windows"]):
+        weight: Counter = Counter()
+        for c in manifest.chunks:
+            if rows[c.first_row][0] < end and rows[c.first_row + c.rows - 1][0] >= start:
+                node, size = held[c.key]
+                weight[node] += size
+        home = weight.most_common(1)[0][0]
+        ran = tasks_ray_recorded(live_cluster, [("name", "=", f"backtest.replay[window {i} @ node {home}]")])
+        assert {t.node_id for t in ran} == {live_cluster.node(home).ray_node_id}, (i, home, ran)
 
 
 @pytest.mark.parametrize("extra, message", [

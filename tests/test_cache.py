@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import source_lines, source_rows, wait_until
+from conftest import source_lines, source_rows, source_xxh3, wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
@@ -36,6 +36,10 @@ def cold(ingest_as, live_cluster):
 def fresh(ingest_as, live_cluster):
     """A freshly ingested CSV dataset (the test writes its objects), empty caches, a new kernel epoch."""
     return _emptied(ingest_as("csv"), live_cluster)
+
+
+def no_fills_pending(actors) -> bool:
+    return not any(r["fills_pending"] for r in ray.get([a.cache_status.remote() for a in actors]))
 
 
 def counter(actors, *path: str) -> int:
@@ -127,7 +131,7 @@ def test_capacity_never_exceeded(cold, cluster_root):
                 client.read_chunk(i)
                 if i % 5 == 0:
                     sizes.append(max(_disk_bytes(Paths(cluster_root).cache_dir(n)) for n in range(len(actors))))
-        time.sleep(1.0)
+        wait_until(lambda: no_fills_pending(actors), what="the fills to finish")
         rows = ray.get([a.cache_status.remote() for a in actors])
         for r, before in zip(rows, evictions):
             assert r["bytes"] <= cap and _disk_bytes(Path(r["directory"])) <= cap
@@ -163,7 +167,7 @@ def _reader(root, ids, expected, rounds, go, out):
 def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root):
     manifest, actors = cold
     ids = list(range(min(24, len(manifest))))
-    expected = {c.id: c.xxh3 for c in manifest.chunks}
+    expected = {c.id: source_xxh3(c) for c in manifest.chunks}
     cap = 6 * max(c.bytes for c in manifest.chunks)  # small: fills and evictions all the time
     fills, hits = counter(actors, "fills"), counter(actors, "readers", "hits")
     ctx = mp.get_context("spawn")
@@ -209,10 +213,10 @@ def test_flipped_byte_caught_and_healed(cold, cluster_root):
     raw = bytearray(entry.read_bytes())
     raw[1000] ^= 0xFF  # the entry file is the chunk's bytes; its header stays
     entry.write_bytes(bytes(raw))
-    assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3  # served right, from MinIO
+    assert xxh3(client.read_chunk(5)) == source_xxh3(manifest.chunk(5))  # served right, from MinIO
     wait_until(lambda: entry.exists() and cache_entry.read_entry(entry, verify=True) not in (None, cache_entry.DAMAGED),
                what="the node to refetch the dropped entry")
-    assert xxh3(client.read_chunk(5)) == manifest.chunk(5).xxh3
+    assert xxh3(client.read_chunk(5)) == source_xxh3(manifest.chunk(5))
 
 
 def test_truncated_entry_caught_even_without_verification(cold, cluster_root):
@@ -221,7 +225,7 @@ def test_truncated_entry_caught_even_without_verification(cold, cluster_root):
     entry = _cached(client, actors, 6)
     with open(entry, "r+b") as f:
         f.truncate(entry.stat().st_size // 2)
-    assert xxh3(client.read_chunk(6)) == manifest.chunk(6).xxh3
+    assert xxh3(client.read_chunk(6)) == source_xxh3(manifest.chunk(6))
     wait_until(lambda: entry.exists() and entry.stat().st_size == manifest.chunk(6).bytes,
                what="the heal")
 
@@ -308,7 +312,7 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, 
     # ...but only this cluster's, as MinIO has them
     assert st["entries"] == len(ids) - 1 and st["changed_at_source"] == 1
     assert not changed.exists() and not foreign.exists()
-    assert client.read_chunk(ids[1]) == fasterfs.connect(cluster_root, use_cache=False).read_chunk(ids[1])
+    assert xxh3(client.read_chunk(ids[1])) == source_xxh3(manifest.chunk(ids[1]))
     assert st["stray_temp_removed"] >= 1 and not stray.exists()
     assert st["capacity"] == configured - 1_000_000
     ray.get(actors[0].cache_resize.remote(configured))
@@ -321,24 +325,33 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, 
 
 def test_prefetch_during_sequential_scan_not_random(cold, cluster_root):
     manifest, actors = cold
-    client = fasterfs.connect(cluster_root, ["cache.prefetch.window=4", "cache.prefetch.trigger=2"])
-    n = min(30, len(manifest))
+    window = 4
+    client = fasterfs.connect(cluster_root, [f"cache.prefetch.window={window}", "cache.prefetch.trigger=2"])
+    n = min(30, len(manifest) - window - 2)
     order = list(range(n))
     random.Random(1).shuffle(order)
     order = [i for k, i in enumerate(order) if k == 0 or abs(i - order[k - 1]) != 1]  # no in-order pairs
     requested = counter(actors, "filler", "prefetch_requested")
     for i in order:
         client.read_chunk(i)
-    time.sleep(1.0)
-    assert counter(actors, "filler", "prefetch_requested") == requested
+    # a fence: one sequential pair, never read before, asks for the `window` chunks after it; its
+    # hint travels behind any the random reads made, so the count stops at exactly `window`
+    client.read_chunk(n)
+    client.read_chunk(n + 1)
+    wait_until(lambda: counter(actors, "filler", "prefetch_requested") - requested >= window, what="the fence")
+    assert counter(actors, "filler", "prefetch_requested") - requested == window
     ray.get([a.cache_clear.remote() for a in actors])
     fills, hits = counter(actors, "filler", "prefetch_fills"), counter(actors, "readers", "hits")
-    for i in range(n):  # a backtest: read, work a little, next
+
+    def filled_ahead(i: int) -> bool:  # chunks 2 .. i + window asked for, and none still filling
+        asked = counter(actors, "filler", "prefetch_requested") - requested - window
+        return asked >= min(i + window, len(manifest) - 1) - 1 and no_fills_pending(actors)
+    for i in range(n):  # a backtest that works a while on each chunk: the next ones are filled meanwhile
         client.read_chunk(i)
-        time.sleep(0.03)
-    wait_until(lambda: not any(r["fills_pending"] for r in ray.get([a.cache_status.remote() for a in actors])))
-    assert counter(actors, "filler", "prefetch_fills") - fills >= n // 2
-    assert counter(actors, "readers", "hits") - hits >= n // 3  # later chunks were waiting in the cache
+        if i >= 1:
+            wait_until(lambda i=i: filled_ahead(i), what=f"prefetch ahead of chunk {i}")
+    assert counter(actors, "filler", "prefetch_fills") - fills >= n - 2
+    assert counter(actors, "readers", "hits") - hits == n - 2  # all but the two that began the run
 
 
 def test_cache_cli(cold, overrides, capsys, cluster_root, live_cluster):

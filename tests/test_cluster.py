@@ -15,6 +15,8 @@ from conftest import (
     assert_nothing_left,
     cluster_overrides,
     data_overrides,
+    minio_holdings,
+    minio_listing,
     mounts_under,
     run_job,
     source_lines,
@@ -25,10 +27,11 @@ from conftest import (
 )
 from xxhash import xxh3_64_intdigest as xxh3
 
+import fasterfs
 from fasterfs import cluster, config, credentials, lobster, registry, s3
 from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
-from fasterfs.ingest import ingest
+from fasterfs.ingest import ingest, put
 from fasterfs.minio_server import MinioServer, _cmdline
 
 
@@ -116,11 +119,7 @@ def test_time_window_equals_source_rows(ingest_as, client_for, overrides, fmt):
 
 def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
     manifest = ingest_as("csv", reuse=True)
-    creds = registry.fetch_credentials(live_cluster.name, "admin")
-    prefix = f"{manifest.dataset}/{manifest.generation}/"
-    held = {n.index: sorted(o["Key"] for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2")
-                            .paginate(Bucket=manifest.bucket, Prefix=prefix) for o in page.get("Contents", []))
-            for n in live_cluster.nodes}
+    held = {n: sorted(o["Key"] for o in objects) for n, objects in minio_holdings(live_cluster, manifest).items()}
     for node, keys in held.items():
         assert keys == sorted(c.key for c in manifest.on_node(node))
     assert 1 <= min(len(k) for k in held.values())
@@ -128,14 +127,11 @@ def test_chunks_stored_only_on_their_nodes(ingest_as, live_cluster):
 
 def _generations(state, dataset: str) -> dict[str, int]:
     """Objects per generation of `dataset`, over every node's MinIO."""
-    creds = registry.fetch_credentials(state.name, "admin")
     out: dict[str, int] = {}
-    for n in state.nodes:
-        for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
-                Bucket=state.config["minio"]["bucket"], Prefix=f"{dataset}/"):
-            for o in page.get("Contents", []):
-                g = o["Key"].split("/")[1]
-                out[g] = out.get(g, 0) + 1
+    for objects in minio_listing(state, f"{dataset}/").values():
+        for o in objects:
+            g = o["Key"].split("/")[1]
+            out[g] = out.get(g, 0) + 1
     return out
 
 
@@ -241,14 +237,14 @@ def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as
     actor = cluster.storage_nodes(live_cluster)[1]
     creds = credentials.load(config.Paths(Path(live_cluster.root)).credentials_file).admin
     prefix = old.chunks[0].key.rsplit("/", 2)[0] + "/"  # <dataset>/ : every generation's objects
-    before = _listed(live_cluster, creds, prefix)
+    before = _listed(live_cluster, prefix)
     ray.get(actor.hold_minio.remote())
     try:
         with pytest.raises(FasterFSError, match=r"on node 1 \(http://"):
             ingest(config.load(overrides + data_overrides()))
     finally:
         ray.get(actor.release_minio.remote())
-    assert _listed(live_cluster, creds, prefix) == before  # nothing of the failed generation, nothing lost
+    assert _listed(live_cluster, prefix) == before  # nothing of the failed generation, nothing lost
     current = registry.fetch_manifest(live_cluster.name, old.name)
     assert current.generation == old.generation
     body = s3.client(live_cluster.node(old.chunks[0].nodes[0]).endpoint, creds).get_object(
@@ -256,10 +252,8 @@ def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as
     assert xxh3(body) == old.chunks[0].xxh3
 
 
-def _listed(state, creds, prefix: str) -> dict[int, set[str]]:
-    return {n.index: {o["Key"] for page in s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
-                Bucket=state.settings.bucket, Prefix=prefix) for o in page.get("Contents", [])}
-            for n in state.nodes}
+def _listed(state, prefix: str) -> dict[int, set[str]]:
+    return {n: {o["Key"] for o in objects} for n, objects in minio_listing(state, prefix).items()}
 
 
 def test_replicas_beyond_cluster_size_refused(live_cluster, overrides):
@@ -278,11 +272,9 @@ def test_readback_job_runs_tasks_on_their_nodes(ingest_as, live_cluster, overrid
     MinIO holds of the dataset by its own listing (not the job's verdicts)."""
     manifest = ingest_as("csv", reuse=True)
     result = submit_job(live_cluster, "readback", overrides)  # `ray job submit` from a shell without the venv
-    creds = registry.fetch_credentials(live_cluster.name, "admin")
+    holdings = minio_holdings(live_cluster, manifest)
     for n in live_cluster.nodes:
-        pages = s3.client(n.endpoint, creds).get_paginator("list_objects_v2").paginate(
-            Bucket=manifest.bucket, Prefix=f"{manifest.dataset}/{manifest.generation}/")
-        held = [o for page in pages for o in page.get("Contents", [])]
+        held = holdings[n.index]
         read = next(r for r in result["nodes"] if r["node"] == n.index)
         assert (read["chunks"], read["bytes"]) == (len(held), sum(o["Size"] for o in held)), (n.index, read)
         ran = tasks_ray_recorded(live_cluster, [("name", "=", f"readback.read[node {n.index}]")])  # every run's
@@ -413,7 +405,10 @@ def test_hints_never_join_ray(ingest_as, client_for):
 
 def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_path_factory, capsys, live_cluster):
     """The cache is rebuilt (and evicts) at start: a smaller capacity must not stop the node. With
-    dashboard.enabled=false no dashboard is started and `status` says only what runs. A job
+    dashboard.enabled=false no dashboard is started and `status` says only what runs. Its kernel
+    programs are the SIMULATED ones (kernel.mode=simulated), labelled so by `kernel status`, and
+    they still make a chunk read twice hot: the node caches it and the third read is served from
+    that file with the bytes written. A job
     submitted to either this cluster or the session's (started before it) is given its own
     cluster's address by Ray, not the last one started on the machine. Down stops all of it, the
     FUSE mount included: no process, filter, cgroup or mount left."""
@@ -421,6 +416,7 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
     from fasterfs.cli import main
 
     own = cluster_overrides(Path(str(tmp_path_factory.mktemp("beside"))[:60]), "127.0.5.2", 4, nodes=1)
+    own = [o for o in own if not o.startswith("kernel.mode=")] + ["kernel.mode=simulated"]
     cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false"])
     cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
     before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
@@ -436,6 +432,20 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
         assert state.web_url is None and not _listening(cfg.dashboard.port)
         assert main(["status", *own]) == 0
         assert "FasterFS dashboard" not in capsys.readouterr().out
+        assert main(["kernel", "status", *own]) == 0
+        said = capsys.readouterr().out
+        assert "SIMULATED" in said and "real eBPF" not in said, said
+        blob = os.urandom(300_000)
+        (src := Path(state.root) / "blob.bin").write_bytes(blob)
+        put(config.load(own), src, "sim/blob.bin")
+        client = fasterfs.connect(state.root, own, dataset="sim/blob.bin")
+        cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
+        assert [client.read_chunk(0) for _ in range(2)] == [blob] * 2
+        wait_until(lambda: any(f.stat().st_size >= len(blob) for f in cache_dir.glob("**/*") if f.is_file()),
+                   timeout=30, what="the simulated kernel's HOT to fill the cache")
+        node = cluster.storage_nodes(state)[0]
+        hits = ray.get(node.cache_status.remote())["readers"]["hits"]  # the readers' counter files, summed
+        assert client.read_chunk(0) == blob and ray.get(node.cache_status.remote())["readers"]["hits"] == hits + 1
         for where in (live_cluster, state):  # what Ray hands a job's driver (its RAY_ADDRESS)
             said = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
             assert re.findall(r"^address: (\S+)$", said, re.M) == [where.ray_address], said

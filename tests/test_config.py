@@ -1,7 +1,6 @@
 """Configuration and credentials: overrides, clear errors, secrets kept private."""
 import os
 import stat
-import time
 
 import pytest
 
@@ -54,11 +53,13 @@ def test_read_ahead_is_shed_while_the_cpus_are_contended(tmp_path):
     psi.write_text("some avg10=72.50 avg60=10.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     assert CpuPressure(50, str(psi)).busy() and not CpuPressure(80, str(psi)).busy()
     assert not CpuPressure(50, str(tmp_path / "none")).busy()  # no PSI: never shed
-    pressure = CpuPressure(50, str(psi))
+    now = [0.0]
+    pressure = CpuPressure(50, str(psi), clock=lambda: now[0])
     assert pressure.busy()
     psi.write_text("some avg10=3.00 avg60=1.00 avg300=1.00 total=1\n")
+    now[0] = 0.99
     assert pressure.busy()  # read at most once a second: still the figure it read
-    time.sleep(1.05)
+    now[0] = 1.0
     assert not pressure.busy()  # a second later, the new one
 
 

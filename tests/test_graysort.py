@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import submit_job
+import ray
+from conftest import minio_listing, submit_job, tasks_ray_recorded
 
 from fasterfs import config, credentials, graysort, records, s3
 from fasterfs.config import Paths
@@ -20,9 +21,7 @@ def sort_cfg(overrides, *extra):
 
 
 def objects(state, prefix="graysort/"):
-    creds = credentials.load(Paths(Path(state.root)).credentials_file).admin
-    return sum(s3.client(n.endpoint, creds).list_objects_v2(Bucket=state.config["minio"]["bucket"], Prefix=prefix)
-               .get("KeyCount", 0) for n in state.nodes)
+    return sum(len(o) for o in minio_listing(state, prefix).values())
 
 
 @pytest.mark.parametrize("extra", [["graysort.format=gray"], ["graysort.format=fasterfs"],
@@ -31,22 +30,29 @@ def test_small_sorts_validate(live_cluster, overrides, extra):
     p = graysort.plan(sort_cfg(overrides, "size=4MB", "graysort.partitions_per_node=3", *extra), 2)
     try:
         result = graysort.run(live_cluster, p, baseline=True, reference_mb=0)
+        held = minio_listing(live_cluster, f"graysort/{p.run}/output/")
     finally:
         graysort.delete_run(live_cluster, p)
-    assert result["validation"]["records"] == p.records and result["validation"]["partitions"] == 6
-    assert result["baseline"]["validation"]["checksum"] == result["input_checksum"]
-    assert result["tasks_on_their_nodes"]  # generate, map and reduce each ran where its data lives
+    assert result["baseline"]["validation"]["checksum"] == result["input_checksum"]  # two sorts, one input
+    # generate, map and reduce each ran where its data lives, as Ray's state API recorded it
+    names = {f"graysort.{phase}[part {j} @ node {p.node_of(j)}]": live_cluster.node(p.node_of(j)).ray_node_id
+             for phase in ("generate", "map", "reduce") for j in range(p.parts)}
+    ran = [t for t in tasks_ray_recorded(live_cluster, [("job_id", "=", ray.get_runtime_context().get_job_id())],
+                                         present=lambda ts: set(names) <= {t.name for t in ts if t.node_id})
+           if t.name in names]
+    assert {t.name for t in ran} == set(names) and all(t.node_id == names[t.name] for t in ran if t.node_id)
     steps = result["task_seconds"]  # every task reports the time of each of its steps
     assert set(steps["generate"]) == {"generate", "checksum", "put"} and set(steps["map"]) == {"get", "sort"}
     assert set(steps["reduce"]) == {"merge", "put"} and all(s > 0 for phase in steps.values() for s in phase.values())
     timeline = result["timeline"]  # one span per task, on the node that ran it, maps after their inputs exist
     assert sorted((t["phase"], t["part"]) for t in timeline) == sorted(
         (phase, j) for phase in ("generate", "map", "reduce") for j in range(p.parts))
-    assert all(0 <= t["start_s"] <= t["end_s"] and t["node"] == p.node_of(t["part"]) for t in timeline)  # measured node
+    assert all(0 <= t["start_s"] <= t["end_s"] for t in timeline)
     last_generate = max(t["end_s"] for t in timeline if t["phase"] == "generate")
     assert min(t["start_s"] for t in timeline if t["phase"] == "map") >= last_generate
     counts = result["partition_records"]
     assert min(counts) > 0.5 * p.records / p.parts  # sampled boundaries balance even skewed keys
+    assert sum(o["Size"] for objs in held.values() for o in objs) == p.records * p.fmt.record  # MinIO's sizes
     assert objects(live_cluster, f"graysort/{p.run}/") == 0  # cleaned up
 
 

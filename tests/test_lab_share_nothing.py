@@ -131,8 +131,8 @@ def test_reads_across_hosts_are_right_and_cached_on_the_readers_host(lab3, sampl
 
 def test_a_write_from_anywhere_invalidates_every_host(lab3):
     """A chunk cached on all three hosts, overwritten from the head (a fourth machine with no
-    StorageNode): no host serves the old bytes afterwards, and each heard of the write before
-    the PUT returned or within the few ms after it the README promises (its figure printed)."""
+    StorageNode): no host serves the old bytes afterwards, and each heard of the write during the
+    PUT or within a second after it, as the README says (the figures printed)."""
     state, overrides = lab3
     _, manifest = put_blob(state, overrides, "team/x.bin", 3)
     x = manifest.chunks[1]

@@ -20,10 +20,10 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 import ray
-from conftest import CLEAN_ENV, command_lines, source_csv, source_rows, wait_until
+from conftest import CLEAN_ENV, command_lines, minio_holdings, source_csv, source_rows, wait_until
 
 import fasterfs
-from fasterfs import cluster, config, credentials, namespace, s3
+from fasterfs import cluster, config, credentials, lobster, namespace, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put, remove
 from fasterfs.reader import Namespace
@@ -96,8 +96,7 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
         f.close()
     ahead.close()
     assert open_cache_entries() == []
-    aapl = fasterfs.connect(overrides=overrides, dataset=first.name)
-    assert ns.cat(f"{first.name}/{first.name}.csv") == b"".join(aapl.read_chunk(i) for i in range(len(first)))
+    assert ns.cat(f"{first.name}/{first.name}.csv") == source_csv()  # the source files as gzip reads them
     assert fasterfs.connect(overrides=overrides, dataset="SYNTH_SMALL").manifest.rows == 3000
     assert fasterfs.connect(overrides=overrides).manifest.name == "SYNTH_SMALL"  # the default: ingested last
     # the CLI, as a user runs it
@@ -121,8 +120,9 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
         put(cfg_of("layout=ec", "ec.data=2", "ec.parity=1"), tmp_path / "src", "two")
     with pytest.raises(FasterFSError, match="no such dataset or file"):
         fasterfs.connect(overrides=overrides, dataset="two")
-    put(cfg_of(), write(tmp_path / "src", b"replaced"), "one", force=True)
-    assert Namespace(cfg_of()).cat("one") == b"replaced"
+    out = subprocess.run(cli + ["put", "--force", str(write(tmp_path / "src", b"replaced")), "one"] + overrides,
+                         capture_output=True, text=True, timeout=120)  # the CLI's put, replacing
+    assert out.returncode == 0 and Namespace(cfg_of()).cat("one") == b"replaced", out.stdout + out.stderr
     # rm: a reader holding it keeps reading (keep_old_s); a new one is told it is gone
     holder = fasterfs.connect(overrides=overrides, dataset="research/r.bin")
     remove(cfg_of(), "research/r.bin")
@@ -131,8 +131,12 @@ def test_put_ls_cat_rm_and_two_datasets(ingest_as, cfg_of, overrides, tmp_path, 
         fasterfs.connect(overrides=overrides, dataset="research/r.bin")
     with pytest.raises(FasterFSError, match="no such dataset or file"):
         remove(cfg_of(), "research/r.bin")
-    for name in ("SYNTH_SMALL", "research/empty.bin", "one"):
-        remove(cfg_of(), name)
+    out = subprocess.run(cli + ["rm", "SYNTH_SMALL", "research/empty.bin", "one"] + overrides,
+                         capture_output=True, text=True, timeout=120)  # the CLI's rm, of several
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not {"SYNTH_SMALL", "one"} & {e.path for e in Namespace(cfg_of()).listdir("")}
+    with pytest.raises(FasterFSError, match="no such dataset or file"):
+        fasterfs.connect(overrides=overrides, dataset="research/empty.bin")
 
 
 def _bytes_read() -> int:
@@ -167,6 +171,28 @@ def test_small_random_reads_of_a_cold_chunk_fetch_ranges_the_kernel_counts(cfg_o
         f.close()
     finally:
         remove(cfg, "random/r.bin")
+
+
+def test_read_ahead_loads_the_next_chunks_the_kernel_counts(cfg_of, live_cluster, tmp_path):
+    """A sequential read of a file's first chunk loads the next namespace.read_ahead_chunks
+    chunks too, one GET each as the kernel counts them, and none further."""
+    data = os.urandom(5 * 2**20)
+    cfg = cfg_of("files.chunk_mb=1", "namespace.read_ahead_chunks=2", "namespace.shed_read_ahead_above=100")
+    m = put(cfg, write(tmp_path / "src", data), "ahead/r.bin")
+    ns = Namespace(cfg)
+    try:
+        actors = cluster.storage_nodes(live_cluster)
+
+        def gets() -> list[int]:  # each chunk's GETs, as its holder's kernel counted them
+            return [ray.get(actors[c.nodes[0]].kernel_key_count.remote(f"/{m.bucket}/{c.key}")) for c in m.chunks]
+        assert gets() == [0] * 5
+        f = ns.open("ahead/r.bin")
+        assert f.read(0, 65536) == data[:65536]
+        wait_until(lambda: gets() == [1, 1, 1, 0, 0], what="chunks 1 and 2 loaded ahead, and only they")
+        f.close()
+    finally:
+        ns.close()
+        remove(cfg, "ahead/r.bin")
 
 
 def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_path, live_cluster):
@@ -219,6 +245,9 @@ def test_mount_reads_counts_caches_and_refuses_writes(ingest_as, mounted, live_c
     client = client_for()
     d = point / m.name
     assert sorted(os.listdir(d)) == sorted(["chunks", f"{m.name}.csv"])
+    dev = os.stat(point).st_dev  # the kernel's read-ahead window on the mount, as its sysfs knob says
+    bdi = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    assert int(bdi.read_text()) == cfg_of().mount.read_ahead_kb
     assert os.stat(d / f"{m.name}.csv").st_size == m.total_bytes
     i = 7
     path = d / "chunks" / f"chunk-{i:05d}.csv"
@@ -270,6 +299,26 @@ def test_mount_daemon_killed_is_replaced(ingest_as, mounted, live_cluster):
     assert (point / m.name / "chunks" / "chunk-00000.csv").read_bytes() == stored
 
 
+def test_storage_node_killed_takes_its_mount_over_again(ingest_as, mounted, live_cluster):
+    """A StorageNode SIGKILLed while it serves a mount: its next incarnation takes the mount
+    over (the record it keeps beside its data) and reads through it give the source's bytes."""
+    point, actor = mounted
+    m = ingest_as("csv", reuse=True)
+    before = ray.get(actor.status.remote())
+    assert before["mounts"] and before["mounts"][0]["alive"]
+    os.kill(before["actor_pid"], signal.SIGKILL)
+
+    def back():
+        try:
+            now = ray.get(actor.status.remote(), timeout=5)
+        except Exception:
+            return False  # still restarting
+        return now["actor_pid"] != before["actor_pid"] and bool(now["mounts"]) and now["mounts"][0]["alive"]
+    wait_until(back, timeout=90, what="the StorageNode back, serving its mount")
+    c = m.chunk(1)
+    assert (point / m.name / "chunks" / "chunk-00001.csv").read_bytes() == source_csv(c.first_row, c.rows)
+
+
 def test_mounts_beside_another_clusters_token_listed_by_status_and_dashboard(
         mounted, live_cluster, overrides, cfg_of, tmp_path, another_clusters_token_at_the_default_root):
     """The default root holds another cluster's token (as after `make run`): this cluster's FUSE
@@ -310,14 +359,17 @@ def test_bad_mount_points_named(live_cluster, cluster_root, mounted):
     assert (full / "keep.txt").read_text() == "mine"
 
 
-def test_ray_data_reads_on_the_holders(ingest_as, live_cluster, overrides, client_for):
+def test_ray_data_reads_on_the_holders(ingest_as, live_cluster, overrides):
     m = ingest_as("csv", reuse=True)
     ds = fasterfs.data.read(m.name, overrides=overrides, with_node=True)
     df = ds.to_pandas()
-    assert len(df) == m.rows
-    assert (df["_read_on"] == df["_holder"]).all()  # every row read on the node holding its chunk
-    client = client_for()
-    expected = sum(int(client.read_table(i)["Size"].sum()) for i in range(len(m)))
-    assert int(df["Size"].sum()) == expected
+    rows = source_rows([])  # the csv module's parse of the source files
+    size = lobster.columns(m.level).index("Size")
+    assert len(df) == len(rows) and int(df["Size"].sum()) == sum(r[size] for r in rows)
+    # rows read on each node (Ray's node id in the task, as its runtime context says) against the
+    # rows of the chunks that node's MinIO lists
+    by_key = {c.key: c.rows for c in m.chunks}
+    for node, held in minio_holdings(live_cluster, m).items():
+        assert int((df["_read_on"] == node).sum()) == sum(by_key[o["Key"]] for o in held), node
     with pytest.raises(FasterFSError, match="no such dataset"):
         fasterfs.data.read("NOPE", overrides=overrides)
