@@ -27,10 +27,12 @@ def test_crossover_pnl_equals_a_plain_loop():
     assert job.crossover_pnl(frame.head(10), 5, 20) == 0.0  # too short for the slow average
 
 
-@pytest.mark.parametrize("fmt", ["csv", "arrow"])
-def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, fmt):
+@pytest.mark.parametrize("fmt, submitted", [("csv", True), ("arrow", False)])
+def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_cluster, fmt, submitted):
+    """Submitted with `ray job submit` from a shell without the venv, or its main in this process."""
     manifest = ingest_as(fmt, reuse=True)
-    result = submit_job(live_cluster, "backtest", overrides + SMALL)  # from a shell without the venv
+    run = (lambda args: submit_job(live_cluster, "backtest", args)) if submitted else load_job("backtest").main
+    result = run(overrides + SMALL)
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
     # the P&L each mode's tasks computed on their nodes, against a plain loop over the source
     # files' rows of each window (the csv module's parse: no FasterFS read, no job code)

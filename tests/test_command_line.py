@@ -1,8 +1,8 @@
-"""The way users drive FasterFS, from a shell without the virtualenv: Hydra's conventions on
-every job and the CLI (--help, --cfg job, a bad override as one line with exit code 2 before
-anything runs, --multirun sweeps with an output directory per run and a summary), and what
-Ray's own dashboard shows. (`ray job submit` of every job is exercised by the jobs' own tests,
-through conftest.submit_job; JupyterLab by test_notebook.)"""
+"""The way users drive a running cluster, from a shell without the virtualenv: --multirun sweeps
+with an output directory per run and a summary, `ray job submit` from a new shell, bad input on a
+live cluster, and what Ray's own dashboard shows. (Without a cluster: test_command_line_offline;
+`ray job submit` of every job: the jobs' own tests, through conftest.submit_job; JupyterLab:
+test_notebook.)"""
 from __future__ import annotations
 
 import json
@@ -10,79 +10,11 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from commands import PYTHON, one_line_error, run
 from conftest import CLEAN_ENV, tasks_ray_recorded
 
 from fasterfs.config import PROJECT_DIR
-
-PYTHON = str(PROJECT_DIR / ".venv/bin/python")
-JOBS = sorted(p.stem for p in (PROJECT_DIR / "jobs").glob("*.py"))
-
-
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(args, env=CLEAN_ENV, cwd="/", capture_output=True, text=True, timeout=timeout)
-
-
-def run_all(*commands: list[str]) -> list[subprocess.CompletedProcess]:
-    """Each command as `run` does, side by side (each spends most of a second importing)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(lambda c: run(*c), commands))
-
-
-def run_in_roots(tmp_path: Path, commands: list[list[str]]) -> list[tuple[Path, subprocess.CompletedProcess]]:
-    """Each command with an empty cluster.root of its own (what it leaves there is checked), side by side."""
-    where = [tmp_path / str(i) for i in range(len(commands))]
-    for root in where:
-        root.mkdir()
-    return list(zip(where, run_all(*([*c, f"cluster.root={root}"] for c, root in zip(commands, where)))))
-
-
-def test_help_and_cfg_job(tmp_path):
-    """Every job's --help (what it does, what can be overridden) and --cfg job (runs nothing)."""
-    scripts = [str(PROJECT_DIR / "jobs" / f"{job}.py") for job in JOBS]
-    helps = run_all(*([PYTHON, script, "--help"] for script in scripts))
-    cfgs = run_in_roots(tmp_path, [[PYTHON, script, "--cfg", "job", "nodes=3"] for script in scripts])
-    for job, script, out, (root, cfg_out) in zip(JOBS, scripts, helps, cfgs):
-        first_doc_line = Path(script).read_text().split('"""')[1].strip().splitlines()[0]
-        assert out.returncode == 0, (job, out.stderr)
-        assert first_doc_line in out.stdout, job                 # what the job does
-        assert "== Config ==" in out.stdout and "\nnodes: 2" in out.stdout, job  # what can be overridden
-        assert cfg_out.returncode == 0, (job, cfg_out.stderr)
-        cfg = yaml.safe_load(cfg_out.stdout)
-        assert cfg["nodes"] == 3 and cfg["cluster"]["root"] == str(root), job
-        assert list(root.iterdir()) == [], job  # printing the configuration runs nothing
-
-
-BAD_OVERRIDES = [
-    (["nodez=2"], "nodez"),                      # no such key
-    (["nodes=abc"], "nodes"),                    # a bad value
-    (["nodes=1,2"], "nodes=1,2"),                # a sweep without -m
-    (["size=[1"], "size=\\[1"),                   # not Hydra's override grammar
-    (["-m", "nodes=1,abc"], "nodes"),            # the second run of a sweep is bad: nothing runs
-    (["-m", "size=1MB,2MB", "kernel.mode=imaginary"], "kernel.mode"),
-]
-
-
-def test_bad_override_is_one_line_and_exit_2(tmp_path):
-    ran = run_in_roots(tmp_path, [[PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), *args] for args, _ in BAD_OVERRIDES])
-    for (args, culprit), (root, out) in zip(BAD_OVERRIDES, ran):
-        assert out.returncode == 2, (args, out.stdout, out.stderr)
-        lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and re.search(culprit, lines[0]) and lines[0].startswith("graysort: error:"), \
-            (args, out.stderr)
-        assert list(root.iterdir()) == [], args  # no output directory, nothing started
-
-
-def test_cli_bad_override_and_cfg(tmp_path):
-    fasterfs = str(PROJECT_DIR / ".venv/bin/fasterfs")
-    out = run(fasterfs, "status", "nodez=2", f"cluster.root={tmp_path}")
-    _one_line_error(out, 2, "nodez")
-    out = run(fasterfs, "up", "--cfg", "job", "nodes=4", f"cluster.root={tmp_path}")
-    assert out.returncode == 0 and yaml.safe_load(out.stdout)["nodes"] == 4
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_cluster, overrides):
@@ -178,67 +110,6 @@ def test_fasterfs_env_lets_a_new_shell_submit_a_job(live_cluster, overrides):
     assert f"export RAY_AUTH_TOKEN_PATH={auth.token_file(root)}" in env.splitlines()
 
 
-def test_every_subcommand_names_its_arguments_and_gives_an_example(capsys):
-    """`fasterfs NAME --help` of every command, as the CLI's main() prints it in this process (29
-    commands, half a second of imports each as processes); then the installed command itself."""
-    from fasterfs.cli import COMMANDS, main
-
-    for name, command in COMMANDS.items():
-        with pytest.raises(SystemExit) as exited:
-            main([*name.split(), "--help"])
-        out = capsys.readouterr().out
-        assert exited.value.code == 0, name
-        usage = " ".join(out.split("\n\n")[0].split())  # argparse's usage, unwrapped
-        for _, spec in command.args:
-            assert spec["metavar"] in usage and spec["help"] in " ".join(out.split()), (name, out)
-        assert f"example:\n  fasterfs {name}" in out or "example:\n  eval" in out, (name, out)
-    usage = run(str(PROJECT_DIR / ".venv/bin/fasterfs"), "put", "--help")
-    assert usage.returncode == 0 and "LOCAL [LOCAL ...] DEST" in " ".join(usage.stdout.split()), usage.stderr
-
-
-BAD_ARGUMENTS = [
-    (["cache", "warm", "3-1"], "argument CHUNKS: '3-1'"),
-    (["cache", "warm", "x"], "argument CHUNKS: 'x'"),
-    (["lab", "power-on", "one"], "argument NODE"),
-    (["mount"], "MOUNTPOINT"),
-    (["put", "only-one"], "DEST"),
-    (["cat", "a", "b"], "unrecognized arguments: b"),
-]
-
-
-def test_bad_arguments_are_one_line_naming_them_exit_2(tmp_path):
-    ran = run_in_roots(tmp_path, [[str(PROJECT_DIR / ".venv/bin/fasterfs"), *args] for args, _ in BAD_ARGUMENTS])
-    for (args, culprit), (root, out) in zip(BAD_ARGUMENTS, ran):
-        _one_line_error(out, 2, culprit, args)
-        assert list(root.iterdir()) == [], args
-
-
-NO_CLUSTER = "no FasterFS cluster is running under"
-
-
-def _one_line_error(out: subprocess.CompletedProcess, code: int, culprit: str, case: object = None) -> None:
-    assert out.returncode == code, (case, out.stdout, out.stderr)
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and culprit in lines[0] and lines[0].startswith("fasterfs"), (case, out.stderr)
-    assert "Traceback" not in out.stdout + out.stderr, case
-
-
-WITHOUT_A_CLUSTER = [
-    (["status"], 1, NO_CLUSTER), (["ingest"], 1, NO_CLUSTER), (["down"], 1, NO_CLUSTER),
-    (["rm"], 2, "NAME"), (["rm", "team/x"], 1, NO_CLUSTER), (["cat", "team/x"], 1, NO_CLUSTER),
-    (["ls"], 1, NO_CLUSTER), (["umount", "/mnt"], 1, NO_CLUSTER), (["lab", "exec", "7", "ls"], 1, NO_CLUSTER),
-    (["lab", "down"], 1, "no FasterFS lab is running"),
-    (["put", "/nonexistent", "team/x"], 1, "cannot read /nonexistent"),
-]
-
-
-def test_bad_input_without_a_cluster_is_one_line_naming_it(tmp_path):
-    ran = run_in_roots(tmp_path, [[str(PROJECT_DIR / ".venv/bin/fasterfs"), *args] for args, _, _ in WITHOUT_A_CLUSTER])
-    for (args, code, culprit), (root, out) in zip(WITHOUT_A_CLUSTER, ran):
-        _one_line_error(out, code, culprit, args)
-        assert list(root.iterdir()) == [], args  # nothing made
-
-
 def test_bad_input_on_a_live_cluster_is_one_line_naming_it(live_cluster, overrides):
     """Each names what is wrong, exit 1, and the namespace (as the Registry lists it) is unchanged."""
     from fasterfs import cluster, registry
@@ -251,16 +122,7 @@ def test_bad_input_on_a_live_cluster_is_one_line_naming_it(live_cluster, overrid
                           (["umount", "/tmp"], "/tmp is not a FasterFS mount"),
                           (["put", "/nonexistent", "team/x"], "cannot read /nonexistent"),
                           (["lab", "exec", "0", "ls"], "node 0 is not a running lab host")):
-        _one_line_error(run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, *overrides), 1, culprit)
+        one_line_error(run(str(PROJECT_DIR / ".venv/bin/fasterfs"), *args, *overrides), 1, culprit)
     assert registry.fetch_manifests(live_cluster.name) == before  # the same namespace version and manifests
 
 
-def test_paths_are_never_taken_for_overrides():
-    from fasterfs.cli import split_overrides
-
-    words, overrides = split_overrides(["put", "a=b.csv", "dir/nodes=1.csv", "nodes=3", "data=synthetic",
-                                        "research/", "--", "cluster.root=x"])
-    assert overrides == ["nodes=3", "data=synthetic"]
-    assert words == ["put", "a=b.csv", "dir/nodes=1.csv", "research/", "--", "cluster.root=x"]
-    # a command without arguments hands Hydra every KEY=VALUE word: it names an unknown key
-    assert split_overrides(["status", "nodez=2"]) == (["status"], ["nodez=2"])

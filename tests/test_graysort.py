@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-from conftest import minio_listing, submit_job, tasks_ray_recorded
+from conftest import load_job, minio_listing, tasks_ray_recorded
 
 from fasterfs import config, credentials, graysort, records, s3
 from fasterfs.config import Paths
@@ -83,7 +83,8 @@ def test_the_output_is_the_input_sorted_as_python_sorts_it(live_cluster, overrid
 
 
 def test_job_reports_phases_baseline_and_reference(live_cluster, overrides):
-    result = submit_job(live_cluster, "graysort", overrides + ["size=3MB", "graysort.reference_mb=1"])
+    """The job's main in this process (its `ray job submit` from a new shell: test_command_line)."""
+    result = load_job("graysort").main(overrides + ["size=3MB", "graysort.reference_mb=1"])
     out = sorted(Path(live_cluster.root, "outputs").glob("graysort-*"))[-1]
     assert (out / "graysort.png").stat().st_size > 0
     assert result["baseline"]["validation"]["records"] == result["records"] == 30_000
