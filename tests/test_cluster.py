@@ -21,6 +21,7 @@ from conftest import (
     run_job,
     source_lines,
     source_rows,
+    source_xxh3,
     submit_job,
     tasks_ray_recorded,
     wait_until,
@@ -166,7 +167,7 @@ def test_killed_minio_is_restarted_and_reads_resume(ingest_as, live_cluster, cli
     assert after["minio_restarts"] == before["minio_restarts"] + 1
     client = client_for()
     for c in manifest.on_node(1):
-        assert xxh3(client.read_chunk(c.id)) == c.xxh3
+        assert xxh3(client.read_chunk(c.id)) == source_xxh3(c)
 
 
 def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_for):
@@ -188,7 +189,7 @@ def test_killed_storage_node_actor_is_restarted(ingest_as, live_cluster, client_
     wait_until(lambda: not running(before["minio_pid"]), timeout=5, what="old MinIO to exit")
     client = client_for()
     for c in manifest.on_node(0):
-        assert xxh3(client.read_chunk(c.id)) == c.xxh3
+        assert xxh3(client.read_chunk(c.id)) == source_xxh3(c)
     # the new incarnation replaced its predecessor's kernel attachments instead of adding to them
     import subprocess
 
@@ -211,7 +212,7 @@ def test_replicas_survive_one_minio_down(ingest_as, live_cluster, client_for):
         owned_by_0 = [c for c in manifest.chunks if c.nodes[0] == 0]
         assert owned_by_0
         for c in owned_by_0:
-            assert xxh3(client.read_chunk(c.id)) == c.xxh3
+            assert xxh3(client.read_chunk(c.id)) == source_xxh3(c)
     finally:
         ray.get(actors[0].release_minio.remote())
     assert statuses(live_cluster)[0]["healthy"]
@@ -249,7 +250,7 @@ def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as
     assert current.generation == old.generation
     body = s3.client(live_cluster.node(old.chunks[0].nodes[0]).endpoint, creds).get_object(
         Bucket=old.bucket, Key=old.chunks[0].key)["Body"].read()
-    assert xxh3(body) == old.chunks[0].xxh3
+    assert xxh3(body) == source_xxh3(old.chunks[0])
 
 
 def _listed(state, prefix: str) -> dict[int, set[str]]:
@@ -317,7 +318,7 @@ def test_registry_restarts_knowing_the_cluster(ingest_as, live_cluster, client_f
     ray.kill(registry.handle(live_cluster.name), no_restart=False)
     client = client_for()  # state, keys and manifest from the restarted Registry
     assert client.manifest.generation == manifest.generation
-    assert xxh3(client.read_chunk(0)) == manifest.chunk(0).xxh3
+    assert xxh3(client.read_chunk(0)) == source_xxh3(manifest.chunk(0))
 
 
 def test_a_cluster_without_registry_is_a_clear_error(live_cluster):
@@ -338,8 +339,9 @@ def test_new_manifest_reaches_every_storage_node(ingest_as, live_cluster):
 
 
 @ray.remote(num_cpus=0)
-def _loop_reads(root: str, rounds: int) -> tuple[str, list[int], int]:
-    """A reader that holds its manifest: reads the whole dataset `rounds` times."""
+def _loop_reads(root: str, rounds: int, expected: list[int]) -> tuple[str, list[int], int]:
+    """A reader that holds its manifest: reads the whole dataset `rounds` times, each chunk
+    checked against `expected` (the xxh3 of its source rows)."""
     import fasterfs
 
     client = fasterfs.connect(root)
@@ -347,7 +349,7 @@ def _loop_reads(root: str, rounds: int) -> tuple[str, list[int], int]:
     for _ in range(rounds):
         for i in range(len(client)):
             try:
-                seen.append(xxh3(client.read_chunk(i)) == client.manifest.chunk(i).xxh3)
+                seen.append(xxh3(client.read_chunk(i)) == expected[i])
             except Exception:
                 failures += 1
     return client.manifest.generation, [sum(seen), len(seen)], failures
@@ -359,7 +361,9 @@ def test_readers_keep_their_generation_through_reingest(ingest_as, live_cluster,
     import fasterfs
 
     first = ingest_as("csv", reuse=True)
-    readers = [_loop_reads.options(**cluster.on_node(n)).remote(str(cluster_root), 3) for n in live_cluster.nodes]
+    expected = [source_xxh3(c) for c in first.chunks]  # every generation holds the same source rows
+    readers = [_loop_reads.options(**cluster.on_node(n)).remote(str(cluster_root), 3, expected)
+               for n in live_cluster.nodes]
     second = ingest_as("csv")
     for generation, (right, reads), failures in ray.get(readers):
         assert failures == 0 and right == reads and reads == 3 * len(first)
@@ -368,7 +372,7 @@ def test_readers_keep_their_generation_through_reingest(ingest_as, live_cluster,
     # an old reader still reads its generation, whole and unmixed
     old = fasterfs.connect(cluster_root)
     third = ingest_as("csv")
-    assert [xxh3(old.read_chunk(i)) for i in range(len(old))] == [c.xxh3 for c in second.chunks]
+    assert [xxh3(old.read_chunk(i)) for i in range(len(old))] == expected
     # once a replaced generation's grace is over, the next ingest deletes it: a clear error, not a mix
     ingest(config.load(overrides + data_overrides() + ["ingest.keep_old_s=0"]))
     with pytest.raises(FasterFSError, match=f"generation {second.generation} is gone .* connect\\(\\) again"):
