@@ -443,7 +443,6 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
         (src := Path(state.root) / "blob.bin").write_bytes(blob)
         put(config.load(own), src, "sim/blob.bin")
         client = fasterfs.connect(state.root, own, dataset="sim/blob.bin")
-        cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
         assert [client.read_chunk(0) for _ in range(2)] == [blob] * 2
         wait_until(lambda: any(f.stat().st_size >= len(blob) for f in cache_dir.glob("**/*") if f.is_file()),
                    timeout=30, what="the simulated kernel's HOT to fill the cache")

@@ -1,7 +1,6 @@
 """Demo B and the cross-host job on the live 2-node cluster (small volume), each
 submitted with `ray job submit` from a shell without the virtualenv, as a user would."""
-from conftest import data_overrides, source_csv, submit_job, tasks_ray_recorded
-from xxhash import xxh3_64_intdigest as xxh3
+from conftest import data_overrides, source_xxh3, submit_job, tasks_ray_recorded
 
 
 def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_cluster):
@@ -30,7 +29,7 @@ def test_cross_host_job_on_one_machine(ingest_as, overrides, live_cluster):
     manifest = ingest_as("csv", reuse=True)
     result = submit_job(live_cluster, "cross_host", overrides + ["cross_host.chunks=4"])
     # what every pass read, against the source rows of each chunk (gzip's read of LOBSTER's files)
-    source = [xxh3(source_csv(manifest.chunk(i).first_row, manifest.chunk(i).rows)) for i in result["ids"]]
+    source = [source_xxh3(manifest.chunk(i)) for i in result["ids"]]
     assert len(source) == 4 and result["xxh3"] == {"cold": source, "warm": source, "hot": source}
     assert sum(result["filled_on"].values()) == 4  # the kernel made every one hot and a node cached it
     assert result["p50_ms"]["hot"] < result["p50_ms"]["cold"]

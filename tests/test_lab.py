@@ -18,13 +18,12 @@ from conftest import (
     load_job,
     minio_holdings,
     mounts_under,
-    source_csv,
     source_pnls,
+    source_xxh3,
     try_driver,
     wait_until,
 )
 from lab_hosts import PROJECT, SUBNET, chunk_xxh3, in_ns, on_host, put_blob, read_ids
-from xxhash import xxh3_64_intdigest as xxh3
 
 from fasterfs import auth, cluster, config, identity, lab, registry, s3
 from fasterfs.cgroup import cgroup2_mount
@@ -195,7 +194,7 @@ def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(tl
         # what every run read, undisturbed, in each round and after the host came back, against the
         # source files (gzip's bytes of each chunk's rows; the P&L by a plain loop over the csv module's rows)
         m = registry.fetch_manifest(state.name, result["dataset"])
-        sums = {c.id: xxh3(source_csv(c.first_row, c.rows)) for c in m.chunks}
+        sums = {c.id: source_xxh3(c) for c in m.chunks}
         pnls = [expected for _, expected in source_pnls(result["windows"], result["params"])]
         for run in [result["reference"], *result["rounds"], result["back"]]:
             assert run["sums"] == sums
