@@ -348,51 +348,59 @@ class Harness:
                 for pid, _, reader in runs:
                     if pid not in self.killed_readers:
                         reader.stop.remote()
-            totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "readers_lost": 0,
-                      "read_overwritten": 0, "no_good_copy": 0}
-            no_good_copy_hosts: dict[str, int] = {}
-            errors = []
-            all_reads, all_failures, verdicts = [], [], []
-            for index, runs in self.readers.items():
-                for pid, ref, _ in runs:
-                    try:
-                        r = ray.get(ref, timeout=self.duration + 120)
-                    except ray.exceptions.RayActorError as e:
-                        if pid in self.killed_readers:  # its reads died with it: not a failed read
-                            totals["readers_killed"] += 1
-                        else:  # a reader that died of something else (a bug): its reads are missing
-                            totals["readers_lost"] += 1
-                            errors.append(f"lost: reader pid {pid} on node {index} died unkilled: "
-                                          f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                        continue
-                    totals["failed"] += r["failed"]
-                    errors += r["errors"]
-                    all_reads += r["reads"]
-                    all_failures += r["failures"]
-                    for _, _, holders in r["no_good_copy"]:
-                        totals["no_good_copy"] += 1
-                        hosts = ",".join(map(str, holders))
-                        no_good_copy_hosts[hosts] = no_good_copy_hosts.get(hosts, 0) + 1
-                    for key, got, start, end in r["reads"]:
-                        totals["reads"] += 1
-                        totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
-                        verdict = self.history.check(key, got, start, end)
-                        verdicts.append(verdict)
-                        if verdict:
-                            totals[verdict.split(":")[0]] += 1
-                            errors.append(verdict)
+            collected = self.collect()
         finally:
             self._stop.set()
             watcher.join(5)
             self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
         ran_s = time.monotonic() - (self.deadline - self.duration)
-        return {"seed": self.cfg.faults.seed, "duration_s": ran_s, "rounds": rounds, **totals, **self.counts,
-                "by_kind": self.by_kind(all_reads, all_failures, verdicts), "no_good_copy_holders": no_good_copy_hosts,
+        errors = collected.pop("errors")
+        return {"seed": self.cfg.faults.seed, "duration_s": ran_s, "rounds": rounds, **collected, **self.counts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
                 "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
                 "errors": (self.not_back + errors)[:20], "log": log}
+
+    def collect(self) -> dict:
+        """Every reader's reads, checked against the write history; each reader that died
+        reconciled with the kills this harness made: one it did not kill is lost (a bug), and
+        fails the run."""
+        totals = {"reads": 0, "wrong": 0, "stale": 0, "failed": 0, "readers_killed": 0, "readers_lost": 0,
+                  "read_overwritten": 0, "no_good_copy": 0}
+        no_good_copy_hosts: dict[str, int] = {}
+        errors = []
+        all_reads, all_failures, verdicts = [], [], []
+        for index, runs in self.readers.items():
+            for pid, ref, _ in runs:
+                try:
+                    r = ray.get(ref, timeout=self.duration + 120)
+                except ray.exceptions.RayActorError as e:
+                    if pid in self.killed_readers:  # its reads died with it: not a failed read
+                        totals["readers_killed"] += 1
+                    else:  # a reader that died of something else (a bug): its reads are missing
+                        totals["readers_lost"] += 1
+                        errors.append(f"lost: reader pid {pid} on node {index} died unkilled: "
+                                      f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    continue
+                totals["failed"] += r["failed"]
+                errors += r["errors"]
+                all_reads += r["reads"]
+                all_failures += r["failures"]
+                for _, _, holders in r["no_good_copy"]:
+                    totals["no_good_copy"] += 1
+                    hosts = ",".join(map(str, holders))
+                    no_good_copy_hosts[hosts] = no_good_copy_hosts.get(hosts, 0) + 1
+                for key, got, start, end in r["reads"]:
+                    totals["reads"] += 1
+                    totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
+                    verdict = self.history.check(key, got, start, end)
+                    verdicts.append(verdict)
+                    if verdict:
+                        totals[verdict.split(":")[0]] += 1
+                        errors.append(verdict)
+        return {**totals, "by_kind": self.by_kind(all_reads, all_failures, verdicts),
+                "no_good_copy_holders": no_good_copy_hosts, "errors": errors}
 
 
 class WriteHistory:
@@ -461,6 +469,15 @@ def _wait_back(actor, timeout: float = 90) -> dict:
     raise FasterFSError(f"a killed StorageNode did not come back within {timeout:.0f} s")
 
 
+def passed(result: dict) -> bool:
+    """No read wrong, stale or failed, no reader lost, no cache past its capacity, every killed
+    StorageNode back and every fault's chunks back to full redundancy."""
+    return (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
+            and result["readers_lost"] == 0 and result["polls_over_capacity"] == 0
+            and result["not_back"] == 0
+            and not any(k["not_back_to_full"] for n, k in result["by_kind"].items() if n != "healthy_p99_ms"))
+
+
 def main(argv: list[str]) -> dict:
     cfg = config.load(argv)
     f = cfg.faults
@@ -470,11 +487,7 @@ def main(argv: list[str]) -> dict:
     if f.rounds is not None and (not isinstance(f.rounds, int) or f.rounds < 1):
         raise FasterFSError(f"option faults.rounds={f.rounds!r}: a whole number >= 1, or null (run for duration_s)")
     result = Harness(cfg, argv).run()
-    result["passed"] = (result["wrong"] == 0 and result["stale"] == 0 and result["failed"] == 0
-                        and result["readers_lost"] == 0 and result["polls_over_capacity"] == 0
-                        and result["not_back"] == 0
-                        and not any(k["not_back_to_full"] for n, k in result["by_kind"].items()
-                                    if n != "healthy_p99_ms"))
+    result["passed"] = passed(result)
     rounds = f"{result['rounds']} round{'s' if result['rounds'] != 1 else ''}"
     table = Table(title=f"fault harness: {result['duration_s']:.0f} s, {rounds} of faults, seed {result['seed']}")
     for col in ("reads checked", "of other bytes", "wrong", "stale", "failed", "no good copy", "writes",

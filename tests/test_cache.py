@@ -104,7 +104,9 @@ def test_erasure_coded_chunk_cached_whole(live_cluster, overrides, cluster_root,
         fills, hits = counter([owner], "filler", "hot_fills"), counter(actors, "readers", "hits")
         for _ in range(threshold):
             assert client.read_chunk(1) == blob[2**20:2 * 2**20]
-        wait_until(entry.exists, what="the fill of an erasure-coded chunk")
+        # the entry's file appears just before the filler counts its fill
+        wait_until(lambda: entry.exists() and counter([owner], "filler", "hot_fills") > fills,
+                   what="the fill of an erasure-coded chunk")
         assert ray.get(owner.kernel_key_count.remote(shard)) == threshold
         assert counter([owner], "filler", "hot_fills") - fills == 1
         assert client.read_chunk(1) == blob[2**20:2 * 2**20]

@@ -1,11 +1,17 @@
-"""The fault harness's judge of reads: right, stale or wrong against the history of writes. (The
-harness itself runs on the lab: test_lab_faults.py.)"""
+"""The fault harness's judge of reads (right, stale or wrong against the history of writes) and
+its reconciliation of the readers it lost with the kills it made. (The harness itself runs on
+the lab: test_lab_faults.py.)"""
+import os
+import signal
+import time
+
 import pytest
-from conftest import load_job
+from conftest import load_job, wait_until
 
-pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+from fasterfs import config
 
 
+@pytest.mark.unit  # no root, no Ray, no MinIO
 def test_write_history_tells_right_stale_and_wrong_reads():
     history = load_job("faults").WriteHistory()
     history.versions["k"] = [(1, float("-inf"), 10.0)]
@@ -19,3 +25,29 @@ def test_write_history_tells_right_stale_and_wrong_reads():
     assert history.check("k", 2, 21.6, 21.7).startswith("stale")
     assert history.check("k", 3, 1, 2).startswith("wrong")
     assert history.check("missing", 1, 1, 2).startswith("wrong")
+
+
+def test_a_reader_dying_unkilled_is_lost_and_fails_the_run(live_cluster, overrides, ingest_as, monkeypatch):
+    """Three readers on node 0: one killed by the harness (kill_reader), one SIGKILLed from
+    outside it, as a crash would end it. The first is reconciled with its kill; the second is
+    lost, named by its pid, and the run does not pass; the replacement and the third reader's
+    reads are all checked and right."""
+    faults = load_job("faults")
+    argv = overrides + ["faults.readers_per_node=1"]
+    monkeypatch.setattr(faults, "ingest", lambda cfg: ingest_as("csv", reuse=True))  # the session's dataset
+    harness = faults.Harness(config.load(argv), argv)
+    node = live_cluster.nodes[0]
+    harness.start_readers([node] * 3, seconds=6)
+    harness.deadline = time.monotonic() + 6  # what act() gives a replacement reader
+    (crashed, _, _), _, (killed, _, _) = harness.readers[node.index]
+    harness.act("kill_reader", node)  # the last reader started: its pid recorded as the harness's kill
+    os.kill(crashed, signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{crashed}"), timeout=10, what="the crashed reader gone")
+    got = harness.collect()
+    assert (got["readers_killed"], got["readers_lost"]) == (1, 1), got["errors"]
+    lost = [e for e in got["errors"] if e.startswith("lost:")]
+    assert len(lost) == 1 and lost[0].startswith(f"lost: reader pid {crashed} on node {node.index} died unkilled")
+    assert got["reads"] > 0 and (got["wrong"], got["stale"], got["failed"]) == (0, 0, 0), got["errors"]
+    assert not faults.passed({**got, "polls_over_capacity": 0, "not_back": 0})
+    assert faults.passed({**got, "readers_lost": 0, "polls_over_capacity": 0, "not_back": 0})
+    assert harness.killed_readers == {killed}
