@@ -5,6 +5,8 @@ as `nodes=4 data.rows_per_chunk=500` means the same thing everywhere.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import ipaddress
 import os
 import re
@@ -34,13 +36,22 @@ if not OmegaConf.has_resolver("lobster_dir"):
 
 
 def load(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose conf/config.yaml with Hydra overrides and check the result."""
-    from hydra import compose, initialize_config_dir
+    """Compose conf/config.yaml with Hydra overrides and check the result: a copy of the one
+    composed before for the same overrides and FASTERFS_* environment (what conf/ reads of it),
+    as composing takes a tenth of a second of CPU and readers, tasks and commands load often."""
     from hydra.core.global_hydra import GlobalHydra
+
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTERFS_")))
+    return copy.deepcopy(_composed(tuple(overrides), env, GlobalHydra.instance().is_initialized()))
+
+
+@functools.lru_cache(maxsize=128)
+def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool) -> DictConfig:
+    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     try:
-        if GlobalHydra.instance().is_initialized():  # inside a job's @hydra.main: same conf/
+        if in_job:  # inside a job's @hydra.main: same conf/
             cfg = compose(config_name="config", overrides=list(overrides))
         else:
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -17,6 +17,20 @@ def test_defaults_and_overrides():
     assert config.load([]).data.rows_per_chunk == 1000
 
 
+def test_each_load_is_a_copy_composed_for_the_environment_of_the_moment(monkeypatch):
+    """load() hands out copies of what it composed before: a caller's change stays its own, and
+    FASTERFS_ROOT (read by conf/ through oc.env) is read again when it changes."""
+    first = config.load(["nodes=3"])
+    first.nodes = 7
+    first.cluster.root = "/elsewhere"
+    again = config.load(["nodes=3"])
+    assert again.nodes == 3 and again.cluster.root != "/elsewhere"
+    monkeypatch.setenv("FASTERFS_ROOT", "/var/tmp/ffs-other")
+    assert config.load(["nodes=3"]).cluster.root == "/var/tmp/ffs-other"
+    monkeypatch.delenv("FASTERFS_ROOT")
+    assert config.load(["nodes=3"]).cluster.root == again.cluster.root
+
+
 def test_synthetic_data_group():
     cfg = config.load(["data=synthetic", "data.rows=5000", "data.level=5"])
     assert cfg.data.source == "synthetic" and cfg.data.name == "SYNTH_L5_5000"
