@@ -15,6 +15,7 @@ from conftest import (
     assert_nothing_left,
     cluster_overrides,
     data_overrides,
+    load_job,
     minio_holdings,
     minio_listing,
     mounts_under,
@@ -22,7 +23,6 @@ from conftest import (
     source_lines,
     source_rows,
     source_xxh3,
-    submit_job,
     tasks_ray_recorded,
     wait_until,
 )
@@ -272,7 +272,7 @@ def test_readback_job_runs_tasks_on_their_nodes(ingest_as, live_cluster, overrid
     """Where each read task ran, as Ray recorded it, and what it read, against what each node's
     MinIO holds of the dataset by its own listing (not the job's verdicts)."""
     manifest = ingest_as("csv", reuse=True)
-    result = submit_job(live_cluster, "readback", overrides)  # `ray job submit` from a shell without the venv
+    result = load_job("readback").main(overrides)  # in this process: `ray job submit` is the other jobs' tests'
     holdings = minio_holdings(live_cluster, manifest)
     for n in live_cluster.nodes:
         held = holdings[n.index]

@@ -1,8 +1,8 @@
 """The way users drive a running cluster, from a shell without the virtualenv: --multirun sweeps
 with an output directory per run and a summary, `ray job submit` from a new shell, bad input on a
 live cluster, and what Ray's own dashboard shows. (Without a cluster: test_command_line_offline;
-`ray job submit` of every job: the jobs' own tests, through conftest.submit_job; JupyterLab:
-test_notebook.)"""
+`ray job submit` of the backtest, Demo B, cross-host and GraySort jobs: their own tests, through
+conftest.submit_job; JupyterLab: test_notebook.)"""
 from __future__ import annotations
 
 import json

@@ -6,12 +6,14 @@ leaves its bytes; fio verifies every block it reads through the mount by its own
 Expected bytes come from the local files and from MinIO read with boto3, never from FasterFS."""
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import subprocess
 import time
 
 import ray
-from conftest import wait_until
+from conftest import source_csv, wait_until
 
 from fasterfs import cluster, config, credentials, s3
 from fasterfs.config import Paths
@@ -139,6 +141,60 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
             os.close(fd)
     finally:
         remove(cfg, "native/part.bin")
+
+
+def resident_pages(path) -> tuple[int, int]:
+    """(pages of `path` in the kernel's page cache, pages it has), by mincore(2) on a mapping of
+    it: the kernel's own answer, asked without reading the file."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                             ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size, page = os.stat(path).st_size, os.sysconf("SC_PAGE_SIZE")
+    pages = (size + page - 1) // page
+    fd = os.open(path, os.O_RDONLY)  # an open: the kernel drops the file's pages unless told to keep them
+    try:
+        at = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert at not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vec = ctypes.create_string_buffer(pages)
+        try:
+            assert libc.mincore(at, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(at, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw), pages
+
+
+def test_a_file_cached_here_keeps_its_pages_across_opens_until_its_chunks_change(mounted, ingest_as, live_cluster):
+    """A dataset's whole-file view, every chunk in a cache of this host but not one backing file
+    (no passthrough): the first open after they were all cached does not keep the kernel's pages
+    (the copies are new); the next open of the same copies does (keep_cache), so a whole read
+    reaches no daemon and the kernel's page cache holds the file; once a chunk is gone from the
+    cache an open drops the pages again and reads reach the daemon."""
+    point, actor = mounted
+    m = ingest_as("csv", reuse=True)
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])
+    homes: dict[int, list[str]] = {}
+    for c in m.chunks:
+        homes.setdefault(c.nodes[0], []).append(c.key)
+    assert ray.get([actors[n].cache_warm.remote(keys) for n, keys in homes.items()]) == [len(k) for k in homes.values()]
+    f = point / m.name / f"{m.name}.csv"
+    expected = source_csv()  # gzip's read of the source files
+    assert f.read_bytes() == expected  # the first open of these copies: its pages are not kept
+    before = daemon_counts(actor, point, time.time())
+    resident, pages = resident_pages(f)  # an open of the same copies: the pages are kept (all but a few
+    assert resident >= 0.9 * pages, (resident, pages)  # this VM's DAMON pageout scheme may take meanwhile)
+    assert f.read_bytes() == expected
+    after = daemon_counts(actor, point, time.time())
+    assert (after["reads_forwarded"], after["reads_cached"]) == (before["reads_forwarded"], before["reads_cached"])
+    assert after["agent_opens"] > before["agent_opens"]  # opened by the agent each time, read from the kernel's pages
+    ray.get(actors[m.chunks[0].nodes[0]].cache_clear.remote())  # a chunk is no longer cached here
+    assert resident_pages(f)[0] == 0  # that open dropped the pages
+    assert f.read_bytes() == expected
+    assert daemon_counts(actor, point, time.time())["reads_forwarded"] > after["reads_forwarded"]
 
 
 def test_a_replaced_file_is_never_served_old_to_a_new_open(mounted, live_cluster, overrides, tmp_path):
