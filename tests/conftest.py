@@ -84,6 +84,11 @@ def minio_listing(state, prefix: str) -> dict[int, list[dict]]:
     return out
 
 
+def minio_keys(state, prefix: str) -> dict[int, set[str]]:
+    """Node index -> the keys under `prefix` in that node's MinIO, as MinIO lists them."""
+    return {n: {o["Key"] for o in objects} for n, objects in minio_listing(state, prefix).items()}
+
+
 def minio_holdings(state, manifest) -> dict[int, list[dict]]:
     """Node index -> the objects of `manifest`'s generation in that node's MinIO."""
     return minio_listing(state, f"{manifest.dataset}/{manifest.generation}/")

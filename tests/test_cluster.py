@@ -17,6 +17,7 @@ from conftest import (
     data_overrides,
     load_job,
     minio_holdings,
+    minio_keys,
     minio_listing,
     mounts_under,
     run_job,
@@ -238,23 +239,19 @@ def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as
     actor = cluster.storage_nodes(live_cluster)[1]
     creds = credentials.load(config.Paths(Path(live_cluster.root)).credentials_file).admin
     prefix = old.chunks[0].key.rsplit("/", 2)[0] + "/"  # <dataset>/ : every generation's objects
-    before = _listed(live_cluster, prefix)
+    before = minio_keys(live_cluster, prefix)
     ray.get(actor.hold_minio.remote())
     try:
         with pytest.raises(FasterFSError, match=r"on node 1 \(http://"):
             ingest(config.load(overrides + data_overrides()))
     finally:
         ray.get(actor.release_minio.remote())
-    assert _listed(live_cluster, prefix) == before  # nothing of the failed generation, nothing lost
+    assert minio_keys(live_cluster, prefix) == before  # nothing of the failed generation, nothing lost
     current = registry.fetch_manifest(live_cluster.name, old.name)
     assert current.generation == old.generation
     body = s3.client(live_cluster.node(old.chunks[0].nodes[0]).endpoint, creds).get_object(
         Bucket=old.bucket, Key=old.chunks[0].key)["Body"].read()
     assert xxh3(body) == source_xxh3(old.chunks[0])
-
-
-def _listed(state, prefix: str) -> dict[int, set[str]]:
-    return {n: {o["Key"] for o in objects} for n, objects in minio_listing(state, prefix).items()}
 
 
 def test_replicas_beyond_cluster_size_refused(live_cluster, overrides):

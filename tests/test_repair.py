@@ -8,18 +8,13 @@ import time
 
 import pytest
 import ray
-from conftest import minio_listing, wait_until
+from conftest import minio_keys, wait_until
 
 import fasterfs
 from fasterfs import cli, cluster, config, registry, repair, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import put
 from fasterfs.node_directory import actor_name
-
-
-def _objects(state, m) -> dict[int, set[str]]:
-    listed = minio_listing(state, m.chunks[0].key.rsplit("/", 1)[0])
-    return {n: {o["Key"] for o in objects} for n, objects in listed.items()}
 
 
 def _read_all(root, name) -> bytes:
@@ -50,7 +45,7 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     shown = capsys.readouterr()  # the report on stdout, the error line on stderr
     said = " ".join((shown.out + shown.err).split())  # rich wraps long lines
     assert "lost" in said and "repair/ec.bin: chunks 1" in said, said
-    after = _objects(state, m)
+    after = minio_keys(state, m.chunks[0].key.rsplit("/", 1)[0])
     assert p0[1][1] in after[p0[1][0]]  # back on its own node (it answers)
     assert not any(key in after[node] for node, key in p1)  # the lost chunk: nothing made up, nothing removed
     assert repair.survey(state, creds, 0.1).lost.get("repair/ec.bin") == [1]
