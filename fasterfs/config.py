@@ -185,6 +185,28 @@ def validate(cfg: DictConfig) -> None:
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, int) or not 1 <= v <= 65535:
             bad(opt, "must be a TCP port number")
+    _check_worker_ports(cfg, bad)
+
+
+def _check_worker_ports(cfg: DictConfig, bad) -> None:
+    """Ray refuses to start a node one of whose fixed ports lies among its workers' (and a head
+    that fails there has already opened its GCS port): named here, before anything starts."""
+    c = cfg.cluster
+    ports = list(c.worker_ports) if OmegaConf.is_list(c.worker_ports) else []
+    low, high = ports if len(ports) == 2 else (None, None)
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low < high <= 65535):
+        bad("cluster.worker_ports", "must be a list of two TCP port numbers, the first below the last")
+    fixed = {"cluster.ray_port": [c.ray_port], "cluster.dashboard_port": [c.dashboard_port],
+             "cluster.client_port": [c.client_port],
+             "cluster.agent_port": [c.agent_port, c.agent_port + 99],  # node i: + i; a head without storage: + 99
+             "cluster.node_ports": [c.node_ports, c.node_ports + 10 * 99 + 6]}  # node i: + 10 i + 0..6
+    for opt, (first, *rest) in fixed.items():
+        last = rest[0] if rest else first
+        if not isinstance(first, int) or not 1 <= first <= last <= 65535:
+            bad(opt, f"must be a TCP port number (its ports {first}..{last} too)")
+        if first <= high and low <= last:
+            bad(opt, f"{first if first == last else f'{first}..{last}'} overlaps cluster.worker_ports "
+                f"[{low}, {high}], where Ray puts its workers")
 
 
 def to_dict(cfg: DictConfig) -> dict:

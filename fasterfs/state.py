@@ -225,6 +225,11 @@ def join(ray_address: str, cluster_name: str, root: str | None = None):
         ray.shutdown()  # connected to another cluster (a test's, say): switch
     auth.prepare_driver(root)
     host, port = ray_address.rsplit(":", 1)
+    try:  # ray.init retries a GCS that is not there for many minutes
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise FasterFSError(f"cannot join the Ray cluster at {ray_address} from host {socket.gethostname()}: "
+                            f"nothing answers there ({e.strerror or type(e).__name__}); is it up?") from None
     from ray.job_config import JobConfig
 
     try:

@@ -128,6 +128,8 @@ WITHOUT_A_CLUSTER = [
     (["ls"], 1, NO_CLUSTER), (["umount", "/mnt"], 1, NO_CLUSTER), (["lab", "exec", "7", "ls"], 1, NO_CLUSTER),
     (["lab", "down"], 1, "no FasterFS lab is running"),
     (["put", "/nonexistent", "team/x"], 1, "cannot read /nonexistent"),
+    # Ray's own driver would retry for minutes where nothing listens
+    (["status", "cluster.ray_address=127.0.0.9:1"], 1, "cannot join the Ray cluster at 127.0.0.9:1"),
 ]
 
 
