@@ -75,7 +75,7 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
     from fasterfs.ingest import put
 
     root = Path(str(tmp_path_factory.mktemp("att"))[:60])
-    own = cluster_overrides(root, "127.0.3.2", 2, nodes=1)
+    own = cluster_overrides(root, "127.0.3.2", 2, nodes=1) + ["dashboard.enabled=false"]  # not what is tested
     cfg = config.load(own)
     outside = ProjectCgroup.create("attach-test-ray", root)  # stands in for the machines' own Ray
     ray_bin = str(Path(sys.executable).with_name("ray"))
