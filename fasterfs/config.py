@@ -188,6 +188,12 @@ def validate(cfg: DictConfig) -> None:
     _check_worker_ports(cfg, bad)
 
 
+# A head without storage (the lab's) takes node 99's ports: cluster.agent_port + 99 and
+# cluster.node_ports + 10 * 99 + 0..6 (fasterfs.ray_nodes).
+HEAD_SLOT = 99
+NODE_PORT_STRIDE = 10
+
+
 def _check_worker_ports(cfg: DictConfig, bad) -> None:
     """Ray refuses to start a node one of whose fixed ports lies among its workers' (and a head
     that fails there has already opened its GCS port): named here, before anything starts."""
@@ -198,8 +204,8 @@ def _check_worker_ports(cfg: DictConfig, bad) -> None:
         bad("cluster.worker_ports", "must be a list of two TCP port numbers, the first below the last")
     fixed = {"cluster.ray_port": [c.ray_port], "cluster.dashboard_port": [c.dashboard_port],
              "cluster.client_port": [c.client_port],
-             "cluster.agent_port": [c.agent_port, c.agent_port + 99],  # node i: + i; a head without storage: + 99
-             "cluster.node_ports": [c.node_ports, c.node_ports + 10 * 99 + 6]}  # node i: + 10 i + 0..6
+             "cluster.agent_port": [c.agent_port, c.agent_port + HEAD_SLOT],  # node i: + i
+             "cluster.node_ports": [c.node_ports, c.node_ports + NODE_PORT_STRIDE * HEAD_SLOT + 6]}  # + 10 i + 0..6
     for opt, (first, *rest) in fixed.items():
         last = rest[0] if rest else first
         if not isinstance(first, int) or not 1 <= first <= last <= 65535:

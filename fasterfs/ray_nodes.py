@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import auth, process
 from .cgroup import ProjectCgroup
-from .config import PROJECT_DIR, Layout, Paths, lobster_dir
+from .config import HEAD_SLOT, NODE_PORT_STRIDE, PROJECT_DIR, Layout, Paths, lobster_dir
 from .errors import FasterFSError
 from .fsutil import atomic_write
 from .minio_server import check_port_free, endpoint
@@ -83,7 +83,7 @@ def ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool
     args = [_ray_bin(), "start", "--block", "--disable-usage-stats", "--include-log-monitor=false",
             f"--node-ip-address={host.address}", f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}"]
     if index is None:
-        args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + 99}"]
+        args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + HEAD_SLOT}"]
     else:
         args += [f"--num-cpus={c.cpus_per_node}", f"--dashboard-agent-listen-port={c.agent_port + index}"]
     # every port a node listens on is fixed (README, "Addresses and ports"): nothing random
@@ -112,7 +112,7 @@ def ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool
 def node_ports(cfg, index: int | None) -> int:
     """The first of node `index`'s five fixed Ray ports, seven on the head (None: a head
     without storage)."""
-    return int(cfg.cluster.node_ports) + 10 * (99 if index is None else index)
+    return int(cfg.cluster.node_ports) + NODE_PORT_STRIDE * (HEAD_SLOT if index is None else index)
 
 
 def _head_env(cfg, env: dict, index: int | None) -> dict:
