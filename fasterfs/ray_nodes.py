@@ -17,11 +17,7 @@ from .config import HEAD_SLOT, NODE_PORT_STRIDE, PROJECT_DIR, Layout, Paths, lob
 from .errors import FasterFSError
 from .fsutil import atomic_write
 from .minio_server import check_port_free, endpoint
-from .state import ClusterState, Host, NodeState, connect_ray
-
-
-def _ray_bin() -> str:
-    return str(Path(sys.executable).with_name("ray"))
+from .state import RAY_START, ClusterState, Host, NodeState, connect_ray
 
 
 def ray_temp_dir(root: str | Path, index: int | None = None) -> str:
@@ -80,7 +76,7 @@ def ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool
     # No log monitor: it streams workers' output to drivers, and FasterFS's drivers take none
     # (state.join: log_to_driver=False); it listed the logs directory every 0.1 s, an idle node's
     # largest cost (1.7% of a core with a hundred worker logs). The logs stay in Ray's files.
-    args = [_ray_bin(), "start", "--block", "--disable-usage-stats", "--include-log-monitor=false",
+    args = [sys.executable, "-m", RAY_START, "start", "--block", "--disable-usage-stats", "--include-log-monitor=false",
             f"--node-ip-address={host.address}", f"--object-store-memory={int(c.object_store_mb) * 1024 * 1024}"]
     if index is None:
         args += ["--num-cpus=0", f"--dashboard-agent-listen-port={c.agent_port + HEAD_SLOT}"]

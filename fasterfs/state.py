@@ -148,14 +148,18 @@ class ClusterState:
             return False
 
 
+RAY_START = "fasterfs.ray_start"  # the module a cluster's `ray start` runs as (python -m)
+
+
 def is_ray_start(pid: int | None) -> bool:
+    """Whether `pid` is a `ray start`: FasterFS's (RAY_START) or Ray's own command."""
     if not pid:
         return False
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"start" in cmd and any(c.endswith(b"/ray") for c in cmd)
+    return b"start" in cmd and any(c.endswith(b"/ray") or c == RAY_START.encode() for c in cmd)
 
 
 # -- names ------------------------------------------------------------------------------
