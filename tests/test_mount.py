@@ -171,7 +171,7 @@ def test_a_file_cached_here_keeps_its_pages_across_opens_until_its_chunks_change
     """A dataset's whole-file view, every chunk in a cache of this host but not one backing file
     (no passthrough): the first open after they were all cached does not keep the kernel's pages
     (the copies are new); the next open of the same copies does (keep_cache), so a whole read
-    reaches no daemon and the kernel's page cache holds the file; once a chunk is gone from the
+    reaches the daemon only for pages the kernel has reclaimed since; once a chunk is gone from the
     cache an open drops the pages again and reads reach the daemon."""
     point, actor = mounted
     m = ingest_as("csv", reuse=True)
@@ -189,7 +189,9 @@ def test_a_file_cached_here_keeps_its_pages_across_opens_until_its_chunks_change
     assert resident >= 0.9 * pages, (resident, pages)  # this VM's DAMON pageout scheme may take meanwhile)
     assert f.read_bytes() == expected
     after = daemon_counts(actor, point, time.time())
-    assert (after["reads_forwarded"], after["reads_cached"]) == (before["reads_forwarded"], before["reads_cached"])
+    # the kernel's pages served the read: only a page it no longer held reaches the daemon, one READ at most
+    reached = sum(after[k] - before[k] for k in ("reads_forwarded", "reads_cached"))
+    assert reached <= pages - resident, (reached, pages - resident)
     assert after["agent_opens"] > before["agent_opens"]  # opened by the agent each time, read from the kernel's pages
     ray.get(actors[m.chunks[0].nodes[0]].cache_clear.remote())  # a chunk is no longer cached here
     assert resident_pages(f)[0] == 0  # that open dropped the pages
