@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import config
 from .errors import FasterFSError
 from .fsutil import atomic_write_json
-from .namespace import Entry
+from .namespace import Entry, Tree
 from .reader import Namespace, OpenFile
 from .state import leave
 
@@ -69,7 +69,8 @@ class Agent:
         self._lock = threading.Lock()        # _files
         self._send_lock = threading.Lock()   # whole messages on the socket
         self._pool = ThreadPoolExecutor(threads, "mount-agent")  # reads may wait on MinIO
-        self._sent_version = -1
+        self._sent = Tree({})                # the tree the daemon has: sent whole, in order, under _tree_lock
+        self._tree_lock = threading.Lock()
         self._refreshed = 0.0
         self.stopping = threading.Event()
         self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
@@ -84,27 +85,40 @@ class Agent:
                 self.sock.sendall(payload)
 
     def send_tree(self, force: bool = False) -> None:
-        tree = self.ns.refresh(force)
-        version = self.ns.version
-        if version == self._sent_version:
-            return
-        # a file's generation is its identity: a replaced file gets a new inode, so a handle open
-        # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
-        entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
-                    "gen": "" if e.is_dir else e.file_manifest.generation}
-                   for e in tree.all_entries() if e.path]
-        self._send({"op": "tree", "version": version, "entries": entries})
-        self._sent_version = version
+        """The namespace's tree to the daemon if it is not the one sent last. Serialized: the
+        watch and the answers both send, and a tree must go out with its own version number,
+        never an older tree under a newer number (whose hot declarations would then hold)."""
+        with self._tree_lock:
+            tree = self.ns.refresh(force)
+            if tree.version == self._sent.version:
+                return
+            # a file's generation is its identity: a replaced file gets a new inode, so a handle open
+            # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
+            entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
+                        "gen": "" if e.is_dir else e.file_manifest.generation}
+                       for e in tree.all_entries() if e.path]
+            self._send({"op": "tree", "version": tree.version, "entries": entries})
+            self._sent = tree
 
     def _hot(self, entry: Entry) -> dict | None:
         """What lets the daemon open `entry` by passthrough: a file whose bytes are one local
         file of this host's cache, fresh (a file of one chunk: its entry; a stored file of
         several: its file entry, every chunk filled), with what the daemon checks before each
-        such open (the file's inode; the kernel's stale marks of every chunk)."""
+        such open (the file's inode; the kernel's stale marks of every chunk). None also when
+        the daemon's tree has another file at that path: the declaration is of its version."""
+        sent = self._sent
+        try:
+            current = sent.lookup(entry.path)
+        except FileNotFoundError:
+            return None
+        if current is not entry and current != entry:
+            return None
         client = self.ns.client(entry.file_manifest)
         if len(entry.chunk_ids) > 1:
             whole = self._file_entry(client, entry)
-            return whole[0] if whole is not None and len(whole[1]) == len(entry.chunk_ids) else None
+            if whole is None or len(whole[1]) != len(entry.chunk_ids):
+                return None
+            return {**whole[0], "version": sent.version}
         got = client.open_cached(entry.chunk_ids[0], count=False)
         if got is None:
             return None
@@ -113,7 +127,7 @@ class Agent:
             inode = os.fstat(fd).st_ino
         finally:
             os.close(fd)
-        return self._backing(client, path, inode, entry.chunk_ids, header.fetched_ns, node)
+        return {**self._backing(client, path, inode, entry.chunk_ids, header.fetched_ns, node), "version": sent.version}
 
     def _file_entry(self, client, entry: Entry) -> tuple[dict, list[int]] | None:
         """The file entry holding `entry`'s chunks in this host's cache (a stored file of
@@ -128,7 +142,7 @@ class Agent:
         """A local file holding chunks `ids` (fetched at `fetched_ns` at the oldest), with the
         stale marks the daemon checks before it trusts it."""
         keys, bucket = client.mark_keys(ids)
-        return {"version": self._sent_version, "backing": path, "inode": inode, "fetched_ns": fetched_ns,
+        return {"backing": path, "inode": inode, "fetched_ns": fetched_ns,
                 "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
 
     def _cached(self, entry: Entry) -> dict | None:

@@ -76,10 +76,11 @@ class Entry:
 
 
 class Tree:
-    """The paths of a set of manifests (name -> Manifest), built once per namespace version."""
+    """The paths of a set of manifests (name -> Manifest), built once per namespace version
+    (`version`: the Registry's number for them, -1 if none)."""
 
-    def __init__(self, manifests: dict[str, Manifest]):
-        self.manifests = manifests
+    def __init__(self, manifests: dict[str, Manifest], version: int = -1):
+        self.manifests, self.version = manifests, version
         self._children: dict[str, dict[str, Entry]] = {"": {}}
         self._entries: dict[str, Entry] = {"": Entry("", True)}
         for name, m in sorted(manifests.items()):

@@ -77,7 +77,7 @@ class Namespace:
             if registry.namespace_version(self.state.name) == self.version:
                 return self.tree
             self.version, manifests = registry.fetch_manifests(self.state.name)
-            self.tree = Tree(manifests)
+            self.tree = Tree(manifests, self.version)
             self._clients = {n: c for n, c in self._clients.items()
                              if n in manifests and c.manifest.generation == manifests[n].generation}
             return self.tree
