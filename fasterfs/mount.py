@@ -113,12 +113,15 @@ class Agent:
             return None
         if current is not entry and current != entry:
             return None
+        backing = self._whole(entry)
+        return None if backing is None else {**backing, "version": sent.version}
+
+    def _whole(self, entry: Entry) -> dict | None:
+        """The one local file of this host's cache holding all of `entry`, fresh, if any."""
         client = self.ns.client(entry.file_manifest)
         if len(entry.chunk_ids) > 1:
             whole = self._file_entry(client, entry)
-            if whole is None or len(whole[1]) != len(entry.chunk_ids):
-                return None
-            return {**whole[0], "version": sent.version}
+            return whole[0] if whole is not None and len(whole[1]) == len(entry.chunk_ids) else None
         got = client.open_cached(entry.chunk_ids[0], count=False)
         if got is None:
             return None
@@ -127,7 +130,7 @@ class Agent:
             inode = os.fstat(fd).st_ino
         finally:
             os.close(fd)
-        return {**self._backing(client, path, inode, entry.chunk_ids, header.fetched_ns, node), "version": sent.version}
+        return self._backing(client, path, inode, entry.chunk_ids, header.fetched_ns, node)
 
     def _file_entry(self, client, entry: Entry) -> tuple[dict, list[int]] | None:
         """The file entry holding `entry`'s chunks in this host's cache (a stored file of
