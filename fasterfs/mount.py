@@ -314,7 +314,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
     daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno())],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
-    log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.version, ns.state.name,
+    log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.tree.version, ns.state.name,
              mountpoint, daemon.pid)
 
     def stop(*_) -> None:

@@ -58,8 +58,7 @@ class Namespace:
         self._creds = registry.fetch_credentials(self.state.name)
         self._lock = threading.Lock()
         self._checked = 0.0
-        self.version = -1
-        self.tree = Tree({})
+        self.tree = Tree({})  # its version: the Registry's number it was built from
         self._clients: dict[str, Client] = {}
         self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
         self._session: ReadSession | None = None
@@ -74,10 +73,10 @@ class Namespace:
             if not force and now - self._checked < self.refresh_s:
                 return self.tree
             self._checked = now
-            if registry.namespace_version(self.state.name) == self.version:
+            if registry.namespace_version(self.state.name) == self.tree.version:
                 return self.tree
-            self.version, manifests = registry.fetch_manifests(self.state.name)
-            self.tree = Tree(manifests, self.version)
+            version, manifests = registry.fetch_manifests(self.state.name)
+            self.tree = Tree(manifests, version)
             self._clients = {n: c for n, c in self._clients.items()
                              if n in manifests and c.manifest.generation == manifests[n].generation}
             return self.tree

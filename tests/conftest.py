@@ -110,6 +110,12 @@ def command_lines():
                 continue
 
 
+# Roots of the clusters seen stopped and clean: their Ray directories on this machine's /tmp
+# (logs of a cluster a test made, ~5 MB each) go when the run ends; a cluster that failed its
+# check keeps them, to be read.
+STOPPED_ROOTS: set[str] = set()
+
+
 def assert_nothing_left(state: cluster.ClusterState) -> None:
     """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
     for node in state.nodes:
@@ -130,12 +136,6 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
     assert f"fasterfs-{state.name}/" not in tree, "SOCK_OPS attachment left"
     STOPPED_ROOTS.add(state.root)
-
-
-# Roots of the clusters seen stopped and clean: their Ray directories on this machine's /tmp
-# (logs of a cluster a test made, ~5 MB each) go when the run ends; a cluster that failed its
-# check keeps them, to be read.
-STOPPED_ROOTS: set[str] = set()
 
 
 STAND_IN = pytest.StashKey[list]()  # what pytest_configure made, for pytest_unconfigure to remove
@@ -171,7 +171,7 @@ def pytest_unconfigure(config):
     for path in reversed(config.stash.get(STAND_IN, [])):
         with contextlib.suppress(OSError):  # never more than what was made here
             path.unlink() if path.is_file() else path.rmdir()
-    users = Path(load([]).cluster.root).resolve()  # never the default root's: a user's cluster
+    users = Path(load([]).cluster.root).resolve() if STOPPED_ROOTS else None  # never a user's cluster's
     for root in {r for r in STOPPED_ROOTS if Path(r).resolve() != users}:  # the head's and nodes' (<dir>-<index>)
         base = Path(ray_temp_dir(root))
         for d in [base, *base.parent.glob(base.name + "-*")]:

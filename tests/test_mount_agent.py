@@ -41,14 +41,14 @@ class ScriptedNamespace:
         return self.client_of
 
 
-def received(sock: socket.socket) -> list[dict]:
-    sock.settimeout(2)
+def received(ours: socket.socket, theirs: socket.socket) -> list[dict]:
+    """Every message the agent sent on `ours` (closed first: read to its end)."""
+    ours.close()
+    theirs.settimeout(10)
     data = b""
-    try:
-        while chunk := sock.recv(1 << 16):
-            data += chunk
-    except TimeoutError:
-        pass
+    while chunk := theirs.recv(1 << 16):
+        data += chunk
+    theirs.close()
     return [json.loads(line) for line in data.splitlines()]
 
 
@@ -68,13 +68,11 @@ def test_trees_sent_at_once_go_out_whole_each_under_its_own_version_the_newest_l
     ns.trees.append(new)  # published meanwhile; an open that sees it sends too
     agent.send_tree()
     watch.join()
-    trees = [m for m in received(theirs) if m["op"] == "tree"]
+    trees = [m for m in received(ours, theirs) if m["op"] == "tree"]
     by_version = {1: entries_of(old), 2: entries_of(new)}
     assert [m["version"] for m in trees] == [1, 2]
     for m in trees:
         assert sorted((e["path"], e["gen"]) for e in m["entries"]) == by_version[m["version"]]
-    ours.close()
-    theirs.close()
 
 
 def test_a_file_is_declared_hot_only_for_the_tree_the_daemon_has(tmp_path):
