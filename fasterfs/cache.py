@@ -309,6 +309,11 @@ class ChunkCache:
         keep = {entry_name(k) for k in keys}
         return self._drop(lambda name: name not in keep)
 
+    def forget(self, keys: list[str]) -> int:
+        """Drop the entries of these keys (a replaced generation's chunks): what they cost, not the cache."""
+        doomed = {entry_name(k) for k in keys}
+        return self._drop(doomed.__contains__) if doomed else 0
+
     def remove(self, key: str) -> bool:
         name = entry_name(key)
         return self._drop(lambda n: n == name) > 0

@@ -28,7 +28,7 @@ from .cli_cluster import (
     cmd_umount,
     cmd_up,
 )
-from .cli_data import cmd_cat, cmd_ingest, cmd_ls, cmd_put, cmd_rm
+from .cli_data import cmd_cat, cmd_import, cmd_ingest, cmd_ls, cmd_put, cmd_rm
 from .cli_lab import (
     cmd_lab_down,
     cmd_lab_exec,
@@ -120,10 +120,20 @@ COMMANDS = {
                         (("--count", dict(type=int, default=1, metavar="N", help="files to flip a byte in (0: all)")),
                          ("--seed", dict(type=int, default=0, metavar="S", help="which files and bytes")))),
     "put": Command(cmd_put, "store local files in the namespace (DEST ending in '/', or several LOCALs: a directory)",
-                   "fasterfs put book.parquet research/book.parquet",
-                   (("sources", dict(nargs="+", metavar="LOCAL", help="local files to store")),
+                   "fasterfs put -r ~/taq/2024 taq/2024/",
+                   (("sources", dict(nargs="+", metavar="LOCAL", help="local files (with -r: directories) to store")),
                     ("dest", dict(metavar="DEST", help="their path in the namespace"))),
-                   (("--force", dict(action="store_true", help="replace a file of the same name")),)),
+                   (("--force", dict(action="store_true", help="replace a file of the same name")),
+                    ("-r", dict(action="store_true", dest="recursive",
+                                help="store each directory's whole tree, in batches (a rerun resumes)")))),
+    "import": Command(cmd_import, "copy every object under an S3 prefix of another store into the namespace, in "
+                      "batches, as Ray tasks (keys: --keys FILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+                      "fasterfs import s3://team-data/taq/2024/ taq/2024/ --endpoint http://s3.example:9000",
+                      (("source", dict(metavar="S3_URL", help="s3://BUCKET/PREFIX")),
+                       ("dest", dict(metavar="DEST", help="the directory of the namespace it goes in"))),
+                      (("--endpoint", dict(required=True, metavar="URL", help="the source store's S3 endpoint")),
+                       ("--keys", dict(metavar="FILE", help="JSON {access_key, secret_key}, mode 0600")),
+                       ("--force", dict(action="store_true", help="replace files of the same names")))),
     "ls": Command(cmd_ls, "list the namespace: datasets, their chunks, stored files", "fasterfs ls research/",
                   (("path", dict(nargs="?", default="", metavar="PATH",
                                  help="a directory or file of the namespace (default: its top)")),)),
@@ -217,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cfg:
             print(OmegaConf.to_yaml(cfg), end="")
             return 0
-        names = [name for name, _ in command.args] + [flag.lstrip("-").replace("-", "_") for flag, _ in command.flags]
+        names = [name for name, _ in command.args] + [spec.get("dest", flag.lstrip("-").replace("-", "_"))
+                                                       for flag, spec in command.flags]
         command.run(cfg, **{name: getattr(args, name) for name in names})
     except UsageError as e:  # an argument that parsed but names nothing there: as argparse, exit 2
         parsers[name].error(str(e))

@@ -23,9 +23,16 @@ def cmd_ingest(cfg) -> None:
                   f"chunks per node {per_node}")
 
 
-def cmd_put(cfg, sources: list[str], dest: str, force: bool = False) -> None:
+def cmd_put(cfg, sources: list[str], dest: str, force: bool = False, recursive: bool = False) -> None:
     from .ingest import put
 
+    if recursive:
+        from .bulk_load import LocalTree
+
+        for src in sources:
+            into = dest if len(sources) == 1 else f"{dest.rstrip('/')}/{src.rstrip('/').rsplit('/', 1)[-1]}"
+            _bulk(cfg, LocalTree(src), into, force, f"put -r {src} -> {into}")
+        return
     into_dir = dest.endswith("/") or len(sources) > 1
     for src in sources:
         name = f"{dest.rstrip('/')}/{src.rstrip('/').rsplit('/', 1)[-1]}" if into_dir else dest
@@ -39,6 +46,30 @@ def cmd_put(cfg, sources: list[str], dest: str, force: bool = False) -> None:
             m = put(cfg, src, name, force, progress=progress)
         console.print(f"[green]stored[/] {name}: {report.fmt_bytes(m.total_bytes)} in {len(m)} chunks, "
                       f"{m.redundancy()}")
+
+
+def cmd_import(cfg, source: str, dest: str, endpoint: str, keys: str | None = None, force: bool = False) -> None:
+    from .bulk_load import S3Prefix, source_credentials
+
+    _bulk(cfg, S3Prefix(source, endpoint, source_credentials(keys)), dest, force, f"import {source} -> {dest}",
+          remote=True)
+
+
+def _bulk(cfg, source, dest: str, force: bool, title: str, remote: bool = False) -> None:
+    """A tree of files into the namespace with a progress bar (files, and bytes stored)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .bulk_load import load
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stored]}"), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(title, total=None, stored="")
+        done = load(cfg, source, dest, force, remote=remote, progress=lambda files, total, size: bar.update(
+            task, completed=files, total=total, stored=report.fmt_bytes(size)))
+    console.print(f"[green]stored[/] {done.stored} files ({report.fmt_bytes(done.bytes)}) in {done.batches} batches, "
+                  f"{done.skipped} already there, in {done.seconds:.1f} s "
+                  f"({done.files / max(done.seconds, 1e-9):.0f} files/s)")
 
 
 def _namespace(cfg):

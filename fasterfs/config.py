@@ -145,6 +145,10 @@ def validate(cfg: DictConfig) -> None:
         bad("namespace.shed_read_ahead_above", "must be a percentage, 0 to 100")
     if not isinstance(cfg.ingest.keep_old_s, (int, float)) or cfg.ingest.keep_old_s < 0:
         bad("ingest.keep_old_s", "must be a number of seconds >= 0")
+    for opt in ("files.batch_files", "files.batch_mb", "files.threads", "namespace.cached_paths"):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            bad(opt, "must be a whole number >= 1")
     for opt in ("repair.after_s", "repair.mb_per_s", "scrub.interval_s", "scrub.mb_per_s"):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:

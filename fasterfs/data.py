@@ -34,12 +34,12 @@ def _datasource_class():
             from ray.data.block import BlockMetadata
             from ray.data.datasource import ReadTask
 
-            def task(chunk):
-                return ReadTask(lambda: [_read_chunk(self.cluster, self.dataset, self.generation, chunk.id,
-                                                     self.with_node)],
-                                BlockMetadata(num_rows=chunk.rows, size_bytes=chunk.bytes, input_files=None,
-                                              exec_stats=None))
-            return [task(c) for c in self.chunks]
+            # each task carries its own chunk's id, not this source (all of a node's chunks)
+            read = functools.partial(_read_block, self.cluster, self.dataset, self.generation,
+                                     with_node=self.with_node)
+            return [ReadTask(functools.partial(read, c.id),
+                             BlockMetadata(num_rows=c.rows, size_bytes=c.bytes, input_files=None, exec_stats=None))
+                    for c in self.chunks]
 
     return ChunkSource
 
@@ -52,6 +52,10 @@ def _client(cluster: tuple[str, ...], dataset: str, generation: str):
     if client.manifest.generation != generation:
         raise FasterFSError(f"dataset {dataset} was re-ingested while Ray Data read it: read it again")
     return client
+
+
+def _read_block(cluster: tuple[str, ...], dataset: str, generation: str, i: int, with_node: bool) -> list:
+    return [_read_chunk(cluster, dataset, generation, i, with_node)]
 
 
 def _read_chunk(cluster: tuple[str, ...], dataset: str, generation: str, i: int, with_node: bool):

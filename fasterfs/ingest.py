@@ -23,7 +23,7 @@ from . import erasure, lobster, registry, s3
 from .config import as_cfg
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
-from .namespace import Tree, check_dataset_name, check_path
+from .namespace import check_dataset_name, check_path
 from .placement import chunk_homes
 
 log = logging.getLogger("fasterfs.ingest")
@@ -107,7 +107,7 @@ def remove(cfg, name: str) -> Manifest:
     cfg = as_cfg(cfg)
     state = registry.find(cfg)
     manifest = registry.remove(state.name, name.strip("/"))
-    _collect_garbage(cfg, state)
+    collect_garbage(cfg, state)
     return manifest
 
 
@@ -123,8 +123,7 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
     """The one write path: chunks -> placement -> each holder's MinIO -> the manifest,
     published last under a fresh generation; then old generations' objects go."""
     state, n_nodes = _target(cfg, nodes)
-    _, current = registry.fetch_manifests(state.name)
-    why = Tree(current).conflict(name, kind)
+    why = registry.conflict(state.name, name, kind)
     if why:
         raise FasterFSError(f"cannot store {kind} {name!r} in the namespace: {why}")
     ec = cfg.layout == "ec"
@@ -139,19 +138,8 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
 
     def store(i: int) -> ChunkInfo:
         body, info = chunk(i)
-        key = f"{prefix}{generation}/{chunk_name(i)}"
-        digest = xxhash.xxh3_64_intdigest(body)
-        # replicas: the chunk on each holder; ec: shard s on the s-th node of its placement
-        objects = ([(node, erasure.shard_key(key, s), shard, erasure.checksum(shard)) for s, (node, shard) in
-                    enumerate(zip(placement[i], erasure.encode(body, k, m)))] if ec
-                   else [(node, key, body, digest) for node in placement[i]])
-        for node, obj, data, sum_ in objects:
-            try:
-                clients[node].put_object(Bucket=bucket, Key=obj, Body=data, Metadata={"xxh3": str(sum_)})
-            except Exception as e:
-                raise FasterFSError(f"storing {obj} on node {node} ({state.node(node).endpoint}) failed: {e}") from e
-        return ChunkInfo(i, key, placement[i], len(body), xxh3=digest, shards=[o[3] for o in objects] if ec else [],
-                         **info)
+        return store_chunk(clients, state, i, f"{prefix}{generation}/{chunk_name(i)}", body, placement[i], k, m,
+                           info)
 
     chunks: list[ChunkInfo] = []
     try:  # a failed store or publish (the head's disk full) leaves none of the new generation
@@ -173,8 +161,24 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
     kept = set(registry.generations(state.name, name))
     _delete_objects(clients.values(), bucket, prefix,
                     lambda key: key[len(prefix):].split("/")[0] not in kept if "/" in key[len(prefix):] else False)
-    _collect_garbage(cfg, state, clients)
+    collect_garbage(cfg, state, clients)
     return new
+
+
+def store_chunk(clients: dict, state, cid: int, key: str, body: bytes, nodes: list[int], k: int, m: int,
+                info: dict) -> ChunkInfo:
+    """Chunk `cid`'s bytes on its nodes under `key`: replicas (m == 0 and k == 0) the chunk on each
+    holder, ec shard s on the s-th node; what the manifest says of it."""
+    digest = xxhash.xxh3_64_intdigest(body)
+    objects = ([(node, erasure.shard_key(key, s), shard, erasure.checksum(shard)) for s, (node, shard) in
+                enumerate(zip(nodes, erasure.encode(body, k, m)))] if k
+               else [(node, key, body, digest) for node in nodes])
+    for node, obj, data, sum_ in objects:
+        try:
+            clients[node].put_object(Bucket=state.settings.bucket, Key=obj, Body=data, Metadata={"xxh3": str(sum_)})
+        except Exception as e:
+            raise FasterFSError(f"storing {obj} on node {node} ({state.node(node).endpoint}) failed: {e}") from e
+    return ChunkInfo(cid, key, nodes, len(body), xxh3=digest, shards=[o[3] for o in objects] if k else [], **info)
 
 
 def _target(cfg, nodes: int | None):
@@ -192,11 +196,13 @@ def _target(cfg, nodes: int | None):
     return state, n_nodes
 
 
-def _collect_garbage(cfg, state, clients=None) -> None:
-    """Delete the objects of generations replaced or removed more than ingest.keep_old_s ago:
-    readers holding their manifests have had that long."""
+def collect_garbage(cfg, state, clients=None) -> None:
+    """Delete the objects of generations replaced or removed more than ingest.keep_old_s ago
+    (readers holding their manifests have had that long), and the pieces retired as long ago:
+    moved away by repair, or stored by a write that never published them."""
     gone = registry.expired(state.name, cfg.ingest.keep_old_s)
-    if not gone:
+    pieces = registry.expired_pieces(state.name, cfg.ingest.keep_old_s)
+    if not gone and not pieces:
         return
     if clients is None:
         creds = registry.fetch_credentials(state.name, "admin")
@@ -204,6 +210,11 @@ def _collect_garbage(cfg, state, clients=None) -> None:
     bucket = state.settings.bucket
     for g in gone:
         _delete_objects(clients.values(), bucket, f"{g['prefix']}{g['generation']}/", lambda key: True)
+    for node, key in pieces:
+        try:
+            clients[node].delete_object(Bucket=bucket, Key=key)
+        except Exception as e:  # a node down keeps it (an orphan of a generation: goes with it)
+            log.warning("could not delete retired piece %s on node %d: %s", key, node, e)
 
 
 def _delete_objects(clients, bucket: str, prefix: str, doomed: Callable[[str], bool]) -> None:

@@ -7,8 +7,9 @@ a reader sees the previous complete dataset or the new one.
 """
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .erasure import shard_key
@@ -90,18 +91,31 @@ class Manifest:
     def on_node(self, index: int) -> list[ChunkInfo]:
         return [c for c in self.chunks if index in c.nodes]
 
+    def to_dict(self) -> dict:
+        """As JSON keeps it (asdict's deep copies cost 5x more per chunk)."""
+        return dict(vars(self), chunks=[dict(vars(c)) for c in self.chunks])
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> Manifest:
+        try:
+            return cls(**dict(data, chunks=[ChunkInfo(**c) for c in data["chunks"]]))
+        except (TypeError, KeyError) as e:
+            raise FasterFSError(f"manifest {where} is not one this FasterFS can read ({e}); "
+                                "re-run `fasterfs ingest`") from None
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+        return cls.from_dict(json.loads(text), where)
+
     def save(self, path: Path) -> None:
-        atomic_write_json(path, asdict(self))
+        atomic_write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: Path) -> Manifest:
         if not Path(path).exists():
             raise FasterFSError(f"no dataset has been ingested into this cluster ({path} is missing): "
                                 "run `fasterfs ingest`")
-        data = read_json(path, "manifest")
-        try:
-            data["chunks"] = [ChunkInfo(**c) for c in data["chunks"]]
-            return cls(**data)
-        except (TypeError, KeyError) as e:
-            raise FasterFSError(f"manifest {path} is not one this FasterFS can read ({e}); "
-                                "re-run `fasterfs ingest`") from None
+        return cls.from_dict(read_json(path, "manifest"), str(path))

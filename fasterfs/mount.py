@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import config
 from .errors import FasterFSError
 from .fsutil import atomic_write_json
-from .namespace import Entry, Tree
+from .namespace import Entry
 from .reader import Namespace, OpenFile
 from .state import leave
 
@@ -69,9 +69,9 @@ class Agent:
         self._lock = threading.Lock()        # _files
         self._send_lock = threading.Lock()   # whole messages on the socket
         self._pool = ThreadPoolExecutor(threads, "mount-agent")  # reads may wait on MinIO
-        self._sent = Tree({})                # the tree the daemon has: sent whole, in order, under _tree_lock
-        self._tree_lock = threading.Lock()
+        self._sent_version = -1              # the daemon's tree: every change goes out as it is applied
         self._refreshed = 0.0
+        self.sent_messages = {"tree": 0, "delta": 0}
         self.stopping = threading.Event()
         self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
 
@@ -84,21 +84,28 @@ class Agent:
             if payload:
                 self.sock.sendall(payload)
 
+    def start_tree(self) -> None:
+        """The tree whole, then each change as a delta, in order (the Namespace calls
+        `_tree_changed` under its lock as it applies them). Only once the daemon runs: it reads
+        as this writes, and a tree past a socket's buffer would block a writer no one reads."""
+        self.ns.watch(self._tree_changed)
+
+    def _tree_changed(self, version: int, entries: list[Entry], gone: list[str] | None) -> None:
+        # a file's generation is its identity: a replaced file gets a new inode, so a handle open
+        # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
+        described = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
+                      "gen": "" if e.is_dir else e.file_manifest.generation} for e in entries if e.path]
+        if gone is None:
+            self._send({"op": "tree", "version": version, "entries": described})
+        else:
+            self._send({"op": "delta", "since": self._sent_version, "version": version, "entries": described,
+                        "gone": gone})
+        self._sent_version = version
+        self.sent_messages["tree" if gone is None else "delta"] += 1
+
     def send_tree(self, force: bool = False) -> None:
-        """The namespace's tree to the daemon if it is not the one sent last. Serialized: the
-        watch and the answers both send, and a tree must go out with its own version number,
-        never an older tree under a newer number (whose hot declarations would then hold)."""
-        with self._tree_lock:
-            tree = self.ns.refresh(force)
-            if tree.version == self._sent.version:
-                return
-            # a file's generation is its identity: a replaced file gets a new inode, so a handle open
-            # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
-            entries = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
-                        "gen": "" if e.is_dir else e.file_manifest.generation}
-                       for e in tree.all_entries() if e.path]
-            self._send({"op": "tree", "version": tree.version, "entries": entries})
-            self._sent = tree
+        """Whatever changed in the namespace, to the daemon (as deltas, by `_tree_changed`)."""
+        self.ns.refresh(force)
 
     def _hot(self, entry: Entry) -> dict | None:
         """What lets the daemon open `entry` by passthrough: a file whose bytes are one local
@@ -106,15 +113,11 @@ class Agent:
         several: its file entry, every chunk filled), with what the daemon checks before each
         such open (the file's inode; the kernel's stale marks of every chunk). None also when
         the daemon's tree has another file at that path: the declaration is of its version."""
-        sent = self._sent
-        try:
-            current = sent.lookup(entry.path)
-        except FileNotFoundError:
-            return None
-        if current is not entry and current != entry:
+        version = self.ns.version_of(entry)
+        if version is None or version != self._sent_version:
             return None
         backing = self._whole(entry)
-        return None if backing is None else {**backing, "version": sent.version}
+        return None if backing is None else {**backing, "version": version}
 
     def _whole(self, entry: Entry) -> dict | None:
         """The one local file of this host's cache holding all of `entry`, fresh, if any."""
@@ -307,13 +310,13 @@ class Agent:
 
 
 def serve(mountpoint: str, overrides: list[str]) -> None:
-    ns = Namespace(config.load(overrides))
+    ns = Namespace(config.load(overrides), whole=True)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     agent = Agent(ns, ours)
-    agent.send_tree()  # before the daemon mounts: its first answers need the tree
     daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno())],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
+    agent.start_tree()  # the daemon mounts once it has the first tree
     log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.tree.version, ns.state.name,
              mountpoint, daemon.pid)
 

@@ -13,13 +13,16 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import registry
 from .client import Client
 from .errors import FasterFSError
 from .manifest import Manifest
+from .meta import Resolved
 from .namespace import Entry, Tree
+from .path_cache import MISSING, PathCache
 from .read_session import ReadSession
 
 
@@ -48,17 +51,25 @@ class CpuPressure:
 
 
 class Namespace:
-    """The cluster's namespace as this process sees it, refreshed from the Registry at most
-    every `refresh_s` (a new version re-reads it; manifests of unchanged names keep their
-    clients)."""
+    """The cluster's namespace as this process sees it, checked against the Registry at most
+    every `refresh_s`. By default by path: a lookup asks the store what a path names and keeps
+    the answer in a bounded PathCache until the store's log says the name changed; a listing asks
+    for that directory alone: connecting and looking up cost the same at any namespace size.
+    `whole`: the whole tree at hand, kept by the names changed since its version (what the mount
+    serves its daemon from); `on_change(version, entries, gone)` hears each change applied (under
+    the lock, in order: what a mirror of the tree needs). Manifests of unchanged names keep their
+    clients either way."""
 
-    def __init__(self, cfg, root=None, use_cache: bool = True, refresh_s: float = 1.0):
+    def __init__(self, cfg, root=None, use_cache: bool = True, refresh_s: float = 1.0, whole: bool = False):
         self.state = registry.find(cfg, root)
-        self.cfg, self.use_cache, self.refresh_s = cfg, use_cache, refresh_s
+        self.cfg, self.use_cache, self.refresh_s, self.whole = cfg, use_cache, refresh_s, whole
         self._creds = registry.fetch_credentials(self.state.name)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._checked = 0.0
-        self.tree = Tree({})  # its version: the Registry's number it was built from
+        self.tree = Tree({})  # whole: its version is the Registry's number it was built from
+        self.paths = PathCache(int(cfg.namespace.cached_paths))
+        self.on_change: Callable[[int, list[Entry], list[str] | None], None] | None = None
+        self.fetched = {"changes": 0, "whole": 0, "names": 0, "resolved": 0, "listed": 0}  # what crossed the wire
         self._clients: dict[str, Client] = {}
         self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
         self._session: ReadSession | None = None
@@ -67,19 +78,64 @@ class Namespace:
         self._pressure = CpuPressure(float(cfg.namespace.shed_read_ahead_above))
         self.refresh(force=True)
 
+    @property
+    def version(self) -> int:
+        return self.tree.version if self.whole else self.paths.version
+
     def refresh(self, force: bool = False) -> Tree:
+        """Catch up with the store (at most every refresh_s unless `force`); the tree if whole."""
         with self._lock:
             now = time.monotonic()
             if not force and now - self._checked < self.refresh_s:
                 return self.tree
             self._checked = now
-            if registry.namespace_version(self.state.name) == self.tree.version:
+            changes = registry.fetch_changes(self.state.name, self.version, self.whole) if self.version >= 0 else None
+            if changes is not None and changes.version == self.version:
                 return self.tree
-            version, manifests = registry.fetch_manifests(self.state.name)
-            self.tree = Tree(manifests, version)
-            self._clients = {n: c for n, c in self._clients.items()
-                             if n in manifests and c.manifest.generation == manifests[n].generation}
+            if changes is not None:
+                self.fetched["changes"] += 1
+                self.fetched["names"] += len(changes.names)
+            if not self.whole:
+                self.paths.changed(None if changes is None else list(changes.names),
+                                   registry.namespace_version(self.state.name) if changes is None else changes.version)
+                self._forget_clients(changes.names if changes is not None else None)
+                return self.tree
+            if changes is None:
+                version, manifests = registry.fetch_manifests(self.state.name)
+                names: dict[str, Manifest | None] = {n: manifests.get(n)
+                                                     for n in set(manifests) | set(self.tree.manifests)}
+                self.fetched["whole"] += 1
+            else:
+                version, names = changes.version, changes.names
+            entries, gone = self.tree.apply(names, version)
+            self._forget_clients(names)
+            if self.on_change is not None:
+                self.on_change(version, entries, gone)
             return self.tree
+
+    def _forget_clients(self, names: dict[str, Manifest | None] | None) -> None:
+        """Clients of names replaced or removed (None: any name may have been; the next look at
+        a client compares its generation)."""
+        for n in list(self._clients) if names is None else names:
+            c = self._clients.get(n)
+            m = None if names is None else names.get(n)
+            if c is not None and (names is None or m is None or c.manifest.generation != m.generation):
+                del self._clients[n]
+
+    def watch(self, on_change: Callable[[int, list[Entry], list[str] | None], None]) -> None:
+        """`on_change` hears the tree whole now (gone: None), then each change as it is applied."""
+        with self._lock:
+            on_change(self.tree.version, self.tree.all_entries(), None)
+            self.on_change = on_change
+
+    def version_of(self, entry: Entry) -> int | None:
+        """The tree's version if `entry` is still what its path names in it, else None."""
+        with self._lock:
+            try:
+                current = self.tree.lookup(entry.path)
+            except FileNotFoundError:
+                return None
+            return self.tree.version if current is entry or current == entry else None
 
     def client(self, manifest: Manifest) -> Client:
         """The client of `manifest`'s name and generation (one per name, sharing connections)."""
@@ -96,14 +152,39 @@ class Namespace:
             return c
 
     def lookup(self, path: str) -> Entry:
-        try:
-            return self.refresh().lookup(path)
-        except FileNotFoundError:  # perhaps written since the last look: ask now
-            return self.refresh(force=True).lookup(path)
+        path = path.strip("/")
+        if self.whole:
+            try:
+                return self.refresh().lookup(path)
+            except FileNotFoundError:  # perhaps written since the last look: ask now
+                return self.refresh(force=True).lookup(path)
+        self.refresh()
+        entry = self.paths.get(path)
+        if entry is MISSING:
+            found = registry.resolve(self.state.name, path)
+            self.fetched["resolved"] += 1
+            entry = _entry_at(path, found)
+            self.paths.put(path, entry, found.version)
+        if entry is None:
+            raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
+        return entry
 
     def listdir(self, path: str) -> list[Entry]:
-        self.lookup(path)
-        return self.tree.listdir(path)
+        entry = self.lookup(path)
+        if not entry.is_dir:
+            raise NotADirectoryError(f"{path}: is a file")
+        if self.whole:
+            return self.tree.listdir(entry.path)
+        found = registry.resolve(self.state.name, entry.path)
+        if found.manifest is not None and found.manifest.kind == "dataset":  # within one: from its manifest
+            return Tree({found.manifest.name: found.manifest}).listdir(entry.path)
+        listing = registry.listdir(self.state.name, entry.path)
+        self.fetched["listed"] += 1
+        if listing is None:  # gone since the lookup
+            raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
+        out = [Entry(d, True, mtime=t) for d, t in listing.dirs]
+        out += [Tree({m.name: m}).lookup(m.name) for m in listing.names]
+        return sorted(out, key=lambda e: e.path)
 
     def open(self, path: str) -> OpenFile:
         entry = self.lookup(path)
@@ -151,6 +232,16 @@ class Namespace:
             os.close(got[0])
             ident.append((entry.file_manifest.chunks[i].key, got[1].fetched_ns))
         return tuple(ident)
+
+
+def _entry_at(path: str, found: Resolved) -> Entry | None:
+    """The Entry of `path` from what the store said it names."""
+    if found.manifest is not None:
+        try:
+            return Tree({found.manifest.name: found.manifest}, found.version).lookup(path)
+        except FileNotFoundError:  # a path within a dataset that the dataset lacks
+            return None
+    return Entry(path, True, mtime=found.dir_mtime) if found.dir_mtime is not None else None
 
 
 class OpenFile:

@@ -9,9 +9,9 @@ reads another host's files.
 Why an actor rather than Ray's GCS key-value store: the KV store is an internal API
 (`ray.experimental.internal_kv`), has no notion of pushing a new manifest to the
 StorageNodes, and keeps nothing once the GCS restarts without Redis. The actor has a
-narrow public surface, pushes each new manifest generation to every StorageNode before
+narrow public surface, pushes each change of the namespace to every StorageNode before
 ingest returns, and keeps its facts on the head's own disk (the state file, the 0600
-credentials file, one manifest file per name), so a restarted Registry knows everything again.
+credentials file, the namespace store), so a restarted Registry knows everything again.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write
 from .lease import Lease
 from .manifest import Manifest
-from .namespace_store import NamespaceStore
+from .meta import Changes, Listing, NamespaceStore, Resolved, open_engine
 from .node_directory import NodeDirectory
 from .state import ClusterState, host_id, join, ray_namespace
 
@@ -45,7 +45,7 @@ class Registry:
         self.paths = Paths(Path(root))
         self.cluster = ClusterState.load(self.paths.root)
         self.keys = credentials.load(self.paths.credentials_file)
-        self.names = NamespaceStore(self.paths.root / "namespace", self.cluster.name, self._push)
+        self.names = NamespaceStore(open_engine("sqlite", self.paths.root), self.cluster.name, self._push)
         self.repair_lease = Lease()  # one repair leader at a time; a restarted Registry starts a new epoch count
 
     def ready(self) -> str:
@@ -73,7 +73,7 @@ class Registry:
             raise FasterFSError(f"{address} is not a node of cluster {self.cluster.name!r}: no certificate for it")
         return tls.issue(self.paths.tls_ca_dir, address, public_key_pem), self.cluster.tls_ca
 
-    # -- the namespace (fasterfs.namespace_store) ------------------------------------------
+    # -- the namespace (fasterfs.meta) --------------------------------------------------------
 
     def manifest(self, name: str | None = None) -> Manifest | None:
         return self.names.manifest(name)
@@ -81,11 +81,35 @@ class Registry:
     def manifests(self) -> tuple[int, dict[str, Manifest]]:
         return self.names.manifests()
 
+    def manifests_of(self, names: list[str]) -> dict[str, Manifest]:
+        return self.names.manifests_of(names)
+
+    def changes(self, since: int, manifests: bool = True) -> Changes | None:
+        return self.names.changes(since, manifests)
+
+    def resolve(self, path: str) -> Resolved:
+        return self.names.resolve(path)
+
+    def listdir(self, path: str) -> Listing | None:
+        return self.names.listdir(path)
+
     def namespace_version(self) -> int:
         return self.names.version
 
+    def names_count(self) -> int:
+        return self.names.count()
+
+    def conflict(self, name: str, kind: str) -> str | None:
+        return self.names.conflict(name, kind)
+
     def publish_manifest(self, manifest: Manifest, prefix: str) -> list[int]:
         return self.names.publish(manifest, prefix)
+
+    def publish_batch(self, items: list[tuple[Manifest, str]], pending: bool = False) -> tuple[int, list[int]]:
+        return self.names.publish_batch(items, pending)
+
+    def pending_write(self, pieces: list[tuple[int, str, str]]) -> None:
+        self.names.pending_write(pieces)
 
     def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
                       fence: tuple[int, int] | None = None) -> list[int]:
@@ -229,8 +253,36 @@ def fetch_manifests(cluster_name: str) -> tuple[int, dict[str, Manifest]]:
     return _ask(cluster_name, "manifests")
 
 
+def fetch_manifests_of(cluster_name: str, names: list[str]) -> dict[str, Manifest]:
+    return _ask(cluster_name, "manifests_of", names)
+
+
+def fetch_changes(cluster_name: str, since: int, manifests: bool = True) -> Changes | None:
+    return _ask(cluster_name, "changes", since, manifests)
+
+
+def resolve(cluster_name: str, path: str) -> Resolved:
+    return _ask(cluster_name, "resolve", path)
+
+
+def listdir(cluster_name: str, path: str) -> Listing | None:
+    return _ask(cluster_name, "listdir", path)
+
+
 def namespace_version(cluster_name: str) -> int:
     return _ask(cluster_name, "namespace_version")
+
+
+def conflict(cluster_name: str, name: str, kind: str) -> str | None:
+    return _ask(cluster_name, "conflict", name, kind)
+
+
+def publish_batch(cluster_name: str, items: list[tuple[Manifest, str]], pending: bool = False) -> tuple[int, list[int]]:
+    return _ask(cluster_name, "publish_batch", items, pending)
+
+
+def pending_write(cluster_name: str, pieces: list[tuple[int, str, str]]) -> None:
+    _ask(cluster_name, "pending_write", pieces)
 
 
 def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list[int]:

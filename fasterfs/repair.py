@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable, Iterable, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import urllib3
 
-from . import erasure, registry, s3
+from . import erasure, ingest, registry, s3
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
 from .placement import chunk_homes, node_name, score
@@ -214,7 +213,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     from .read_session import ReadSession
 
     started = time.monotonic()
-    _delete_retired(cfg, state, creds)
+    ingest.collect_garbage(cfg, state, {n.index: s3.client(n.endpoint, creds) for n in state.nodes})
     listing, manifests, health, plans = _look(state, creds, lambda listing, ms: _plan(
         ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only))
     alive = {n for n, keys in listing.items() if keys is not None}
@@ -300,14 +299,3 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     out.seconds = time.monotonic() - started
     return out
 
-
-def _delete_retired(cfg, state: ClusterState, creds) -> None:
-    """Pieces moved away more than ingest.keep_old_s ago: no reader still reads them there."""
-    clients: dict[int, Any] = {}
-    for node, key in registry.expired_pieces(state.name, cfg.ingest.keep_old_s):
-        try:
-            if node not in clients:
-                clients[node] = s3.client(state.node(node).endpoint, creds)
-            clients[node].delete_object(Bucket=state.settings.bucket, Key=key)
-        except Exception as e:  # a node down keeps it (an orphan of a generation: goes with it)
-            log.warning("could not delete retired piece %s on node %d: %s", key, node, e)

@@ -30,7 +30,8 @@ from .errors import FasterFSError
 from .fill_router import FillRouter
 from .fill_sources import FillSources
 from .invalidation import Invalidations, Write, revalidate
-from .manifest import Manifest
+from .meta import Changes
+from .meta.follower import Change, Follower
 from .minio_scrub import MinioScrub
 from .minio_server import MinioServer
 from .minio_supervisor import MinioSupervisor
@@ -44,6 +45,7 @@ from .repair_leader import RepairLeader, Timing
 from .state import ClusterState, host_id, ray_namespace
 
 log = logging.getLogger("fasterfs.storage_node")
+NAMESPACE_POLL_S = 5.0  # how often a node asks for changes whose push it missed (a full wait, a restart)
 
 
 def _ray_get(refs: list) -> list:
@@ -79,9 +81,11 @@ class StorageNode:
         self._stopping = threading.Event()
         self._cluster: ClusterState | None = None
         self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
-        self._manifests: dict[str, Manifest] = {}  # the namespace: every dataset's and file's current one
+        # the namespace, every dataset's and file's current manifest, kept from the store's log
+        self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
+                                  partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed)
         self.ns_index = NodeIndex.build({}, index)
-        self._heat = heatmap.Index({})
+        self._heat: heatmap.Index | None = None
         certs = None
         if cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
             certs = paths.minio_certs_dir(index)
@@ -119,10 +123,9 @@ class StorageNode:
         self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
-        _, manifests = registry.fetch_manifests(cfg.cluster.name)  # a restarted node learns the current ones
-        self._manifests = manifests
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
-        self._reindex()
+        if not self.namespace.catch_up():  # a restarted node learns the current ones
+            self._namespace_changed([])  # none: what the cache holds is no chunk's
         revalidate(self.cache, self.ns_index, self.bucket,
                    {n.index: n.endpoint for n in self._state().nodes}, server.creds)
         self.started["cache_s"] = time.monotonic() - phase
@@ -133,6 +136,7 @@ class StorageNode:
         threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
                          daemon=True).start()
         every(1.0, self.peer_tier.share, self._stopping, "cache-index")
+        every(NAMESPACE_POLL_S, self.namespace.catch_up, self._stopping, "namespace")  # a push it missed
         every(cfg.repair.check_s, self.leader.tick, self._stopping, "repair-leader")
         every(cfg.cache.scrub_interval_s, self.cache.scrub, self._stopping, "cache-scrub")
         every(cfg.scrub.interval_s, self.scrub_minio, self._stopping, "minio-scrub")
@@ -205,29 +209,31 @@ class StorageNode:
         self.leader.record("scrub", out)
         return out.repaired
 
-    def _reindex(self) -> None:
-        """A new NodeIndex for the current manifests; entries of replaced generations and
-        removed names would only take room."""
-        index = NodeIndex.build(self._manifests, self.index)
+    def _namespace_changed(self, changed: list[Change]) -> None:
+        """The NodeIndex with the changed names; the cache keeps no entry of a replaced
+        generation or a removed name (they would only take room). None changed: rebuilt from
+        every manifest, and the cache held to them (at start)."""
+        for _, before, now in changed:
+            self.invalidations.mark_replaced(before, now)
+        index = self.ns_index.updated(changed) if changed else NodeIndex.build(self.namespace.manifests, self.index)
         self.ns_index = index
         self.cache.set_places(dict(index.places))
-        self.cache.retain(index.holders)
-        self._heat = heatmap.Index(self._manifests)
+        if changed:
+            self.cache.forget([c.key for _, before, _ in changed if before is not None for c in before.chunks
+                               if c.key not in index.holders])
+        else:
+            self.cache.retain(index.holders)
+        self._heat = None  # made again when the dashboard next asks
+        if any(now is not None for _, _, now in changed):
+            self._state(refresh=True)  # a new generation may place data on nodes that joined since
 
     # -- the actor's surface: the namespace and peers -------------------------------------
 
-    def set_manifest(self, manifest: Manifest) -> int:
-        """A name's new current generation (pushed by the Registry when a write switches to it)."""
-        self.invalidations.mark_replaced(self._manifests.get(manifest.name), manifest)
-        self._manifests[manifest.name] = manifest
-        self._reindex()
-        self._state(refresh=True)  # a new generation may place data on nodes that joined since
-        return len(manifest.chunks)
-
-    def drop_manifest(self, name: str) -> None:
-        """`name` left the namespace: its entries go from the cache."""
-        self.invalidations.mark_replaced(self._manifests.pop(name, None), None)
-        self._reindex()
+    def apply_changes(self, changes: Changes) -> int:
+        """Names a write changed (pushed by the Registry once stored); returns this node's
+        namespace version after them."""
+        self.namespace.apply(changes)
+        return self.namespace.version
 
     def invalidate(self, batch: list[Write]) -> None:
         """Other hosts' kernels saw these keys (None: the bucket) written."""
@@ -300,6 +306,8 @@ class StorageNode:
     def heat(self) -> tuple[int, bytes]:
         """This node's row of the kernel heatmap (fasterfs.heatmap) and the layout it is in."""
         index = self._heat
+        if index is None:
+            index = self._heat = heatmap.Index(self.namespace.manifests)
         return index.id, index.cells(self.kernel.all_counts(), self.cache.names(), self.invalidations.recent,
                                      self.cfg.kernel.hot_threshold)
 

@@ -1,12 +1,12 @@
-"""The namespace as the head keeps it (NamespaceStore), on a temporary directory: no Ray, no
-MinIO. Pushes to the StorageNodes are recorded instead of sent."""
+"""The namespace as the head keeps it (NamespaceStore over each engine), on a temporary
+directory: no Ray, no MinIO. Pushes to the StorageNodes are recorded instead of sent."""
 import time
 
 import pytest
 
 from fasterfs.errors import FasterFSError
 from fasterfs.manifest import ChunkInfo, Manifest
-from fasterfs.namespace_store import NamespaceStore
+from fasterfs.meta import ENGINES, NamespaceStore, open_engine
 
 pytestmark = pytest.mark.unit
 
@@ -16,22 +16,34 @@ def manifest(name: str, generation: str, nodes=((0, 1), (1, 2))) -> Manifest:
     return Manifest(name, "bytes", 0, 0, 0, 2, 3, "b", generation, chunks, kind="file")
 
 
+@pytest.fixture(params=sorted(ENGINES))
+def engine(request):
+    return request.param
+
+
+def reopen(engine, tmp_path, push=lambda m, a: []):
+    return NamespaceStore(open_engine(engine, tmp_path), "c", push)
+
+
 @pytest.fixture
-def store(tmp_path):
+def store(engine, tmp_path):
     pushed = []
-    s = NamespaceStore(tmp_path / "namespace", "c", lambda method, arg: pushed.append((method, arg)) or [0, 1])
+    s = reopen(engine, tmp_path, lambda method, arg: pushed.append((method, arg)) or [0, 1])
     s.pushed = pushed
     return s
 
 
-def test_a_published_generation_is_pushed_kept_and_known_after_a_restart(store, tmp_path):
+def test_a_published_generation_is_pushed_kept_and_known_after_a_restart(store, engine, tmp_path):
     v0 = store.version
     assert store.publish(manifest("a/x", "g1"), "a/x/g1/") == [0, 1]
-    assert store.pushed[-1][0] == "set_manifest" and store.pushed[-1][1].generation == "g1"
+    method, changes = store.pushed[-1]
+    assert method == "apply_changes" and (changes.since, changes.version) == (v0, v0 + 1)
+    assert changes.names["a/x"].generation == "g1"
     assert store.version == v0 + 1
-    again = NamespaceStore(tmp_path / "namespace", "c", lambda m, a: [])
-    assert again.manifest("a/x").generation == "g1"
-    assert again.version > store.version  # from the clock: never a number a reader saw before
+    again = reopen(engine, tmp_path)
+    assert again.manifest("a/x").generation == "g1" and again.manifest("a/x") == store.manifest("a/x")
+    assert again.version == store.version  # the same namespace: readers need not reload
+    assert reopen(engine, tmp_path / "other").version > store.version  # a new store: from the clock
 
 
 def test_a_replaced_generation_expires_after_keep_old_s(store):
@@ -80,7 +92,8 @@ def test_a_retired_piece_named_again_is_not_deleted(store):
 def test_removing_a_name_pushes_the_drop_and_names_a_missing_one(store):
     store.publish(manifest("d", "g1"), "d/g1/")
     assert store.remove("d").generation == "g1"
-    assert store.pushed[-1] == ("drop_manifest", "d") and store.manifest("d") is None
+    method, changes = store.pushed[-1]
+    assert method == "apply_changes" and changes.names == {"d": None} and store.manifest("d") is None
     with pytest.raises(FasterFSError, match="'d': no such dataset or file in cluster 'c'"):
         store.remove("d")
 
@@ -117,27 +130,105 @@ def test_a_wall_clock_step_neither_expires_nor_keeps_a_generation(store, monkeyp
     assert 7199 < stamp.age(before_reboot) < 7300 and 7199 < stamp.age(wall() - 7200) < 7300
 
 
-def test_the_heads_disk_full_names_the_file_and_changes_nothing(store, tmp_path, monkeypatch):
-    """ENOSPC while the Registry writes the namespace: the error names the file, and neither
-    memory nor disk has half of the change (a history naming the current generation replaced
-    would have its objects deleted once keep_old_s passed)."""
-    import errno
-
-    from fasterfs import namespace_store
-
-    def full(*_):
-        raise OSError(errno.ENOSPC, "No space left on device")
+def test_the_heads_disk_full_names_the_store_and_changes_nothing(store, engine, tmp_path):
+    """The head's disk full while the Registry writes the namespace (SQLite's file capped at its
+    size now): the error names the store, and nothing of the change is kept, in this store or
+    one opened anew (a history naming the current generation replaced would have its objects
+    deleted once keep_old_s passed)."""
     store.publish(manifest("d", "g1"), "d/g1/")
-    monkeypatch.setattr(namespace_store, "atomic_write_json", full)  # the manifest fits, the history does not
-    with pytest.raises(FasterFSError, match=r"the head cannot write \S+/generations.json: No space left on device; "
-                                            "the namespace is unchanged"):
-        store.publish(manifest("d", "g2"), "d/g2/")
-    with pytest.raises(FasterFSError, match="generations.json: No space left"):
-        store.remove("d")
-    monkeypatch.setattr(Manifest, "save", full)  # nor the manifest
-    with pytest.raises(FasterFSError, match=r"the head cannot write \S+/namespace/d.json"):
-        store.publish(manifest("d", "g3"), "d/g3/")
-    monkeypatch.undo()
-    for seen in (store, NamespaceStore(tmp_path / "namespace", "c", lambda m, a: [])):  # in memory, on disk
+    version = store.version
+    db = store.engine.db
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")
+    big = manifest("d", "g2", nodes=[(0, 1)] * 5000)  # more pages than are left
+    with pytest.raises(FasterFSError, match=r"the head cannot write the namespace store \S+namespace.sqlite: "
+                                            ".*full.*; the namespace is unchanged"):
+        store.publish(big, "d/g2/")
+    db.execute("PRAGMA max_page_count = 1073741823")
+    for seen in (store, reopen(engine, tmp_path)):
         assert seen.manifest("d").generation == "g1" and seen.generations("d") == ["g1"]
-        assert seen.expired(keep_old_s=0) == []
+        assert seen.expired(keep_old_s=0) == [] and seen.version == version
+
+
+def test_directories_list_by_parent_and_go_when_emptied(store):
+    for name in ("t/2024/a.csv", "t/2024/b.csv", "t/2025/c.csv", "top.bin"):
+        store.publish(manifest(name, "g1"), "x/")
+    root = store.listdir("")
+    assert [d for d, _ in root.dirs] == ["t"] and [m.name for m in root.names] == ["top.bin"]
+    assert [d for d, _ in store.listdir("t").dirs] == ["t/2024", "t/2025"]
+    assert [m.name for m in store.listdir("t/2024").names] == ["t/2024/a.csv", "t/2024/b.csv"]
+    assert store.listdir("t/2026") is None and store.listdir("top.bin") is None
+    store.remove("t/2025/c.csv")
+    assert [d for d, _ in store.listdir("t").dirs] == ["t/2024"] and store.listdir("t/2025") is None
+    store.remove("t/2024/a.csv")
+    store.remove("t/2024/b.csv")
+    assert store.listdir("t") is None and [d for d, _ in store.listdir("").dirs] == []
+
+
+def test_conflicts_are_named_and_fail_the_whole_batch(store):
+    store.publish(manifest("a/b", "g1"), "x/")
+    dataset = manifest("ds", "g1")
+    dataset.kind = "dataset"
+    store.publish(dataset, "ds/")
+    assert store.conflict("a/b/c", "file") == "'a/b' is a file"
+    assert store.conflict("a", "file") == "'a' is a directory"
+    assert store.conflict("ds/x", "file") == "'ds' is a dataset"
+    assert store.conflict("a", "dataset") == "'a' is already a directory of files"
+    assert store.conflict("a/b", "dataset") == "'a/b' is already a file"
+    assert store.conflict("a/c", "file") is None and store.conflict("a/b", "file") is None
+    version = store.version
+    with pytest.raises(FasterFSError, match="cannot store file 'a/b/c' in the namespace: 'a/b' is a file"):
+        store.publish_batch([(manifest("n/1", "g1"), "x/"), (manifest("a/b/c", "g1"), "x/")])
+    assert store.manifest("n/1") is None and store.version == version and store.listdir("n") is None
+
+
+def test_changes_since_a_version_name_only_what_changed_and_a_log_past_its_reach_says_so(store, monkeypatch):
+    from fasterfs.meta import sqlite
+
+    v0 = store.version
+    version, _ = store.publish_batch([(manifest(f"d/{i}", "g1"), "x/") for i in range(3)])
+    assert version == v0 + 1  # one batch, one version
+    store.publish(manifest("d/1", "g2"), "x/")
+    store.remove("d/2")
+    changes = store.changes(v0 + 1)
+    assert changes.version == v0 + 3 and set(changes.names) == {"d/1", "d/2"}
+    assert changes.names["d/1"].generation == "g2" and changes.names["d/2"] is None
+    assert store.changes(store.version).names == {}
+    monkeypatch.setattr(sqlite, "LOG_KEEP", 1)
+    store.publish(manifest("d/3", "g1"), "x/")
+    assert store.changes(v0 + 1) is None          # the log no longer reaches back: reload
+    assert set(store.changes(store.version - 1).names) == {"d/3"}
+
+
+def test_a_write_never_published_is_collected_and_one_collected_cannot_publish(store):
+    pending = manifest("p", "g1")
+    store.pending_write([(n, key, "p") for c in pending.chunks for n, key in pending.pieces(c)])
+    store.publish_batch([(pending, "x/")], pending=True)
+    assert store.expired_pieces(keep_old_s=0) == []  # published: its pieces are the file's
+    lost = manifest("q", "g1")
+    store.pending_write([(n, key, "q") for c in lost.chunks for n, key in lost.pieces(c)])
+    assert sorted(store.expired_pieces(keep_old_s=0)) == sorted((n, key) for c in lost.chunks
+                                                                for n, key in lost.pieces(c))
+    with pytest.raises(FasterFSError, match="write of 'q' took longer than ingest.keep_old_s"):
+        store.publish_batch([(lost, "x/")], pending=True)
+    assert store.manifest("q") is None
+
+
+def test_a_follower_takes_pushes_in_order_and_fetches_what_it_missed(store):
+    from fasterfs.meta.follower import Follower
+
+    heard = []
+    follower = Follower(store.changes, store.manifests, heard.append)
+    store.publish(manifest("a", "g1"), "x/")
+    follower.catch_up()
+    assert follower.reloads == 1 and set(follower.manifests) == {"a"}
+    store.publish(manifest("b", "g1"), "x/")
+    missed = store.pushed[-1][1]
+    store.publish(manifest("a", "g2"), "x/")
+    follower.apply(store.pushed[-1][1])  # out of order: the gap is fetched
+    assert follower.version == store.version and follower.manifests["a"].generation == "g2"
+    assert set(follower.manifests) == {"a", "b"} and follower.reloads == 1
+    follower.apply(missed)               # late: already seen
+    assert follower.manifests["a"].generation == "g2"
+    assert [(n, before.generation if before else None) for n, before, _ in heard[-1]] in (
+        [("a", "g1"), ("b", None)], [("b", None), ("a", "g1")])

@@ -5,12 +5,15 @@
 //! each reply to its waiter by id, so replies may arrive in any order.
 //! A call may carry a hook that the reader thread runs on the reply first,
 //! so what the reply declares takes effect at its place in the stream.
+//! Trees and deltas are applied on another thread, behind the reader: a
+//! reply that must see the trees the agent sent before it (a refresh, an
+//! error such as an open's ESTALE) waits until those are applied.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Condvar, Mutex};
 
 use serde_json::{json, Value};
 
@@ -18,6 +21,8 @@ pub struct Reply {
     pub v: Value,
     /// Raw bytes that followed the JSON line (read replies only).
     pub data: Vec<u8>,
+    /// How many messages the reader had handed to the applier before this reply.
+    pub after: u64,
 }
 
 /// Run by the reader thread on a reply's JSON before its waiter sees it.
@@ -32,6 +37,9 @@ pub struct Agent {
     writer: Mutex<UnixStream>,
     pending: Mutex<Pending>,
     next_id: AtomicU64,
+    /// How many messages handed to the applier it has finished, in order.
+    applied: Mutex<u64>,
+    applied_cv: Condvar,
 }
 
 impl Agent {
@@ -43,6 +51,8 @@ impl Agent {
                 closed: false,
             }),
             next_id: AtomicU64::new(1),
+            applied: Mutex::new(0),
+            applied_cv: Condvar::new(),
         }
     }
 
@@ -57,11 +67,18 @@ impl Agent {
     /// Err carries the errno for the kernel: the agent's own, or EIO when
     /// the socket is gone.
     pub fn call(&self, req: Value) -> Result<Reply, i32> {
-        self.call_with(req, None)
+        self.call_with(req, None, false)
     }
 
-    /// `call`, with `hook` run on the reply (error replies included).
-    pub fn call_with(&self, mut req: Value, hook: Option<Hook>) -> Result<Reply, i32> {
+    /// `call`, returning once the trees and deltas the agent sent before its
+    /// reply are applied.
+    pub fn call_synced(&self, req: Value) -> Result<Reply, i32> {
+        self.call_with(req, None, true)
+    }
+
+    /// `call`, with `hook` run on the reply (error replies included); waits
+    /// for the trees sent before the reply if `synced` or if it is an error.
+    pub fn call_with(&self, mut req: Value, hook: Option<Hook>, synced: bool) -> Result<Reply, i32> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         {
@@ -78,6 +95,9 @@ impl Agent {
         }
         // A dropped sender (socket closed) also lands here as Err.
         let r = rx.recv().map_err(|_| libc::EIO)?;
+        if synced || r.v.get("errno").is_some() {
+            self.wait_applied(r.after);
+        }
         match r.v.get("errno") {
             Some(e) => Err(e.as_i64().filter(|&e| e > 0).unwrap_or(libc::EIO as i64) as i32),
             None => Ok(r),
@@ -92,6 +112,19 @@ impl Agent {
                 hook(&r.v);
             }
             let _ = tx.send(r);
+        }
+    }
+
+    /// Called by the applier thread after each message it was handed.
+    pub fn applied_one(&self) {
+        *self.applied.lock().unwrap() += 1;
+        self.applied_cv.notify_all();
+    }
+
+    fn wait_applied(&self, n: u64) {
+        let mut a = self.applied.lock().unwrap();
+        while *a < n {
+            a = self.applied_cv.wait(a).unwrap();
         }
     }
 

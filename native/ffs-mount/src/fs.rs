@@ -1,7 +1,7 @@
 //! The FUSE filesystem: metadata from the pushed tree, opens either native
 //! passthrough (hot files) or forwarded to the agent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackingId, BsdFileFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
@@ -108,6 +108,8 @@ pub struct Stats {
     pub stale_refused: AtomicU64,
     pub hot_from_open_reply: AtomicU64,
     pub lookup_refreshes: AtomicU64,
+    /// Lookups answered ENOENT from the remembered misses, without the agent.
+    pub negative_hits: AtomicU64,
     /// RELEASEs handled: equal to passthrough_opens + agent_opens once every file is closed.
     pub releases: AtomicU64,
     /// Whether the kernel took FUSE_PASSTHROUGH at INIT (else every open goes to the agent).
@@ -129,6 +131,7 @@ impl Stats {
             "stale_refused": self.stale_refused.load(Relaxed),
             "hot_from_open_reply": self.hot_from_open_reply.load(Relaxed),
             "lookup_refreshes": self.lookup_refreshes.load(Relaxed),
+            "negative_hits": self.negative_hits.load(Relaxed),
             "releases": self.releases.load(Relaxed),
             "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
         })
@@ -216,8 +219,50 @@ impl Opens {
     }
 }
 
+/// Names that lookups found missing even after asking the agent, in the tree
+/// of `seq`: asked for again only once a newer tree or delta is applied.
+#[derive(Default)]
+pub struct Misses {
+    seq: u64,
+    names: HashSet<(u64, String)>,
+}
+
+/// Remembered misses at most (then all are forgotten).
+const MISSES_MAX: usize = 65_536;
+
+impl Misses {
+    pub fn has(&self, seq: u64, parent: u64, name: &str) -> bool {
+        self.seq == seq && self.names.contains(&(parent, name.to_string()))
+    }
+
+    /// Missing in the tree of `seq`: remembered unless a newer one is applied already.
+    pub fn add(&mut self, seq: u64, parent: u64, name: &str) {
+        self.reset(seq);
+        if seq == self.seq {
+            if self.names.len() >= MISSES_MAX {
+                self.names.clear();
+            }
+            self.names.insert((parent, name.to_string()));
+        }
+    }
+
+    /// The tree of `seq` is applied: what was missing before may exist now.
+    pub fn reset(&mut self, seq: u64) {
+        if seq > self.seq {
+            self.seq = seq;
+            self.names.clear();
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+}
+
 pub struct Shared {
     pub tree: RwLock<Arc<Tree>>,
+    pub misses: Mutex<Misses>,
     pub hot: Mutex<HashMap<String, Hot>>,
     pub stats: Stats,
     pub agent: Agent,
@@ -231,6 +276,7 @@ impl Shared {
     pub fn new(agent: Agent, ttl: Duration) -> Shared {
         Shared {
             tree: RwLock::new(Arc::new(Tree::empty())),
+            misses: Mutex::new(Misses::default()),
             hot: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             agent,
@@ -246,7 +292,7 @@ impl Shared {
     }
 
     /// Inodes with handles open (or opens under way).
-    pub fn open_inodes(&self) -> std::collections::HashSet<u64> {
+    pub fn open_inodes(&self) -> HashSet<u64> {
         let st = self.opens.lock().unwrap();
         st.inodes.iter().filter(|(_, io)| io.pt_count + io.agent_count > 0).map(|(&i, _)| i).collect()
     }
@@ -287,12 +333,37 @@ impl Shared {
         }
     }
 
+    /// The attributes of `name` in directory `parent`. A name the tree lacks
+    /// may be newer than the last push (a dataset ingested a moment ago):
+    /// the agent sends a newer tree, if there is one, before it replies, so
+    /// one retry sees it. A name still missing then is not asked for again
+    /// until the next tree or delta.
+    pub fn find(&self, parent: u64, name: &str) -> Option<FileAttr> {
+        let find = |t: &Tree| t.child(parent, name).and_then(|i| t.attr(i));
+        let t = self.tree();
+        if let Some(a) = find(&t) {
+            return Some(a);
+        }
+        if self.misses.lock().unwrap().has(t.seq, parent, name) {
+            self.stats.negative_hits.fetch_add(1, Relaxed);
+            return None;
+        }
+        self.stats.lookup_refreshes.fetch_add(1, Relaxed);
+        self.agent.call_synced(json!({"op": "refresh"})).ok()?;
+        let t = self.tree();
+        let found = find(&t);
+        if found.is_none() {
+            self.misses.lock().unwrap().add(t.seq, parent, name);
+        }
+        found
+    }
+
     /// A hot file's marks say stale: has it been replaced? Asks the agent for
     /// the newest tree (sent before its reply); true if `ino` is not in it.
     /// The open then fails with ESTALE, and the kernel's retry looks the
     /// path up again and finds the new file's inode.
     fn replaced(&self, ino: u64) -> bool {
-        let _ = self.agent.call(json!({"op": "refresh", "why": "stale"}));
+        let _ = self.agent.call_synced(json!({"op": "refresh", "why": "stale"}));
         !self.tree().nodes.contains_key(&ino)
     }
 
@@ -383,21 +454,8 @@ impl Filesystem for FuseFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
         s.stats.lookups.fetch_add(1, Relaxed);
-        let find = |t: &Tree| {
-            let ino = name
-                .to_str()
-                .and_then(|n| t.children.get(&parent.0)?.get(n).copied());
-            ino.and_then(|i| t.attr(i))
-        };
-        // A name the tree lacks may be newer than the last push (a dataset
-        // ingested a moment ago): the agent sends a newer tree, if there is
-        // one, before it replies, so one retry sees it.
-        let found = find(&s.tree()).or_else(|| {
-            s.stats.lookup_refreshes.fetch_add(1, Relaxed);
-            s.agent.call(json!({"op": "refresh"})).ok()?;
-            find(&s.tree())
-        });
-        match found {
+        // Paths are JSON strings: a name that is not UTF-8 is in no tree.
+        match name.to_str().and_then(|n| s.find(parent.0, n)) {
             Some(a) => reply.entry(&s.ttl, &a, Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
@@ -429,33 +487,12 @@ impl Filesystem for FuseFs {
     ) {
         self.0.stats.readdirs.fetch_add(1, Relaxed);
         let t = self.0.tree();
-        let (Some(node), Some(kids)) = (t.nodes.get(&ino.0), t.children.get(&ino.0)) else {
+        // Offsets are positions in the sorted listing; entry k carries k+1.
+        let Some(entries) = t.dir_entries(ino.0, offset) else {
             return reply.error(Errno::ENOENT);
         };
-        let dots = [
-            (ino.0, FileType::Directory, "."),
-            (node.parent, FileType::Directory, ".."),
-        ];
-        let kids = kids.iter().map(|(name, &i)| {
-            let dir = t.nodes.get(&i).is_some_and(|n| n.dir);
-            (
-                i,
-                if dir {
-                    FileType::Directory
-                } else {
-                    FileType::RegularFile
-                },
-                name.as_str(),
-            )
-        });
-        // Offsets are positions in this (sorted) listing; entry k carries k+1.
-        for (k, (i, kind, name)) in dots
-            .into_iter()
-            .chain(kids)
-            .enumerate()
-            .skip(offset as usize)
-        {
-            if reply.add(INodeNo(i), k as u64 + 1, kind, name) {
+        for (i, kind, name, next) in entries {
+            if reply.add(INodeNo(i), next, kind, name) {
                 break;
             }
         }
@@ -567,7 +604,7 @@ impl Filesystem for FuseFs {
             })
         };
         let req = json!({"op": "open", "path": node.path, "gen": node.gen});
-        let r = match s.agent.call_with(req, Some(hook)) {
+        let r = match s.agent.call_with(req, Some(hook), false) {
             Ok(r) => r,
             Err(e) => {
                 let mut st = s.opens.lock().unwrap();

@@ -30,9 +30,24 @@
 //!   inode number across trees while its G (a string) stays the same; a new G
 //!   is a new inode, and the old one's entry is invalidated in the kernel.
 //!   A file inode that leaves the tree keeps its attributes while open (and
-//!   until the next tree); opening it fails with ESTALE (the kernel looks
-//!   the path up again and retries).
+//!   until the next tree or delta); opening it fails with ESTALE (the kernel
+//!   looks the path up again and retries). Once a path is out of the tree
+//!   and not kept so, its inode number is forgotten: if the path comes back
+//!   it gets a new one (numbers are never reused).
 //!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Files are 0444, directories 0555, owner root.
+//!
+//! {"op":"delta","version":V,"since":S,"entries":[...as in "tree"...],
+//!  "gone":[P, ...]}
+//!   Changes tree S into tree V, in O(size of the delta), not of the tree.
+//!   Ignored (and logged) unless the daemon's tree is version S (and before
+//!   the first tree): after any doubt, send a whole "tree". First each path
+//!   of "gone" leaves the tree (list every path removed, descendants too; a
+//!   directory's descendants left unlisted go with it), then each entry is
+//!   applied as in "tree": a new path is added (missing parents become
+//!   directories, an entry below a file is dropped), an existing one takes
+//!   its attributes, or is a new inode if its G changed. What left or
+//!   changed is invalidated in the kernel, and files that left are kept
+//!   while open exactly as with a new "tree".
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
 //!  "pin":S,"key":K,"keys":[K...],"bucket":K2,"fetched_ns":F}
@@ -74,11 +89,16 @@
 //!   (opens made passthrough by their open reply's "hot"; also counted in
 //!   passthrough_opens, not in agent_opens), reads_cached, bytes_cached
 //!   (reads of agent handles served from their "cached" ranges), releases
-//!   (RELEASEs handled: passthrough_opens + agent_opens once all are closed).
+//!   (RELEASEs handled: passthrough_opens + agent_opens once all are closed),
+//!   lookup_refreshes (lookup misses asked of the agent), negative_hits
+//!   (lookup misses answered ENOENT at once, as asked before: see "refresh").
 //!
-//! Messages are applied in stream order by one reader thread, and an open
-//! reply's "hot" at its place in that order. Unknown ops are logged and
-//! ignored; replies with unknown ids are dropped.
+//! Messages are applied in stream order, and an open reply's "hot" at its
+//! place in that order. Trees and deltas are applied by their own thread,
+//! so replies keep coming while a big tree is applied; a "stats" is
+//! answered after the trees and deltas before it, and a "refresh" reply or
+//! any error reply takes effect once those sent before it are applied.
+//! Unknown ops are logged and ignored; replies with unknown ids are dropped.
 //!
 //! ## Daemon -> agent
 //!
@@ -117,8 +137,11 @@
 //!
 //! {"op":"refresh","id":N} or {"op":"refresh","why":"stale","id":N} -> {"id":N}
 //!   A lookup found no such name, or (why "stale") an open found a hot
-//!   file's marks stale: the agent sends its newest tree first, if newer
-//!   (for a lookup it may skip that if it looked a moment ago). A stale
+//!   file's marks stale: the agent sends its newest tree (or delta) first,
+//!   if newer (for a lookup it may skip that if it looked a moment ago). A
+//!   name still missing then is remembered (at most 65536 of them): its
+//!   lookups fail with ENOENT without asking until the next tree or delta
+//!   is applied, so the agent must push its changes unasked. A stale
 //!   open whose inode is then gone from the tree (its file replaced or
 //!   removed) fails with ESTALE; the kernel looks the path up again and
 //!   retries the open, on the new file's inode.
@@ -150,7 +173,7 @@ use serde_json::{json, Value};
 
 use agent::{Agent, Reply};
 use fs::{FuseFs, Hot, Shared};
-use tree::{InoMap, Tree};
+use tree::{InoMap, Inval, Tree};
 
 enum Event {
     FirstTree,
@@ -211,22 +234,32 @@ fn ensure_stdio() {
     }
 }
 
-/// Reader thread: dispatches replies by id and applies unsolicited messages.
-fn reader(
-    sock: UnixStream,
-    s: Arc<Shared>,
-    ev: mpsc::Sender<Event>,
-    inval: mpsc::Sender<Vec<(u64, String, u64)>>,
-) {
+/// What the reader hands to the applier thread.
+enum Apply {
+    /// A "tree" or "delta" line, still to parse.
+    Line(Vec<u8>),
+    /// A "tree", "delta" or "stats" message.
+    Msg(Value),
+}
+
+/// Reader thread: dispatches replies by id and applies unsolicited messages,
+/// but hands trees, deltas and stats to the applier thread, in order.
+fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>, apply: mpsc::Sender<Apply>) {
     let mut r = BufReader::with_capacity(1 << 20, sock);
-    let mut inos = InoMap::new();
-    let mut have_tree = false;
+    let mut handed = 0u64; // messages handed to the applier
     let mut line = Vec::new();
     loop {
         line.clear();
         match r.read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
+        }
+        // Parsed by the applier: a big tree parsed here would hold up the
+        // replies behind it. The agent writes "op" first; else see below.
+        if line.starts_with(br#"{"op":"tree","#) || line.starts_with(br#"{"op":"delta","#) {
+            handed += 1;
+            let _ = apply.send(Apply::Line(std::mem::take(&mut line)));
+            continue;
         }
         let v: Value = match serde_json::from_slice(&line) {
             Ok(v) => v,
@@ -244,22 +277,12 @@ fn reader(
                     break;
                 }
                 if let Some(id) = v.get("id").and_then(Value::as_u64) {
-                    s.agent.deliver(id, Reply { v, data });
+                    s.agent.deliver(id, Reply { v, data, after: handed });
                 }
             }
-            Some("tree") => {
-                let mut t = Tree::from_msg(&v, &mut inos);
-                t.keep_orphans(&s.tree(), &s.open_inodes());
-                let t = Arc::new(t);
-                let old = std::mem::replace(&mut *s.tree.write().unwrap(), t.clone());
-                // Not from this thread: an invalidation waits for the directory
-                // locks of requests in flight, which may wait for a reply that
-                // only this thread delivers.
-                let _ = inval.send(old.changed_in(&t));
-                if !have_tree {
-                    have_tree = true;
-                    let _ = ev.send(Event::FirstTree);
-                }
+            Some("tree" | "delta" | "stats") => {
+                handed += 1;
+                let _ = apply.send(Apply::Msg(v));
             }
             Some("hot") => {
                 let (Some(path), Some(hot)) =
@@ -277,16 +300,69 @@ fn reader(
                     s.hot.lock().unwrap().remove(path.trim_matches('/'));
                 }
             }
-            Some("stats") => {
-                let _ = s
-                    .agent
-                    .send(&json!({"id": v.get("id"), "stats": s.stats.json()}));
-            }
             Some(op) => eprintln!("ffs-mount: unknown op from agent: {op}"),
         }
     }
     s.agent.close();
     let _ = ev.send(Event::AgentClosed);
+}
+
+/// Applier thread: applies trees and deltas in stream order, publishing each
+/// result as the snapshot FUSE threads read, and answers "stats" after them.
+fn applier(
+    rx: mpsc::Receiver<Apply>,
+    s: Arc<Shared>,
+    ev: mpsc::Sender<Event>,
+    inval: mpsc::Sender<Vec<Inval>>,
+) {
+    let mut inos = InoMap::new();
+    let mut have_tree = false;
+    for m in rx {
+        let v = match m {
+            Apply::Msg(v) => Some(v),
+            Apply::Line(l) => serde_json::from_slice(&l)
+                .inspect_err(|e| eprintln!("ffs-mount: bad message from agent: {e}"))
+                .ok(),
+        };
+        match v.as_ref().map(|v| (v, v.get("op").and_then(Value::as_str))) {
+            Some((v, Some("tree"))) => {
+                let (t, changed) = Tree::from_msg(&s.tree(), v, &mut inos, &s.open_inodes());
+                publish(&s, t, changed, &inval);
+                if !have_tree {
+                    have_tree = true;
+                    let _ = ev.send(Event::FirstTree);
+                }
+            }
+            Some((_, Some("delta"))) if !have_tree => {
+                eprintln!("ffs-mount: delta before the first tree, ignored");
+            }
+            Some((v, Some("delta"))) => {
+                match s.tree().apply_delta(v, &mut inos, &s.open_inodes()) {
+                    Ok((t, changed)) => publish(&s, t, changed, &inval),
+                    Err(e) => eprintln!("ffs-mount: {e}: ignored"),
+                }
+            }
+            Some((v, Some("stats"))) => {
+                let _ = s
+                    .agent
+                    .send(&json!({"id": v.get("id"), "stats": s.stats.json()}));
+            }
+            _ => {}
+        }
+        s.agent.applied_one();
+    }
+}
+
+/// Make `t` the tree FUSE threads see.
+fn publish(s: &Shared, t: Tree, changed: Vec<Inval>, inval: &mpsc::Sender<Vec<Inval>>) {
+    let seq = t.seq;
+    let old = std::mem::replace(&mut *s.tree.write().unwrap(), Arc::new(t));
+    s.misses.lock().unwrap().reset(seq);
+    // Not from this thread: an invalidation waits for the directory locks
+    // of requests in flight, which may wait for a reply (a refresh) that
+    // waits for this thread.
+    let _ = inval.send(changed);
+    drop(old); // here, rather than in a FUSE thread, unless one still holds it
 }
 
 /// Device ("major:minor") of the topmost mount at `mp`, from mountinfo.
@@ -373,11 +449,17 @@ fn main() {
     ));
     // Entries and attributes are cached by the kernel for --attr-ttl-ms; what a
     // new tree changes is invalidated at once, once the session can notify.
-    let (inval_tx, inval_rx) = mpsc::channel::<Vec<(u64, String, u64)>>();
+    let (inval_tx, inval_rx) = mpsc::channel::<Vec<Inval>>();
+    let (apply_tx, apply_rx) = mpsc::channel();
     {
         let s = shared.clone();
         let ev = ev_tx.clone();
-        std::thread::spawn(move || reader(sock, s, ev, inval_tx));
+        std::thread::spawn(move || applier(apply_rx, s, ev, inval_tx));
+    }
+    {
+        let s = shared.clone();
+        let ev = ev_tx.clone();
+        std::thread::spawn(move || reader(sock, s, ev, apply_tx));
     }
 
     // Mount only once the first tree has arrived.

@@ -1,19 +1,30 @@
-//! Immutable metadata snapshots built from the agent's "tree" messages.
+//! Immutable metadata snapshots built from the agent's "tree" and "delta"
+//! messages.
 //!
-//! Each tree message produces a fresh `Tree`; readers swap an `Arc` so FUSE
-//! threads never block on a rebuild. Inode numbers come from `InoMap`, which
-//! only ever grows: a path keeps its inode across versions while its "gen"
-//! stays (a file replaced is a new inode, as a file renamed over is on a
-//! local disk: handles open on the old one keep reading it), and an inode is
-//! never handed to another path (the kernel may still cache old ones).
+//! The applier thread (main.rs) makes each new `Tree` and swaps an `Arc`, so
+//! FUSE threads never block on it. Its maps are persistent (rpds): a clone
+//! is O(1) and shares everything, an edit copies O(log n) nodes, so a delta
+//! costs O(its size * log n), not O(tree), and snapshots still in use keep
+//! their own view. Inode numbers come from `InoMap`: a path keeps its inode
+//! while its "gen" stays (a file replaced is a new inode, as a file renamed
+//! over is on a local disk: handles open on the old one keep reading it),
+//! and an inode is never handed to another path (the kernel may still cache
+//! old ones). Once a path is neither in the tree nor an orphan its inode is
+//! forgotten: if it comes back, it gets a new one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo};
+use rpds::{HashTrieMapSync, RedBlackTreeMapSync};
 use serde_json::Value;
 
 pub const ROOT_INO: u64 = 1;
+
+/// What the kernel may hold wrongly after a change: (parent, name, ino).
+pub type Inval = (u64, String, u64);
 
 #[derive(Clone)]
 pub struct Node {
@@ -25,48 +36,299 @@ pub struct Node {
     pub gen: String,
 }
 
+impl Node {
+    fn name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or_default()
+    }
+}
+
+/// The InoMap key of a path and gen: a new gen is another file.
+fn key<'a>(path: &'a str, gen: &str) -> Cow<'a, str> {
+    match gen.is_empty() {
+        true => Cow::Borrowed(path),
+        false => Cow::Owned(format!("{path}\0{gen}")),
+    }
+}
+
+/// A directory's entries by name. Its sorted listing is built by the first
+/// readdir that needs it and kept while the names stay: an edit makes a new
+/// `Dir` (sharing the map), with no listing yet.
+#[derive(Default)]
+pub struct Dir {
+    names: RedBlackTreeMapSync<Arc<str>, u64>,
+    listing: OnceLock<Vec<(Arc<str>, u64)>>,
+}
+
+impl Clone for Dir {
+    fn clone(&self) -> Dir {
+        Dir {
+            names: self.names.clone(),
+            listing: OnceLock::new(),
+        }
+    }
+}
+
+impl Dir {
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.names.get(name).copied()
+    }
+
+    /// Entries in name order: readdir offset k is index k - 2 (after "." and "..").
+    pub fn listing(&self) -> &[(Arc<str>, u64)] {
+        self.listing
+            .get_or_init(|| self.names.iter().map(|(n, &i)| (n.clone(), i)).collect())
+    }
+}
+
+#[derive(Clone)]
 pub struct Tree {
     pub version: u64,
-    pub nodes: HashMap<u64, Node>,
-    /// Directory inode -> children by name (BTreeMap: stable readdir order).
-    pub children: HashMap<u64, BTreeMap<String, u64>>,
+    /// How many trees and deltas were applied before this one (0: none yet).
+    pub seq: u64,
+    pub nodes: HashTrieMapSync<u64, Node>,
+    /// Directory inode -> its entries.
+    pub children: HashTrieMapSync<u64, Arc<Dir>>,
     /// Files gone from the tree (replaced or removed) in its last change, or
     /// still open: no name leads to them, but their attributes stay (fstat
     /// of an open handle, a getattr racing the change); opening one fails
-    /// with ESTALE, so the kernel looks the path up again.
+    /// with ESTALE, so the kernel looks the path up again. A plain map: each
+    /// change builds it anew from its own removals and the old one's open
+    /// files, which is proportional to the changes, not the tree.
     pub orphans: HashMap<u64, Node>,
 }
 
 pub struct InoMap {
-    by_path: HashMap<String, u64>,
+    by_key: HashMap<String, u64>,
     next: u64,
 }
 
 impl InoMap {
     pub fn new() -> Self {
-        let mut by_path = HashMap::new();
-        by_path.insert(String::new(), ROOT_INO);
+        let mut by_key = HashMap::new();
+        by_key.insert(String::new(), ROOT_INO);
         InoMap {
-            by_path,
+            by_key,
             next: ROOT_INO + 1,
         }
     }
 
-    fn ino(&mut self, path: &str) -> u64 {
-        if let Some(&i) = self.by_path.get(path) {
+    fn ino(&mut self, key: &str) -> u64 {
+        if let Some(&i) = self.by_key.get(key) {
             return i;
         }
         let i = self.next;
         self.next += 1;
-        self.by_path.insert(path.to_string(), i);
+        self.by_key.insert(key.to_string(), i);
         i
+    }
+
+    /// `ino` left for good: its key gets a new inode if it comes back.
+    fn forget(&mut self, node: &Node, ino: u64) {
+        let k = key(&node.path, &node.gen);
+        if self.by_key.get(k.as_ref()) == Some(&ino) {
+            self.by_key.remove(k.as_ref());
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+}
+
+/// One entry object of a "tree" or "delta" message.
+struct Entry {
+    path: String,
+    dir: bool,
+    size: u64,
+    mtime_ns: i64,
+    gen: String,
+}
+
+/// P with outer slashes stripped, or None if it has an empty, "." or ".." component.
+fn clean(p: &str) -> Option<&str> {
+    let p = p.trim_matches('/');
+    let bad = p.is_empty() || p.split('/').any(|c| c.is_empty() || c == "." || c == "..");
+    (!bad).then_some(p)
+}
+
+/// The valid entries of `msg`, the last of each path, sorted by path
+/// (parents before their children).
+fn entries(msg: &Value) -> Vec<Entry> {
+    let mut by_path: HashMap<&str, Entry> = HashMap::new();
+    for e in msg.get("entries").and_then(Value::as_array).into_iter().flatten() {
+        let Some(p) = e.get("path").and_then(Value::as_str).and_then(clean) else {
+            continue;
+        };
+        let dir = e.get("dir").and_then(Value::as_bool).unwrap_or(false);
+        let entry = Entry {
+            path: p.to_string(),
+            dir,
+            size: match dir {
+                true => 0,
+                false => e.get("size").and_then(Value::as_u64).unwrap_or(0),
+            },
+            mtime_ns: e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0),
+            gen: e.get("gen").and_then(Value::as_str).unwrap_or_default().to_string(),
+        };
+        by_path.insert(p, entry);
+    }
+    let mut v: Vec<Entry> = by_path.into_values().collect();
+    v.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    v
+}
+
+/// A change being made to a fresh clone of a tree.
+struct Edit<'a> {
+    t: &'a mut Tree,
+    inos: &'a mut InoMap,
+    inval: Vec<Inval>,
+}
+
+impl Edit<'_> {
+    fn node(&self, ino: u64) -> Option<&Node> {
+        self.t.nodes.get(&ino)
+    }
+
+    /// Directory `ino`'s entries, to change: a new `Dir` unless this change
+    /// made it (then it is ours alone); either way without a listing.
+    fn dir_mut(&mut self, ino: u64) -> &mut Dir {
+        let d = Arc::make_mut(self.t.children.get_mut(&ino).expect("a directory has its entries"));
+        d.listing.take();
+        d
+    }
+
+    /// The inode at `path` in the tree, if any.
+    fn resolve(&self, path: &str) -> Option<u64> {
+        path.split('/')
+            .try_fold(ROOT_INO, |dir, name| self.t.children.get(&dir)?.get(name))
+    }
+
+    /// Add `n` as `ino` under its parent (whatever had its name there is
+    /// gone already).
+    fn insert(&mut self, ino: u64, n: Node) {
+        self.dir_mut(n.parent).names.insert_mut(Arc::from(n.name()), ino);
+        if n.dir && !self.t.children.contains_key(&ino) {
+            self.t.children.insert_mut(ino, Arc::new(Dir::default()));
+        }
+        self.t.orphans.remove(&ino); // back before its orphan was dropped: the same inode
+        self.t.nodes.insert_mut(ino, n);
+    }
+
+    /// Make the tree hold `e`: its attributes if the path keeps its inode,
+    /// else a new inode in place of the old one. Missing ancestors become
+    /// directories; an entry below a file is dropped.
+    fn upsert(&mut self, e: &Entry) {
+        let mut parent = ROOT_INO;
+        let mut start = 0;
+        for (i, _) in e.path.match_indices('/') {
+            let name = &e.path[start..i];
+            start = i + 1;
+            parent = match self.t.children.get(&parent).and_then(|d| d.get(name)) {
+                Some(ino) if self.node(ino).is_some_and(|n| n.dir) => ino,
+                Some(_) => return,
+                None => {
+                    let anc = &e.path[..i];
+                    let ino = self.inos.ino(anc);
+                    let n = Node {
+                        path: anc.to_string(),
+                        parent,
+                        dir: true,
+                        size: 0,
+                        mtime_ns: e.mtime_ns,
+                        gen: String::new(),
+                    };
+                    self.insert(ino, n);
+                    ino
+                }
+            };
+        }
+        let name = &e.path[start..];
+        let ino = self.inos.ino(&key(&e.path, &e.gen));
+        let new = Node {
+            path: e.path.clone(),
+            parent,
+            dir: e.dir,
+            size: e.size,
+            mtime_ns: e.mtime_ns,
+            gen: e.gen.clone(),
+        };
+        let old = self.t.children.get(&parent).and_then(|d| d.get(name));
+        match old.and_then(|o| Some((o, self.node(o)?.clone()))) {
+            None => self.insert(ino, new),
+            Some((o, n)) if o == ino => {
+                if (n.dir, n.size, n.mtime_ns) != (new.dir, new.size, new.mtime_ns) {
+                    self.inval.push((parent, name.to_string(), ino));
+                }
+                if n.dir && !new.dir {
+                    let d = self.t.children.get(&ino).cloned();
+                    self.t.children.remove_mut(&ino);
+                    self.drop_all(d.iter().flat_map(|d| d.names.values().copied()).collect());
+                } else if !n.dir && new.dir {
+                    self.t.children.insert_mut(ino, Arc::new(Dir::default()));
+                }
+                self.t.nodes.insert_mut(ino, new);
+            }
+            Some((o, n)) if n.dir && new.dir => {
+                // A directory with a new gen: its entries move to the new inode.
+                let d = self.t.children.get(&o).cloned().unwrap_or_default();
+                self.t.children.remove_mut(&o);
+                self.t.nodes.remove_mut(&o);
+                self.inos.forget(&n, o);
+                self.inval.push((parent, name.to_string(), o));
+                for &c in d.names.values() {
+                    if let Some(cn) = self.node(c) {
+                        let cn = Node { parent: ino, ..cn.clone() };
+                        self.t.nodes.insert_mut(c, cn);
+                    }
+                }
+                self.t.children.insert_mut(ino, d);
+                self.insert(ino, new);
+            }
+            Some((o, _)) => {
+                self.remove(o);
+                self.insert(ino, new);
+            }
+        }
+    }
+
+    /// `ino` and everything below it leave the tree.
+    fn remove(&mut self, ino: u64) {
+        let Some(n) = self.node(ino).cloned() else {
+            return;
+        };
+        if self.t.children.get(&n.parent).and_then(|d| d.get(n.name())) == Some(ino) {
+            self.dir_mut(n.parent).names.remove_mut(n.name());
+        }
+        self.drop_all(vec![ino]);
+    }
+
+    /// Drop these inodes and everything below them (their names are gone
+    /// already): files become orphans, directories are forgotten.
+    fn drop_all(&mut self, mut stack: Vec<u64>) {
+        while let Some(i) = stack.pop() {
+            let Some(n) = self.node(i).cloned() else {
+                continue;
+            };
+            self.t.nodes.remove_mut(&i);
+            self.inval.push((n.parent, n.name().to_string(), i));
+            if n.dir {
+                if let Some(d) = self.t.children.get(&i).cloned() {
+                    stack.extend(d.names.values());
+                    self.t.children.remove_mut(&i);
+                }
+                self.inos.forget(&n, i);
+            } else {
+                self.t.orphans.insert(i, n);
+            }
+        }
     }
 }
 
 impl Tree {
     /// What the kernel may hold wrongly once `new` replaces `self`: (parent,
     /// name, ino) of every entry removed, or whose kind, size or time changed.
-    pub fn changed_in(&self, new: &Tree) -> Vec<(u64, String, u64)> {
+    pub fn changed_in(&self, new: &Tree) -> Vec<Inval> {
         self.nodes
             .iter()
             .filter(|&(ino, old)| {
@@ -75,10 +337,7 @@ impl Tree {
                         (n.dir, n.size, n.mtime_ns) != (old.dir, old.size, old.mtime_ns)
                     })
             })
-            .map(|(&ino, old)| {
-                let name = old.path.rsplit('/').next().unwrap_or_default().to_string();
-                (old.parent, name, ino)
-            })
+            .map(|(&ino, old)| (old.parent, old.name().to_string(), ino))
             .collect()
     }
 
@@ -96,108 +355,121 @@ impl Tree {
     pub fn empty() -> Tree {
         let mut t = Tree {
             version: 0,
-            nodes: HashMap::new(),
-            children: HashMap::new(),
+            seq: 0,
+            nodes: HashTrieMapSync::new_sync(),
+            children: HashTrieMapSync::new_sync(),
             orphans: HashMap::new(),
         };
-        t.nodes.insert(
-            ROOT_INO,
-            Node {
-                path: String::new(),
-                parent: ROOT_INO,
-                dir: true,
-                size: 0,
-                mtime_ns: 0,
-                gen: String::new(),
-            },
-        );
-        t.children.insert(ROOT_INO, BTreeMap::new());
+        let root = Node {
+            path: String::new(),
+            parent: ROOT_INO,
+            dir: true,
+            size: 0,
+            mtime_ns: 0,
+            gen: String::new(),
+        };
+        t.nodes.insert_mut(ROOT_INO, root);
+        t.children.insert_mut(ROOT_INO, Arc::new(Dir::default()));
         t
     }
 
-    /// Build from a {"op":"tree","version":V,"entries":[...]} message.
-    /// Missing parent directories are created implicitly; entries whose
-    /// ancestor is declared as a file are dropped (they cannot be reached).
-    pub fn from_msg(msg: &Value, inos: &mut InoMap) -> Tree {
+    /// The tree of a {"op":"tree","version":V,"entries":[...]} message, which
+    /// replaces `old` (open: inodes with handles open), and what the kernel
+    /// must forget. Missing parent directories are created implicitly;
+    /// entries whose ancestor is declared as a file are dropped (they cannot
+    /// be reached).
+    pub fn from_msg(
+        old: &Tree,
+        msg: &Value,
+        inos: &mut InoMap,
+        open: &HashSet<u64>,
+    ) -> (Tree, Vec<Inval>) {
         let mut t = Tree::empty();
         t.version = msg.get("version").and_then(Value::as_u64).unwrap_or(0);
-        let empty = Vec::new();
-        let entries = msg
-            .get("entries")
-            .and_then(Value::as_array)
-            .unwrap_or(&empty);
-        // Declared entries first, so implicit parents never override real metadata.
-        let mut declared: HashMap<String, (bool, u64, i64, String)> = HashMap::new();
-        for e in entries {
-            let Some(p) = e.get("path").and_then(Value::as_str) else {
-                continue;
-            };
-            let p = p.trim_matches('/');
-            if p.is_empty() || p.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-                continue;
-            }
-            let dir = e.get("dir").and_then(Value::as_bool).unwrap_or(false);
-            let size = if dir {
-                0
-            } else {
-                e.get("size").and_then(Value::as_u64).unwrap_or(0)
-            };
-            let mtime = e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0);
-            let gen = e.get("gen").and_then(Value::as_str).unwrap_or_default().to_string();
-            declared.insert(p.to_string(), (dir, size, mtime, gen));
+        t.seq = old.seq + 1;
+        let mut ed = Edit { t: &mut t, inos, inval: Vec::new() };
+        // Sorted: declared parents come first, so implicit ones never override real metadata.
+        for e in entries(msg) {
+            ed.upsert(&e);
         }
-        let mut paths: Vec<&String> = declared.keys().collect();
-        paths.sort(); // parents sort before their children
-        'entry: for p in paths {
-            let (dir, size, mtime, ref gen) = declared[p];
-            // Ensure ancestors exist as directories.
-            let mut parent = ROOT_INO;
-            let comps: Vec<&str> = p.split('/').collect();
-            for k in 1..comps.len() {
-                let anc = comps[..k].join("/");
-                let ino = inos.ino(&anc);
-                match t.nodes.get(&ino) {
-                    Some(n) if !n.dir => continue 'entry,
-                    Some(_) => {}
-                    // Declared ancestors sort (and were added) before `p`,
-                    // so a missing one is undeclared: create it implicitly.
-                    None => t.add(
-                        ino,
-                        Node {
-                            path: anc,
-                            parent,
-                            dir: true,
-                            size: 0,
-                            mtime_ns: mtime,
-                            gen: String::new(),
-                        },
-                    ),
-                }
-                parent = ino;
-            }
-            let ino = if gen.is_empty() { inos.ino(p) } else { inos.ino(&format!("{p}\0{gen}")) };
-            t.add(
-                ino,
-                Node {
-                    path: p.clone(),
-                    parent,
-                    dir,
-                    size,
-                    mtime_ns: mtime,
-                    gen: gen.clone(),
-                },
-            );
-        }
-        t
+        t.keep_orphans(old, open);
+        inos.by_key.retain(|_, i| t.nodes.contains_key(i) || t.orphans.contains_key(i));
+        let inval = old.changed_in(&t);
+        (t, inval)
     }
 
-    fn add(&mut self, ino: u64, n: Node) {
-        let name = n.path.rsplit('/').next().unwrap_or("").to_string();
-        self.children.entry(n.parent).or_default().insert(name, ino);
-        if n.dir {
-            self.children.entry(ino).or_default();
+    /// `self` changed by a {"op":"delta","version":V,"since":S,"entries":[...],
+    /// "gone":[...]} message, and what the kernel must forget; Err if S is
+    /// not this tree's version. Costs O(delta * log tree), plus the orphans
+    /// of the last change.
+    pub fn apply_delta(
+        &self,
+        msg: &Value,
+        inos: &mut InoMap,
+        open: &HashSet<u64>,
+    ) -> Result<(Tree, Vec<Inval>), String> {
+        let since = msg.get("since").and_then(Value::as_u64);
+        if since != Some(self.version) {
+            let since = msg.get("since").map_or("none".to_string(), Value::to_string);
+            return Err(format!("delta since {since}, but the tree is version {}", self.version));
         }
-        self.nodes.insert(ino, n);
+        let mut t = Tree {
+            version: msg.get("version").and_then(Value::as_u64).unwrap_or(0),
+            seq: self.seq + 1,
+            nodes: self.nodes.clone(),
+            children: self.children.clone(),
+            orphans: HashMap::new(),
+        };
+        let mut ed = Edit { t: &mut t, inos, inval: Vec::new() };
+        // Removals first: a path gone as a file may come back as a directory.
+        for p in msg.get("gone").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(ino) = p.as_str().and_then(clean).and_then(|p| ed.resolve(p)) {
+                ed.remove(ino);
+            }
+        }
+        for e in entries(msg) {
+            ed.upsert(&e);
+        }
+        let inval = ed.inval;
+        // The last change's orphans stay while open; the others go for good.
+        for (&ino, n) in &self.orphans {
+            if t.nodes.contains_key(&ino) || t.orphans.contains_key(&ino) {
+                continue;
+            }
+            if open.contains(&ino) {
+                t.orphans.insert(ino, n.clone());
+            } else {
+                inos.forget(n, ino);
+            }
+        }
+        Ok((t, inval))
+    }
+
+    /// The inode named `name` in directory `parent`.
+    pub fn child(&self, parent: u64, name: &str) -> Option<u64> {
+        self.children.get(&parent)?.get(name)
+    }
+
+    /// Directory `ino`'s entries from position `offset` of its listing ("."
+    /// and ".." first, then the names in order), each with the offset of
+    /// the next one: (ino, kind, name, offset). Starts in O(1).
+    pub fn dir_entries(
+        &self,
+        ino: u64,
+        offset: u64,
+    ) -> Option<impl Iterator<Item = (u64, FileType, &str, u64)>> {
+        let (node, dir) = (self.nodes.get(&ino)?, self.children.get(&ino)?);
+        let off = usize::try_from(offset).unwrap_or(usize::MAX);
+        let dots = [(ino, "."), (node.parent, "..")];
+        let dots = dots.into_iter().enumerate().skip(off).map(|(k, (i, name))| (i, FileType::Directory, name, k));
+        let list = dir.listing();
+        let first = off.saturating_sub(2).min(list.len());
+        let kids = list[first..].iter().enumerate().map(move |(j, (name, i))| {
+            let dir = self.nodes.get(i).is_some_and(|n| n.dir);
+            let kind = if dir { FileType::Directory } else { FileType::RegularFile };
+            (*i, kind, name.as_ref(), first + 2 + j)
+        });
+        Some(dots.chain(kids).map(|(i, kind, name, k)| (i, kind, name, k as u64 + 1)))
     }
 
     pub fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -228,5 +500,447 @@ impl Tree {
             blksize: 4096,
             flags: 0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+
+    fn none() -> HashSet<u64> {
+        HashSet::new()
+    }
+
+    fn tree(v: u64, entries: Value, inos: &mut InoMap) -> Tree {
+        let msg = json!({"op": "tree", "version": v, "entries": entries});
+        Tree::from_msg(&Tree::empty(), &msg, inos, &none()).0
+    }
+
+    fn delta(t: &Tree, entries: Value, gone: Value, inos: &mut InoMap, open: &HashSet<u64>) -> (Tree, Vec<Inval>) {
+        let msg = json!({"op": "delta", "version": t.version + 1, "since": t.version,
+                         "entries": entries, "gone": gone});
+        t.apply_delta(&msg, inos, open).unwrap()
+    }
+
+    fn ino(t: &Tree, path: &str) -> Option<u64> {
+        path.split('/').try_fold(ROOT_INO, |d, n| t.child(d, n))
+    }
+
+    /// path -> (dir, size, mtime, gen) of every node, checking the links.
+    fn contents(t: &Tree) -> BTreeMap<String, (bool, u64, i64, String)> {
+        let mut out = BTreeMap::new();
+        for (&i, n) in t.nodes.iter() {
+            assert!(!t.orphans.contains_key(&i), "{} both live and orphan", n.path);
+            assert_eq!(t.children.contains_key(&i), n.dir, "{}: entries iff a directory", n.path);
+            if i != ROOT_INO {
+                assert_eq!(ino(t, &n.path), Some(i), "{} reachable by its path", n.path);
+                assert_eq!(t.child(n.parent, n.name()), Some(i));
+                out.insert(n.path.clone(), (n.dir, n.size, n.mtime_ns, n.gen.clone()));
+            }
+        }
+        for (&d, dir) in t.children.iter() {
+            for (name, &c) in dir.names.iter() {
+                let n = t.nodes.get(&c).expect("an entry names a live node");
+                assert_eq!((n.parent, n.name()), (d, name.as_ref()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn delta_adds_a_file_under_new_directories() {
+        let mut inos = InoMap::new();
+        let t = tree(1, json!([{"path": "a/x", "size": 1}]), &mut inos);
+        let ax = ino(&t, "a/x").unwrap();
+        let e = json!([{"path": "/b/c/f/", "size": 5, "mtime_ns": 7, "gen": "g"}]);
+        let (t2, inval) = delta(&t, e, json!([]), &mut inos, &none());
+        assert_eq!(t2.version, 2);
+        assert!(inval.is_empty(), "new names: nothing for the kernel to forget");
+        let (b, c, f) = (ino(&t2, "b").unwrap(), ino(&t2, "b/c").unwrap(), ino(&t2, "b/c/f").unwrap());
+        assert!(t2.nodes.get(&b).unwrap().dir && t2.nodes.get(&c).unwrap().dir);
+        assert_eq!(t2.nodes.get(&c).unwrap().mtime_ns, 7, "implicit parents take the entry's time");
+        let a = t2.attr(f).unwrap();
+        assert_eq!((a.size, a.kind), (5, FileType::RegularFile));
+        assert_eq!(ino(&t2, "a/x"), Some(ax), "the rest kept");
+        assert!(ino(&t, "b").is_none(), "the old snapshot is untouched");
+        let names: Vec<&str> = t2.dir_entries(ROOT_INO, 0).unwrap().map(|e| e.2).collect();
+        assert_eq!(names, [".", "..", "a", "b"]);
+        // Below a file: dropped, as in a whole tree.
+        let (t3, _) = delta(&t2, json!([{"path": "b/c/f/g"}]), json!([]), &mut inos, &none());
+        assert!(ino(&t3, "b/c/f/g").is_none());
+        contents(&t3);
+    }
+
+    #[test]
+    fn a_new_gen_is_a_new_inode() {
+        let mut inos = InoMap::new();
+        let t = tree(1, json!([{"path": "d/f", "size": 1, "gen": "g1"}]), &mut inos);
+        let (d, old) = (ino(&t, "d").unwrap(), ino(&t, "d/f").unwrap());
+        let (t2, inval) = delta(&t, json!([{"path": "d/f", "size": 1, "gen": "g2"}]), json!([]), &mut inos, &none());
+        let new = ino(&t2, "d/f").unwrap();
+        assert!(new > old);
+        assert_eq!(inval, [(d, "f".to_string(), old)]);
+        assert!(t2.orphans.contains_key(&old), "the replaced file stays an orphan for a change");
+        // Same gen, new size: same inode, invalidated.
+        let (t3, inval) = delta(&t2, json!([{"path": "d/f", "size": 9, "gen": "g2"}]), json!([]), &mut inos, &none());
+        assert_eq!(ino(&t3, "d/f"), Some(new));
+        assert_eq!(t3.attr(new).unwrap().size, 9);
+        assert_eq!(inval, [(d, "f".to_string(), new)]);
+        // Same attributes: nothing to invalidate.
+        let (t4, inval) = delta(&t3, json!([{"path": "d/f", "size": 9, "gen": "g2"}]), json!([]), &mut inos, &none());
+        assert!(inval.is_empty());
+        assert!(t4.attr(old).is_none(), "the old inode is gone (closed)");
+        contents(&t4);
+    }
+
+    #[test]
+    fn removal_keeps_open_files_as_orphans_and_forgets_closed_ones() {
+        let mut inos = InoMap::new();
+        let e = json!([{"path": "d/open", "size": 1, "gen": "g"}, {"path": "d/closed", "size": 2}, {"path": "e"}]);
+        let t = tree(1, e, &mut inos);
+        let (open_i, closed_i) = (ino(&t, "d/open").unwrap(), ino(&t, "d/closed").unwrap());
+        let open = HashSet::from([open_i]);
+        let before = inos.len();
+        let (t2, inval) = delta(&t, json!([]), json!(["d/open", "d/closed"]), &mut inos, &open);
+        let d = ino(&t2, "d").unwrap();
+        assert!(ino(&t2, "d/open").is_none() && ino(&t2, "d/closed").is_none());
+        assert_eq!(inval.len(), 2);
+        assert!(inval.contains(&(d, "closed".to_string(), closed_i)));
+        // As with a whole tree: both kept through the change that removed them.
+        assert!(t2.attr(open_i).is_some() && t2.attr(closed_i).is_some());
+        // The next change drops the closed one and forgets its inode.
+        let (t3, _) = delta(&t2, json!([]), json!([]), &mut inos, &open);
+        assert_eq!(t3.attr(open_i).unwrap().size, 1, "open: an orphan still");
+        assert!(t3.attr(closed_i).is_none(), "closed: gone");
+        assert_eq!(inos.len(), before - 1);
+        // Closed at last: dropped and forgotten too.
+        let (t4, _) = delta(&t3, json!([]), json!([]), &mut inos, &none());
+        assert!(t4.orphans.is_empty());
+        assert_eq!(inos.len(), before - 2);
+        // The paths come back as new inodes.
+        let back = json!([{"path": "d/open", "size": 1, "gen": "g"}, {"path": "d/closed", "size": 2}]);
+        let (t5, _) = delta(&t4, back, json!([]), &mut inos, &none());
+        assert!(ino(&t5, "d/open").unwrap() > closed_i.max(open_i));
+        assert!(ino(&t5, "d/closed").unwrap() > closed_i.max(open_i));
+        // Removing a directory takes what is below it.
+        let (t6, inval) = delta(&t5, json!([]), json!(["d"]), &mut inos, &none());
+        assert_eq!(contents(&t6).keys().collect::<Vec<_>>(), ["e"]);
+        assert_eq!(inval.len(), 3);
+        assert_eq!(t6.orphans.len(), 2, "its files, kept for the change");
+    }
+
+    #[test]
+    fn a_path_back_while_still_an_orphan_keeps_its_inode() {
+        let mut inos = InoMap::new();
+        let t = tree(1, json!([{"path": "f", "size": 1}]), &mut inos);
+        let f = ino(&t, "f").unwrap();
+        let (t2, _) = delta(&t, json!([]), json!(["f"]), &mut inos, &none());
+        let (t3, _) = delta(&t2, json!([{"path": "f", "size": 1}]), json!([]), &mut inos, &none());
+        assert_eq!(ino(&t3, "f"), Some(f));
+        assert!(t3.orphans.is_empty());
+        // Gone and back in one delta: the same.
+        let (t4, _) = delta(&t3, json!([{"path": "f", "size": 2}]), json!(["f"]), &mut inos, &none());
+        assert_eq!(ino(&t4, "f"), Some(f));
+        assert!(t4.orphans.is_empty());
+    }
+
+    #[test]
+    fn a_delta_with_the_wrong_since_is_refused() {
+        let mut inos = InoMap::new();
+        let t = tree(5, json!([{"path": "f"}]), &mut inos);
+        let n = inos.len();
+        for since in [json!(4), json!(6), json!("5"), Value::Null] {
+            let msg = json!({"op": "delta", "version": 7, "since": since, "entries": [{"path": "g"}], "gone": ["f"]});
+            assert!(t.apply_delta(&msg, &mut inos, &none()).is_err());
+        }
+        assert_eq!(inos.len(), n);
+        assert!(ino(&t, "f").is_some() && ino(&t, "g").is_none());
+    }
+
+    #[test]
+    fn kind_changes_and_directory_gens() {
+        let mut inos = InoMap::new();
+        let t = tree(1, json!([{"path": "x/y/z", "size": 1}, {"path": "x/w"}]), &mut inos);
+        let x = ino(&t, "x").unwrap();
+        // A directory becomes a file: what was below it goes, listed or not.
+        let (t2, inval) = delta(&t, json!([{"path": "x", "size": 3}]), json!([]), &mut inos, &none());
+        assert_eq!(ino(&t2, "x"), Some(x));
+        assert_eq!(contents(&t2).len(), 1);
+        assert_eq!(inval.len(), 4); // x changed; y, z, w gone
+        // And back into a directory.
+        let (t3, _) = delta(&t2, json!([{"path": "x", "dir": true}, {"path": "x/q"}]), json!([]), &mut inos, &none());
+        assert!(t3.nodes.get(&x).unwrap().dir && ino(&t3, "x/q").is_some());
+        // A directory with a new gen keeps its entries under the new inode.
+        let (t4, _) = delta(&t3, json!([{"path": "x", "dir": true, "gen": "n"}]), json!([]), &mut inos, &none());
+        let x2 = ino(&t4, "x").unwrap();
+        assert_ne!(x2, x);
+        assert_eq!(t4.nodes.get(&ino(&t4, "x/q").unwrap()).unwrap().parent, x2);
+        contents(&t4);
+    }
+
+    /// A small deterministic generator (xorshift64*).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    #[test]
+    fn deltas_rebuild_what_a_whole_tree_gives() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut want: BTreeMap<String, (bool, u64, i64, String)> = BTreeMap::new();
+        let mut inos = InoMap::new();
+        let mut t = tree(1, json!([]), &mut inos);
+        for _ in 0..300 {
+            let mut entries = Vec::new();
+            let mut gone = Vec::new();
+            let mut touched: Vec<String> = Vec::new();
+            for _ in 0..rng.below(20) {
+                let p = format!("d{}/e{}/f{}", rng.below(3), rng.below(4), rng.below(6));
+                let p = p.rsplitn(rng.below(3) as usize + 1, '/').last().unwrap().to_string();
+                // One change per path and its line in a delta: a delta holds no order.
+                let related = |q: &String| q == &p || q.starts_with(&format!("{p}/")) || p.starts_with(&format!("{q}/"));
+                if touched.iter().any(related) {
+                    continue;
+                }
+                touched.push(p.clone());
+                if rng.below(3) == 0 {
+                    // Removed with whatever is below it, as the agent lists it.
+                    let below: Vec<String> =
+                        want.keys().filter(|k| k.starts_with(&format!("{p}/"))).cloned().collect();
+                    if want.remove(&p).is_some() {
+                        gone.push(p);
+                    }
+                    for k in below {
+                        want.remove(&k);
+                        gone.push(k);
+                    }
+                } else if !want.keys().any(|k| k.starts_with(&format!("{p}/"))) {
+                    let (size, gen) = (rng.below(3), format!("g{}", rng.below(2)));
+                    entries.push(json!({"path": p, "size": size, "mtime_ns": 5, "gen": gen}));
+                    // Its ancestors: directories, implicitly (a file there goes first).
+                    let mut anc = String::new();
+                    for c in p.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
+                        anc = if anc.is_empty() { c.to_string() } else { format!("{anc}/{c}") };
+                        if want.get(&anc).is_some_and(|a| !a.0) {
+                            want.remove(&anc);
+                            gone.push(anc.clone());
+                        }
+                        want.entry(anc.clone()).or_insert((true, 0, 5, String::new()));
+                    }
+                    want.insert(p, (false, size, 5, gen));
+                }
+            }
+            // A path may be both gone and re-added: gone goes first.
+            let open: HashSet<u64> = t.orphans.keys().filter(|_| rng.below(2) == 0).copied().collect();
+            t = delta(&t, json!(entries), json!(gone), &mut inos, &open).0;
+            assert_eq!(contents(&t), want);
+            assert!(inos.len() <= t.nodes.size() + t.orphans.len());
+        }
+        // The same namespace sent whole keeps every inode.
+        let whole: Vec<Value> = want
+            .iter()
+            .map(|(p, (dir, size, m, gen))| json!({"path": p, "dir": dir, "size": size, "mtime_ns": m, "gen": gen}))
+            .collect();
+        let msg = json!({"op": "tree", "version": 99, "entries": whole});
+        let (t2, inval) = Tree::from_msg(&t, &msg, &mut inos, &none());
+        assert_eq!(contents(&t2), want);
+        assert!(inval.is_empty());
+        for p in want.keys() {
+            assert_eq!(ino(&t2, p), ino(&t, p));
+        }
+    }
+
+    #[test]
+    fn readdir_offsets_give_the_listing_skipping_would() {
+        let mut inos = InoMap::new();
+        let mut rng = Rng(7);
+        let entries: Vec<Value> = (0..500)
+            .map(|i| json!({"path": format!("big/n{}", rng.next() % 100_000), "dir": i % 7 == 0}))
+            .collect();
+        let t = tree(1, json!(entries), &mut inos);
+        let (t, _) = delta(&t, json!([{"path": "big/zz"}]), json!(["big/".to_string() + t.children.get(&ino(&t, "big").unwrap()).unwrap().listing()[3].0.as_ref()]), &mut inos, &none());
+        let big = ino(&t, "big").unwrap();
+        // Skipping k entries of the whole listing, as readdir did.
+        let dir = t.children.get(&big).unwrap();
+        let mut all = vec![(big, FileType::Directory, ".".to_string()), (ROOT_INO, FileType::Directory, "..".to_string())];
+        for (name, &i) in dir.names.iter() {
+            let kind = if t.nodes.get(&i).unwrap().dir { FileType::Directory } else { FileType::RegularFile };
+            all.push((i, kind, name.to_string()));
+        }
+        for k in 0..all.len() as u64 + 3 {
+            let got: Vec<_> = t.dir_entries(big, k).unwrap().collect();
+            let want: Vec<_> = all.iter().enumerate().skip(k as usize).collect();
+            assert_eq!(got.len(), want.len());
+            for ((i, kind, name, next), (j, w)) in got.into_iter().zip(want) {
+                assert_eq!((i, kind, name, next), (w.0, w.1, w.2.as_str(), j as u64 + 1));
+            }
+        }
+        assert!(t.dir_entries(big, u64::MAX).unwrap().next().is_none());
+        assert!(t.dir_entries(ino(&t, "big/zz").unwrap(), 0).is_none(), "not a directory");
+    }
+
+    #[test]
+    fn inode_map_follows_the_tree() {
+        let mut inos = InoMap::new();
+        let mut t = tree(1, json!([{"path": "keep/a"}]), &mut inos);
+        let base = inos.len();
+        let mut last = 0;
+        for i in 0..2000 {
+            let e = json!([{"path": format!("d{}/f", i % 10), "gen": format!("g{i}")}]);
+            t = delta(&t, e, json!([]), &mut inos, &none()).0;
+            let f = ino(&t, &format!("d{}/f", i % 10)).unwrap();
+            assert!(f > last, "inode numbers only grow");
+            last = f;
+            t = delta(&t, json!([]), json!([format!("d{}", i % 10), format!("d{}/f", i % 10)]), &mut inos, &none()).0;
+            assert!(inos.len() <= base + 3, "{} at cycle {i}", inos.len());
+        }
+        // A whole tree forgets what it no longer has, too.
+        for i in 0..100 {
+            let e = json!([{"path": format!("w{i}")}, {"path": "keep/a"}]);
+            let msg = json!({"op": "tree", "version": 10_000 + i, "entries": e});
+            t = Tree::from_msg(&t, &msg, &mut inos, &none()).0;
+            assert!(inos.len() <= base + 2, "{} at tree {i}", inos.len());
+        }
+    }
+
+    fn rss_mib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let kb = s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok());
+        kb.unwrap_or(0) / 1024
+    }
+
+    /// cargo test --release -- --ignored --nocapture bench_1m
+    #[test]
+    #[ignore]
+    fn bench_1m_tree_then_1k_delta() {
+        let (dirs, per) = (1000, 1000);
+        let mut entries = Vec::with_capacity(dirs * per + dirs);
+        for d in 0..dirs {
+            entries.push(json!({"path": format!("data/d{d:04}"), "dir": true, "mtime_ns": 1}));
+            for f in 0..per {
+                let p = format!("data/d{d:04}/part-{f:05}.parquet");
+                entries.push(json!({"path": p, "size": 1 << 20, "mtime_ns": 1, "gen": format!("{d}.{f}")}));
+            }
+        }
+        let line = serde_json::to_vec(&json!({"op": "tree", "version": 1, "entries": entries})).unwrap();
+        drop(entries);
+        let rss0 = rss_mib();
+        let t0 = Instant::now();
+        let msg: Value = serde_json::from_slice(&line).unwrap();
+        let parse = t0.elapsed();
+        let rss_parsed = rss_mib();
+        let mut inos = InoMap::new();
+        let t0 = Instant::now();
+        let (t, _) = Tree::from_msg(&Tree::empty(), &msg, &mut inos, &none());
+        let build = t0.elapsed();
+        drop(msg);
+        let rss_tree = rss_mib();
+        println!("tree: {} nodes, {:.1} MB of JSON; parse {:?}, build {:?}; RSS {} MiB before, {} MiB parsed (+{}), {} MiB with the tree only (+{})",
+                 t.nodes.size(), line.len() as f64 / 1e6, parse, build, rss0, rss_parsed, rss_parsed - rss0, rss_tree, rss_tree.saturating_sub(rss0));
+        drop(line);
+
+        // 1,000 changes: 400 new files (half in a new directory), 300 changed, 300 gone.
+        let mut e = Vec::new();
+        let mut gone = Vec::new();
+        for k in 0..400 {
+            let d = if k < 200 { "data/new".to_string() } else { format!("data/d{:04}", k * 7 % dirs) };
+            e.push(json!({"path": format!("{d}/added-{k}"), "size": 5, "mtime_ns": 2, "gen": format!("a{k}")}));
+        }
+        for k in 0..300 {
+            let (d, f) = (k * 13 % dirs, k * 31 % per);
+            e.push(json!({"path": format!("data/d{d:04}/part-{f:05}.parquet"), "size": 7, "mtime_ns": 2, "gen": format!("n{k}")}));
+        }
+        for k in 0..300 {
+            let (d, f) = (k * 17 % dirs + 1, (k * 37 + 500) % per);
+            gone.push(format!("data/d{:04}/part-{f:05}.parquet", d % dirs));
+        }
+        let dline = serde_json::to_vec(&json!({"op": "delta", "version": 2, "since": 1, "entries": e, "gone": gone})).unwrap();
+        let t0 = Instant::now();
+        let dmsg: Value = serde_json::from_slice(&dline).unwrap();
+        let dparse = t0.elapsed();
+        let t = Arc::new(t);
+        let mut times = Vec::new();
+        let mut last = None;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let (t2, inval) = t.apply_delta(&dmsg, &mut inos, &none()).unwrap();
+            let applied = t0.elapsed();
+            let t0 = Instant::now();
+            let shared = Arc::new(t2);
+            drop(last.replace((shared, inval.len())));
+            times.push((applied, t0.elapsed()));
+        }
+        let (t2, ninval) = last.unwrap();
+        println!("delta: {} entries + {} gone ({} bytes): parse {:?}; apply (5 runs, then publish+drop of the previous) {:?}; {} invalidations; nodes {} -> {}",
+                 e.len(), gone.len(), dline.len(), dparse, times, ninval, t.nodes.size(), t2.nodes.size());
+        let rss_both = rss_mib();
+        println!("RSS with both snapshots: {rss_both} MiB");
+        // The next delta drops its orphans.
+        let msg3 = json!({"op": "delta", "version": 3, "since": 2, "entries": [], "gone": []});
+        let t0 = Instant::now();
+        let _ = t2.apply_delta(&msg3, &mut inos, &none()).unwrap();
+        println!("empty delta after it (drops {} orphans): {:?}", t2.orphans.len(), t0.elapsed());
+
+        // readdir of a 100,000-entry directory in batches of 100.
+        let big: Vec<Value> = (0..100_000).map(|i| json!({"path": format!("big/f{i:06}")})).collect();
+        let (tb, _) = Tree::from_msg(&t, &json!({"op": "tree", "version": 9, "entries": big}), &mut inos, &none());
+        let b = tb.child(ROOT_INO, "big").unwrap();
+        let t0 = Instant::now();
+        let mut off = 0;
+        let mut n = 0;
+        loop {
+            let batch: Vec<_> = tb.dir_entries(b, off).unwrap().take(100).collect();
+            let Some(l) = batch.last() else { break };
+            off = l.3;
+            n += batch.len();
+        }
+        println!("readdir of 100,000 entries in batches of 100: {n} entries in {:?}", t0.elapsed());
+    }
+}
+#[cfg(test)]
+mod probe {
+    use super::*;
+    use std::time::Instant;
+    #[test]
+    #[ignore]
+    fn probe_phases() {
+        let mut es = Vec::new();
+        for d in 0..1000 { for f in 0..1000 { es.push(serde_json::json!({"path": format!("data/d{d:04}/part-{f:05}.parquet"), "size": 1, "gen": format!("{d}.{f}")})); } }
+        let msg = serde_json::json!({"entries": es});
+        let t0 = Instant::now();
+        let e = entries(&msg);
+        println!("entries {:?}", t0.elapsed());
+        let t0 = Instant::now();
+        let mut m: HashTrieMapSync<u64, Node> = HashTrieMapSync::new_sync();
+        for i in 0..1_000_000u64 { m.insert_mut(i + 2, Node { path: String::new(), parent: 1, dir: false, size: 0, mtime_ns: 0, gen: String::new() }); }
+        println!("hamt 1M {:?}", t0.elapsed());
+        let t0 = Instant::now();
+        let mut m2: HashTrieMapSync<u64, Node> = HashTrieMapSync::new_sync_with_degree(16);
+        for i in 0..1_000_000u64 { m2.insert_mut(i + 2, Node { path: String::new(), parent: 1, dir: false, size: 0, mtime_ns: 0, gen: String::new() }); }
+        println!("hamt16 1M {:?}", t0.elapsed());
+        let t0 = Instant::now();
+        let mut rb = Vec::new();
+        for d in 0..1000 { let mut r: RedBlackTreeMapSync<Arc<str>, u64> = RedBlackTreeMapSync::new_sync(); for f in 0..1000u64 { r.insert_mut(Arc::from(format!("part-{f:05}.parquet").as_str()), f + d); } rb.push(r); }
+        println!("rb 1000x1000 {:?}", t0.elapsed());
+        let mut inos = InoMap::new();
+        let t0 = Instant::now();
+        for x in &e { inos.ino(&key(&x.path, &x.gen)); }
+        println!("inomap {:?}", t0.elapsed());
+        let mut t = Tree::empty();
+        let t0 = Instant::now();
+        let mut ed = Edit { t: &mut t, inos: &mut inos, inval: Vec::new() };
+        for x in &e { ed.upsert(x); }
+        println!("upserts {:?}", t0.elapsed());
     }
 }

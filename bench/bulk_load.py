@@ -1,0 +1,250 @@
+"""A real team's data, measured side by side in one run (on `fasterfs up`):
+
+1. `put -r` of bench.bulk_files files of 4 KiB (directories of 1,000) against plain parallel
+   boto3 PUTs of the same files, one object per copy the cluster's layout keeps, to the same
+   MinIO servers: files/s, and the cost per file of the first and the last tenth.
+2. What one more file costs as the namespace grows: a `put`, a reader's `Namespace()` and a
+   lookup, the Registry's and each StorageNode's memory, the store's disk, at the start
+   (the namespace as found) and after the load.
+3. Through the mount (node 0): `stat` of paths not seen before, `ls -l` of a 1,000-entry
+   directory, `find` over every entry against a local `find` over the same tree.
+4. `import` from a second MinIO standing for the team's store (bench.import_files files of
+   bench.import_kb KiB) against a plain parallel copy with boto3 (GET there, PUT here).
+
+    python bench/bulk_load.py bench.bulk_files=100000 [overrides]
+
+Leaves what it stored under bench-bulk-<time>/ in the namespace (`fasterfs down` removes all).
+Writes bulk_load.json to <output_dir>/bench-bulk-load-<time>/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fasterfs import bulk_load, cluster, config, credentials, ingest, registry, report, s3
+from fasterfs.minio_server import MinioServer
+from fasterfs.placement import chunk_homes
+from fasterfs.reader import Namespace
+
+THREADS = 16
+
+
+def make_tree(root: Path, files: int, size: int = 4096) -> list[str]:
+    rels = [f"d{i // 1000:04d}/f{i % 1000:04d}.bin" for i in range(files)]
+    for d in {r.split("/")[0] for r in rels}:
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for r in rels:
+        (root / r).write_bytes(os.urandom(size))
+    return rels
+
+
+def actor_rss(class_name: str) -> dict[str, int]:
+    """Resident bytes of each live actor of a class (by the kernel's VmRSS of its worker)."""
+    from ray.util.state import list_actors
+
+    out = {}
+    for a in list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")]):
+        try:
+            status = Path(f"/proc/{a.pid}/status").read_text()
+            out[a.name or a.actor_id] = int(next(line.split()[1] for line in status.splitlines()
+                                                 if line.startswith("VmRSS"))) * 1024
+        except (OSError, StopIteration):
+            pass
+    return out
+
+
+def costs(cfg, state, argv: list[str], tag: str, work: Path) -> dict:
+    """What one more file costs now: put (median of 10), Namespace() and a lookup (median of 5)."""
+    one = work / "one.bin"
+    one.write_bytes(os.urandom(4096))
+    puts = []
+    for i in range(10):
+        t = time.perf_counter()
+        ingest.put(cfg, one, f"bench-single/{tag}-{i}")
+        puts.append(time.perf_counter() - t)
+    connects, lookups = [], []
+    for _ in range(5):
+        t = time.perf_counter()
+        ns = Namespace(cfg)
+        connects.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ns.lookup(f"bench-single/{tag}-3")
+        lookups.append(time.perf_counter() - t)
+        ns.close()
+    db = Path(state.root) / "namespace.sqlite"
+    return {"names": registry._ask(state.name, "names_count"),
+            "put_s": statistics.median(puts), "namespace_connect_s": statistics.median(connects),
+            "lookup_s": statistics.median(lookups),
+            "store_disk_bytes": sum(p.stat().st_size for p in db.parent.glob(db.name + "*")),
+            "registry_rss": actor_rss("Registry"), "storage_node_rss": actor_rss("StorageNode")}
+
+
+def boto3_baseline(state, creds, cfg, src: Path, rels: list[str], prefix: str) -> float:
+    """Seconds to PUT every file, one object per copy, where the cluster's placement puts it."""
+    clients = {n.index: s3.client(n.endpoint, creds, pool=THREADS) for n in state.nodes}
+    nodes = [n.index for n in state.nodes]
+
+    def one(rel: str) -> list[tuple[int, str]]:
+        body = (src / rel).read_bytes()
+        homes = chunk_homes(rel, 1, nodes, cfg.replicas, cfg.placement.load_slack)[0]
+        for node in homes:
+            clients[node].put_object(Bucket=state.settings.bucket, Key=f"{prefix}/{rel}", Body=body)
+        return [(node, f"{prefix}/{rel}") for node in homes]
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(THREADS) as pool:
+        stored = [p for ps in pool.map(one, rels) for p in ps]
+    seconds = time.perf_counter() - t
+    with ThreadPoolExecutor(THREADS) as pool:  # not timed: the baseline's objects go
+        list(pool.map(lambda p: clients[p[0]].delete_object(Bucket=state.settings.bucket, Key=p[1]), stored))
+    return seconds
+
+
+def through_mount(state, point: Path, dest: str, rels: list[str], src: Path) -> dict:
+    actors = cluster.storage_nodes(state)
+    ray.get(actors[0].mount.remote(str(point)))
+    try:
+        picks = random.Random(1).sample(rels, min(300, len(rels)))
+        stats = []
+        for rel in picks:
+            t = time.perf_counter()
+            os.stat(point / dest / rel)
+            stats.append(time.perf_counter() - t)
+        directory = point / dest / rels[-1].split("/")[0]
+        t = time.perf_counter()
+        listed = subprocess.run(["ls", "-l", str(directory)], capture_output=True, check=True)
+        ls_s = time.perf_counter() - t
+        t = time.perf_counter()
+        found = subprocess.run(["find", str(point / dest)], capture_output=True, check=True)
+        find_s = time.perf_counter() - t
+        t = time.perf_counter()
+        local = subprocess.run(["find", str(src)], capture_output=True, check=True)
+        local_s = time.perf_counter() - t
+        return {"stat_unseen_p50_ms": statistics.median(stats) * 1e3,
+                "stat_unseen_p99_ms": sorted(stats)[int(len(stats) * 0.99) - 1] * 1e3,
+                "ls_l_1000_ms": ls_s * 1e3, "ls_l_lines": len(listed.stdout.splitlines()),
+                "find_s": find_s, "find_entries": len(found.stdout.splitlines()),
+                "local_find_s": local_s, "local_find_entries": len(local.stdout.splitlines()),
+                "find_vs_local": find_s / local_s}
+    finally:
+        ray.get(actors[0].umount.remote(str(point)))
+
+
+def import_side_by_side(cfg, state, work: Path, files: int, kb: int, dest: str) -> dict:
+    """A second MinIO holds the team's data; boto3 copies it, then `import` does."""
+    team_creds = credentials.create(work / "team-credentials.json").admin
+    team = MinioServer(config.minio_binary(cfg), "127.0.9.2", 9470, 9471, work / "team-minio", work / "team.log",
+                       team_creds)
+    team.start(30)
+    try:
+        src = s3.client(team.endpoint, team_creds, pool=THREADS)
+        src.create_bucket(Bucket="team")
+        keys = [f"taq/d{i // 1000:03d}/k{i:06d}.bin" for i in range(files)]
+        body = os.urandom(kb * 1024)
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(lambda k: src.put_object(Bucket="team", Key=k, Body=body), keys))
+        total = files * kb * 1024
+        admin = registry.fetch_credentials(state.name, "admin")
+        dst = {n.index: s3.client(n.endpoint, admin, pool=THREADS) for n in state.nodes}
+        nodes = [n.index for n in state.nodes]
+
+        def copy(key: str) -> None:
+            data = src.get_object(Bucket="team", Key=key)["Body"].read()
+            for node in chunk_homes(key, 1, nodes, cfg.replicas, cfg.placement.load_slack)[0]:
+                dst[node].put_object(Bucket=state.settings.bucket, Key=f"bench-copy/{key}", Body=data)
+        t = time.perf_counter()
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(copy, keys))
+        boto3_s = time.perf_counter() - t
+        keys_file = work / "team-keys.json"
+        keys_file.write_text(json.dumps({"access_key": team_creds.access_key, "secret_key": team_creds.secret_key}))
+        keys_file.chmod(0o600)
+        source = bulk_load.S3Prefix("s3://team/taq/", team.endpoint, bulk_load.source_credentials(str(keys_file)))
+        done = bulk_load.load(cfg, source, dest, remote=True)
+        return {"files": files, "kb": kb, "boto3_copy_MB_s": total / boto3_s / 1e6,
+                "import_MB_s": total / done.seconds / 1e6, "import_vs_boto3": boto3_s / done.seconds,
+                "import_phases_s": done.phases, "imported": done.stored}
+    finally:
+        team.stop()
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    state = registry.find(cfg)
+    cluster.connect_ray(state)
+    n = int(cfg.bench.bulk_files)
+    work = Path(tempfile.mkdtemp(prefix="ffs-bench-bulk-", dir="/var/tmp"))
+    dest = time.strftime("bench-bulk-%Y%m%dT%H%M%S")
+    result: dict = {"files": n, "nodes": len(state.nodes), "replicas": cfg.replicas, "targets": {}}
+    try:
+        src = work / "src"
+        t = time.perf_counter()
+        rels = make_tree(src, n)
+        result["make_tree_s"] = time.perf_counter() - t
+        admin = registry.fetch_credentials(state.name, "admin")
+        result["boto3_files_per_s"] = n / boto3_baseline(state, admin, cfg, src, rels, f"bench-boto3-{dest}")
+        result["before"] = costs(cfg, state, argv, "before", work)
+
+        marks: list[tuple[float, int]] = []
+        began = time.perf_counter()
+        done = bulk_load.load(cfg, bulk_load.LocalTree(src), dest,
+                              progress=lambda files, total, size: marks.append((time.perf_counter() - began, files)))
+        result["put_r"] = {"seconds": done.seconds, "files_per_s": n / done.seconds, "batches": done.batches,
+                           "phases_s": done.phases}
+        tenth = max(1, n // 10)
+        first = next(t for t, f in marks if f >= tenth)
+        last = marks[-1][0] - next(t for t, f in marks if f >= n - tenth)
+        result["put_r"]["first_tenth_ms_per_file"] = first / tenth * 1e3
+        result["put_r"]["last_tenth_ms_per_file"] = last / tenth * 1e3
+        result["after"] = costs(cfg, state, argv, "after", work)
+        grown = result["after"]["names"] - result["before"]["names"]
+        result["per_file"] = {
+            "store_disk_bytes": (result["after"]["store_disk_bytes"] - result["before"]["store_disk_bytes"]) / grown,
+            "registry_rss_bytes": (sum(result["after"]["registry_rss"].values())
+                                   - sum(result["before"]["registry_rss"].values())) / grown,
+            "storage_node_rss_bytes": {k: (v - result["before"]["storage_node_rss"].get(k, 0)) / grown
+                                       for k, v in result["after"]["storage_node_rss"].items()}}
+        ratio = result["put_r"]["files_per_s"] / result["boto3_files_per_s"]
+        result["put_r_vs_boto3"] = ratio
+        growth = result["put_r"]["last_tenth_ms_per_file"] / result["put_r"]["first_tenth_ms_per_file"]
+        result["targets"][f"put -r >= 0.5x boto3 ({ratio:.2f}x)"] = ratio >= 0.5
+        result["targets"][f"last tenth <= 1.2x the first per file ({growth:.2f}x)"] = growth <= 1.2
+        put_growth = result["after"]["put_s"] / result["before"]["put_s"]
+        result["targets"][f"one more put at {result['after']['names']} names <= 1.2x at "
+                          f"{result['before']['names']} ({put_growth:.2f}x)"] = put_growth <= 1.2
+        connect = result["after"]["namespace_connect_s"]
+        result["targets"][f"Namespace() <= 0.2 s ({connect:.3f} s)"] = connect <= 0.2
+
+        point = work / "mnt"
+        point.mkdir()
+        result["mount"] = mount = through_mount(state, point, dest, rels, src)
+        result["targets"][f"stat unseen p50 <= 1 ms ({mount['stat_unseen_p50_ms']:.3f})"] = \
+            mount["stat_unseen_p50_ms"] <= 1
+        result["targets"][f"ls -l of 1,000 <= 50 ms ({mount['ls_l_1000_ms']:.1f})"] = mount["ls_l_1000_ms"] <= 50
+        result["targets"][f"find <= 5x local ({mount['find_vs_local']:.2f}x)"] = mount["find_vs_local"] <= 5
+
+        result["import"] = import_side_by_side(cfg, state, work, int(cfg.bench.import_files), int(cfg.bench.import_kb),
+                                               f"{dest}-import")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = report.run_dir(cfg, "bench-bulk-load")
+    report.write_json(out, "bulk_load.json", result)
+    print(json.dumps(result, indent=1))
+    print(f"report: {out / 'bulk_load.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

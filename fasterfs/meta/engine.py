@@ -1,0 +1,101 @@
+"""Engine: what a namespace store needs of the database under it, one module per engine.
+
+The NamespaceStore (store.py) keeps the rules (generations, repair moves, the version log's
+meaning); an engine keeps rows. Each call runs inside `transaction()`, which commits all of
+its changes or none. Every operation costs what it touches: a name, a directory's children,
+the changes since a version; nothing scans or rewrites the whole namespace.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+from ..manifest import Manifest
+
+
+class Engine(ABC):
+    kind: str  # as cluster.namespace_store names it
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[None]:
+        """All the calls within happen together or not at all (an exception rolls back)."""
+
+    # -- names: one row each, found by name or by parent directory --------------------------
+    @abstractmethod
+    def get(self, name: str) -> Manifest | None: ...
+
+    @abstractmethod
+    def put(self, manifest: Manifest) -> None:
+        """Set a name's manifest; a new name adds its directories (each counts the names under it)."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove a name; directories left with nothing under them go too."""
+
+    @abstractmethod
+    def dir_mtime(self, path: str) -> float | None:
+        """If names lie under `path` (the root "" always), the newest time among them; else None."""
+
+    def is_dir(self, path: str) -> bool:
+        return self.dir_mtime(path) is not None
+
+    @abstractmethod
+    def listdir(self, path: str) -> tuple[list[tuple[str, float]], list[Manifest]]:
+        """Under `path`, one level: its directories as (path, newest mtime), its names' manifests."""
+
+    @abstractmethod
+    def latest_dataset(self) -> Manifest | None: ...
+
+    @abstractmethod
+    def scan(self) -> Iterator[Manifest]:
+        """Every name's manifest: for a consumer starting from nothing or too far behind the log."""
+
+    @abstractmethod
+    def count(self) -> int: ...
+
+    # -- the version log -------------------------------------------------------------------
+    @abstractmethod
+    def version(self) -> int: ...
+
+    @abstractmethod
+    def log(self, names: list[str]) -> int:
+        """A new version in which `names` changed; returns it."""
+
+    @abstractmethod
+    def changed_since(self, version: int) -> list[str] | None:
+        """The names changed after `version`; None once the log no longer reaches back that far."""
+
+    # -- generations: every generation each name had, until its objects are deleted ----------
+    @abstractmethod
+    def add_generation(self, name: str, generation: str, prefix: str) -> None: ...
+
+    @abstractmethod
+    def replace_generations(self, name: str, when: dict) -> None:
+        """`name`'s current generation (the one not yet replaced) replaced at `when` (a stamp)."""
+
+    @abstractmethod
+    def generations(self, name: str) -> list[str]: ...
+
+    @abstractmethod
+    def replaced(self) -> list[dict]:
+        """Generations replaced and not yet forgotten: {dataset, generation, prefix, replaced}."""
+
+    @abstractmethod
+    def forget_generation(self, name: str, generation: str) -> None: ...
+
+    # -- pieces repair moved away (and writes that may have left objects) --------------------
+    @abstractmethod
+    def retire(self, pieces: list[tuple[int, str, str]], when: dict) -> None:
+        """(node, object key, the name it belonged to) retired at `when`; one already retired keeps its time."""
+
+    @abstractmethod
+    def retired(self) -> list[dict]:
+        """{node, key, name, retired} of every retired piece."""
+
+    @abstractmethod
+    def forget_retired(self, pieces: list[tuple[int, str]]) -> int:
+        """Forget these pieces; returns how many were retired."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,60 @@
+"""Follower: a copy of the whole namespace kept current from the store's version log, for
+those that need every name at hand (a StorageNode's index, a mount's tree). It takes pushed
+changes in order, asks for what it missed when one arrives out of order (or when it polls),
+and reloads everything only when the log no longer reaches back to its version."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..manifest import Manifest
+from .store import Changes
+
+Change = tuple[str, Manifest | None, Manifest | None]  # (name, before, now)
+
+
+class Follower:
+    def __init__(self, fetch_changes: Callable[[int], Changes | None],
+                 fetch_all: Callable[[], tuple[int, dict[str, Manifest]]],
+                 on_change: Callable[[list[Change]], None] = lambda changed: None):
+        self.fetch_changes, self.fetch_all, self.on_change = fetch_changes, fetch_all, on_change
+        self.version, self.manifests = -1, {}  # type: int, dict[str, Manifest]
+        self.reloads = 0  # whole namespaces fetched (the first included)
+        self._lock = threading.RLock()
+
+    def apply(self, changes: Changes) -> None:
+        """Changes pushed by the store: applied if they follow this copy's version, skipped if
+        already seen, else the gap is fetched first."""
+        with self._lock:
+            if changes.version <= self.version:
+                return
+            if changes.since != self.version:
+                self.catch_up()
+                return
+            self._apply(changes.names, changes.version)
+
+    def catch_up(self) -> bool:
+        """Whatever changed since this copy's version; True if anything did."""
+        with self._lock:
+            changes = self.fetch_changes(self.version) if self.version >= 0 else None
+            if changes is None:
+                version, manifests = self.fetch_all()
+                self.reloads += 1
+                names = {n: manifests.get(n) for n in set(manifests) | set(self.manifests)}
+                return self._apply(names, version)
+            return self._apply(changes.names, changes.version)
+
+    def _apply(self, names: dict[str, Manifest | None], version: int) -> bool:
+        changed = []
+        for name, now in names.items():
+            before = self.manifests.get(name)
+            if now is None:
+                self.manifests.pop(name, None)
+            else:
+                self.manifests[name] = now
+            if before is not now and before != now:
+                changed.append((name, before, now))
+        self.version = version
+        if changed:
+            self.on_change(changed)
+        return bool(changed)

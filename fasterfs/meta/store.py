@@ -1,0 +1,258 @@
+"""NamespaceStore: the cluster's namespace as the head keeps it, on an Engine.
+
+Each name (a dataset, or a file's path) has one current manifest; every generation a name had is
+kept (a replaced one's objects stay until `ingest.keep_old_s` has passed, for readers that
+still hold its manifest), and so are the pieces repair moved away and those a write has not yet
+published. Every change is one transaction and one new version in the log, and is pushed to the
+StorageNodes as the names it changed (`push("apply_changes", Changes)`), after it is stored. The
+Registry actor holds one; tests build one on a temporary directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import stamp
+from ..errors import FasterFSError
+from ..manifest import Manifest
+from .engine import Engine
+
+Push = Callable[[str, object], list[int]]  # (StorageNode method, its argument) -> the nodes that took it
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed between two versions: each name's manifest now (None: removed)."""
+    since: int
+    version: int
+    names: dict[str, Manifest | None]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a path names at a version: a manifest holding it, or a directory's time, or neither."""
+    version: int
+    manifest: Manifest | None
+    dir_mtime: float | None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One directory of the namespace: its subdirectories (path, mtime) and its names."""
+    version: int
+    dirs: list[tuple[str, float]]
+    names: list[Manifest]
+
+
+class NamespaceStore:
+    def __init__(self, engine: Engine, cluster_name: str, push: Push):
+        self.engine, self.cluster_name, self.push = engine, cluster_name, push
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self.engine.version()
+
+    # -- reading ----------------------------------------------------------------------------
+    def manifest(self, name: str | None = None) -> Manifest | None:
+        """The manifest of `name`; None: the dataset ingested last (what `connect()` reads)."""
+        with self._lock:
+            return self.engine.get(name) if name is not None else self.engine.latest_dataset()
+
+    def manifests_of(self, names: list[str]) -> dict[str, Manifest]:
+        """The manifests of those of `names` that exist."""
+        with self._lock:
+            return {n: m for n in names if (m := self.engine.get(n)) is not None}
+
+    def manifests(self) -> tuple[int, dict[str, Manifest]]:
+        """The whole namespace and its version: for a consumer that has nothing yet."""
+        with self._lock:
+            return self.engine.version(), {m.name: m for m in self.engine.scan()}
+
+    def changes(self, since: int, manifests: bool = True) -> Changes | None:
+        """The names changed after version `since`, as they are now (without `manifests`: each
+        None, the names alone); None when the log no longer reaches back that far (the consumer
+        reloads with `manifests()`)."""
+        with self._lock:
+            names = self.engine.changed_since(since)
+            if names is None:
+                return None
+            return Changes(since, self.engine.version(),
+                           {n: self.engine.get(n) if manifests else None for n in names})
+
+    def resolve(self, path: str) -> Resolved:
+        """What `path` names: a name's manifest (a file, a dataset, or a path within a dataset:
+        the dataset's), else a directory's time, else nothing."""
+        with self._lock:
+            version = self.engine.version()
+            m = self.engine.get(path)
+            if m is not None:
+                return Resolved(version, m, None)
+            mtime = self.engine.dir_mtime(path)
+            if mtime is not None:
+                return Resolved(version, None, mtime)
+            top = self.engine.get(path.split("/")[0]) if "/" in path else None
+            return Resolved(version, top if top is not None and top.kind == "dataset" else None, None)
+
+    def listdir(self, path: str) -> Listing | None:
+        """One directory (None: no such directory)."""
+        with self._lock:
+            if not self.engine.is_dir(path):
+                return None
+            dirs, names = self.engine.listdir(path)
+            return Listing(self.engine.version(), dirs, names)
+
+    def count(self) -> int:
+        with self._lock:
+            return self.engine.count()
+
+    def conflict(self, name: str, kind: str) -> str | None:
+        """Why `name` cannot be stored as a `kind` (None if it can; one of the same name and kind
+        is replaced)."""
+        with self._lock:
+            return self._conflict(name, kind)
+
+    def _conflict(self, name: str, kind: str) -> str | None:
+        old = self.engine.get(name)
+        if old is not None:
+            return None if old.kind == kind else f"{name!r} is already a {old.kind}"
+        parts = name.split("/")
+        top = self.engine.get(parts[0]) if len(parts) > 1 else None
+        if top is not None and top.kind == "dataset":
+            return f"{parts[0]!r} is a dataset"
+        if kind == "dataset" and self.engine.is_dir(parts[0]):
+            return f"{parts[0]!r} is already a directory of files"
+        if self.engine.is_dir(name):
+            return f"{name!r} is a directory"
+        for k in range(1, len(parts)):
+            above = "/".join(parts[:k])
+            if self.engine.get(above) is not None:
+                return f"{above!r} is a file"
+        return None
+
+    # -- writing ----------------------------------------------------------------------------
+    def publish(self, manifest: Manifest, prefix: str) -> list[int]:
+        """Make `manifest` the current generation of its name (its objects under `prefix`):
+        stored, then pushed. Returns the nodes that took it."""
+        return self.publish_batch([(manifest, prefix)])[1]
+
+    def publish_batch(self, items: list[tuple[Manifest, str]], pending: bool = False) -> tuple[int, list[int]]:
+        """Make every manifest of `items` (each with its objects' prefix) current, all in one
+        transaction and one version, or none: a name that conflicts fails the whole batch, naming
+        it. `pending`: the batch's pieces were recorded first (`pending_write`); a piece whose record
+        is gone (its write outlived keep_old_s and was collected) fails the batch. Returns
+        (the new version, the nodes that took it)."""
+        with self._lock:
+            with self.engine.transaction():
+                seen: set[str] = set()
+                for m, prefix in items:
+                    why = self._conflict(m.name, m.kind) or (f"{m.name!r} twice in one batch" if m.name in seen
+                                                             else None)
+                    if why:
+                        raise FasterFSError(f"cannot store {m.kind} {m.name!r} in the namespace: {why}")
+                    seen.add(m.name)
+                    self.engine.replace_generations(m.name, stamp.now())
+                    self.engine.add_generation(m.name, m.generation, prefix)
+                    self.engine.put(m)
+                    if pending:
+                        pieces = [p for c in m.chunks for p in m.pieces(c)]
+                        if self.engine.forget_retired(pieces) != len(pieces):
+                            raise FasterFSError(f"the write of {m.name!r} took longer than ingest.keep_old_s and its "
+                                                "objects were collected: store it again")
+                changes = self._logged(list(seen))
+        return changes.version, self.push("apply_changes", changes)
+
+    def pending_write(self, pieces: list[tuple[int, str, str]]) -> None:
+        """(node, key, name) a write is about to store: collected after keep_old_s unless a
+        publish names them first (a write killed mid-way leaves no orphan for good)."""
+        with self._lock, self.engine.transaction():
+            self.engine.retire(pieces, stamp.now())
+
+    def _logged(self, names: list[str]) -> Changes:
+        """A new version for `names` (within the caller's transaction), and what it changed."""
+        since = self.engine.version()
+        version = self.engine.log(names)
+        return Changes(since, version, {n: self.engine.get(n) for n in names})
+
+    def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
+                      refused: bool = False) -> list[int]:
+        """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
+        to the chunks still as the repair saw them, only in the generation it repaired (a
+        re-ingest meanwhile wins; its orphans go with the generation); pushed like a new
+        generation. A chunk another repair already put where this one did counts as applied.
+        The pieces no reader of the current manifest reads are retired: those moved away, and
+        what a repair that lost (or was `refused`: fenced off) wrote. Returns the chunk ids applied."""
+        changes = None
+        with self._lock:
+            current = self.engine.get(name)
+            if current is None or current.generation != generation:
+                return []
+            chunks, applied, retired = list(current.chunks), [], set()
+            for cid, (before, after) in moves.items():
+                now, wrote = chunks[cid], set(current.pieces(dataclasses.replace(chunks[cid], nodes=list(after))))
+                if not refused and now.nodes == list(before):
+                    chunks[cid] = dataclasses.replace(now, nodes=list(after))
+                    retired |= set(current.pieces(now)) - wrote
+                    applied.append(cid)
+                elif not refused and now.nodes == list(after):
+                    applied.append(cid)  # the same move, made by another repair: it retired the old pieces
+                else:
+                    retired |= wrote - set(current.pieces(now))
+            with self.engine.transaction():
+                if chunks != current.chunks:
+                    self.engine.put(dataclasses.replace(current, chunks=chunks))
+                    changes = self._logged([name])
+                self.engine.retire([(node, key, name) for node, key in sorted(retired)], stamp.now())
+        if changes is not None:
+            self.push("apply_changes", changes)
+        return applied
+
+    def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
+        """Pieces retired more than keep_old_s ago, forgotten here: they can go. One its name's
+        current manifest names again (moved back since, or a write's piece published) is only
+        forgotten."""
+        with self._lock:
+            gone = [p for p in self.engine.retired() if stamp.age(p["retired"]) >= keep_old_s]
+            if not gone:
+                return []
+            live: dict[str, set[tuple[int, str]]] = {}
+            for p in gone:
+                if p["name"] not in live:
+                    m = self.engine.get(p["name"])
+                    live[p["name"]] = {piece for c in m.chunks for piece in m.pieces(c)} if m else set()
+            with self.engine.transaction():
+                self.engine.forget_retired([(p["node"], p["key"]) for p in gone])
+            return [(p["node"], p["key"]) for p in gone if (p["node"], p["key"]) not in live[p["name"]]]
+
+    def remove(self, name: str) -> Manifest:
+        """Take `name` out of the namespace. Its objects stay for readers that hold its manifest
+        until ingest.keep_old_s has passed (`expired` then names them)."""
+        with self._lock:
+            manifest = self.engine.get(name)
+            if manifest is None:
+                raise FasterFSError(f"{name!r}: no such dataset or file in cluster {self.cluster_name!r}")
+            with self.engine.transaction():
+                self.engine.replace_generations(name, stamp.now())
+                self.engine.delete(name)
+                changes = self._logged([name])
+        self.push("apply_changes", changes)
+        return manifest
+
+    def expired(self, keep_old_s: float) -> list[dict]:
+        """Generations replaced (or removed) more than keep_old_s ago, forgotten here: their
+        objects can go. Each as {dataset, generation, prefix}."""
+        with self._lock:
+            gone = [g for g in self.engine.replaced() if stamp.age(g["replaced"]) >= keep_old_s]
+            with self.engine.transaction():
+                for g in gone:
+                    self.engine.forget_generation(g["dataset"], g["generation"])
+            return gone
+
+    def generations(self, dataset: str) -> list[str]:
+        """The generations of `dataset` whose objects are kept: the current one and those not yet
+        expired (readers may still hold their manifests)."""
+        with self._lock:
+            return self.engine.generations(dataset)

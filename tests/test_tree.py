@@ -1,0 +1,52 @@
+"""The namespace's tree of paths (fasterfs.namespace.Tree) kept by changes: after any sequence of
+changes it equals a tree built from scratch of the same manifests. No Ray, no MinIO."""
+import random
+
+import pytest
+
+from fasterfs.manifest import ChunkInfo, Manifest
+from fasterfs.namespace import Tree
+
+pytestmark = pytest.mark.unit
+
+
+def manifest(name: str, generation: str, kind: str = "file", created: float = 1.0) -> Manifest:
+    chunks = [ChunkInfo(i, f"{name}/{generation}/chunk-{i:05d}.csv", [0], 10 + i, 0, 0, 0.0, 0.0, i)
+              for i in range(2)]
+    return Manifest(name, "csv", 1, 0, 0, 1, 1, "b", generation, chunks, created=created, kind=kind)
+
+
+def shape(tree: Tree) -> dict:
+    return {e.path: (e.is_dir, e.size, e.file_manifest.generation if not e.is_dir else "")
+            for e in tree.all_entries()}
+
+
+def listing(tree: Tree) -> dict:
+    return {e.path: [c.path for c in tree.listdir(e.path)] for e in tree.all_entries() if e.is_dir}
+
+
+def test_random_changes_leave_the_tree_a_fresh_build_would_make():
+    rng = random.Random(7)
+    names = [f"{a}/{b}/f{c}" for a in "xy" for b in "pq" for c in range(4)] + ["ds1", "ds2", "top"]
+    now: dict[str, Manifest] = {}
+    tree = Tree({}, 0)
+    for version in range(1, 300):
+        batch = {}
+        for name in rng.sample(names, 3):
+            batch[name] = None if name in now and rng.random() < 0.4 else manifest(
+                name, f"g{version}", "dataset" if name.startswith("ds") else "file", created=version)
+        entries, gone = tree.apply(batch, version)
+        for name, m in batch.items():
+            now.pop(name, None) if m is None else now.__setitem__(name, m)
+        fresh = Tree(dict(now), version)
+        assert shape(tree) == shape(fresh) and listing(tree) == listing(fresh)
+        assert set(gone).isdisjoint(e.path for e in tree.all_entries())
+        assert all(tree.lookup(e.path) is e for e in entries)
+
+
+def test_a_change_reports_only_its_own_paths():
+    tree = Tree({f"d/{i}": manifest(f"d/{i}", "g1") for i in range(1000)}, 1)
+    entries, gone = tree.apply({"d/5": manifest("d/5", "g2", created=2.0), "e/1": manifest("e/1", "g1")}, 2)
+    assert sorted(e.path for e in entries) == ["", "d", "d/5", "e", "e/1"] and gone == []
+    entries, gone = tree.apply({"e/1": None}, 3)
+    assert entries == [] and gone == ["e", "e/1"]
