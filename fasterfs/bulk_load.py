@@ -7,10 +7,12 @@ after ingest.keep_old_s unless the batch is published first), so a load killed m
 nothing visible and no orphan for good; a rerun skips the files already stored with the same
 bytes (size and xxh3 of every chunk) and stores the rest. Objects are stored by a bounded pool of
 threads (`files.threads`), and batch N is published while batch N+1 is stored. For `import`
-each batch is stored by a Ray task, spread over the nodes (each reads the source store itself).
+each batch is stored by a Ray task, spread over the nodes (each reads the source store itself),
+two per node at a time; batches are published in order.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import secrets
@@ -169,11 +171,12 @@ class Loaded:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, summed over batches
 
 
-def _same(m: Manifest, body: bytes, chunk_size: int) -> bool:
-    """Whether `m` (a stored file) holds exactly `body`."""
+def _same(m: Manifest, body: bytes) -> bool:
+    """Whether `m` (a stored file) holds exactly `body`, cut as it was stored."""
     if m.kind != "file" or m.total_bytes != len(body):
         return False
-    return all(xxhash.xxh3_64_intdigest(body[c.id * chunk_size:(c.id + 1) * chunk_size]) == c.xxh3 for c in m.chunks)
+    at = m.offsets()
+    return all(xxhash.xxh3_64_intdigest(body[at[c.id]:at[c.id + 1]]) == c.xxh3 for c in m.chunks)
 
 
 def store_batch(cfg, state, source, batch: list[Planned], old: dict[str, Manifest], force: bool,
@@ -190,7 +193,7 @@ def store_batch(cfg, state, source, batch: list[Planned], old: dict[str, Manifes
     def one(p: Planned) -> tuple[Manifest, str] | None:
         body = source.read(p.file.rel)
         before = old.get(p.name)
-        if before is not None and _same(before, body, chunk_size):
+        if before is not None and _same(before, body):
             return None
         if before is not None and not force:
             raise FasterFSError(f"{p.name} already exists in the namespace with other bytes (from {source}/"
@@ -237,6 +240,23 @@ def load(cfg, source: LocalTree | S3Prefix, dest: str, force: bool = False, prog
     publisher = ThreadPoolExecutor(1, "bulk-publish")  # batch N published while N+1 is stored
     published: Future | None = None
     remote_store = _remote_store() if remote else None
+    storing: collections.deque = collections.deque()  # batches being stored (Ray tasks), oldest first
+    window = 2 * n_nodes if remote else 1
+
+    def finish(stored_batch) -> None:
+        """The oldest batch stored: published (after the one before it), counted."""
+        nonlocal published
+        with _timed(out.phases, "store"):
+            items, skipped, stored = stored_batch if remote_store is None else _ray_get(stored_batch)
+        with _timed(out.phases, "wait_publish"):
+            if published is not None:
+                published.result()
+        published = publisher.submit(_publish, state.name, items, out.phases)
+        out.stored, out.skipped, out.bytes, out.batches = (out.stored + len(items), out.skipped + skipped,
+                                                           out.bytes + stored, out.batches + 1)
+        if progress:
+            progress(out.stored + out.skipped, out.files, out.bytes)
+
     try:
         for batch in batches:
             generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
@@ -246,26 +266,24 @@ def load(cfg, source: LocalTree | S3Prefix, dest: str, force: bool = False, prog
                            for f, name in batch]
                 old = registry.fetch_manifests_of(state.name, [p.name for p in planned])
                 registry.pending_write(state.name, [piece for p in planned for piece in p.pieces(cfg.layout == "ec")])
-            with _timed(out.phases, "store"):
-                if remote_store is not None:
-                    import ray
-
-                    items, skipped, stored = ray.get(remote_store.remote(cfg, state, source, planned, old, force,
-                                                                         admin))
-                else:
-                    items, skipped, stored = store_batch(cfg, state, source, planned, old, force, admin)
-            with _timed(out.phases, "wait_publish"):
-                if published is not None:
-                    published.result()
-            published = publisher.submit(_publish, state.name, items, out.phases)
-            out.stored, out.skipped, out.bytes, out.batches = (out.stored + len(items), out.skipped + skipped,
-                                                               out.bytes + stored, out.batches + 1)
-            if progress:
-                progress(out.stored + out.skipped, out.files, out.bytes)
+            if remote_store is not None:
+                storing.append(remote_store.remote(cfg, state, source, planned, old, force, admin))
+            else:
+                with _timed(out.phases, "store"):
+                    storing.append(store_batch(cfg, state, source, planned, old, force, admin))
+            while len(storing) >= window:
+                finish(storing.popleft())
+        while storing:
+            finish(storing.popleft())
         if published is not None:
             with _timed(out.phases, "wait_publish"):
                 published.result()
     finally:
+        if remote_store is not None:
+            import ray
+
+            for ref in storing:  # a failed load: batches still being stored stop (their pieces are pending)
+                ray.cancel(ref)
         publisher.shutdown(wait=True)
     out.seconds = time.monotonic() - began
     return out
@@ -299,6 +317,12 @@ def _batches(files: list[SourceFile], names: list[str], max_files: int,
         size += f.size
     if batch:
         yield batch
+
+
+def _ray_get(ref):
+    import ray
+
+    return ray.get(ref)
 
 
 def _remote_store():
