@@ -533,6 +533,36 @@ def main():
         until(lambda: os.stat(hp).st_ino == ino, "the old gen's entry back")
         check("the old gen's inode again", os.stat(hp).st_ino == ino)
 
+        print("delta:")
+        big = [f"big/f{i:05}" for i in range(3000)]
+        agent.send({"op": "delta", "version": 5, "since": 4, "gone": [], "entries": [
+            {"path": p, "dir": False, "size": 1, "mtime_ns": now} for p in big]})
+        applied(agent)
+        got = os.listdir(os.path.join(mnt, "big"))
+        check("new files in a new directory, listed in many readdir batches",
+              got == [os.path.basename(p) for p in big], len(got))
+        check("... the rest as it was", os.stat(hp).st_ino == ino)
+        agent.send({"op": "delta", "version": 6, "since": 5, "gone": big[:1500], "entries": [
+            {"path": HOT, "dir": False, "size": len(hot_bytes), "mtime_ns": now + 1}]})
+        until(lambda: os.stat(hp).st_mtime_ns == now + 1, "the changed file's attributes invalidated")
+        check("a changed file: new attributes at once, same inode", os.stat(hp).st_ino == ino)
+        until(lambda: not os.path.exists(os.path.join(mnt, big[0])), "a removed file's entry invalidated")
+        check("removed files gone", len(os.listdir(os.path.join(mnt, "big"))) == 1500)
+        agent.send({"op": "delta", "version": 7, "since": 5, "gone": [HOT], "entries": [{"path": "bogus"}]})
+        applied(agent)
+        check("a delta that does not follow the tree is ignored",
+              os.path.exists(hp) and not os.path.exists(os.path.join(mnt, "bogus")))
+        asked = agent.refreshes
+        for _ in range(3):
+            expect_errno(errno.ENOENT, os.stat, os.path.join(mnt, "d/missing"))
+        check("a missing name is asked for once", agent.refreshes == asked + 1, agent.refreshes - asked)
+        agent.send({"op": "delta", "version": 7, "since": 6, "gone": big[1500:] + ["big"], "entries": []})
+        until(lambda: not os.path.exists(os.path.join(mnt, "big")), "a removed directory's entry invalidated")
+        expect_errno(errno.ENOENT, os.stat, os.path.join(mnt, "d/missing"))
+        check("... again once the tree changed", agent.refreshes == asked + 3, agent.refreshes - asked)
+        agent.send(dict(hot_msg, version=7))
+        settle(agent)
+
         print("read-only:")
         expect_errno(errno.EROFS, os.open, hp, os.O_WRONLY)
         expect_errno(errno.EROFS, os.open, hp, os.O_RDWR)
@@ -560,7 +590,7 @@ def main():
         s = agent.stats()
         print("  daemon stats:", json.dumps(s))
         keys = ("passthrough_opens agent_opens reads_forwarded bytes_forwarded lookups getattrs"
-                " readdirs stale_refused hot_from_open_reply").split()
+                " readdirs stale_refused hot_from_open_reply lookup_refreshes negative_hits").split()
         check("stats has all counters", all(isinstance(s.get(k), int) for k in keys))
 
         print("shutdown:")

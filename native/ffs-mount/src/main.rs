@@ -27,27 +27,29 @@
 //!   relative to the mount root, "/"-separated, outer slashes stripped;
 //!   entries with empty, "." or ".." components are skipped, missing parents
 //!   become directories, entries below a file are dropped. A path keeps its
-//!   inode number across trees while its G (a string) stays the same; a new G
-//!   is a new inode, and the old one's entry is invalidated in the kernel.
-//!   A file inode that leaves the tree keeps its attributes while open (and
-//!   until the next tree or delta); opening it fails with ESTALE (the kernel
-//!   looks the path up again and retries). Once a path is out of the tree
-//!   and not kept so, its inode number is forgotten: if the path comes back
-//!   it gets a new one (numbers are never reused).
+//!   inode number across trees and deltas while its G (a string) stays the
+//!   same; a new G is a new inode, and the old one's entry is invalidated in
+//!   the kernel. A file inode that leaves the tree keeps its attributes
+//!   while open (and until the next tree or delta); opening it fails with
+//!   ESTALE (the kernel looks the path up again and retries). Once out of
+//!   the tree and not kept so, an inode number is forgotten: a path coming
+//!   back later gets a new one (numbers are never reused).
+//!   Best sent starting exactly {"op":"tree", (a delta {"op":"delta",):
+//!   then even its parsing is off the thread that delivers replies.
 //!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Files are 0444, directories 0555, owner root.
 //!
 //! {"op":"delta","version":V,"since":S,"entries":[...as in "tree"...],
 //!  "gone":[P, ...]}
 //!   Changes tree S into tree V, in O(size of the delta), not of the tree.
-//!   Ignored (and logged) unless the daemon's tree is version S (and before
-//!   the first tree): after any doubt, send a whole "tree". First each path
-//!   of "gone" leaves the tree (list every path removed, descendants too; a
-//!   directory's descendants left unlisted go with it), then each entry is
+//!   Ignored (and logged) before the first tree and unless the daemon's
+//!   tree is version S: after any doubt, send a whole "tree". First each
+//!   path of "gone" leaves the tree (list every path removed, descendants
+//!   too; those left unlisted go with their directory), then each entry is
 //!   applied as in "tree": a new path is added (missing parents become
 //!   directories, an entry below a file is dropped), an existing one takes
-//!   its attributes, or is a new inode if its G changed. What left or
-//!   changed is invalidated in the kernel, and files that left are kept
-//!   while open exactly as with a new "tree".
+//!   its attributes (a directory that becomes a file loses its entries), or
+//!   is a new inode if its G changed. What left or changed is invalidated
+//!   in the kernel, and files that left are kept as with a new "tree".
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
 //!  "pin":S,"key":K,"keys":[K...],"bucket":K2,"fetched_ns":F}
@@ -155,6 +157,7 @@
 //! later FUSE requests to the agent fail with EIO.
 
 mod agent;
+mod change;
 mod fs;
 mod marks;
 mod tree;
@@ -172,6 +175,7 @@ use fuser::{Config, INodeNo, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
 
 use agent::{Agent, Reply};
+use change::Change;
 use fs::{FuseFs, Hot, Shared};
 use tree::{InoMap, Inval, Tree};
 
@@ -255,7 +259,7 @@ fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>, apply: mpsc
             Ok(_) => {}
         }
         // Parsed by the applier: a big tree parsed here would hold up the
-        // replies behind it. The agent writes "op" first; else see below.
+        // replies behind it. (Not sent "op" first: parsed here, see below.)
         if line.starts_with(br#"{"op":"tree","#) || line.starts_with(br#"{"op":"delta","#) {
             handed += 1;
             let _ = apply.send(Apply::Line(std::mem::take(&mut line)));
@@ -318,36 +322,34 @@ fn applier(
     let mut inos = InoMap::new();
     let mut have_tree = false;
     for m in rx {
-        let v = match m {
-            Apply::Msg(v) => Some(v),
-            Apply::Line(l) => serde_json::from_slice(&l)
+        let c = match m {
+            Apply::Line(l) => Change::parse(&l)
                 .inspect_err(|e| eprintln!("ffs-mount: bad message from agent: {e}"))
                 .ok(),
+            Apply::Msg(v) if v.get("op").and_then(Value::as_str) == Some("stats") => {
+                let _ = s
+                    .agent
+                    .send(&json!({"id": v.get("id"), "stats": s.stats.json()}));
+                None
+            }
+            Apply::Msg(v) => Some(Change::from_value(&v)),
         };
-        match v.as_ref().map(|v| (v, v.get("op").and_then(Value::as_str))) {
-            Some((v, Some("tree"))) => {
-                let (t, changed) = Tree::from_msg(&s.tree(), v, &mut inos, &s.open_inodes());
+        match c {
+            Some(c) if c.op == "tree" => {
+                let (t, changed) = Tree::from_msg(&s.tree(), &c, &mut inos, &s.open_inodes());
+                drop(c);
                 publish(&s, t, changed, &inval);
                 if !have_tree {
                     have_tree = true;
                     let _ = ev.send(Event::FirstTree);
                 }
             }
-            Some((_, Some("delta"))) if !have_tree => {
-                eprintln!("ffs-mount: delta before the first tree, ignored");
-            }
-            Some((v, Some("delta"))) => {
-                match s.tree().apply_delta(v, &mut inos, &s.open_inodes()) {
-                    Ok((t, changed)) => publish(&s, t, changed, &inval),
-                    Err(e) => eprintln!("ffs-mount: {e}: ignored"),
-                }
-            }
-            Some((v, Some("stats"))) => {
-                let _ = s
-                    .agent
-                    .send(&json!({"id": v.get("id"), "stats": s.stats.json()}));
-            }
-            _ => {}
+            Some(_) if !have_tree => eprintln!("ffs-mount: delta before the first tree, ignored"),
+            Some(c) => match s.tree().apply_delta(&c, &mut inos, &s.open_inodes()) {
+                Ok((t, changed)) => publish(&s, t, changed, &inval),
+                Err(e) => eprintln!("ffs-mount: {e}: ignored"),
+            },
+            None => {}
         }
         s.agent.applied_one();
     }
@@ -530,4 +532,147 @@ fn main() {
     unmount_if_ours(&mountpoint, &dev);
     // exit() without running destructors: closing /dev/fuse ends the session.
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Mutex;
+
+    use fs::Misses;
+    use tree::ROOT_INO;
+
+    /// The daemon's reader and applier threads (no mount) on one end of a
+    /// socketpair; the test is the agent on the other, answering a "refresh"
+    /// after sending what `on_refresh` holds.
+    struct Daemon {
+        s: Arc<Shared>,
+        w: Mutex<UnixStream>,
+        refreshes: Arc<AtomicU64>,
+        on_refresh: Arc<Mutex<Vec<Value>>>,
+        replies: Mutex<mpsc::Receiver<Value>>,
+    }
+
+    impl Daemon {
+        fn start() -> Daemon {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let s = Arc::new(Shared::new(Agent::new(ours.try_clone().unwrap()), Duration::from_secs(1)));
+            let (ev, _) = mpsc::channel();
+            let (inval, _) = mpsc::channel();
+            let (apply_tx, apply_rx) = mpsc::channel();
+            let (s1, s2, ev2) = (s.clone(), s.clone(), ev.clone());
+            std::thread::spawn(move || applier(apply_rx, s1, ev, inval));
+            std::thread::spawn(move || reader(ours, s2, ev2, apply_tx));
+            let (refreshes, on_refresh) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())));
+            let (tx, replies) = mpsc::channel();
+            let (r, o, mut w) = (refreshes.clone(), on_refresh.clone(), theirs.try_clone().unwrap());
+            let rd = theirs.try_clone().unwrap();
+            std::thread::spawn(move || {
+                for line in BufReader::new(rd).lines() {
+                    let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+                    match v.get("op").and_then(Value::as_str) {
+                        Some("refresh") => {
+                            r.fetch_add(1, Relaxed);
+                            for m in o.lock().unwrap().drain(..) {
+                                writeln!(w, "{m}").unwrap();
+                            }
+                            writeln!(w, "{}", json!({"id": v["id"]})).unwrap();
+                        }
+                        None => tx.send(v).unwrap(),
+                        Some(op) => panic!("unexpected request {op}"),
+                    }
+                }
+            });
+            Daemon { s, w: Mutex::new(theirs), refreshes, on_refresh, replies: Mutex::new(replies) }
+        }
+
+        fn send(&self, m: Value) {
+            writeln!(self.w.lock().unwrap(), "{m}").unwrap();
+        }
+
+        /// Once the daemon has applied all sent before (its "stats" reply comes after them).
+        fn stats(&self) -> Value {
+            self.send(json!({"op": "stats", "id": 7}));
+            let r = self.replies.lock().unwrap().recv_timeout(Duration::from_secs(10)).unwrap();
+            r["stats"].clone()
+        }
+
+        fn refreshes(&self) -> u64 {
+            self.refreshes.load(Relaxed)
+        }
+    }
+
+    #[test]
+    fn lookup_misses_are_asked_once_until_the_tree_changes() {
+        let d = Daemon::start();
+        d.send(json!({"op": "tree", "version": 1, "entries": [{"path": "a"}]}));
+        d.stats();
+        assert!(d.s.find(ROOT_INO, "a").is_some());
+        assert!(d.s.find(ROOT_INO, "b").is_none());
+        assert_eq!(d.refreshes(), 1);
+        assert!(d.s.find(ROOT_INO, "b").is_none());
+        assert_eq!(d.refreshes(), 1, "a known miss is not asked again");
+        assert!(d.s.find(ROOT_INO, "c").is_none());
+        assert_eq!(d.refreshes(), 2, "another name is");
+        let st = d.stats();
+        assert_eq!((st["negative_hits"].as_u64(), st["lookup_refreshes"].as_u64()), (Some(1), Some(2)));
+
+        // Any change to the namespace forgets the misses.
+        d.send(json!({"op": "delta", "version": 2, "since": 1, "entries": [{"path": "x"}], "gone": []}));
+        d.stats();
+        assert!(d.s.find(ROOT_INO, "b").is_none());
+        assert_eq!(d.refreshes(), 3);
+
+        // A delta sent before the refresh reply is seen by the retry.
+        // (Big, so that the reply would otherwise overtake it.)
+        let mut e: Vec<Value> = (0..20_000).map(|i| json!({"path": format!("n/f{i}")})).collect();
+        e.push(json!({"path": "n/m", "size": 4}));
+        let delta = json!({"op": "delta", "version": 3, "since": 2, "entries": e, "gone": ["x"]});
+        d.on_refresh.lock().unwrap().push(delta);
+        let n = d.s.find(ROOT_INO, "n").expect("applied before the retry");
+        assert_eq!(n.kind, fuser::FileType::Directory);
+        assert_eq!(d.s.tree().version, 3);
+        assert!(d.s.find(ROOT_INO, "x").is_none());
+        assert_eq!(d.refreshes(), 5);
+
+        // A delta that does not follow the tree is ignored (and changes nothing).
+        d.send(json!({"op": "delta", "version": 9, "since": 2, "entries": [{"path": "b"}], "gone": ["a"]}));
+        d.stats();
+        let t = d.s.tree();
+        assert_eq!(t.version, 3);
+        assert!(t.child(ROOT_INO, "a").is_some() && t.child(ROOT_INO, "b").is_none());
+        assert!(d.s.find(ROOT_INO, "x").is_none());
+        assert_eq!(d.refreshes(), 5, "the misses stay: nothing changed");
+
+        // A whole tree forgets them too.
+        d.send(json!({"op": "tree", "version": 10, "entries": [{"path": "a"}]}));
+        d.stats();
+        assert!(d.s.find(ROOT_INO, "x").is_none());
+        assert_eq!(d.refreshes(), 6);
+    }
+
+    #[test]
+    fn a_delta_before_the_first_tree_is_ignored() {
+        let d = Daemon::start();
+        d.send(json!({"op": "delta", "version": 1, "since": 0, "entries": [{"path": "a"}], "gone": []}));
+        d.stats();
+        assert!(d.s.tree().child(ROOT_INO, "a").is_none());
+    }
+
+    #[test]
+    fn misses_are_bounded_and_kept_per_tree() {
+        let mut m = Misses::default();
+        m.add(1, 1, "x");
+        assert!(m.has(1, 1, "x") && !m.has(1, 2, "x") && !m.has(2, 1, "x"));
+        m.add(0, 1, "y"); // found missing in an older tree: not remembered
+        assert!(!m.has(0, 1, "y") && !m.has(1, 1, "y"));
+        for i in 0..70_000 {
+            m.add(1, 1, &format!("n{i}"));
+            assert!(m.len() <= 65_536);
+        }
+        m.reset(2);
+        assert_eq!(m.len(), 0);
+    }
 }

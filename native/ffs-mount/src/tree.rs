@@ -19,7 +19,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo};
 use rpds::{HashTrieMapSync, RedBlackTreeMapSync};
-use serde_json::Value;
+
+use crate::change::{Change, Entry};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -83,7 +84,7 @@ impl Dir {
 #[derive(Clone)]
 pub struct Tree {
     pub version: u64,
-    /// How many trees and deltas were applied before this one (0: none yet).
+    /// How many trees and deltas have been applied, this one included.
     pub seq: u64,
     pub nodes: HashTrieMapSync<u64, Node>,
     /// Directory inode -> its entries.
@@ -136,53 +137,14 @@ impl InoMap {
     }
 }
 
-/// One entry object of a "tree" or "delta" message.
-struct Entry {
-    path: String,
-    dir: bool,
-    size: u64,
-    mtime_ns: i64,
-    gen: String,
-}
-
-/// P with outer slashes stripped, or None if it has an empty, "." or ".." component.
-fn clean(p: &str) -> Option<&str> {
-    let p = p.trim_matches('/');
-    let bad = p.is_empty() || p.split('/').any(|c| c.is_empty() || c == "." || c == "..");
-    (!bad).then_some(p)
-}
-
-/// The valid entries of `msg`, the last of each path, sorted by path
-/// (parents before their children).
-fn entries(msg: &Value) -> Vec<Entry> {
-    let mut by_path: HashMap<&str, Entry> = HashMap::new();
-    for e in msg.get("entries").and_then(Value::as_array).into_iter().flatten() {
-        let Some(p) = e.get("path").and_then(Value::as_str).and_then(clean) else {
-            continue;
-        };
-        let dir = e.get("dir").and_then(Value::as_bool).unwrap_or(false);
-        let entry = Entry {
-            path: p.to_string(),
-            dir,
-            size: match dir {
-                true => 0,
-                false => e.get("size").and_then(Value::as_u64).unwrap_or(0),
-            },
-            mtime_ns: e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0),
-            gen: e.get("gen").and_then(Value::as_str).unwrap_or_default().to_string(),
-        };
-        by_path.insert(p, entry);
-    }
-    let mut v: Vec<Entry> = by_path.into_values().collect();
-    v.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    v
-}
-
 /// A change being made to a fresh clone of a tree.
 struct Edit<'a> {
     t: &'a mut Tree,
     inos: &'a mut InoMap,
     inval: Vec<Inval>,
+    /// The parent directory of the last entry upserted: sorted entries
+    /// mostly share it, and a check costs less than a walk from the root.
+    last_dir: u64,
 }
 
 impl Edit<'_> {
@@ -219,9 +181,15 @@ impl Edit<'_> {
     /// else a new inode in place of the old one. Missing ancestors become
     /// directories; an entry below a file is dropped.
     fn upsert(&mut self, e: &Entry) {
-        let mut parent = ROOT_INO;
-        let mut start = 0;
-        for (i, _) in e.path.match_indices('/') {
+        let (mut parent, mut start) = (ROOT_INO, 0);
+        if let Some((dir_path, _)) = e.path.rsplit_once('/') {
+            if self.node(self.last_dir).is_some_and(|n| n.dir && n.path == dir_path) {
+                (parent, start) = (self.last_dir, dir_path.len() + 1);
+            }
+        }
+        let base = start;
+        for (i, _) in e.path[base..].match_indices('/') {
+            let i = base + i;
             let name = &e.path[start..i];
             start = i + 1;
             parent = match self.t.children.get(&parent).and_then(|d| d.get(name)) {
@@ -243,6 +211,7 @@ impl Edit<'_> {
                 }
             };
         }
+        self.last_dir = parent;
         let name = &e.path[start..];
         let ino = self.inos.ino(&key(&e.path, &e.gen));
         let new = Node {
@@ -254,27 +223,30 @@ impl Edit<'_> {
             gen: e.gen.clone(),
         };
         let old = self.t.children.get(&parent).and_then(|d| d.get(name));
-        match old.and_then(|o| Some((o, self.node(o)?.clone()))) {
+        match old.and_then(|o| Some((o, self.node(o)?.dir))) {
             None => self.insert(ino, new),
-            Some((o, n)) if o == ino => {
+            Some((o, was_dir)) if o == ino => {
+                let n = self.node(ino).expect("just found");
                 if (n.dir, n.size, n.mtime_ns) != (new.dir, new.size, new.mtime_ns) {
                     self.inval.push((parent, name.to_string(), ino));
                 }
-                if n.dir && !new.dir {
+                if was_dir && !new.dir {
                     let d = self.t.children.get(&ino).cloned();
                     self.t.children.remove_mut(&ino);
                     self.drop_all(d.iter().flat_map(|d| d.names.values().copied()).collect());
-                } else if !n.dir && new.dir {
+                } else if !was_dir && new.dir {
                     self.t.children.insert_mut(ino, Arc::new(Dir::default()));
                 }
                 self.t.nodes.insert_mut(ino, new);
             }
-            Some((o, n)) if n.dir && new.dir => {
+            Some((o, true)) if new.dir => {
                 // A directory with a new gen: its entries move to the new inode.
                 let d = self.t.children.get(&o).cloned().unwrap_or_default();
+                if let Some(n) = self.node(o).cloned() {
+                    self.inos.forget(&n, o);
+                }
                 self.t.children.remove_mut(&o);
                 self.t.nodes.remove_mut(&o);
-                self.inos.forget(&n, o);
                 self.inval.push((parent, name.to_string(), o));
                 for &c in d.names.values() {
                     if let Some(cn) = self.node(c) {
@@ -380,17 +352,17 @@ impl Tree {
     /// be reached).
     pub fn from_msg(
         old: &Tree,
-        msg: &Value,
+        msg: &Change,
         inos: &mut InoMap,
         open: &HashSet<u64>,
     ) -> (Tree, Vec<Inval>) {
         let mut t = Tree::empty();
-        t.version = msg.get("version").and_then(Value::as_u64).unwrap_or(0);
+        t.version = msg.version;
         t.seq = old.seq + 1;
-        let mut ed = Edit { t: &mut t, inos, inval: Vec::new() };
+        let mut ed = Edit { t: &mut t, inos, inval: Vec::new(), last_dir: ROOT_INO };
         // Sorted: declared parents come first, so implicit ones never override real metadata.
-        for e in entries(msg) {
-            ed.upsert(&e);
+        for e in &msg.entries {
+            ed.upsert(e);
         }
         t.keep_orphans(old, open);
         inos.by_key.retain(|_, i| t.nodes.contains_key(i) || t.orphans.contains_key(i));
@@ -404,31 +376,30 @@ impl Tree {
     /// of the last change.
     pub fn apply_delta(
         &self,
-        msg: &Value,
+        msg: &Change,
         inos: &mut InoMap,
         open: &HashSet<u64>,
     ) -> Result<(Tree, Vec<Inval>), String> {
-        let since = msg.get("since").and_then(Value::as_u64);
-        if since != Some(self.version) {
-            let since = msg.get("since").map_or("none".to_string(), Value::to_string);
+        if msg.since != Some(self.version) {
+            let since = msg.since.map_or("none".to_string(), |s| s.to_string());
             return Err(format!("delta since {since}, but the tree is version {}", self.version));
         }
         let mut t = Tree {
-            version: msg.get("version").and_then(Value::as_u64).unwrap_or(0),
+            version: msg.version,
             seq: self.seq + 1,
             nodes: self.nodes.clone(),
             children: self.children.clone(),
             orphans: HashMap::new(),
         };
-        let mut ed = Edit { t: &mut t, inos, inval: Vec::new() };
+        let mut ed = Edit { t: &mut t, inos, inval: Vec::new(), last_dir: ROOT_INO };
         // Removals first: a path gone as a file may come back as a directory.
-        for p in msg.get("gone").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(ino) = p.as_str().and_then(clean).and_then(|p| ed.resolve(p)) {
+        for p in &msg.gone {
+            if let Some(ino) = ed.resolve(p) {
                 ed.remove(ino);
             }
         }
-        for e in entries(msg) {
-            ed.upsert(&e);
+        for e in &msg.entries {
+            ed.upsert(e);
         }
         let inval = ed.inval;
         // The last change's orphans stay while open; the others go for good.
@@ -506,7 +477,7 @@ impl Tree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
     use std::collections::BTreeMap;
     use std::time::Instant;
 
@@ -516,13 +487,13 @@ mod tests {
 
     fn tree(v: u64, entries: Value, inos: &mut InoMap) -> Tree {
         let msg = json!({"op": "tree", "version": v, "entries": entries});
-        Tree::from_msg(&Tree::empty(), &msg, inos, &none()).0
+        Tree::from_msg(&Tree::empty(), &Change::from_value(&msg), inos, &none()).0
     }
 
     fn delta(t: &Tree, entries: Value, gone: Value, inos: &mut InoMap, open: &HashSet<u64>) -> (Tree, Vec<Inval>) {
         let msg = json!({"op": "delta", "version": t.version + 1, "since": t.version,
                          "entries": entries, "gone": gone});
-        t.apply_delta(&msg, inos, open).unwrap()
+        t.apply_delta(&Change::from_value(&msg), inos, open).unwrap()
     }
 
     fn ino(t: &Tree, path: &str) -> Option<u64> {
@@ -654,7 +625,7 @@ mod tests {
         let n = inos.len();
         for since in [json!(4), json!(6), json!("5"), Value::Null] {
             let msg = json!({"op": "delta", "version": 7, "since": since, "entries": [{"path": "g"}], "gone": ["f"]});
-            assert!(t.apply_delta(&msg, &mut inos, &none()).is_err());
+            assert!(t.apply_delta(&Change::from_value(&msg), &mut inos, &none()).is_err());
         }
         assert_eq!(inos.len(), n);
         assert!(ino(&t, "f").is_some() && ino(&t, "g").is_none());
@@ -745,7 +716,7 @@ mod tests {
             let open: HashSet<u64> = t.orphans.keys().filter(|_| rng.below(2) == 0).copied().collect();
             t = delta(&t, json!(entries), json!(gone), &mut inos, &open).0;
             assert_eq!(contents(&t), want);
-            assert!(inos.len() <= t.nodes.size() + t.orphans.len());
+            assert_eq!(inos.len(), t.nodes.size() + t.orphans.len(), "an inode per live node or orphan");
         }
         // The same namespace sent whole keeps every inode.
         let whole: Vec<Value> = want
@@ -753,7 +724,7 @@ mod tests {
             .map(|(p, (dir, size, m, gen))| json!({"path": p, "dir": dir, "size": size, "mtime_ns": m, "gen": gen}))
             .collect();
         let msg = json!({"op": "tree", "version": 99, "entries": whole});
-        let (t2, inval) = Tree::from_msg(&t, &msg, &mut inos, &none());
+        let (t2, inval) = Tree::from_msg(&t, &Change::from_value(&msg), &mut inos, &none());
         assert_eq!(contents(&t2), want);
         assert!(inval.is_empty());
         for p in want.keys() {
@@ -769,11 +740,17 @@ mod tests {
             .map(|i| json!({"path": format!("big/n{}", rng.next() % 100_000), "dir": i % 7 == 0}))
             .collect();
         let t = tree(1, json!(entries), &mut inos);
-        let (t, _) = delta(&t, json!([{"path": "big/zz"}]), json!(["big/".to_string() + t.children.get(&ino(&t, "big").unwrap()).unwrap().listing()[3].0.as_ref()]), &mut inos, &none());
         let big = ino(&t, "big").unwrap();
+        let before: Vec<String> = t.dir_entries(big, 0).unwrap().map(|e| e.2.to_string()).collect();
+        // The directory changed: a new listing, from the names of the new tree.
+        let gone = json!([format!("big/{}", before[5])]);
+        let (t, _) = delta(&t, json!([{"path": "big/zz"}]), gone, &mut inos, &none());
+        assert_eq!(t.dir_entries(big, 0).unwrap().count(), before.len());
+        assert!(t.child(big, &before[5]).is_none() && t.child(big, "zz").is_some());
         // Skipping k entries of the whole listing, as readdir did.
         let dir = t.children.get(&big).unwrap();
-        let mut all = vec![(big, FileType::Directory, ".".to_string()), (ROOT_INO, FileType::Directory, "..".to_string())];
+        let dots = [(big, "."), (ROOT_INO, "..")];
+        let mut all: Vec<_> = dots.iter().map(|&(i, n)| (i, FileType::Directory, n.to_string())).collect();
         for (name, &i) in dir.names.iter() {
             let kind = if t.nodes.get(&i).unwrap().dir { FileType::Directory } else { FileType::RegularFile };
             all.push((i, kind, name.to_string()));
@@ -809,12 +786,21 @@ mod tests {
         for i in 0..100 {
             let e = json!([{"path": format!("w{i}")}, {"path": "keep/a"}]);
             let msg = json!({"op": "tree", "version": 10_000 + i, "entries": e});
-            t = Tree::from_msg(&t, &msg, &mut inos, &none()).0;
+            t = Tree::from_msg(&t, &Change::from_value(&msg), &mut inos, &none()).0;
             assert!(inos.len() <= base + 2, "{} at tree {i}", inos.len());
         }
     }
 
+    /// This thread's CPU time: the machine may be busy with other work.
+    fn cpu() -> Duration {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    /// Resident memory, after handing freed memory back to the kernel.
     fn rss_mib() -> u64 {
+        unsafe { libc::malloc_trim(0) };
         let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let kb = s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok());
         kb.unwrap_or(0) / 1024
@@ -824,35 +810,39 @@ mod tests {
     #[test]
     #[ignore]
     fn bench_1m_tree_then_1k_delta() {
+        use std::fmt::Write;
         let (dirs, per) = (1000, 1000);
-        let mut entries = Vec::with_capacity(dirs * per + dirs);
+        let mut line = String::from(r#"{"op":"tree","version":1,"entries":["#);
         for d in 0..dirs {
-            entries.push(json!({"path": format!("data/d{d:04}"), "dir": true, "mtime_ns": 1}));
+            write!(line, r#"{{"path":"data/d{d:04}","dir":true,"size":0,"mtime_ns":1,"gen":""}},"#).unwrap();
             for f in 0..per {
-                let p = format!("data/d{d:04}/part-{f:05}.parquet");
-                entries.push(json!({"path": p, "size": 1 << 20, "mtime_ns": 1, "gen": format!("{d}.{f}")}));
+                write!(line, r#"{{"path":"data/d{d:04}/part-{f:05}.parquet","dir":false,"size":1048576,"mtime_ns":1,"gen":"{d}.{f}"}},"#).unwrap();
             }
         }
-        let line = serde_json::to_vec(&json!({"op": "tree", "version": 1, "entries": entries})).unwrap();
-        drop(entries);
+        line.pop();
+        line.push_str("]}");
         let rss0 = rss_mib();
-        let t0 = Instant::now();
-        let msg: Value = serde_json::from_slice(&line).unwrap();
-        let parse = t0.elapsed();
+        let c0 = cpu();
+        let msg = Change::parse(line.as_bytes()).unwrap();
+        let parse = cpu() - c0;
+        let c0 = cpu();
+        let value: Value = serde_json::from_slice(line.as_bytes()).unwrap();
+        let parse_value = cpu() - c0;
+        let rss_value = rss_mib();
+        drop(value);
         let rss_parsed = rss_mib();
         let mut inos = InoMap::new();
-        let t0 = Instant::now();
+        let (t0, c0) = (Instant::now(), cpu());
         let (t, _) = Tree::from_msg(&Tree::empty(), &msg, &mut inos, &none());
-        let build = t0.elapsed();
+        let (build, build_cpu) = (t0.elapsed(), cpu() - c0);
         drop(msg);
         let rss_tree = rss_mib();
-        println!("tree: {} nodes, {:.1} MB of JSON; parse {:?}, build {:?}; RSS {} MiB before, {} MiB parsed (+{}), {} MiB with the tree only (+{})",
-                 t.nodes.size(), line.len() as f64 / 1e6, parse, build, rss0, rss_parsed, rss_parsed - rss0, rss_tree, rss_tree.saturating_sub(rss0));
+        println!("tree: {} nodes from {:.1} MB of JSON: parse {parse:?} (+{} MiB; as a Value {parse_value:?}, +{} MiB), build {build:?} (CPU {build_cpu:?}, +{} MiB)",
+                 t.nodes.size(), line.len() as f64 / 1e6, rss_parsed - rss0, rss_value.saturating_sub(rss0), rss_tree.saturating_sub(rss0));
         drop(line);
 
-        // 1,000 changes: 400 new files (half in a new directory), 300 changed, 300 gone.
-        let mut e = Vec::new();
-        let mut gone = Vec::new();
+        // 1,000 changes: 400 new files (half in a new directory), 300 replaced (new gen), 300 gone.
+        let (mut e, mut gone) = (Vec::new(), Vec::new());
         for k in 0..400 {
             let d = if k < 200 { "data/new".to_string() } else { format!("data/d{:04}", k * 7 % dirs) };
             e.push(json!({"path": format!("{d}/added-{k}"), "size": 5, "mtime_ns": 2, "gen": format!("a{k}")}));
@@ -862,85 +852,50 @@ mod tests {
             e.push(json!({"path": format!("data/d{d:04}/part-{f:05}.parquet"), "size": 7, "mtime_ns": 2, "gen": format!("n{k}")}));
         }
         for k in 0..300 {
-            let (d, f) = (k * 17 % dirs + 1, (k * 37 + 500) % per);
-            gone.push(format!("data/d{:04}/part-{f:05}.parquet", d % dirs));
+            let (d, f) = ((k * 17 + 1) % dirs, (k * 37 + 500) % per);
+            gone.push(format!("data/d{d:04}/part-{f:05}.parquet"));
         }
         let dline = serde_json::to_vec(&json!({"op": "delta", "version": 2, "since": 1, "entries": e, "gone": gone})).unwrap();
-        let t0 = Instant::now();
-        let dmsg: Value = serde_json::from_slice(&dline).unwrap();
-        let dparse = t0.elapsed();
+        let c0 = cpu();
+        let dmsg = Change::parse(&dline).unwrap();
+        let dparse = cpu() - c0;
         let t = Arc::new(t);
-        let mut times = Vec::new();
+        let (mut apply, mut apply_cpu, mut publish) = (Vec::new(), Vec::new(), Vec::new());
         let mut last = None;
-        for _ in 0..5 {
-            let t0 = Instant::now();
+        let runs = std::env::var("BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(7);
+        for _ in 0..runs {
+            let (t0, c0) = (Instant::now(), cpu());
             let (t2, inval) = t.apply_delta(&dmsg, &mut inos, &none()).unwrap();
-            let applied = t0.elapsed();
-            let t0 = Instant::now();
-            let shared = Arc::new(t2);
-            drop(last.replace((shared, inval.len())));
-            times.push((applied, t0.elapsed()));
+            (apply, apply_cpu) = ([apply, vec![t0.elapsed()]].concat(), [apply_cpu, vec![cpu() - c0]].concat());
+            let c0 = cpu();
+            drop(last.replace((Arc::new(t2), inval.len()))); // as a publish drops the snapshot before
+            publish.push(cpu() - c0);
         }
         let (t2, ninval) = last.unwrap();
-        println!("delta: {} entries + {} gone ({} bytes): parse {:?}; apply (5 runs, then publish+drop of the previous) {:?}; {} invalidations; nodes {} -> {}",
-                 e.len(), gone.len(), dline.len(), dparse, times, ninval, t.nodes.size(), t2.nodes.size());
-        let rss_both = rss_mib();
-        println!("RSS with both snapshots: {rss_both} MiB");
-        // The next delta drops its orphans.
-        let msg3 = json!({"op": "delta", "version": 3, "since": 2, "entries": [], "gone": []});
+        println!("delta of {} entries + {} gone ({} bytes): parse {dparse:?}; apply {apply:?} (CPU {apply_cpu:?}); dropping the previous result (CPU) {:?}; {ninval} invalidations; {} -> {} nodes",
+                 e.len(), gone.len(), dline.len(), &publish[1..], t.nodes.size(), t2.nodes.size());
+        println!("both snapshots: +{} MiB", rss_mib().saturating_sub(rss0));
         let t0 = Instant::now();
-        let _ = t2.apply_delta(&msg3, &mut inos, &none()).unwrap();
-        println!("empty delta after it (drops {} orphans): {:?}", t2.orphans.len(), t0.elapsed());
+        let t3 = Arc::new(t.as_ref().clone());
+        println!("snapshot clone: {:?}", t0.elapsed());
+        drop(t3);
+        let msg3 = json!({"op": "delta", "version": 3, "since": 2, "entries": [], "gone": []});
+        let c0 = cpu();
+        let _ = t2.apply_delta(&Change::from_value(&msg3), &mut inos, &none()).unwrap();
+        println!("an empty delta after it (drops its {} orphans): CPU {:?}", t2.orphans.len(), cpu() - c0);
 
         // readdir of a 100,000-entry directory in batches of 100.
         let big: Vec<Value> = (0..100_000).map(|i| json!({"path": format!("big/f{i:06}")})).collect();
-        let (tb, _) = Tree::from_msg(&t, &json!({"op": "tree", "version": 9, "entries": big}), &mut inos, &none());
+        let big = Change::from_value(&json!({"op": "tree", "version": 9, "entries": big}));
+        let (tb, _) = Tree::from_msg(&t, &big, &mut inos, &none());
         let b = tb.child(ROOT_INO, "big").unwrap();
-        let t0 = Instant::now();
-        let mut off = 0;
-        let mut n = 0;
+        let c0 = cpu();
+        let (mut off, mut n) = (0, 0);
         loop {
             let batch: Vec<_> = tb.dir_entries(b, off).unwrap().take(100).collect();
             let Some(l) = batch.last() else { break };
-            off = l.3;
-            n += batch.len();
+            (off, n) = (l.3, n + batch.len());
         }
-        println!("readdir of 100,000 entries in batches of 100: {n} entries in {:?}", t0.elapsed());
-    }
-}
-#[cfg(test)]
-mod probe {
-    use super::*;
-    use std::time::Instant;
-    #[test]
-    #[ignore]
-    fn probe_phases() {
-        let mut es = Vec::new();
-        for d in 0..1000 { for f in 0..1000 { es.push(serde_json::json!({"path": format!("data/d{d:04}/part-{f:05}.parquet"), "size": 1, "gen": format!("{d}.{f}")})); } }
-        let msg = serde_json::json!({"entries": es});
-        let t0 = Instant::now();
-        let e = entries(&msg);
-        println!("entries {:?}", t0.elapsed());
-        let t0 = Instant::now();
-        let mut m: HashTrieMapSync<u64, Node> = HashTrieMapSync::new_sync();
-        for i in 0..1_000_000u64 { m.insert_mut(i + 2, Node { path: String::new(), parent: 1, dir: false, size: 0, mtime_ns: 0, gen: String::new() }); }
-        println!("hamt 1M {:?}", t0.elapsed());
-        let t0 = Instant::now();
-        let mut m2: HashTrieMapSync<u64, Node> = HashTrieMapSync::new_sync_with_degree(16);
-        for i in 0..1_000_000u64 { m2.insert_mut(i + 2, Node { path: String::new(), parent: 1, dir: false, size: 0, mtime_ns: 0, gen: String::new() }); }
-        println!("hamt16 1M {:?}", t0.elapsed());
-        let t0 = Instant::now();
-        let mut rb = Vec::new();
-        for d in 0..1000 { let mut r: RedBlackTreeMapSync<Arc<str>, u64> = RedBlackTreeMapSync::new_sync(); for f in 0..1000u64 { r.insert_mut(Arc::from(format!("part-{f:05}.parquet").as_str()), f + d); } rb.push(r); }
-        println!("rb 1000x1000 {:?}", t0.elapsed());
-        let mut inos = InoMap::new();
-        let t0 = Instant::now();
-        for x in &e { inos.ino(&key(&x.path, &x.gen)); }
-        println!("inomap {:?}", t0.elapsed());
-        let mut t = Tree::empty();
-        let t0 = Instant::now();
-        let mut ed = Edit { t: &mut t, inos: &mut inos, inval: Vec::new() };
-        for x in &e { ed.upsert(x); }
-        println!("upserts {:?}", t0.elapsed());
+        println!("readdir of a 100,000-entry directory in batches of 100: {n} entries, CPU {:?}", cpu() - c0);
     }
 }
