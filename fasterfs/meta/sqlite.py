@@ -17,6 +17,8 @@ from ..manifest import Manifest
 from .engine import Engine
 
 LOG_KEEP = 100_000  # versions the log reaches back; a consumer further behind reloads everything
+CACHE_KB = 131072  # SQLite's page cache (128 MB: the hot part of a namespace of millions)
+MMAP_BYTES = 1 << 30  # the file read through the page cache without copies, up to this size
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS names(name TEXT PRIMARY KEY, parent TEXT NOT NULL, kind TEXT NOT NULL,
@@ -52,6 +54,10 @@ class SQLiteEngine(Engine):
             self.db = sqlite3.connect(self.file, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")  # a published batch survives the head's power loss
+            # the indexes' upper pages stay in memory at millions of names (the default 2 MB did not:
+            # a publish cost 5x more at 200,000 names than at 10,000)
+            self.db.execute(f"PRAGMA cache_size=-{CACHE_KB}")
+            self.db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
             self.db.executescript(SCHEMA)
             # from the clock: a store made anew never repeats a number a reader saw before
             born = time.time_ns()

@@ -78,7 +78,12 @@ impl Agent {
 
     /// `call`, with `hook` run on the reply (error replies included); waits
     /// for the trees sent before the reply if `synced` or if it is an error.
-    pub fn call_with(&self, mut req: Value, hook: Option<Hook>, synced: bool) -> Result<Reply, i32> {
+    pub fn call_with(
+        &self,
+        mut req: Value,
+        hook: Option<Hook>,
+        synced: bool,
+    ) -> Result<Reply, i32> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         {

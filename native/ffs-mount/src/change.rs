@@ -62,8 +62,18 @@ impl Item for Entry {
             false => e.get("size").and_then(Value::as_u64).unwrap_or(0),
         };
         let mtime_ns = e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0);
-        let gen = e.get("gen").and_then(Value::as_str).unwrap_or_default().to_string();
-        Some(Entry { path, dir, size, mtime_ns, gen })
+        let gen = e
+            .get("gen")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        Some(Entry {
+            path,
+            dir,
+            size,
+            mtime_ns,
+            gen,
+        })
     }
 }
 
@@ -189,15 +199,35 @@ mod tests {
             {"path":"b","size":"big","dir":"no","gen":7},7],"gone":["x/",5,"../y",""]}"#;
         let c = Change::parse(line).unwrap();
         assert_eq!((c.op.as_str(), c.version, c.since), ("delta", 3, Some(2)));
-        let got: Vec<_> = c.entries.iter().map(|e| (e.path.as_str(), e.dir, e.size, e.mtime_ns, e.gen.as_str())).collect();
-        assert_eq!(got, [("a", true, 0, -5, ""), ("b", false, 0, 0, "")], "the last entry of a path wins");
+        let got: Vec<_> = c
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), e.dir, e.size, e.mtime_ns, e.gen.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("a", true, 0, -5, ""), ("b", false, 0, 0, "")],
+            "the last entry of a path wins"
+        );
         assert_eq!(c.gone, ["x"]);
-        let c = Change::parse(br#"{"op":"tree","version":"1","since":-1,"entries":{"path":"a"},"gone":"a"}"#).unwrap();
-        assert_eq!((c.version, c.since, c.entries.len(), c.gone.len()), (0, None, 0, 0));
+        let c = Change::parse(
+            br#"{"op":"tree","version":"1","since":-1,"entries":{"path":"a"},"gone":"a"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.version, c.since, c.entries.len(), c.gone.len()),
+            (0, None, 0, 0)
+        );
         let v = json!({"version": 4, "entries": [{"path": "z"}, {"path": "y"}], "op": "tree"});
         let c = Change::from_value(&v);
         assert_eq!((c.op.as_str(), c.version), ("tree", 4));
-        assert_eq!(c.entries.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["y", "z"]);
+        assert_eq!(
+            c.entries
+                .iter()
+                .map(|e| e.path.as_str())
+                .collect::<Vec<_>>(),
+            ["y", "z"]
+        );
         assert!(Change::parse(b"{\"op\":\"tree\",").is_err());
     }
 }

@@ -281,7 +281,14 @@ fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>, apply: mpsc
                     break;
                 }
                 if let Some(id) = v.get("id").and_then(Value::as_u64) {
-                    s.agent.deliver(id, Reply { v, data, after: handed });
+                    s.agent.deliver(
+                        id,
+                        Reply {
+                            v,
+                            data,
+                            after: handed,
+                        },
+                    );
                 }
             }
             Some("tree" | "delta" | "stats") => {
@@ -558,16 +565,26 @@ mod tests {
     impl Daemon {
         fn start() -> Daemon {
             let (ours, theirs) = UnixStream::pair().unwrap();
-            let s = Arc::new(Shared::new(Agent::new(ours.try_clone().unwrap()), Duration::from_secs(1)));
+            let s = Arc::new(Shared::new(
+                Agent::new(ours.try_clone().unwrap()),
+                Duration::from_secs(1),
+            ));
             let (ev, _) = mpsc::channel();
             let (inval, _) = mpsc::channel();
             let (apply_tx, apply_rx) = mpsc::channel();
             let (s1, s2, ev2) = (s.clone(), s.clone(), ev.clone());
             std::thread::spawn(move || applier(apply_rx, s1, ev, inval));
             std::thread::spawn(move || reader(ours, s2, ev2, apply_tx));
-            let (refreshes, on_refresh) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())));
+            let (refreshes, on_refresh) = (
+                Arc::new(AtomicU64::new(0)),
+                Arc::new(Mutex::new(Vec::new())),
+            );
             let (tx, replies) = mpsc::channel();
-            let (r, o, mut w) = (refreshes.clone(), on_refresh.clone(), theirs.try_clone().unwrap());
+            let (r, o, mut w) = (
+                refreshes.clone(),
+                on_refresh.clone(),
+                theirs.try_clone().unwrap(),
+            );
             let rd = theirs.try_clone().unwrap();
             std::thread::spawn(move || {
                 for line in BufReader::new(rd).lines() {
@@ -585,7 +602,13 @@ mod tests {
                     }
                 }
             });
-            Daemon { s, w: Mutex::new(theirs), refreshes, on_refresh, replies: Mutex::new(replies) }
+            Daemon {
+                s,
+                w: Mutex::new(theirs),
+                refreshes,
+                on_refresh,
+                replies: Mutex::new(replies),
+            }
         }
 
         fn send(&self, m: Value) {
@@ -595,7 +618,12 @@ mod tests {
         /// Once the daemon has applied all sent before (its "stats" reply comes after them).
         fn stats(&self) -> Value {
             self.send(json!({"op": "stats", "id": 7}));
-            let r = self.replies.lock().unwrap().recv_timeout(Duration::from_secs(10)).unwrap();
+            let r = self
+                .replies
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
             r["stats"].clone()
         }
 
@@ -617,7 +645,13 @@ mod tests {
         assert!(d.s.find(ROOT_INO, "c").is_none());
         assert_eq!(d.refreshes(), 2, "another name is");
         let st = d.stats();
-        assert_eq!((st["negative_hits"].as_u64(), st["lookup_refreshes"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(
+            (
+                st["negative_hits"].as_u64(),
+                st["lookup_refreshes"].as_u64()
+            ),
+            (Some(1), Some(2))
+        );
 
         // Any change to the namespace forgets the misses.
         d.send(json!({"op": "delta", "version": 2, "since": 1, "entries": [{"path": "x"}], "gone": []}));
@@ -627,7 +661,9 @@ mod tests {
 
         // A delta sent before the refresh reply is seen by the retry.
         // (Big, so that the reply would otherwise overtake it.)
-        let mut e: Vec<Value> = (0..20_000).map(|i| json!({"path": format!("n/f{i}")})).collect();
+        let mut e: Vec<Value> = (0..20_000)
+            .map(|i| json!({"path": format!("n/f{i}")}))
+            .collect();
         e.push(json!({"path": "n/m", "size": 4}));
         let delta = json!({"op": "delta", "version": 3, "since": 2, "entries": e, "gone": ["x"]});
         d.on_refresh.lock().unwrap().push(delta);

@@ -28,9 +28,22 @@ impl Marks {
     /// no key, keys or bucket.
     pub fn from_msg(v: &Value) -> Option<Marks> {
         let u = |k: &str| v.get(k).and_then(Value::as_u64);
-        let listed = v.get("keys").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_u64);
-        let keys: Vec<u64> = u("key").into_iter().chain(listed).chain(u("bucket")).collect();
-        let m = Marks { pin: v.get("pin")?.as_str()?.to_string(), keys, fetched_ns: u("fetched_ns")? };
+        let listed = v
+            .get("keys")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64);
+        let keys: Vec<u64> = u("key")
+            .into_iter()
+            .chain(listed)
+            .chain(u("bucket"))
+            .collect();
+        let m = Marks {
+            pin: v.get("pin")?.as_str()?.to_string(),
+            keys,
+            fetched_ns: u("fetched_ns")?,
+        };
         (!m.keys.is_empty()).then_some(m)
     }
 }

@@ -155,7 +155,12 @@ impl Edit<'_> {
     /// Directory `ino`'s entries, to change: a new `Dir` unless this change
     /// made it (then it is ours alone); either way without a listing.
     fn dir_mut(&mut self, ino: u64) -> &mut Dir {
-        let d = Arc::make_mut(self.t.children.get_mut(&ino).expect("a directory has its entries"));
+        let d = Arc::make_mut(
+            self.t
+                .children
+                .get_mut(&ino)
+                .expect("a directory has its entries"),
+        );
         d.listing.take();
         d
     }
@@ -169,7 +174,9 @@ impl Edit<'_> {
     /// Add `n` as `ino` under its parent (whatever had its name there is
     /// gone already).
     fn insert(&mut self, ino: u64, n: Node) {
-        self.dir_mut(n.parent).names.insert_mut(Arc::from(n.name()), ino);
+        self.dir_mut(n.parent)
+            .names
+            .insert_mut(Arc::from(n.name()), ino);
         if n.dir && !self.t.children.contains_key(&ino) {
             self.t.children.insert_mut(ino, Arc::new(Dir::default()));
         }
@@ -183,7 +190,10 @@ impl Edit<'_> {
     fn upsert(&mut self, e: &Entry) {
         let (mut parent, mut start) = (ROOT_INO, 0);
         if let Some((dir_path, _)) = e.path.rsplit_once('/') {
-            if self.node(self.last_dir).is_some_and(|n| n.dir && n.path == dir_path) {
+            if self
+                .node(self.last_dir)
+                .is_some_and(|n| n.dir && n.path == dir_path)
+            {
                 (parent, start) = (self.last_dir, dir_path.len() + 1);
             }
         }
@@ -250,7 +260,10 @@ impl Edit<'_> {
                 self.inval.push((parent, name.to_string(), o));
                 for &c in d.names.values() {
                     if let Some(cn) = self.node(c) {
-                        let cn = Node { parent: ino, ..cn.clone() };
+                        let cn = Node {
+                            parent: ino,
+                            ..cn.clone()
+                        };
                         self.t.nodes.insert_mut(c, cn);
                     }
                 }
@@ -316,7 +329,10 @@ impl Tree {
     /// Keep as orphans what `old` had and this tree lacks: all of it that
     /// just went, and of its orphans those still `open`.
     pub fn keep_orphans(&mut self, old: &Tree, open: &HashSet<u64>) {
-        let gone = old.nodes.iter().chain(old.orphans.iter().filter(|(i, _)| open.contains(i)));
+        let gone = old
+            .nodes
+            .iter()
+            .chain(old.orphans.iter().filter(|(i, _)| open.contains(i)));
         for (&ino, n) in gone {
             if !self.nodes.contains_key(&ino) && !n.dir {
                 self.orphans.insert(ino, n.clone());
@@ -359,13 +375,19 @@ impl Tree {
         let mut t = Tree::empty();
         t.version = msg.version;
         t.seq = old.seq + 1;
-        let mut ed = Edit { t: &mut t, inos, inval: Vec::new(), last_dir: ROOT_INO };
+        let mut ed = Edit {
+            t: &mut t,
+            inos,
+            inval: Vec::new(),
+            last_dir: ROOT_INO,
+        };
         // Sorted: declared parents come first, so implicit ones never override real metadata.
         for e in &msg.entries {
             ed.upsert(e);
         }
         t.keep_orphans(old, open);
-        inos.by_key.retain(|_, i| t.nodes.contains_key(i) || t.orphans.contains_key(i));
+        inos.by_key
+            .retain(|_, i| t.nodes.contains_key(i) || t.orphans.contains_key(i));
         let inval = old.changed_in(&t);
         (t, inval)
     }
@@ -382,7 +404,10 @@ impl Tree {
     ) -> Result<(Tree, Vec<Inval>), String> {
         if msg.since != Some(self.version) {
             let since = msg.since.map_or("none".to_string(), |s| s.to_string());
-            return Err(format!("delta since {since}, but the tree is version {}", self.version));
+            return Err(format!(
+                "delta since {since}, but the tree is version {}",
+                self.version
+            ));
         }
         let mut t = Tree {
             version: msg.version,
@@ -391,7 +416,12 @@ impl Tree {
             children: self.children.clone(),
             orphans: HashMap::new(),
         };
-        let mut ed = Edit { t: &mut t, inos, inval: Vec::new(), last_dir: ROOT_INO };
+        let mut ed = Edit {
+            t: &mut t,
+            inos,
+            inval: Vec::new(),
+            last_dir: ROOT_INO,
+        };
         // Removals first: a path gone as a file may come back as a directory.
         for p in &msg.gone {
             if let Some(ino) = ed.resolve(p) {
@@ -432,15 +462,26 @@ impl Tree {
         let (node, dir) = (self.nodes.get(&ino)?, self.children.get(&ino)?);
         let off = usize::try_from(offset).unwrap_or(usize::MAX);
         let dots = [(ino, "."), (node.parent, "..")];
-        let dots = dots.into_iter().enumerate().skip(off).map(|(k, (i, name))| (i, FileType::Directory, name, k));
+        let dots = dots
+            .into_iter()
+            .enumerate()
+            .skip(off)
+            .map(|(k, (i, name))| (i, FileType::Directory, name, k));
         let list = dir.listing();
         let first = off.saturating_sub(2).min(list.len());
         let kids = list[first..].iter().enumerate().map(move |(j, (name, i))| {
             let dir = self.nodes.get(i).is_some_and(|n| n.dir);
-            let kind = if dir { FileType::Directory } else { FileType::RegularFile };
+            let kind = if dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
             (*i, kind, name.as_ref(), first + 2 + j)
         });
-        Some(dots.chain(kids).map(|(i, kind, name, k)| (i, kind, name, k as u64 + 1)))
+        Some(
+            dots.chain(kids)
+                .map(|(i, kind, name, k)| (i, kind, name, k as u64 + 1)),
+        )
     }
 
     pub fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -490,10 +531,17 @@ mod tests {
         Tree::from_msg(&Tree::empty(), &Change::from_value(&msg), inos, &none()).0
     }
 
-    fn delta(t: &Tree, entries: Value, gone: Value, inos: &mut InoMap, open: &HashSet<u64>) -> (Tree, Vec<Inval>) {
+    fn delta(
+        t: &Tree,
+        entries: Value,
+        gone: Value,
+        inos: &mut InoMap,
+        open: &HashSet<u64>,
+    ) -> (Tree, Vec<Inval>) {
         let msg = json!({"op": "delta", "version": t.version + 1, "since": t.version,
                          "entries": entries, "gone": gone});
-        t.apply_delta(&Change::from_value(&msg), inos, open).unwrap()
+        t.apply_delta(&Change::from_value(&msg), inos, open)
+            .unwrap()
     }
 
     fn ino(t: &Tree, path: &str) -> Option<u64> {
@@ -504,8 +552,17 @@ mod tests {
     fn contents(t: &Tree) -> BTreeMap<String, (bool, u64, i64, String)> {
         let mut out = BTreeMap::new();
         for (&i, n) in t.nodes.iter() {
-            assert!(!t.orphans.contains_key(&i), "{} both live and orphan", n.path);
-            assert_eq!(t.children.contains_key(&i), n.dir, "{}: entries iff a directory", n.path);
+            assert!(
+                !t.orphans.contains_key(&i),
+                "{} both live and orphan",
+                n.path
+            );
+            assert_eq!(
+                t.children.contains_key(&i),
+                n.dir,
+                "{}: entries iff a directory",
+                n.path
+            );
             if i != ROOT_INO {
                 assert_eq!(ino(t, &n.path), Some(i), "{} reachable by its path", n.path);
                 assert_eq!(t.child(n.parent, n.name()), Some(i));
@@ -529,10 +586,21 @@ mod tests {
         let e = json!([{"path": "/b/c/f/", "size": 5, "mtime_ns": 7, "gen": "g"}]);
         let (t2, inval) = delta(&t, e, json!([]), &mut inos, &none());
         assert_eq!(t2.version, 2);
-        assert!(inval.is_empty(), "new names: nothing for the kernel to forget");
-        let (b, c, f) = (ino(&t2, "b").unwrap(), ino(&t2, "b/c").unwrap(), ino(&t2, "b/c/f").unwrap());
+        assert!(
+            inval.is_empty(),
+            "new names: nothing for the kernel to forget"
+        );
+        let (b, c, f) = (
+            ino(&t2, "b").unwrap(),
+            ino(&t2, "b/c").unwrap(),
+            ino(&t2, "b/c/f").unwrap(),
+        );
         assert!(t2.nodes.get(&b).unwrap().dir && t2.nodes.get(&c).unwrap().dir);
-        assert_eq!(t2.nodes.get(&c).unwrap().mtime_ns, 7, "implicit parents take the entry's time");
+        assert_eq!(
+            t2.nodes.get(&c).unwrap().mtime_ns,
+            7,
+            "implicit parents take the entry's time"
+        );
         let a = t2.attr(f).unwrap();
         assert_eq!((a.size, a.kind), (5, FileType::RegularFile));
         assert_eq!(ino(&t2, "a/x"), Some(ax), "the rest kept");
@@ -540,7 +608,13 @@ mod tests {
         let names: Vec<&str> = t2.dir_entries(ROOT_INO, 0).unwrap().map(|e| e.2).collect();
         assert_eq!(names, [".", "..", "a", "b"]);
         // Below a file: dropped, as in a whole tree.
-        let (t3, _) = delta(&t2, json!([{"path": "b/c/f/g"}]), json!([]), &mut inos, &none());
+        let (t3, _) = delta(
+            &t2,
+            json!([{"path": "b/c/f/g"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         assert!(ino(&t3, "b/c/f/g").is_none());
         contents(&t3);
     }
@@ -548,20 +622,45 @@ mod tests {
     #[test]
     fn a_new_gen_is_a_new_inode() {
         let mut inos = InoMap::new();
-        let t = tree(1, json!([{"path": "d/f", "size": 1, "gen": "g1"}]), &mut inos);
+        let t = tree(
+            1,
+            json!([{"path": "d/f", "size": 1, "gen": "g1"}]),
+            &mut inos,
+        );
         let (d, old) = (ino(&t, "d").unwrap(), ino(&t, "d/f").unwrap());
-        let (t2, inval) = delta(&t, json!([{"path": "d/f", "size": 1, "gen": "g2"}]), json!([]), &mut inos, &none());
+        let (t2, inval) = delta(
+            &t,
+            json!([{"path": "d/f", "size": 1, "gen": "g2"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         let new = ino(&t2, "d/f").unwrap();
         assert!(new > old);
         assert_eq!(inval, [(d, "f".to_string(), old)]);
-        assert!(t2.orphans.contains_key(&old), "the replaced file stays an orphan for a change");
+        assert!(
+            t2.orphans.contains_key(&old),
+            "the replaced file stays an orphan for a change"
+        );
         // Same gen, new size: same inode, invalidated.
-        let (t3, inval) = delta(&t2, json!([{"path": "d/f", "size": 9, "gen": "g2"}]), json!([]), &mut inos, &none());
+        let (t3, inval) = delta(
+            &t2,
+            json!([{"path": "d/f", "size": 9, "gen": "g2"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         assert_eq!(ino(&t3, "d/f"), Some(new));
         assert_eq!(t3.attr(new).unwrap().size, 9);
         assert_eq!(inval, [(d, "f".to_string(), new)]);
         // Same attributes: nothing to invalidate.
-        let (t4, inval) = delta(&t3, json!([{"path": "d/f", "size": 9, "gen": "g2"}]), json!([]), &mut inos, &none());
+        let (t4, inval) = delta(
+            &t3,
+            json!([{"path": "d/f", "size": 9, "gen": "g2"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         assert!(inval.is_empty());
         assert!(t4.attr(old).is_none(), "the old inode is gone (closed)");
         contents(&t4);
@@ -575,7 +674,13 @@ mod tests {
         let (open_i, closed_i) = (ino(&t, "d/open").unwrap(), ino(&t, "d/closed").unwrap());
         let open = HashSet::from([open_i]);
         let before = inos.len();
-        let (t2, inval) = delta(&t, json!([]), json!(["d/open", "d/closed"]), &mut inos, &open);
+        let (t2, inval) = delta(
+            &t,
+            json!([]),
+            json!(["d/open", "d/closed"]),
+            &mut inos,
+            &open,
+        );
         let d = ino(&t2, "d").unwrap();
         assert!(ino(&t2, "d/open").is_none() && ino(&t2, "d/closed").is_none());
         assert_eq!(inval.len(), 2);
@@ -592,7 +697,8 @@ mod tests {
         assert!(t4.orphans.is_empty());
         assert_eq!(inos.len(), before - 2);
         // The paths come back as new inodes.
-        let back = json!([{"path": "d/open", "size": 1, "gen": "g"}, {"path": "d/closed", "size": 2}]);
+        let back =
+            json!([{"path": "d/open", "size": 1, "gen": "g"}, {"path": "d/closed", "size": 2}]);
         let (t5, _) = delta(&t4, back, json!([]), &mut inos, &none());
         assert!(ino(&t5, "d/open").unwrap() > closed_i.max(open_i));
         assert!(ino(&t5, "d/closed").unwrap() > closed_i.max(open_i));
@@ -609,11 +715,23 @@ mod tests {
         let t = tree(1, json!([{"path": "f", "size": 1}]), &mut inos);
         let f = ino(&t, "f").unwrap();
         let (t2, _) = delta(&t, json!([]), json!(["f"]), &mut inos, &none());
-        let (t3, _) = delta(&t2, json!([{"path": "f", "size": 1}]), json!([]), &mut inos, &none());
+        let (t3, _) = delta(
+            &t2,
+            json!([{"path": "f", "size": 1}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         assert_eq!(ino(&t3, "f"), Some(f));
         assert!(t3.orphans.is_empty());
         // Gone and back in one delta: the same.
-        let (t4, _) = delta(&t3, json!([{"path": "f", "size": 2}]), json!(["f"]), &mut inos, &none());
+        let (t4, _) = delta(
+            &t3,
+            json!([{"path": "f", "size": 2}]),
+            json!(["f"]),
+            &mut inos,
+            &none(),
+        );
         assert_eq!(ino(&t4, "f"), Some(f));
         assert!(t4.orphans.is_empty());
     }
@@ -625,7 +743,9 @@ mod tests {
         let n = inos.len();
         for since in [json!(4), json!(6), json!("5"), Value::Null] {
             let msg = json!({"op": "delta", "version": 7, "since": since, "entries": [{"path": "g"}], "gone": ["f"]});
-            assert!(t.apply_delta(&Change::from_value(&msg), &mut inos, &none()).is_err());
+            assert!(t
+                .apply_delta(&Change::from_value(&msg), &mut inos, &none())
+                .is_err());
         }
         assert_eq!(inos.len(), n);
         assert!(ino(&t, "f").is_some() && ino(&t, "g").is_none());
@@ -634,18 +754,40 @@ mod tests {
     #[test]
     fn kind_changes_and_directory_gens() {
         let mut inos = InoMap::new();
-        let t = tree(1, json!([{"path": "x/y/z", "size": 1}, {"path": "x/w"}]), &mut inos);
+        let t = tree(
+            1,
+            json!([{"path": "x/y/z", "size": 1}, {"path": "x/w"}]),
+            &mut inos,
+        );
         let x = ino(&t, "x").unwrap();
         // A directory becomes a file: what was below it goes, listed or not.
-        let (t2, inval) = delta(&t, json!([{"path": "x", "size": 3}]), json!([]), &mut inos, &none());
+        let (t2, inval) = delta(
+            &t,
+            json!([{"path": "x", "size": 3}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         assert_eq!(ino(&t2, "x"), Some(x));
         assert_eq!(contents(&t2).len(), 1);
         assert_eq!(inval.len(), 4); // x changed; y, z, w gone
-        // And back into a directory.
-        let (t3, _) = delta(&t2, json!([{"path": "x", "dir": true}, {"path": "x/q"}]), json!([]), &mut inos, &none());
+                                    // And back into a directory.
+        let (t3, _) = delta(
+            &t2,
+            json!([{"path": "x", "dir": true}, {"path": "x/q"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         assert!(t3.nodes.get(&x).unwrap().dir && ino(&t3, "x/q").is_some());
         // A directory with a new gen keeps its entries under the new inode.
-        let (t4, _) = delta(&t3, json!([{"path": "x", "dir": true, "gen": "n"}]), json!([]), &mut inos, &none());
+        let (t4, _) = delta(
+            &t3,
+            json!([{"path": "x", "dir": true, "gen": "n"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
         let x2 = ino(&t4, "x").unwrap();
         assert_ne!(x2, x);
         assert_eq!(t4.nodes.get(&ino(&t4, "x/q").unwrap()).unwrap().parent, x2);
@@ -678,17 +820,26 @@ mod tests {
             let mut touched: Vec<String> = Vec::new();
             for _ in 0..rng.below(20) {
                 let p = format!("d{}/e{}/f{}", rng.below(3), rng.below(4), rng.below(6));
-                let p = p.rsplitn(rng.below(3) as usize + 1, '/').last().unwrap().to_string();
+                let p = p
+                    .rsplitn(rng.below(3) as usize + 1, '/')
+                    .last()
+                    .unwrap()
+                    .to_string();
                 // One change per path and its line in a delta: a delta holds no order.
-                let related = |q: &String| q == &p || q.starts_with(&format!("{p}/")) || p.starts_with(&format!("{q}/"));
+                let related = |q: &String| {
+                    q == &p || q.starts_with(&format!("{p}/")) || p.starts_with(&format!("{q}/"))
+                };
                 if touched.iter().any(related) {
                     continue;
                 }
                 touched.push(p.clone());
                 if rng.below(3) == 0 {
                     // Removed with whatever is below it, as the agent lists it.
-                    let below: Vec<String> =
-                        want.keys().filter(|k| k.starts_with(&format!("{p}/"))).cloned().collect();
+                    let below: Vec<String> = want
+                        .keys()
+                        .filter(|k| k.starts_with(&format!("{p}/")))
+                        .cloned()
+                        .collect();
                     if want.remove(&p).is_some() {
                         gone.push(p);
                     }
@@ -702,21 +853,35 @@ mod tests {
                     // Its ancestors: directories, implicitly (a file there goes first).
                     let mut anc = String::new();
                     for c in p.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
-                        anc = if anc.is_empty() { c.to_string() } else { format!("{anc}/{c}") };
+                        anc = if anc.is_empty() {
+                            c.to_string()
+                        } else {
+                            format!("{anc}/{c}")
+                        };
                         if want.get(&anc).is_some_and(|a| !a.0) {
                             want.remove(&anc);
                             gone.push(anc.clone());
                         }
-                        want.entry(anc.clone()).or_insert((true, 0, 5, String::new()));
+                        want.entry(anc.clone())
+                            .or_insert((true, 0, 5, String::new()));
                     }
                     want.insert(p, (false, size, 5, gen));
                 }
             }
             // A path may be both gone and re-added: gone goes first.
-            let open: HashSet<u64> = t.orphans.keys().filter(|_| rng.below(2) == 0).copied().collect();
+            let open: HashSet<u64> = t
+                .orphans
+                .keys()
+                .filter(|_| rng.below(2) == 0)
+                .copied()
+                .collect();
             t = delta(&t, json!(entries), json!(gone), &mut inos, &open).0;
             assert_eq!(contents(&t), want);
-            assert_eq!(inos.len(), t.nodes.size() + t.orphans.len(), "an inode per live node or orphan");
+            assert_eq!(
+                inos.len(),
+                t.nodes.size() + t.orphans.len(),
+                "an inode per live node or orphan"
+            );
         }
         // The same namespace sent whole keeps every inode.
         let whole: Vec<Value> = want
@@ -741,7 +906,11 @@ mod tests {
             .collect();
         let t = tree(1, json!(entries), &mut inos);
         let big = ino(&t, "big").unwrap();
-        let before: Vec<String> = t.dir_entries(big, 0).unwrap().map(|e| e.2.to_string()).collect();
+        let before: Vec<String> = t
+            .dir_entries(big, 0)
+            .unwrap()
+            .map(|e| e.2.to_string())
+            .collect();
         // The directory changed: a new listing, from the names of the new tree.
         let gone = json!([format!("big/{}", before[5])]);
         let (t, _) = delta(&t, json!([{"path": "big/zz"}]), gone, &mut inos, &none());
@@ -750,9 +919,16 @@ mod tests {
         // Skipping k entries of the whole listing, as readdir did.
         let dir = t.children.get(&big).unwrap();
         let dots = [(big, "."), (ROOT_INO, "..")];
-        let mut all: Vec<_> = dots.iter().map(|&(i, n)| (i, FileType::Directory, n.to_string())).collect();
+        let mut all: Vec<_> = dots
+            .iter()
+            .map(|&(i, n)| (i, FileType::Directory, n.to_string()))
+            .collect();
         for (name, &i) in dir.names.iter() {
-            let kind = if t.nodes.get(&i).unwrap().dir { FileType::Directory } else { FileType::RegularFile };
+            let kind = if t.nodes.get(&i).unwrap().dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
             all.push((i, kind, name.to_string()));
         }
         for k in 0..all.len() as u64 + 3 {
@@ -760,11 +936,17 @@ mod tests {
             let want: Vec<_> = all.iter().enumerate().skip(k as usize).collect();
             assert_eq!(got.len(), want.len());
             for ((i, kind, name, next), (j, w)) in got.into_iter().zip(want) {
-                assert_eq!((i, kind, name, next), (w.0, w.1, w.2.as_str(), j as u64 + 1));
+                assert_eq!(
+                    (i, kind, name, next),
+                    (w.0, w.1, w.2.as_str(), j as u64 + 1)
+                );
             }
         }
         assert!(t.dir_entries(big, u64::MAX).unwrap().next().is_none());
-        assert!(t.dir_entries(ino(&t, "big/zz").unwrap(), 0).is_none(), "not a directory");
+        assert!(
+            t.dir_entries(ino(&t, "big/zz").unwrap(), 0).is_none(),
+            "not a directory"
+        );
     }
 
     #[test]
@@ -779,7 +961,14 @@ mod tests {
             let f = ino(&t, &format!("d{}/f", i % 10)).unwrap();
             assert!(f > last, "inode numbers only grow");
             last = f;
-            t = delta(&t, json!([]), json!([format!("d{}", i % 10), format!("d{}/f", i % 10)]), &mut inos, &none()).0;
+            t = delta(
+                &t,
+                json!([]),
+                json!([format!("d{}", i % 10), format!("d{}/f", i % 10)]),
+                &mut inos,
+                &none(),
+            )
+            .0;
             assert!(inos.len() <= base + 3, "{} at cycle {i}", inos.len());
         }
         // A whole tree forgets what it no longer has, too.
@@ -793,7 +982,10 @@ mod tests {
 
     /// This thread's CPU time: the machine may be busy with other work.
     fn cpu() -> Duration {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     }
@@ -802,7 +994,14 @@ mod tests {
     fn rss_mib() -> u64 {
         unsafe { libc::malloc_trim(0) };
         let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let kb = s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok());
+        let kb = s.lines().find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        });
         kb.unwrap_or(0) / 1024
     }
 
@@ -814,7 +1013,11 @@ mod tests {
         let (dirs, per) = (1000, 1000);
         let mut line = String::from(r#"{"op":"tree","version":1,"entries":["#);
         for d in 0..dirs {
-            write!(line, r#"{{"path":"data/d{d:04}","dir":true,"size":0,"mtime_ns":1,"gen":""}},"#).unwrap();
+            write!(
+                line,
+                r#"{{"path":"data/d{d:04}","dir":true,"size":0,"mtime_ns":1,"gen":""}},"#
+            )
+            .unwrap();
             for f in 0..per {
                 write!(line, r#"{{"path":"data/d{d:04}/part-{f:05}.parquet","dir":false,"size":1048576,"mtime_ns":1,"gen":"{d}.{f}"}},"#).unwrap();
             }
@@ -844,7 +1047,11 @@ mod tests {
         // 1,000 changes: 400 new files (half in a new directory), 300 replaced (new gen), 300 gone.
         let (mut e, mut gone) = (Vec::new(), Vec::new());
         for k in 0..400 {
-            let d = if k < 200 { "data/new".to_string() } else { format!("data/d{:04}", k * 7 % dirs) };
+            let d = if k < 200 {
+                "data/new".to_string()
+            } else {
+                format!("data/d{:04}", k * 7 % dirs)
+            };
             e.push(json!({"path": format!("{d}/added-{k}"), "size": 5, "mtime_ns": 2, "gen": format!("a{k}")}));
         }
         for k in 0..300 {
@@ -855,18 +1062,27 @@ mod tests {
             let (d, f) = ((k * 17 + 1) % dirs, (k * 37 + 500) % per);
             gone.push(format!("data/d{d:04}/part-{f:05}.parquet"));
         }
-        let dline = serde_json::to_vec(&json!({"op": "delta", "version": 2, "since": 1, "entries": e, "gone": gone})).unwrap();
+        let dline = serde_json::to_vec(
+            &json!({"op": "delta", "version": 2, "since": 1, "entries": e, "gone": gone}),
+        )
+        .unwrap();
         let c0 = cpu();
         let dmsg = Change::parse(&dline).unwrap();
         let dparse = cpu() - c0;
         let t = Arc::new(t);
         let (mut apply, mut apply_cpu, mut publish) = (Vec::new(), Vec::new(), Vec::new());
         let mut last = None;
-        let runs = std::env::var("BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(7);
+        let runs = std::env::var("BENCH_RUNS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(7);
         for _ in 0..runs {
             let (t0, c0) = (Instant::now(), cpu());
             let (t2, inval) = t.apply_delta(&dmsg, &mut inos, &none()).unwrap();
-            (apply, apply_cpu) = ([apply, vec![t0.elapsed()]].concat(), [apply_cpu, vec![cpu() - c0]].concat());
+            (apply, apply_cpu) = (
+                [apply, vec![t0.elapsed()]].concat(),
+                [apply_cpu, vec![cpu() - c0]].concat(),
+            );
             let c0 = cpu();
             drop(last.replace((Arc::new(t2), inval.len()))); // as a publish drops the snapshot before
             publish.push(cpu() - c0);
@@ -881,11 +1097,19 @@ mod tests {
         drop(t3);
         let msg3 = json!({"op": "delta", "version": 3, "since": 2, "entries": [], "gone": []});
         let c0 = cpu();
-        let _ = t2.apply_delta(&Change::from_value(&msg3), &mut inos, &none()).unwrap();
-        println!("an empty delta after it (drops its {} orphans): CPU {:?}", t2.orphans.len(), cpu() - c0);
+        let _ = t2
+            .apply_delta(&Change::from_value(&msg3), &mut inos, &none())
+            .unwrap();
+        println!(
+            "an empty delta after it (drops its {} orphans): CPU {:?}",
+            t2.orphans.len(),
+            cpu() - c0
+        );
 
         // readdir of a 100,000-entry directory in batches of 100.
-        let big: Vec<Value> = (0..100_000).map(|i| json!({"path": format!("big/f{i:06}")})).collect();
+        let big: Vec<Value> = (0..100_000)
+            .map(|i| json!({"path": format!("big/f{i:06}")}))
+            .collect();
         let big = Change::from_value(&json!({"op": "tree", "version": 9, "entries": big}));
         let (tb, _) = Tree::from_msg(&t, &big, &mut inos, &none());
         let b = tb.child(ROOT_INO, "big").unwrap();
@@ -896,6 +1120,9 @@ mod tests {
             let Some(l) = batch.last() else { break };
             (off, n) = (l.3, n + batch.len());
         }
-        println!("readdir of a 100,000-entry directory in batches of 100: {n} entries, CPU {:?}", cpu() - c0);
+        println!(
+            "readdir of a 100,000-entry directory in batches of 100: {n} entries, CPU {:?}",
+            cpu() - c0
+        );
     }
 }
