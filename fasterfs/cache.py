@@ -10,7 +10,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import xxhash
@@ -72,7 +72,7 @@ class ChunkCache:
         self._sizes: dict[str, int] = {}   # entry name -> bytes on disk (or reserved for a fill)
         self._places: dict[str, Place] = {}  # entry name -> its place, for chunks in file entries
         self._units: dict[str, set[str]] = {}  # file entry -> the names of its chunks
-        self._layout: dict[str, Place] = {}  # key -> place, for the keys set_places names
+        self._layout: Mapping[str, Place] = {}  # key -> place, for the keys set_places names
         self._unit_locks = [threading.Lock() for _ in range(16)]  # one writer per file entry at a time
         self._writing: set[str] = set()    # fills under way: never evicted, cancelled instead
         self._cancelled: set[str] = set()  # removed while being written: deleted when the write ends
@@ -83,10 +83,11 @@ class ChunkCache:
                          "foreign_files": 0, "changed_at_source": 0}
         self.rebuild()
 
-    def set_places(self, layout: dict[str, Place]) -> None:
-        """Which keys are chunks of files of several chunks, and where (from `places`)."""
+    def set_places(self, layout: Mapping[str, Place]) -> None:
+        """Which keys are chunks of files of several chunks, and where (from `places`; kept as
+        given, so not changed by the caller afterwards: the NodeIndex's is immutable)."""
         with self._lock:
-            self._layout = dict(layout)
+            self._layout = layout
 
     def path(self, key: str) -> Path:
         return entry_path(self.dir, key, self._layout.get(key))

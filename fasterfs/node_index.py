@@ -3,15 +3,16 @@
 A kernel event names an object by the hash of its request path; the cache names entries by
 file name; fills, repair and the scrub need a chunk's holders, its shards and this node's own
 objects. All of it derives from the current manifests; a change makes a new index from the
-last (the changed names' chunks out and in) and replaces it whole: a thread that takes
-`node.index` once sees one version throughout (a manifest switched meanwhile cannot turn half
-its lookups into KeyErrors).
+last in persistent maps (the changed names' chunks out and in, at a cost of what changed) and
+replaces it whole: a thread that takes `node.index` once sees one version throughout (a
+manifest switched meanwhile cannot turn half its lookups into KeyErrors).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
+
+import immutables
 
 from .bpf.events import key_hash
 from .cache_entry import Place, entry_name, places
@@ -45,32 +46,36 @@ class Shard:
 @dataclass(frozen=True)
 class NodeIndex:
     node: int
-    by_hash: Mapping[int, ChunkInfo]    # hash of /bucket/key of a chunk or one of its shards -> the chunk
-    by_entry: Mapping[str, str]         # cache entry name -> chunk key
-    holders: Mapping[str, list[int]]    # chunk key -> its nodes (owner first; ec: shard i's node is [i])
-    shards: Mapping[str, Shard]         # shard key -> its chunk and slot
-    coded: Mapping[str, Coded]          # chunk key -> its code, for erasure-coded chunks
-    pieces: Mapping[str, Piece]         # this node's own objects, for the scrub
-    places: Mapping[str, Place]         # chunk key -> its place in its file's cache entry (files of several chunks)
+    by_hash: immutables.Map[int, ChunkInfo]    # hash of /bucket/key of a chunk or one of its shards -> the chunk
+    by_entry: immutables.Map[str, str]         # cache entry name -> chunk key
+    holders: immutables.Map[str, list[int]]    # chunk key -> its nodes (owner first; ec: shard i's node is [i])
+    shards: immutables.Map[str, Shard]         # shard key -> its chunk and slot
+    coded: immutables.Map[str, Coded]          # chunk key -> its code, for erasure-coded chunks
+    pieces: immutables.Map[str, Piece]         # this node's own objects, for the scrub
+    places: immutables.Map[str, Place]         # chunk key -> its place in its file's entry (files of several chunks)
 
     @classmethod
     def build(cls, manifests: Mapping[str, Manifest], node: int) -> NodeIndex:
-        return cls(node, *({} for _ in range(7))).updated([(m.name, None, m) for m in manifests.values()])
+        return cls(node, immutables.Map(), immutables.Map(), immutables.Map(), immutables.Map(), immutables.Map(),
+                   immutables.Map(), immutables.Map()).updated(
+            [(m.name, None, m) for m in manifests.values()])
 
     def updated(self, changed: list[tuple[str, Manifest | None, Manifest | None]]) -> NodeIndex:
-        """A new index with these names changed, (name, before, now): this one's maps copied
-        (at C speed) and only the changed names' chunks taken out and put in."""
-        by_hash, by_entry, holders, shards, coded, pieces, where = (
-            dict(self.by_hash), dict(self.by_entry), dict(self.holders), dict(self.shards), dict(self.coded),
-            dict(self.pieces), dict(self.places))
+        """A new index with these names changed, (name, before, now): persistent maps (HAMTs),
+        so only the changed names' chunks are taken out and put in, and this index stays as it
+        was for whoever holds it."""
+        by_hash, by_entry, holders = self.by_hash.mutate(), self.by_entry.mutate(), self.holders.mutate()
+        shards, coded, pieces = self.shards.mutate(), self.coded.mutate(), self.pieces.mutate()
+        where = self.places.mutate()
         for before in (old for _, old, _ in changed if old is not None):
             for c in before.chunks:
                 for k in {c.key, *before.object_keys(c)}:
                     by_hash.pop(key_hash(f"/{before.bucket}/{k}"), None)
                     shards.pop(k, None)
                 by_entry.pop(entry_name(c.key), None)
-                for table in (holders, coded, where):
-                    table.pop(c.key, None)
+                holders.pop(c.key, None)
+                coded.pop(c.key, None)
+                where.pop(c.key, None)
                 for _, k in before.pieces(c):
                     pieces.pop(k, None)
         for m in (now for _, _, now in changed if now is not None):
@@ -82,15 +87,15 @@ class NodeIndex:
                 holders[c.key] = c.nodes
                 if m.layout == "ec":
                     coded[c.key] = Coded(c, m.ec_data, m.ec_parity)
-                    shards.update((k, Shard(c.key, s)) for s, k in enumerate(keys))
+                    for s, k in enumerate(keys):
+                        shards[k] = Shard(c.key, s)
                 for slot, (n, k) in enumerate(m.pieces(c)):
                     if n == self.node:
                         pieces[k] = Piece(m.name, c.id, c.shards[slot] if m.layout == "ec" else None)
                 if place is not None:
                     where[c.key] = place
-        frozen = MappingProxyType
-        return NodeIndex(self.node, frozen(by_hash), frozen(by_entry), frozen(holders), frozen(shards), frozen(coded),
-                         frozen(pieces), frozen(where))
+        return NodeIndex(self.node, by_hash.finish(), by_entry.finish(), holders.finish(), shards.finish(),
+                         coded.finish(), pieces.finish(), where.finish())
 
     def object_keys(self, key: str) -> list[str]:
         """The objects behind a cached chunk key: its shards when erasure-coded, else itself."""

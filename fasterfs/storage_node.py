@@ -217,7 +217,7 @@ class StorageNode:
             self.invalidations.mark_replaced(before, now)
         index = self.ns_index.updated(changed) if changed else NodeIndex.build(self.namespace.manifests, self.index)
         self.ns_index = index
-        self.cache.set_places(dict(index.places))
+        self.cache.set_places(index.places)
         if changed:
             self.cache.forget([c.key for _, before, _ in changed if before is not None for c in before.chunks
                                if c.key not in index.holders])

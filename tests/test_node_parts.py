@@ -62,8 +62,8 @@ def test_node_index_names_every_object_of_every_chunk(namespace):
     assert index.coded["ec/0"].data == 2 and index.coded["ec/0"].parity == 1
     # node 0's own objects: replica rep/0 (checked against its metadata), shard 1 of ec/0 (against
     # the manifest's checksum of that shard), and the file's second copy of f/0
-    assert index.pieces == {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, 2001),
-                            "f/0": Piece("file", 0, None)}
+    assert dict(index.pieces) == {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, 2001),
+                                  "f/0": Piece("file", 0, None)}
     assert index.resolve(key_hash(f"/{BUCKET}/rep/1")) == "chunk 1 (rep/1)"
     assert index.resolve(12345) is None
 
@@ -73,6 +73,22 @@ def test_node_index_places_a_files_chunks_at_its_home(namespace):
     assert index.home_of("f/1", default=0) == 1  # the file's first chunk's first holder
     assert index.home_of("rep/1", default=0) == 0
     assert index.places["f/1"].offset == 100
+
+
+def test_node_index_updated_by_changes_equals_one_built_anew(namespace):
+    """Changes applied one after another (replaced, removed, added) leave the index a build from
+    the final manifests makes, and the index before each change as it was."""
+    def maps(index):
+        return [dict(m) for m in (index.by_hash, index.by_entry, index.holders, index.shards, index.coded,
+                                  index.pieces, index.places)]
+    index = NodeIndex.build(namespace, node=0)
+    kept = maps(index)
+    rep2 = manifest("rep", [chunk(0, "rep2/0", [0, 2])])
+    file2 = manifest("file2", [chunk(0, "g/0", [0, 1]), chunk(1, "g/1", [0, 2])], kind="file")
+    now = index.updated([("rep", namespace["rep"], rep2), ("ec", namespace["ec"], None), ("file2", None, file2)])
+    assert maps(index) == kept
+    final = {"rep": rep2, "file": namespace["file"], "file2": file2}
+    assert maps(now) == maps(NodeIndex.build(final, node=0))
 
 
 def test_node_index_cannot_be_changed_in_place(namespace):
