@@ -20,6 +20,7 @@ from .bpf.pinned import unmount_bpffs
 from .cgroup import ProjectCgroup
 from .config import Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
+from .meta.redis_server import RedisServer
 from .minio_server import endpoint
 from .node_directory import NodeDirectory, actor_name
 from .state import (
@@ -90,6 +91,9 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         tls.trust(state.tls_ca)
     try:
         state.save()  # provisional: lets `down` clean up if we fail from here on
+        if cfg.cluster.namespace_store == "redis":  # before the Registry, which opens it
+            state.namespace_pid = RedisServer(layout.paths.root).start(cfg.cluster.start_timeout_s)
+            state.save()
         if not cfg.cluster.attach:
             assert hosts is not None  # set above when not attaching
             ray_nodes.start_ray(cfg, layout, state, hosts, head)
@@ -291,6 +295,10 @@ def teardown(state: ClusterState) -> dict:
             if n.disk and Path(spill).is_relative_to(state.root):
                 shutil.rmtree(Path(n.disk) / Path(spill).relative_to(state.root), ignore_errors=True)
     report["tc_filters_removed"] = _remove_tc_filters(state)
+    if RedisServer(Path(state.root)).is_ours(state.namespace_pid):  # after the Registry: nobody writes
+        assert state.namespace_pid is not None
+        process.terminate(state.namespace_pid)
+        report["namespace_store_stopped"] = True
     report["bpffs_unmounted"] = unmount_bpffs(Paths(Path(state.root)).bpffs)  # one-machine clusters share it
     if state.tls_ca:
         tls.forget(state.tls_ca)  # this host's copy of the CA certificate clients verified with

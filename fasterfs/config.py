@@ -127,6 +127,10 @@ def validate(cfg: DictConfig) -> None:
         bad("data.level", "must be a whole number >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", str(cfg.cluster.name)):
         bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
+    from .meta import ENGINES
+
+    if cfg.cluster.namespace_store not in ENGINES:
+        bad("cluster.namespace_store", f"must be one of {', '.join(ENGINES)}")
     if cfg.dashboard.require_token not in ("auto", "always"):
         bad("dashboard.require_token", "must be auto or always")
     for flag in ("cluster.insecure", "credentials.rotate", "minio.tls"):

@@ -45,7 +45,8 @@ class Registry:
         self.paths = Paths(Path(root))
         self.cluster = ClusterState.load(self.paths.root)
         self.keys = credentials.load(self.paths.credentials_file)
-        self.names = NamespaceStore(open_engine("sqlite", self.paths.root), self.cluster.name, self._push)
+        self.names = NamespaceStore(open_engine(self.cluster.settings.namespace_store, self.paths.root),
+                                    self.cluster.name, self._push)
         self.repair_lease = Lease()  # one repair leader at a time; a restarted Registry starts a new epoch count
 
     def ready(self) -> str:

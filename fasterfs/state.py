@@ -58,13 +58,15 @@ class Settings:
     md5_etags: bool
     spill_dir: str | None
     output_dir: str | None
+    namespace_store: str  # the namespace store's engine (fasterfs.meta)
 
     @classmethod
     def of(cls, config: dict) -> Settings:
         k, m = config["kernel"], config["minio"]
         return cls(bucket=m["bucket"], fill_mark=int(k["fill_mark"]), watch=k["watch"],
                    hot_threshold=int(k["hot_threshold"]), interface=k["interface"], md5_etags=bool(m["md5_etags"]),
-                   spill_dir=config["cluster"].get("spill_dir"), output_dir=config.get("output_dir"))
+                   spill_dir=config["cluster"].get("spill_dir"), output_dir=config.get("output_dir"),
+                   namespace_store=config["cluster"].get("namespace_store", "sqlite"))
 
 
 @dataclass
@@ -84,6 +86,7 @@ class ClusterState:
     notebook: dict | None = None  # JupyterLab started by `fasterfs notebook`: {pid, url}
     insecure: bool = False  # attached to a Ray cluster without token auth (cluster.insecure=true)
     tls_ca: str | None = None  # the CA certificate (PEM) MinIO's certificates are checked against (minio.tls)
+    namespace_pid: int | None = None  # the namespace store's server, if it has one (meta.redis_server)
     started: float = field(default_factory=time.time)
 
     def trust(self) -> ClusterState:

@@ -13,8 +13,9 @@ JUPYTERLAB_VERSION="4.6.6"                            # pinned; `fasterfs notebo
 DEPS="$ROOT/.deps"
 VENV="$ROOT/.venv"
 # chromium: the headless browser the dashboard's page test drives; fuse3: the mount; fio: its benchmark;
-# s3fs, rclone: the peer mounts bench/mount_fio.py measures against
-APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium fuse3 fio s3fs rclone)
+# s3fs, rclone: the peer mounts bench/mount_fio.py measures against; redis-server: cluster.namespace_store=redis
+APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium fuse3 fio s3fs rclone
+              redis-server)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 

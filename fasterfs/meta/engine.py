@@ -13,6 +13,12 @@ from contextlib import AbstractContextManager
 
 from ..manifest import Manifest
 
+LOG_KEEP = 100_000  # versions the log reaches back; a consumer further behind reloads everything
+
+
+def parent_of(path: str) -> str:
+    return path.rpartition("/")[0]
+
 
 class Engine(ABC):
     kind: str  # as cluster.namespace_store names it

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..errors import FasterFSError
 from ..manifest import Manifest
-from .engine import Engine
+from . import engine
+from .engine import Engine, parent_of
 
-LOG_KEEP = 100_000  # versions the log reaches back; a consumer further behind reloads everything
 CACHE_KB = 131072  # SQLite's page cache (128 MB: the hot part of a namespace of millions)
 MMAP_BYTES = 1 << 30  # the file read through the page cache without copies, up to this size
 
@@ -37,10 +37,6 @@ CREATE TABLE IF NOT EXISTS retired(node INTEGER NOT NULL, key TEXT NOT NULL, nam
                                    retired TEXT NOT NULL, PRIMARY KEY(node, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS facts(k TEXT PRIMARY KEY, v NOT NULL) WITHOUT ROWID;  -- version, log_floor, root_mtime
 """
-
-
-def parent_of(path: str) -> str:
-    return path.rpartition("/")[0]
 
 
 class SQLiteEngine(Engine):
@@ -153,7 +149,7 @@ class SQLiteEngine(Engine):
         version = self.version() + 1
         self.db.execute("UPDATE facts SET v = ? WHERE k = 'version'", (version,))
         self.db.executemany("INSERT OR IGNORE INTO log VALUES (?, ?)", ((version, n) for n in names))
-        floor = version - LOG_KEEP
+        floor = version - engine.LOG_KEEP
         if floor > self._one("SELECT v FROM facts WHERE k = 'log_floor'"):
             self.db.execute("DELETE FROM log WHERE version <= ?", (floor,))
             self.db.execute("UPDATE facts SET v = ? WHERE k = 'log_floor'", (floor,))
