@@ -1,6 +1,7 @@
 """up/down of a cluster of its own: what is started is all stopped; bad starts clean up
 after themselves and name the culprit."""
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,45 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         head.send_signal(signal.SIGTERM)
         head.wait(60)
         outside.remove()
+
+
+def test_a_cluster_whose_namespace_is_in_redis(own, tmp_path):
+    """cluster.namespace_store=redis: `up` starts Redis on a unix socket only root may reach, with a
+    password of its own; a tree stored with put -r reads back byte for byte, also after the Registry
+    restarts (from Redis, not its memory); `down` stops it by its PID and leaves nothing running."""
+    import os
+    import stat
+
+    import ray
+    from conftest import assert_nothing_left
+
+    from fasterfs import bulk_load, registry
+    from fasterfs.meta.redis_server import RedisServer
+    from fasterfs.reader import Namespace
+
+    cfg = config.load(own + ["cluster.namespace_store=redis", "dashboard.enabled=false"])
+    state = cluster.up(cfg)
+    try:
+        server = RedisServer(Path(state.root))
+        assert server.is_ours(state.namespace_pid)
+        assert stat.S_IMODE(os.stat(server.dir).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(server.password_file).st_mode) == 0o600
+        listening = subprocess.run(["ss", "-Hlxp"], capture_output=True, text=True).stdout
+        assert str(server.socket) in listening
+        tcp = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+        assert f"pid={state.namespace_pid}," not in tcp  # no TCP port at all
+        src = tmp_path / "src"
+        files = {f"d{i % 3}/f{i}.bin": os.urandom(100 + i) for i in range(60)}
+        for rel, data in files.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes(data)
+        assert bulk_load.load(cfg, bulk_load.LocalTree(src), "team/").stored == 60
+        ray.kill(registry.handle(state.name), no_restart=False)  # restarted by Ray: reads Redis anew
+        ns = Namespace(cfg)
+        for rel, data in files.items():
+            assert ns.cat(f"team/{rel}") == data
+        assert [e.path for e in ns.listdir("team")] == ["team/d0", "team/d1", "team/d2"]
+    finally:
+        cluster.down(cfg)
+    assert not server.is_ours(state.namespace_pid)
+    assert_nothing_left(state)

@@ -42,7 +42,8 @@ class RedisServer:
         atomic_write(self.conf, "\n".join([
             "port 0", f"unixsocket {self.socket}", "unixsocketperm 700", f"dir {self.dir}",
             f"requirepass {self.password()}", "appendonly yes", "appendfsync always", 'save ""',
-            f"logfile {self.log}", "daemonize no", "protected-mode yes", ""]).encode(), 0o600)
+            f"logfile {self.log}", "daemonize no", "protected-mode yes",
+            'proc-title-template "{title} {config-file}"', ""]).encode(), 0o600)  # is_ours reads it
         proc = subprocess.Popen([binary, str(self.conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -59,7 +60,7 @@ class RedisServer:
     def is_ours(self, pid: int | None) -> bool:
         """Whether `pid` is this server (started with this configuration), not a PID reused since."""
         try:
-            return bool(pid) and str(self.conf).encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            return bool(pid) and str(self.conf).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return False
 
