@@ -72,7 +72,7 @@ def costs(cfg, state, argv: list[str], tag: str, work: Path) -> dict:
     puts = []
     for i in range(10):
         t = time.perf_counter()
-        ingest.put(cfg, one, f"bench-single/{tag}-{i}")
+        ingest.put(cfg, one, f"{tag}-single/{i}")
         puts.append(time.perf_counter() - t)
     connects, lookups = [], []
     for _ in range(5):
@@ -80,7 +80,7 @@ def costs(cfg, state, argv: list[str], tag: str, work: Path) -> dict:
         ns = Namespace(cfg)
         connects.append(time.perf_counter() - t)
         t = time.perf_counter()
-        ns.lookup(f"bench-single/{tag}-3")
+        ns.lookup(f"{tag}-single/3")
         lookups.append(time.perf_counter() - t)
         ns.close()
     db = Path(state.root) / "namespace.sqlite"
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> dict:
         result["make_tree_s"] = time.perf_counter() - t
         admin = registry.fetch_credentials(state.name, "admin")
         result["boto3_files_per_s"] = n / boto3_baseline(state, admin, cfg, src, rels, f"bench-boto3-{dest}")
-        result["before"] = costs(cfg, state, argv, "before", work)
+        result["before"] = costs(cfg, state, argv, f"{dest}-before", work)
 
         marks: list[tuple[float, int]] = []
         began = time.perf_counter()
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> dict:
         last = marks[-1][0] - next(t for t, f in marks if f >= n - tenth)
         result["put_r"]["first_tenth_ms_per_file"] = first / tenth * 1e3
         result["put_r"]["last_tenth_ms_per_file"] = last / tenth * 1e3
-        result["after"] = costs(cfg, state, argv, "after", work)
+        result["after"] = costs(cfg, state, argv, f"{dest}-after", work)
         grown = result["after"]["names"] - result["before"]["names"]
         result["per_file"] = {
             "store_disk_bytes": (result["after"]["store_disk_bytes"] - result["before"]["store_disk_bytes"]) / grown,

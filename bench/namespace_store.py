@@ -1,11 +1,12 @@
-"""The namespace store alone (fasterfs.meta over SQLite, as the Registry holds it), at the sizes
+"""The namespace store alone (fasterfs.meta on cluster.namespace_store's engine, as the Registry
+holds it; for redis a server started here, as `up` starts it), at the sizes
 a team's data reaches: bench.store_files names (default 1,000,000) published in batches of 1,000
 files of one 4 KiB chunk (keys as `put -r` makes them), no Ray, no MinIO. Side by side at a small
 and the full size: a batch's publish, one more file's publish, a lookup by path, a
 1,000-entry listing, the changes of one batch, and the store's disk and this process's memory
 per file.
 
-    python bench/namespace_store.py [bench.store_files=1000000]
+    python bench/namespace_store.py [bench.store_files=1000000] [cluster.namespace_store=redis]
 
 Writes namespace_store.json to <output_dir>/bench-namespace-store-<time>/.
 """
@@ -21,10 +22,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import config, report
+from fasterfs import config, process, report
 from fasterfs.ingest import object_prefix
 from fasterfs.manifest import ChunkInfo, Manifest
 from fasterfs.meta import NamespaceStore, open_engine
+from fasterfs.meta.redis_server import RedisServer
 
 BATCH = 1000
 
@@ -42,6 +44,11 @@ def batch(start: int, generation: str) -> list[tuple[Manifest, str]]:
         name = f"taq/y{i // 250_000}/s{i // 1000 % 250:03d}/d{i % 1000:04d}.parquet"
         out.append((manifest(name, generation), object_prefix(name, "file")))
     return out
+
+
+def disk(work: Path) -> int:
+    """Bytes the store keeps on disk (SQLite's file and WAL; Redis's append-only files)."""
+    return sum(p.stat().st_size for p in work.rglob("*") if p.is_file() and p.suffix != ".log")
 
 
 def rss() -> int:
@@ -84,9 +91,11 @@ def main(argv: list[str]) -> dict:
     total = int(cfg.bench.store_files)
     small = min(10_000, total)
     work = Path(tempfile.mkdtemp(prefix="ffs-bench-store-", dir="/var/tmp"))
-    result: dict = {"batch": BATCH, "targets": {}}
+    engine = cfg.cluster.namespace_store
+    result: dict = {"engine": engine, "batch": BATCH, "targets": {}}
+    server = RedisServer(work).start(30) if engine == "redis" else None
     try:
-        store = NamespaceStore(open_engine("sqlite", work), "bench", lambda method, arg: [])
+        store = NamespaceStore(open_engine(engine, work), "bench", lambda method, arg: [])
         rss0 = rss()
         batch_s: list[float] = []
         at_small: dict = {}
@@ -96,11 +105,13 @@ def main(argv: list[str]) -> dict:
             batch_s.append(time.perf_counter() - t)
             if start + BATCH == small:
                 at_small = probe(store, small)
-                at_small["disk_bytes_per_file"] = sum(p.stat().st_size for p in work.glob("namespace.*")) / small
+                at_small["disk_bytes_per_file"] = disk(work) / small
         at_full = probe(store, total)
-        disk = sum(p.stat().st_size for p in work.glob("namespace.*"))
-        at_full["disk_bytes_per_file"] = disk / total
-        result.update(small=at_small, full=at_full, disk_bytes=disk,
+        at_full["disk_bytes_per_file"] = disk(work) / total
+        if server is not None:
+            info = store.engine.r.info("memory")  # type: ignore[attr-defined]
+            result["redis_used_memory_bytes_per_file"] = info["used_memory"] / total
+        result.update(small=at_small, full=at_full, disk_bytes=disk(work),
                       peak_rss_growth_bytes_per_file=(rss() - rss0) / total,
                       first_batches_ms=statistics.median(batch_s[:10]) * 1e3,
                       last_batches_ms=statistics.median(batch_s[-10:]) * 1e3,
@@ -112,6 +123,8 @@ def main(argv: list[str]) -> dict:
         result["targets"][f"the last batches <= 1.2x the first ({ratio:.2f}x)"] = ratio <= 1.2
         store.engine.close()
     finally:
+        if server is not None:
+            process.terminate(server)
         shutil.rmtree(work, ignore_errors=True)
     out = report.run_dir(cfg, "bench-namespace-store")
     report.write_json(out, "namespace_store.json", result)
