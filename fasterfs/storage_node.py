@@ -124,8 +124,7 @@ class StorageNode:
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
-        if not self.namespace.catch_up():  # a restarted node learns the current ones
-            self._namespace_changed([])  # none: what the cache holds is no chunk's
+        self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
         revalidate(self.cache, self.ns_index, self.bucket,
                    {n.index: n.endpoint for n in self._state().nodes}, server.creds)
         self.started["cache_s"] = time.monotonic() - phase
@@ -209,20 +208,21 @@ class StorageNode:
         self.leader.record("scrub", out)
         return out.repaired
 
-    def _namespace_changed(self, changed: list[Change]) -> None:
+    def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced
-        generation or a removed name (they would only take room). None changed: rebuilt from
-        every manifest, and the cache held to them (at start)."""
+        generation or a removed name (they would only take room). `whole` (the namespace fetched
+        whole: at start, or past the log's reach): rebuilt from every manifest, and the cache held
+        to them (entries of names gone while the node was down, another cluster's)."""
         for _, before, now in changed:
             self.invalidations.mark_replaced(before, now)
-        index = self.ns_index.updated(changed) if changed else NodeIndex.build(self.namespace.manifests, self.index)
+        index = NodeIndex.build(self.namespace.manifests, self.index) if whole else self.ns_index.updated(changed)
         self.ns_index = index
         self.cache.set_places(index.places)
-        if changed:
+        if whole:
+            self.cache.retain(index.holders)
+        else:
             self.cache.forget([c.key for _, before, _ in changed if before is not None for c in before.chunks
                                if c.key not in index.holders])
-        else:
-            self.cache.retain(index.holders)
         self._heat = None  # made again when the dashboard next asks
         if any(now is not None for _, _, now in changed):
             self._state(refresh=True)  # a new generation may place data on nodes that joined since

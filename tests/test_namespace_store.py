@@ -230,7 +230,7 @@ def test_a_follower_takes_pushes_in_order_and_fetches_what_it_missed(store):
     from fasterfs.meta.follower import Follower
 
     heard = []
-    follower = Follower(store.changes, store.manifests, heard.append)
+    follower = Follower(store.changes, store.manifests, lambda changed, whole: heard.append(changed))
     store.publish(manifest("a", "g1"), "x/")
     follower.catch_up()
     assert follower.reloads == 1 and set(follower.manifests) == {"a"}

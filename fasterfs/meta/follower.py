@@ -16,7 +16,7 @@ Change = tuple[str, Manifest | None, Manifest | None]  # (name, before, now)
 class Follower:
     def __init__(self, fetch_changes: Callable[[int], Changes | None],
                  fetch_all: Callable[[], tuple[int, dict[str, Manifest]]],
-                 on_change: Callable[[list[Change]], None] = lambda changed: None):
+                 on_change: Callable[[list[Change], bool], None] = lambda changed, whole: None):
         self.fetch_changes, self.fetch_all, self.on_change = fetch_changes, fetch_all, on_change
         self.version, self.manifests = -1, {}  # type: int, dict[str, Manifest]
         self.reloads = 0  # whole namespaces fetched (the first included)
@@ -41,10 +41,12 @@ class Follower:
                 version, manifests = self.fetch_all()
                 self.reloads += 1
                 names = {n: manifests.get(n) for n in set(manifests) | set(self.manifests)}
-                return self._apply(names, version)
+                return self._apply(names, version, whole=True)
             return self._apply(changes.names, changes.version)
 
-    def _apply(self, names: dict[str, Manifest | None], version: int) -> bool:
+    def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> bool:
+        """`whole`: every name was fetched (on_change hears it even if nothing changed: a
+        consumer holds its own state to the whole namespace then)."""
         changed = []
         for name, now in names.items():
             before = self.manifests.get(name)
@@ -55,6 +57,6 @@ class Follower:
             if before is not now and before != now:
                 changed.append((name, before, now))
         self.version = version
-        if changed:
-            self.on_change(changed)
+        if changed or whole:
+            self.on_change(changed, whole)
         return bool(changed)
