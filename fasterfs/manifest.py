@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .erasure import shard_key
 from .errors import FasterFSError
-from .fsutil import atomic_write_json, read_json
 
 
 @dataclass(frozen=True)
@@ -109,13 +107,3 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:
         return cls.from_dict(json.loads(text), where)
-
-    def save(self, path: Path) -> None:
-        atomic_write_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: Path) -> Manifest:
-        if not Path(path).exists():
-            raise FasterFSError(f"no dataset has been ingested into this cluster ({path} is missing): "
-                                "run `fasterfs ingest`")
-        return cls.from_dict(read_json(path, "manifest"), str(path))

@@ -71,7 +71,6 @@ class Agent:
         self._pool = ThreadPoolExecutor(threads, "mount-agent")  # reads may wait on MinIO
         self._sent_version = -1              # the daemon's tree: every change goes out as it is applied
         self._refreshed = 0.0
-        self.sent_messages = {"tree": 0, "delta": 0}
         self.stopping = threading.Event()
         self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
 
@@ -101,7 +100,6 @@ class Agent:
             self._send({"op": "delta", "since": self._sent_version, "version": version, "entries": described,
                         "gone": gone})
         self._sent_version = version
-        self.sent_messages["tree" if gone is None else "delta"] += 1
 
     def send_tree(self, force: bool = False) -> None:
         """Whatever changed in the namespace, to the daemon (as deltas, by `_tree_changed`)."""

@@ -19,10 +19,8 @@ class PathCache:
         self._found: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._missing: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._by_name: dict[str, set[str]] = {}  # a name -> the paths cached from its manifest
+        self._names: dict[str, str] = {}  # ... and back
         self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._found) + len(self._missing)
 
     def get(self, path: str):
         """The Entry cached for `path`, None if it is cached as missing, else MISSING."""
@@ -32,8 +30,10 @@ class PathCache:
                 return self._found[path]
             return None if path in self._missing else MISSING
 
-    def put(self, path: str, entry: Entry | None, version: int) -> None:
-        """What `path` named at `version` (kept only if that is still the cache's version)."""
+    def put(self, path: str, entry: Entry | None, version: int, name: str | None = None) -> None:
+        """What `path` named at `version` (kept only if that is still the cache's version); `name`:
+        the namespace name whose manifest it was found in (a file, or a dataset and every path in
+        it, its directories too), forgotten when that name changes."""
         with self._lock:
             if version != self.version:
                 return
@@ -43,15 +43,16 @@ class PathCache:
                     self._missing.popitem(last=False)
                 return
             self._found[path] = entry
-            if entry.manifest is not None:
-                self._by_name.setdefault(entry.manifest.name, set()).add(path)
+            if name is not None:
+                self._by_name.setdefault(name, set()).add(path)
+                self._names[path] = name
             while len(self._found) > self.max_entries:
-                old, gone = self._found.popitem(last=False)
-                if gone.manifest is not None:
-                    paths = self._by_name.get(gone.manifest.name, set())
-                    paths.discard(old)
-                    if not paths:
-                        self._by_name.pop(gone.manifest.name, None)
+                old, _ = self._found.popitem(last=False)
+                owner = self._names.pop(old, None)
+                paths = self._by_name.get(owner, set()) if owner is not None else set()
+                paths.discard(old)
+                if owner is not None and not paths:
+                    self._by_name.pop(owner, None)
 
     def changed(self, names: list[str] | None, version: int) -> None:
         """The namespace is at `version`, `names` changed since the cache's (None: unknown)."""
@@ -60,9 +61,11 @@ class PathCache:
             if names is None:
                 self._found.clear()
                 self._by_name.clear()
+                self._names.clear()
             for name in names or ():
                 for path in self._by_name.pop(name, ()):
                     self._found.pop(path, None)
+                    self._names.pop(path, None)
                 parts = name.split("/")
                 for k in range(len(parts)):  # the directories above it, the root first
                     self._found.pop("/".join(parts[:k]), None)

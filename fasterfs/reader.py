@@ -161,21 +161,28 @@ class Namespace:
         self.refresh()
         entry = self.paths.get(path)
         if entry is MISSING:
-            found = registry.resolve(self.state.name, path)
-            self.fetched["resolved"] += 1
-            entry = _entry_at(path, found)
-            self.paths.put(path, entry, found.version)
+            entry = self._resolve(path)[0]
         if entry is None:
             raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
         return entry
 
+    def _resolve(self, path: str) -> tuple[Entry | None, Resolved]:
+        """What the store says `path` names now (kept in the path cache), and the store's answer."""
+        found = registry.resolve(self.state.name, path)
+        self.fetched["resolved"] += 1
+        entry = _entry_at(path, found)
+        self.paths.put(path, entry, found.version, found.manifest.name if found.manifest is not None else None)
+        return entry, found
+
     def listdir(self, path: str) -> list[Entry]:
-        entry = self.lookup(path)
+        if self.whole:
+            return self.tree.listdir(self.lookup(path).path)  # NotADirectoryError for a file
+        self.refresh()
+        entry, found = self._resolve(path.strip("/"))  # a listing asks anew: it reads the store anyway
+        if entry is None:
+            raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
         if not entry.is_dir:
             raise NotADirectoryError(f"{path}: is a file")
-        if self.whole:
-            return self.tree.listdir(entry.path)
-        found = registry.resolve(self.state.name, entry.path)
         if found.manifest is not None and found.manifest.kind == "dataset":  # within one: from its manifest
             return Tree({found.manifest.name: found.manifest}).listdir(entry.path)
         listing = registry.listdir(self.state.name, entry.path)

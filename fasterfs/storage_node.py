@@ -307,7 +307,7 @@ class StorageNode:
         """This node's row of the kernel heatmap (fasterfs.heatmap) and the layout it is in."""
         index = self._heat
         if index is None:
-            index = self._heat = heatmap.Index(self.namespace.manifests)
+            index = self._heat = heatmap.Index(self.namespace.snapshot())
         return index.id, index.cells(self.kernel.all_counts(), self.cache.names(), self.invalidations.recent,
                                      self.cfg.kernel.hot_threshold)
 

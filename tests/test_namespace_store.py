@@ -1,5 +1,6 @@
 """The namespace as the head keeps it (NamespaceStore over each engine), on a temporary
 directory: no Ray, no MinIO. Pushes to the StorageNodes are recorded instead of sent."""
+import os
 import time
 
 import pytest
@@ -244,3 +245,14 @@ def test_a_follower_takes_pushes_in_order_and_fetches_what_it_missed(store):
     assert follower.manifests["a"].generation == "g2"
     assert [(n, before.generation if before else None) for n, before, _ in heard[-1]] in (
         [("a", "g1"), ("b", None)], [("b", None), ("a", "g1")])
+
+
+def test_a_redis_directory_another_user_made_is_refused(tmp_path):
+    """A local user who made the server's directory first (to plant its password) is named, and
+    no server starts."""
+    planted = tmp_path / "redis"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)  # nobody's
+    with pytest.raises(FasterFSError, match=rf"{planted} belongs to uid 65534, not to this user: remove it"):
+        RedisServer(tmp_path).start(timeout=5)
+    assert not (planted / "redis.conf").exists()

@@ -50,3 +50,28 @@ def test_a_change_reports_only_its_own_paths():
     assert sorted(e.path for e in entries) == ["", "d", "d/5", "e", "e/1"] and gone == []
     entries, gone = tree.apply({"e/1": None}, 3)
     assert entries == [] and gone == ["e", "e/1"]
+
+
+def test_a_readers_path_cache_forgets_every_path_of_a_changed_name():
+    """What a reader cached of a dataset (its directories too) goes when the dataset changes; a
+    sibling name's paths stay; every "no such path" goes with any change."""
+    from fasterfs.path_cache import MISSING, PathCache
+
+    ds, other = manifest("ds", "g1", "dataset"), manifest("x/f", "g1")
+    cache = PathCache(max_entries=100)
+    cache.changed(None, 5)
+    first, second = Tree({"ds": ds}, 5), Tree({"x/f": other}, 5)
+    for path in ("ds", "ds/chunks", "ds/chunks/chunk-00001.csv"):
+        cache.put(path, first.lookup(path), 5, "ds")
+    cache.put("x/f", second.lookup("x/f"), 5, "x/f")
+    cache.put("x/g", None, 5)
+    cache.put("late", None, 4)  # found at an older version: not kept
+    assert cache.get("x/g") is None and cache.get("late") is MISSING
+    cache.changed(["ds"], 6)
+    assert [cache.get(p) for p in ("ds", "ds/chunks", "ds/chunks/chunk-00001.csv", "x/g")] == [MISSING] * 4
+    assert cache.get("x/f") is second.lookup("x/f")
+    small = PathCache(max_entries=2)
+    small.changed(None, 1)
+    for i in range(5):
+        small.put(f"n{i}", second.lookup("x/f"), 1, f"n{i}")
+    assert [small.get(f"n{i}") is MISSING for i in range(5)] == [True, True, True, False, False]

@@ -22,6 +22,11 @@ class Follower:
         self.reloads = 0  # whole namespaces fetched (the first included)
         self._lock = threading.RLock()
 
+    def snapshot(self) -> dict[str, Manifest]:
+        """Every name's manifest now, a copy (the copy here changes under its lock)."""
+        with self._lock:
+            return dict(self.manifests)
+
     def apply(self, changes: Changes) -> None:
         """Changes pushed by the store: applied if they follow this copy's version, skipped if
         already seen, else the gap is fetched first."""
