@@ -204,6 +204,7 @@ def _unlink_entry(path: Path, fd: int) -> None:
 
 DAMAGED = "damaged"  # what read_entry/map_entry return for an entry they found bad and dropped
 STALE = "stale"      # ... for an entry fetched before the kernel last saw its key written (dropped)
+SUSPECT = "suspect"  # ... for one fetched before a write nobody could name: kept for its owner to check
 
 
 def _touch(fd: int, st: os.stat_result) -> None:
@@ -212,26 +213,35 @@ def _touch(fd: int, st: os.stat_result) -> None:
         os.utime(fd)
 
 
-Mark = int | Callable[[], int]  # a stale mark, or how to look it up (only once an entry is there)
+# A stale mark, (its key's mark, the bucket's suspect mark), or how to look it up (only once an
+# entry is there).
+Mark = int | tuple[int, int] | Callable[[], "int | tuple[int, int]"]
 
 
-def _stale(header: Header, stale_mark: Mark) -> bool:
-    """Fetched before the kernel's last write of its key, or in another boot."""
+def _stale(header: Header, stale_mark: Mark) -> str | None:
+    """STALE if fetched before the kernel's last write of its key, or in another boot; SUSPECT if
+    fetched before the bucket's suspect mark; else None."""
     if header.boot != BOOT:
-        return True
-    return header.fetched_ns < (stale_mark() if callable(stale_mark) else stale_mark)
+        return STALE
+    mark = stale_mark() if callable(stale_mark) else stale_mark
+    written, suspect = mark if isinstance(mark, tuple) else (mark, 0)
+    if header.fetched_ns < written:
+        return STALE
+    return SUSPECT if header.fetched_ns < suspect else None
 
 
 def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, data, verify: bool,
              stale_mark: Mark, touch: bool = True) -> str | None:
-    """None if the entry is good and fresh (then it is touched: LRU); else drop it, unless a
-    fresh fill has already replaced it at `path`, and say why: STALE or DAMAGED."""
-    if header is not None and _stale(header, stale_mark):
-        verdict = STALE
-    elif header is None or len(data) != header.size or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum):
+    """None if the entry is good and fresh (then it is touched: LRU); else say why: STALE or
+    DAMAGED (dropped, unless a fresh fill has already replaced it at `path`), or SUSPECT (kept)."""
+    verdict = _stale(header, stale_mark) if header is not None else None
+    if verdict == SUSPECT:
+        return verdict
+    if verdict is None and (header is None or len(data) != header.size
+                            or (verify and xxhash.xxh3_64_intdigest(data) != header.checksum)):
         log.warning("dropping damaged cache entry %s", path)
         verdict = DAMAGED
-    else:
+    if verdict is None:
         if touch:
             _touch(fd, st)
         return None
@@ -243,8 +253,8 @@ def read_entry(path: Path, verify: bool = True, stale_mark: Mark = 0, touch: boo
                place: Place | None = None) -> bytes | str | None:
     """An entry's bytes (`place`: a chunk's in a file entry at `path`); None if absent; DAMAGED
     if it was bad, STALE if fetched before `stale_mark` (the kernel's last write of the key) or
-    in another boot — either way it is now dropped. touch=False leaves the LRU order alone
-    (the owner's scrub)."""
+    in another boot — either way it is now dropped; SUSPECT (kept) if fetched before the
+    bucket's suspect mark. touch=False leaves the LRU order alone (the owner's scrub)."""
     got = _open(path, place)
     if got is None:
         return None
@@ -274,7 +284,7 @@ def open_entry(path, stale_mark: Mark = 0, place: Place | None = None,
 
 def map_entry(path: Path, verify: bool = True, stale_mark: Mark = 0, place: Place | None = None):
     """An entry's bytes as a read-only pyarrow buffer over a memory map of the file (no copy);
-    None, DAMAGED or STALE as for read_entry."""
+    None, DAMAGED, STALE or SUSPECT as for read_entry."""
     import mmap
 
     import pyarrow as pa

@@ -114,6 +114,10 @@ class Client:
         the bucket's (a bucket-wide write marks the bucket)."""
         return [self._key_hashes[i] for i in ids], self._bucket_hash
 
+    def marks_pin(self, node: int) -> str | None:
+        """Where `node` pins its kernel's stale marks on this host; None if it keeps none."""
+        return str(self.paths.stale_pin(node)) if self.state.node(node).kernel_mode == "real" else None
+
     def cache_place(self, i: int) -> cache_entry.Place | None:
         """Where chunk i is cached: in its file's entry (a stored file of several chunks), or None:
         in an entry of its own."""
@@ -160,7 +164,7 @@ class Client:
                          place=self._places[i])
             if got is cache_entry.DAMAGED:
                 self._damaged(node, i)
-            elif got is not None and got is not cache_entry.STALE:
+            elif got is not None and got is not cache_entry.STALE and got is not cache_entry.SUSPECT:
                 self.session.count_hit(node, len(got) if isinstance(got, bytes) else got.size)
                 return got
         return None
@@ -179,10 +183,11 @@ class Client:
                 return (*got, path, node)
         return None
 
-    def _stale_mark(self, node: int, i: int) -> int:
-        """When the node's kernel last saw chunk i written (0: never, or no pinned marks); a
-        bucket-wide write (DeleteObjects) marks "/bucket": it covers every key."""
-        return self.session.marks(node).mark(self._key_hashes[i], self._bucket_hash)
+    def _stale_mark(self, node: int, i: int) -> tuple[int, int]:
+        """When the node's kernel last saw chunk i written (0: never, or no pinned marks), and
+        when it last marked the bucket suspect (a write it could not name: every entry fetched
+        before is checked before it is trusted again)."""
+        return self.session.marks(node).marks(self._key_hashes[i], self._bucket_hash)
 
     def _damaged(self, node: int, i: int) -> None:
         """The entry was dropped; this read goes to MinIO, and the node fetches a good copy."""

@@ -178,6 +178,15 @@ def validate(cfg: DictConfig) -> None:
         bad("kernel.watch", "must be own or any")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):
         bad("kernel.mode", "must be auto, real or simulated")
+    for opt, low in (("kernel.stale_marks", 16), ("kernel.ring_pages", 1)):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            bad(opt, f"must be a whole number >= {low}")
+    if cfg.kernel.ring_pages & (cfg.kernel.ring_pages - 1):
+        bad("kernel.ring_pages", "must be a power of two (the kernel's ring buffer)")
+    if not isinstance(cfg.kernel.mark_keep_s, (int, float)) or isinstance(cfg.kernel.mark_keep_s, bool) \
+            or cfg.kernel.mark_keep_s < 1:
+        bad("kernel.mark_keep_s", "must be a number of seconds >= 1")
     try:
         first = ipaddress.IPv4Address(cfg.cluster.first_address)
     except ValueError:

@@ -25,19 +25,22 @@ from .node_index import NodeIndex
 
 log = logging.getLogger("fasterfs.invalidation")
 
-Write = tuple[int, str | None]  # (hash of /bucket/key, the key; None: every key of the bucket)
+Write = tuple[int, str | None]  # (hash of /bucket/key, the key; None: a write nobody could name)
 RECENT_MAX = 100_000
+GONE = "(none: deleted)"  # what revalidate finds where every holder answers that the object is gone
 
 
 class Invalidations:
     """`kernel` is either kernel backend; `filler` is what cancels queued fills of a key that
     changed; `fill(key, reason)` asks for a fill at the chunk's home; `tell(batch)` sends writes
-    to the other nodes (fire and forget: a dead peer has no cache to serve)."""
+    to the other nodes (fire and forget: a dead peer has no cache to serve); `suspect(from_peer)`
+    has every entry checked before it is served again (MarkKeeper)."""
 
     def __init__(self, node: int, bucket: str, kernel: KernelBackend, cache: ChunkCache, filler, watch_any: bool,
-                 fill: Callable[[str, str], None], tell: Callable[[list[Write]], None]):
+                 fill: Callable[[str, str], None], tell: Callable[[list[Write]], None],
+                 suspect: Callable[[bool], None]):
         self.node, self.bucket, self.kernel, self.cache, self.filler = node, bucket, kernel, cache, filler
-        self.watch_any, self.fill, self.tell = watch_any, fill, tell
+        self.watch_any, self.fill, self.tell, self.suspect = watch_any, fill, tell, suspect
         self.last: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
         self.recent: dict[str, int] = {}  # entry -> heatmap.EVICTED or STALE, oldest first (bounded)
         self._outbox: dict[Write, None] = {}
@@ -46,7 +49,8 @@ class Invalidations:
 
     def on_kernel_event(self, event: dict, index: NodeIndex) -> None:
         if event["path"] == f"/{self.bucket}" and event["method"] == "POST":
-            key = None  # DeleteObjects: its keys are in the body, so every entry of the bucket goes
+            self.suspect(False)  # DeleteObjects: its keys are in the body; the kernel marked the bucket suspect
+            return
         elif event["path"].startswith(f"/{self.bucket}/") and event["key"] == key_hash(event["path"]):
             key = event["path"][len(self.bucket) + 2:]
         else:
@@ -69,26 +73,30 @@ class Invalidations:
                 self.fill(key, "hot")
             return
         self.forget(hashed, key)
+        self.queue((hashed, key))
+
+    def queue(self, write: Write) -> None:
+        """For the other nodes, at the next `send`."""
         with self._lock:
-            self._outbox[(hashed, key)] = None
+            self._outbox[write] = None
         self._ready.set()
 
-    def forget(self, hashed: int, key: str | None) -> None:
-        """Drop `key` (None: every entry) and let it become hot anew."""
-        if key is None:
-            self.cache.clear()
-            self.kernel.new_epoch()
-            self.recent.clear()
-        else:
-            if self.cache.contains(key):
-                self.note(entry_name(key), heatmap.STALE)
-            self.filler.mark_stale(key)
-            self.kernel.reset_key(hashed)
+    def forget(self, hashed: int, key: str) -> None:
+        """Drop `key` and let it become hot anew."""
+        if self.cache.contains(key):
+            self.note(entry_name(key), heatmap.STALE)
+        self.filler.mark_stale(key)
+        self.kernel.reset_key(hashed)
         self.last = time.time()
 
     def invalidate(self, batch: list[Write]) -> None:
-        """Other hosts' kernels saw these written: mark them stale here too and drop the copies."""
+        """Other hosts' kernels saw these written (key None: a write they could not name, so
+        every entry here is checked): mark them stale here too and drop the copies."""
         for hashed, key in batch:
+            if key is None:
+                self.suspect(True)
+                self.last = time.time()
+                continue
             self.kernel.mark_stale(hashed)
             self.forget(hashed, key)
 
@@ -142,13 +150,14 @@ class Invalidations:
 
 
 def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict[int, str], creds,
-               held_by: set[int] | None = None) -> int:
-    """Drop cached entries whose object changed while no invalidation could reach this node: it
-    was not running, or (`held_by`: only entries of chunks those nodes hold) those nodes were cut
-    off from it and are back (or the directory holds another cluster's entries under this
-    cluster's keys). One HEAD per entry, to the chunk's holders (`endpoints`: node -> its MinIO);
-    an entry no holder can vouch for is kept (it may be the only copy readable) and logged.
-    Returns how many were dropped."""
+               held_by: set[int] | None = None, keep_unverified: bool = True) -> int:
+    """Drop cached entries whose object changed or is gone from every holder while no
+    invalidation could reach this node: it was not running, or (`held_by`: only entries of chunks
+    those nodes hold) those nodes were cut off from it and are back (or the directory holds
+    another cluster's entries under this cluster's keys), or a write went unnamed (MarkKeeper).
+    One HEAD per entry, to the chunk's holders (`endpoints`: node -> its MinIO); an entry no
+    holder can vouch for is kept (it may be the only copy readable) and logged, unless
+    keep_unverified=False. Returns how many were dropped."""
     etags = cache.etags()
     if held_by is not None:
         etags = {name: etag for name, etag in etags.items()
@@ -163,12 +172,13 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
             return None, None
         if key in index.coded:  # filled from shards, each checked against the current manifest
             return key, ShardedGetter.etag(index.coded[key].chunk)
-        for node in index.holders.get(key, []):
+        holders, missing = index.holders.get(key, []), 0
+        for node in holders:
             try:
                 return key, clients[node].head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
-            except Exception:  # holder down or gone from the cluster: ask the next
-                continue
-        return key, None
+            except Exception as e:  # holder down, gone from the cluster, or without the object: ask the next
+                missing += s3.is_missing(e)
+        return key, GONE if holders and missing == len(holders) else None
 
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -177,10 +187,14 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
         for c in clients.values():
             c.close()
     changed = [name for name, (key, now) in found.items() if now is not None and now != etags[name]]
-    unverified = [key for key, now in found.values() if key and now is None]
+    unverified = [name for name, (key, now) in found.items() if key and now is None]
     for name in changed:
-        log.warning("cache entry for %s was filled from ETag %s; its holders now have %s: written while this "
-                    "node was down, or another cluster's entry; dropped", found[name][0], etags[name], found[name][1])
+        log.warning("cache entry for %s was filled from ETag %s; its holders now have %s: written while no "
+                    "invalidation reached this node, or another cluster's entry; dropped",
+                    found[name][0], etags[name], found[name][1])
     if unverified:
-        log.warning("%d cache entries kept unverified (no holder answered), e.g. %s", len(unverified), unverified[0])
+        log.warning("%d cache entries %s unverified (no holder answered), e.g. %s", len(unverified),
+                    "kept" if keep_unverified else "dropped", found[unverified[0]][0])
+        if not keep_unverified:
+            changed += unverified
     return cache.drop_changed(changed)

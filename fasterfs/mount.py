@@ -145,9 +145,12 @@ class Agent:
     def _backing(self, client, path: str, inode: int, ids, fetched_ns: int, node: int) -> dict:
         """A local file holding chunks `ids` (fetched at `fetched_ns` at the oldest), with the
         stale marks the daemon checks before it trusts it."""
-        keys, bucket = client.mark_keys(ids)
-        return {"backing": path, "inode": inode, "fetched_ns": fetched_ns,
-                "pin": str(client.paths.stale_pin(node)), "keys": keys, "bucket": bucket}
+        declared = {"backing": path, "inode": inode, "fetched_ns": fetched_ns}
+        pin = client.marks_pin(node)
+        if pin is not None:  # else the node keeps no marks to check (simulated mode)
+            keys, bucket = client.mark_keys(ids)
+            declared.update(pin=pin, keys=keys, bucket=bucket)
+        return declared
 
     def _cached(self, entry: Entry) -> dict | None:
         """The parts of `entry` (a stored file of several chunks) that its file entry in this

@@ -54,3 +54,4 @@ class CacheStatus(TypedDict):
     filler: dict[str, int]
     fills_pending: int
     last_invalidation: float | None  # when this host last learnt of a write (its kernel or a peer's)
+    suspect_checks: dict  # MarkKeeper: checks of every entry after writes nobody could name, entries dropped

@@ -274,7 +274,8 @@ class ReadSession:
         if node not in self._marks:
             from .bpf.pinned import open_marks
 
-            self._marks[node] = open_marks(str(self.paths.stale_pin(node)))
+            kept = self.state.node(node).kernel_mode == "real"  # simulated mode keeps none to read
+            self._marks[node] = open_marks(str(self.paths.stale_pin(node)), required=kept)
         return self._marks[node]
 
     # -- hints to the nodes, off the reader's thread ---------------------------------------

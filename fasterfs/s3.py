@@ -57,6 +57,16 @@ class ServerError(OSError):
         super().__init__(message)
         self.status = status
 
+def is_missing(error: BaseException) -> bool:
+    """Whether `error` is MinIO answering that the object is not there (404: deleted, or never
+    written), as opposed to a MinIO that could not answer."""
+    from botocore.exceptions import ClientError
+
+    if isinstance(error, ClientError):
+        return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+    return isinstance(error, ServerError) and error.status == 404
+
+
 class MarkedGetter:
     """Signed GETs over sockets that carry SO_MARK, so the kernel's request tracker can
     tell the cache filler's own traffic from readers' (it skips packets with the mark).

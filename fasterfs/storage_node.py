@@ -30,6 +30,7 @@ from .errors import FasterFSError
 from .fill_router import FillRouter
 from .fill_sources import FillSources
 from .invalidation import Invalidations, Write, revalidate
+from .mark_keeper import MarkKeeper
 from .meta import Changes
 from .meta.follower import Change, Follower
 from .minio_scrub import MinioScrub
@@ -114,8 +115,12 @@ class StorageNode:
                                   cfg.cache.prefetch.max_queue)
         self.router = FillRouter(index, self.cache, self.filler, lambda: self.ns_index, cfg.kernel.watch == "own",
                                  self.nodes.get, _ray_get)
+        self.mark_keeper = MarkKeeper(self.kernel, self._check_entries,
+                                      lambda: self.invalidations.queue((self.kernel.suspect_key, None)),
+                                      cfg.kernel.mark_keep_s)
         self.invalidations = Invalidations(index, self.bucket, self.kernel, self.cache, self.filler,
-                                           cfg.kernel.watch == "any", self.router.fill, self._tell_writes)
+                                           cfg.kernel.watch == "any", self.router.fill, self._tell_writes,
+                                           self.mark_keeper.suspect)
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_index, self._reconnect)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
@@ -133,6 +138,8 @@ class StorageNode:
                              cfg.mount.read_ahead_kb)
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
+                         daemon=True).start()
+        threading.Thread(target=self.mark_keeper.run, args=(self._stopping,), name="mark-keeper",
                          daemon=True).start()
         every(1.0, self.peer_tier.share, self._stopping, "cache-index")
         every(NAMESPACE_POLL_S, self.namespace.catch_up, self._stopping, "namespace")  # a push it missed
@@ -188,6 +195,11 @@ class StorageNode:
                         sorted(back), dropped)
         return [n.index for n in state.nodes], alive
 
+    def _check_entries(self) -> int:
+        """Every cache entry against its holders' ETags; what cannot be vouched for goes too."""
+        return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
+                          self.minio.server.creds, keep_unverified=False)
+
     def _survey(self) -> repair.Health:
         return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack)
 
@@ -236,7 +248,7 @@ class StorageNode:
         return self.namespace.version
 
     def invalidate(self, batch: list[Write]) -> None:
-        """Other hosts' kernels saw these keys (None: the bucket) written."""
+        """Other hosts' kernels saw these keys written (None: a write they could not name)."""
         self.invalidations.invalidate(batch)
 
     def fill(self, key: str, reason: str) -> None:
@@ -328,7 +340,7 @@ class StorageNode:
         return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,  # type: ignore[typeddict-item]
                 "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
                 "filler": dict(self.filler.counters), "fills_pending": self.filler.pending(),
-                "last_invalidation": self.invalidations.last}
+                "last_invalidation": self.invalidations.last, "suspect_checks": self.mark_keeper.stats()}
 
     def cache_contains(self, key: str) -> bool:
         return self.cache.contains(key)

@@ -438,6 +438,33 @@ def ingest_as(live_cluster, overrides):
     return run
 
 
+NO_PREFETCH = ["cache.prefetch.enabled=false"]
+
+
+def emptied(manifest, live_cluster):
+    import ray
+
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])
+    return manifest, actors
+
+
+@pytest.fixture
+def fresh(ingest_as, live_cluster):
+    """A freshly ingested CSV dataset (the test writes its objects), empty caches, a new kernel
+    epoch; (its manifest, the StorageNode actors)."""
+    return emptied(ingest_as("csv"), live_cluster)
+
+
+def cached_entry(client, actors, i) -> Path:
+    """Chunk i filled into its first source's cache; the entry's path."""
+    import ray
+
+    node = client.sources(i)[0]
+    ray.get(actors[node].cache_warm.remote([client.manifest.chunk(i).key]))
+    return Path(client.cache_path(node, i))
+
+
 @pytest.fixture
 def client_for(live_cluster, cluster_root):
     import fasterfs

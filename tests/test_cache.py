@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import source_lines, source_rows, source_xxh3, wait_until
+from conftest import NO_PREFETCH, cached_entry, emptied, source_lines, source_rows, source_xxh3, wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
@@ -17,25 +17,11 @@ from fasterfs import cache_entry, cluster, config, credentials, erasure, registr
 from fasterfs.config import Paths
 from fasterfs.ingest import put
 
-NO_PREFETCH = ["cache.prefetch.enabled=false"]
-
-
-def _emptied(manifest, live_cluster):
-    actors = cluster.storage_nodes(live_cluster)
-    ray.get([a.cache_clear.remote() for a in actors])
-    return manifest, actors
-
 
 @pytest.fixture
 def cold(ingest_as, live_cluster):
     """The CSV dataset the tests that only read share, empty caches, a new kernel epoch."""
-    return _emptied(ingest_as("csv", reuse=True), live_cluster)
-
-
-@pytest.fixture
-def fresh(ingest_as, live_cluster):
-    """A freshly ingested CSV dataset (the test writes its objects), empty caches, a new kernel epoch."""
-    return _emptied(ingest_as("csv"), live_cluster)
+    return emptied(ingest_as("csv", reuse=True), live_cluster)
 
 
 def no_fills_pending(actors) -> bool:
@@ -202,16 +188,10 @@ def write_entry(path: Path, header: bytes, data: bytes) -> None:
     os.setxattr(path, cache_entry.XATTR, header)
 
 
-def _cached(client, actors, i):
-    node = client.sources(i)[0]
-    ray.get(actors[node].cache_warm.remote([client.manifest.chunk(i).key]))
-    return Path(client.cache_path(node, i))
-
-
 def test_flipped_byte_caught_and_healed(cold, cluster_root):
     manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=true"])
-    entry = _cached(client, actors, 5)
+    entry = cached_entry(client, actors, 5)
     raw = bytearray(entry.read_bytes())
     raw[1000] ^= 0xFF  # the entry file is the chunk's bytes; its header stays
     entry.write_bytes(bytes(raw))
@@ -224,7 +204,7 @@ def test_flipped_byte_caught_and_healed(cold, cluster_root):
 def test_truncated_entry_caught_even_without_verification(cold, cluster_root):
     manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH + ["cache.verify_reads=false"])
-    entry = _cached(client, actors, 6)
+    entry = cached_entry(client, actors, 6)
     with open(entry, "r+b") as f:
         f.truncate(entry.stat().st_size // 2)
     assert xxh3(client.read_chunk(6)) == source_xxh3(manifest.chunk(6))
@@ -235,7 +215,7 @@ def test_truncated_entry_caught_even_without_verification(cold, cluster_root):
 def test_scrub_catches_damage_readers_do_not_verify(cold, cluster_root):
     _manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
-    entry = _cached(client, actors, 7)
+    entry = cached_entry(client, actors, 7)
     raw = bytearray(entry.read_bytes())
     raw[-1] ^= 0x01
     entry.write_bytes(bytes(raw))
@@ -248,7 +228,7 @@ def test_overwritten_object_never_served_stale(fresh, cluster_root, live_cluster
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     i = 8
     node = client.sources(i)[0]
-    entry = _cached(client, actors, i)
+    entry = cached_entry(client, actors, i)
     old = client.read_chunk(i)
     assert entry.exists()
     creds = credentials.load(Paths(cluster_root).credentials_file).admin
@@ -266,7 +246,7 @@ def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_
     client = fasterfs.connect(cluster_root, NO_PREFETCH)
     i = 9
     node = client.sources(i)[0]
-    entry = _cached(client, actors, i)
+    entry = cached_entry(client, actors, i)
     old_entry, old_header = entry.read_bytes(), os.getxattr(entry, cache_entry.XATTR)
     ingested = client._stale_mark(node, i)  # the ingest's own PUT
     assert client.read_chunk(i) == old_entry  # fetched after that: served

@@ -135,6 +135,21 @@ def test_entries_of_another_boot_are_stale(tmp_path):
     assert cache_entry.read_entry(path) is cache_entry.STALE  # its fill time cannot be compared with this boot's marks
 
 
+def test_a_keys_mark_drops_the_entry_and_a_suspect_mark_keeps_it_unserved(tmp_path):
+    """The readers' rule: fetched before its key's last write: dropped; fetched before the
+    bucket's suspect mark (a write nobody could name): not served, but kept for the owner's
+    check. The marks are times on the clock the fill was stamped with (CLOCK_MONOTONIC)."""
+    c = ChunkCache(tmp_path, capacity=100_000)
+    c.put("k", b"v" * 100)
+    later = time.monotonic_ns()
+    assert cache_entry.read_entry(c.path("k"), stale_mark=(0, later)) is cache_entry.SUSPECT
+    assert cache_entry.open_entry(c.path("k"), stale_mark=(0, later)) is None
+    assert c.path("k").exists()
+    assert cache_entry.read_entry(c.path("k"), stale_mark=(0, 1)) == b"v" * 100  # a mark older than the fill
+    assert cache_entry.read_entry(c.path("k"), stale_mark=(later, 0)) is cache_entry.STALE
+    assert not c.path("k").exists()
+
+
 def test_foreign_files_are_named_and_left_alone(tmp_path, caplog):
     (tmp_path / "notes.txt").write_text("mine")
     c = ChunkCache(tmp_path, capacity=100_000)

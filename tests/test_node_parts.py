@@ -110,9 +110,11 @@ class Node:
         self.filler = CacheFiller(self.cache, lambda key: None, BUCKET, threads=1)
         self.fills: list[tuple[str, str]] = []
         self.told: list[list] = []
+        self.suspected: list[bool] = []  # from_peer of each call for a check of every entry
         self.index = NodeIndex.build(namespace, node)
         self.inv = Invalidations(node, BUCKET, self.kernel, self.cache, self.filler, watch_any,
-                                 lambda key, why: self.fills.append((key, why)), self.told.append)
+                                 lambda key, why: self.fills.append((key, why)), self.told.append,
+                                 self.suspected.append)
 
     def event(self, type_: str, method: str, path: str) -> None:
         self.inv.on_kernel_event({"type": type_, "method": method, "path": path, "key": key_hash(path)}, self.index)
@@ -142,11 +144,11 @@ def test_a_write_drops_the_entry_resets_its_count_and_is_told_once(tmp_path, nam
     n.kernel.count_reported("GET", path, 9000)
     assert n.kernel.key_count(key_hash(path)) == 1
     n.event("STALE", "PUT", path)
-    n.event("COMMITTED", "PUT", path)
+    n.event("STALE", "PUT", path)
     assert not n.cache.contains("rep/0")
     assert n.kernel.key_count(key_hash(path)) == 0
     assert n.inv.recent == {entry_name("rep/0"): heatmap.STALE}
-    assert n.inv.send(wait_s=0) == 1  # two events of one write: one entry in one batch
+    assert n.inv.send(wait_s=0) == 1  # two writes of one key: one entry in one batch
     assert n.told == [[(key_hash(path), "rep/0")]]
     assert n.inv.send(wait_s=0) == 0 and len(n.told) == 1
 
@@ -160,12 +162,23 @@ def test_a_shard_write_drops_its_chunk(tmp_path, namespace):
     assert n.told == [[(key_hash(f"/{BUCKET}/ec/0"), "ec/0")]]  # told by the chunk's name
 
 
-def test_a_multi_delete_clears_the_cache_and_starts_an_epoch(tmp_path, namespace):
+def test_a_multi_delete_keeps_the_cache_and_has_every_entry_checked(tmp_path, namespace):
+    """DeleteObjects names its keys only in its body: nothing is dropped on its word; the entries
+    are checked against MinIO (MarkKeeper), and the peers are told by the keeper, not here."""
     n = Node(tmp_path, namespace)
     n.cache.put("rep/0", b"x" * 100)
     epoch = n.kernel.epoch
     n.event("STALE", "POST", f"/{BUCKET}")
-    assert n.cache.names() == frozenset() and n.kernel.epoch == epoch + 1
+    assert n.cache.contains("rep/0") and n.kernel.epoch == epoch
+    assert n.suspected == [False] and n.inv.send(wait_s=0) == 0
+
+
+def test_a_peers_unnamed_write_has_entries_checked_here_and_is_not_told_back(tmp_path, namespace):
+    n = Node(tmp_path, namespace)
+    n.cache.put("rep/0", b"x" * 100)
+    n.inv.invalidate([(key_hash(f"/{BUCKET}"), None)])
+    assert n.cache.contains("rep/0") and n.suspected == [True] and n.inv.last is not None
+    assert n.inv.send(wait_s=0) == 0
 
 
 def test_other_buckets_and_cut_paths_are_ignored(tmp_path, namespace):

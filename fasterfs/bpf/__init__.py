@@ -27,16 +27,17 @@ def unavailable_reason() -> str | None:
 
 
 def load(mode: str = "auto", hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
-         on_event=None) -> KernelBackend:
+         on_event=None, **maps) -> KernelBackend:
     """KernelPrograms where eBPF works (mode auto or real), else SimulatedPrograms (mode auto
-    or simulated). mode=real fails loudly instead of falling back."""
+    or simulated). mode=real fails loudly instead of falling back. `maps`: the bucket and map
+    sizes (KernelPrograms' bucket, stale_marks, ring_pages)."""
     if mode not in ("auto", "real", "simulated"):
         raise FasterFSError(f"option kernel.mode={mode!r}: must be auto, real or simulated")
     reason = "kernel.mode=simulated" if mode == "simulated" else unavailable_reason()
     if reason is None:
         from .programs import KernelPrograms
 
-        return KernelPrograms(hot_threshold, fill_mark, delack_max_us, on_event)
+        return KernelPrograms(hot_threshold, fill_mark, delack_max_us, on_event, **maps)
     if mode == "real":
         raise FasterFSError(f"kernel.mode=real but eBPF cannot run here: {reason}")
     from .simulated import SimulatedPrograms

@@ -8,10 +8,18 @@
 #define FFS_LAT_SLOTS 32       /* log2(microseconds) latency buckets */
 #define FFS_FNV_OFFSET 0xcbf29ce484222325ULL
 #define FFS_FNV_PRIME 0x100000001b3ULL
+/* Sizes set from the configuration (kernel.stale_marks, kernel.ring_pages) at load. */
+#ifndef FFS_STALE_MARKS
+#define FFS_STALE_MARKS 65536  /* keys whose last write is remembered */
+#endif
+#ifndef FFS_RING_PAGES
+#define FFS_RING_PAGES 64      /* the event ring buffer, in pages (a power of two) */
+#endif
 
-/* STALE: a write's request line was seen; COMMITTED: its response left MinIO (the write is
- * done, so a fill that began before this saw the old bytes). */
-enum ffs_event_type { FFS_EVENT_HOT = 1, FFS_EVENT_STALE = 2, FFS_EVENT_COMMITTED = 3 };
+/* Both are sent when MinIO answers 2xx, never on the request alone: MinIO authenticates first.
+ * HOT: a key's successful GETs reached the threshold; STALE: a write of it was accepted (a fill
+ * that began before this may hold the old bytes). */
+enum ffs_event_type { FFS_EVENT_HOT = 1, FFS_EVENT_STALE = 2 };
 /* POST: CompleteMultipartUpload (/bucket/key?uploadId=) and DeleteObjects (/bucket?delete). */
 enum ffs_method { FFS_GET = 1, FFS_PUT = 2, FFS_DELETE = 3, FFS_POST = 4 };
 
@@ -22,11 +30,14 @@ enum ffs_counter {
     FFS_C_NOT_REQUEST,     /* payload toward an endpoint that is not a request line we track */
     FFS_C_TRUNCATED,       /* request line cut short in its packet: not counted */
     FFS_C_HOT,             /* HOT events emitted */
-    FFS_C_STALE,           /* stale marks (PUT/DELETE) emitted */
+    FFS_C_STALE,           /* stale marks of accepted writes (PUT, DELETE, POST answered 2xx) */
     FFS_C_FILLER,          /* requests of the cache filler (socket mark), skipped */
     FFS_C_RINGBUF_DROPS,   /* events lost because the ring buffer was full */
-    FFS_C_RESPONSES,       /* first response packets matched to a request */
-    FFS_C_COMMITS,         /* responses to writes: stale marks moved to the commit */
+    FFS_C_RESPONSES,       /* final response lines matched to a request */
+    FFS_C_COMMITS,         /* writes MinIO answered 2xx */
+    FFS_C_REFUSED,         /* requests MinIO did not answer 2xx (unauthenticated, missing...): ignored */
+    FFS_C_MARKS_FULL,      /* accepted writes whose key found the stale-mark map full */
+    FFS_C_SUSPECT,         /* times the suspect key was marked: a write not marked under its own key */
     FFS_C_MAX,
 };
 
@@ -36,6 +47,11 @@ enum ffs_sock_counter { FFS_S_SEEN = 0, FFS_S_MATCHED, FFS_S_MAX };
 
 struct ffs_config {
     __u64 hot_threshold;   /* GETs of one key that make it hot */
+    /* The cluster bucket's key (FNV-1a of "/bucket"), present in stale_keys from load on. Marked
+     * for a write no reader could see under its own key: a STALE event lost to a full ring, a
+     * key that found the map full, a multi-object delete. Every entry fetched before it is
+     * suspect until user space has checked the entries and set it back to 0. */
+    __u64 suspect_key;
     __u32 fill_mark;       /* skb mark of the cache filler's sockets (0: none) */
     __u32 epoch;           /* bump to let every key become hot again */
     __u32 delack_max_us;   /* TCP_BPF_DELACK_MAX for MinIO connections */
@@ -78,11 +94,12 @@ struct ffs_conn {           /* client -> server direction */
     __u16 sport;
 };
 
-struct ffs_inflight {       /* a request waiting for its first response byte */
+struct ffs_inflight {       /* a request waiting for its final response line */
     __u64 start_ns;
     __u64 key;
     __u32 method;
-    __u32 pad;
+    __u32 path_len;
+    char path[FFS_MAX_PATH]; /* for the event sent when MinIO answers */
 };
 
 struct ffs_opt_stats {

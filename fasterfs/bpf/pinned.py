@@ -59,15 +59,20 @@ class StaleMarks:
             self.fd = -1
 
 
+UNREADABLE = (1 << 64) - 1  # the mark of what cannot be read: newer than every fetch
+
+
 class FollowedMarks:
     """The marks pinned at `path`, followed across re-pins: a restarted StorageNode pins a new
     map there, so at most once a second the pin is looked at again (a stat) and reopened if
-    it is another map. 0 where there is nothing to read (no pin: simulated mode, no bpffs)."""
+    it is another map. Where there is nothing to read: 0 if the node keeps no marks (simulated
+    mode), else (`required`) UNREADABLE, so nothing is trusted that the marks cannot vouch for
+    (the node restarting, or a reader not allowed to read them)."""
 
     RECHECK_S = 1.0
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, required: bool = True):
+        self.path, self.required = path, required
         self._marks: StaleMarks | None = None
         self._ino: int | None = None
         self._checked = float("-inf")
@@ -78,7 +83,7 @@ class FollowedMarks:
             self._checked = now
             try:
                 ino = os.stat(self.path).st_ino
-            except FileNotFoundError:
+            except OSError:  # absent, or a directory this reader may not look into
                 ino = None
             if ino != self._ino:
                 if self._marks is not None:
@@ -92,12 +97,18 @@ class FollowedMarks:
 
     def mark(self, *keys: int) -> int:
         """The latest mark of any of `keys` (one look at the pin, one lookup per key)."""
+        return max(self.marks(*keys))
+
+    def marks(self, key: int, *suspect: int) -> tuple[int, int]:
+        """(the latest write of `key`, the latest suspect mark of `suspect`: the bucket's)."""
         marks = self._follow()
-        return max(marks.mark(k) for k in keys) if marks is not None else 0
+        if marks is None:
+            return (UNREADABLE, UNREADABLE) if self.required else (0, 0)
+        return marks.mark(key), max((marks.mark(k) for k in suspect), default=0)
 
 
-def open_marks(path: str) -> FollowedMarks:
-    return FollowedMarks(path)
+def open_marks(path: str, required: bool = True) -> FollowedMarks:
+    return FollowedMarks(path, required)
 
 
 def mounted(path: str | os.PathLike) -> bool:

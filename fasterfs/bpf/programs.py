@@ -28,7 +28,7 @@ log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("requests.bpf.c", "sockops.bpf.c")
-STALE_SOURCE = "the kernel: a PUT, DELETE or multi-delete request line seen on TC, and its response"
+STALE_SOURCE = "the kernel: a PUT, DELETE or multi-delete MinIO answered 2xx, seen on TC"
 QUICKACK_NOTE = ("TCP_QUICKACK cannot be set from BPF (the kernel answers -EINVAL); delayed ACKs are "
                  "capped with TCP_BPF_DELACK_MAX instead")
 
@@ -46,18 +46,26 @@ class KernelPrograms:
     mode = "real"
 
     def __init__(self, hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
-                 on_event: Callable[[dict], None] | None = None):
+                 on_event: Callable[[dict], None] | None = None, bucket: str = "fasterfs",
+                 stale_marks: int = ev.STALE_MARKS, ring_pages: int = ev.RING_PAGES):
         from bcc import BPF
 
         self._BPF = BPF
         text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
+        sizes = [f"-DFFS_STALE_MARKS={int(stale_marks)}", f"-DFFS_RING_PAGES={int(ring_pages)}"]
         try:
-            self.bpf = BPF(text=text.encode(), cflags=[f"-I{SOURCE_DIR}"])
+            self.bpf = BPF(text=text.encode(), cflags=[f"-I{SOURCE_DIR}", *sizes])
             self.tc_fns = {"egress": self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS),
                            "ingress": self.bpf.load_func(b"ffs_tc_ingress", BPF.SCHED_CLS)}
             self.sockops_fn = self.bpf.load_func(b"ffs_sockops", BPF.SOCK_OPS)
         except Exception as e:
             raise FasterFSError(f"loading the eBPF programs failed: {e}") from e
+        self.stale_marks, self.ring_pages = stale_marks, ring_pages
+        # The suspect key is the bucket's own mark, which readers check already; it is in the map
+        # from the start, so marking it succeeds however full the map is.
+        self.suspect_key = ev.key_hash(f"/{bucket}")
+        self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(0)
+        self._suspected = 0  # suspect marks made from user space (a peer's word)
         self.hot_threshold, self.fill_mark, self.delack_max_us = hot_threshold, fill_mark, delack_max_us
         self.epoch = 0
         self._write_config()
@@ -78,8 +86,9 @@ class KernelPrograms:
     # -- configuration ---------------------------------------------------------------
 
     def _write_config(self) -> None:
-        self.bpf[b"config"][ct.c_int(0)] = ev.Config(hot_threshold=self.hot_threshold, fill_mark=self.fill_mark,
-                                                    epoch=self.epoch, delack_max_us=self.delack_max_us)
+        self.bpf[b"config"][ct.c_int(0)] = ev.Config(hot_threshold=self.hot_threshold, suspect_key=self.suspect_key,
+                                                    fill_mark=self.fill_mark, epoch=self.epoch,
+                                                    delack_max_us=self.delack_max_us)
 
     def watch(self, address: str | None, port: int) -> None:
         """Track requests to (address, port); address None means any address on the port."""
@@ -101,8 +110,50 @@ class KernelPrograms:
 
     def mark_stale(self, key: int) -> None:
         """Record a write of `key` seen by another host's kernel, as if this one had seen it
-        (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns and of cache fills)."""
-        self.bpf[b"stale_keys"][ct.c_uint64(key)] = ct.c_uint64(time.monotonic_ns())
+        (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns and of cache fills). A full map marks the
+        suspect key instead, as the kernel does."""
+        try:
+            self.bpf[b"stale_keys"][ct.c_uint64(key)] = ct.c_uint64(time.monotonic_ns())
+        except Exception:  # E2BIG: full
+            self.mark_suspect()
+
+    def mark_suspect(self) -> None:
+        """Every entry fetched before now is suspect until `clear_suspect` (a write this host
+        cannot name: a peer's multi-object delete or lost event)."""
+        with self._lock:
+            self._suspected += 1
+            self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(time.monotonic_ns())
+
+    def suspect_mark(self) -> int:
+        return self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)].value
+
+    def suspect_seq(self) -> int:
+        """Moves before every suspect mark, the kernel's and user space's alike."""
+        counters = self.bpf[b"counters"]
+        return counters[ct.c_int(ev.COUNTERS.index("suspect_marks"))].value + self._suspected
+
+    def clear_suspect(self, seq: int) -> bool:
+        """Entries were checked after `seq` was read: clear the suspect mark, unless a new one was
+        made since (then it is put back, for another check). Returns whether it is clear."""
+        self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(0)
+        if self.suspect_seq() == seq:
+            return True
+        self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(time.monotonic_ns())
+        return False
+
+    def sweep_marks(self, older_than_ns: int) -> int:
+        """Remove marks made before `older_than_ns` (CLOCK_MONOTONIC): acted on, or covered by a
+        suspect mark and its check. Batched: a full map of 65,536 is two system calls each way.
+        Returns how many went."""
+        table = self.bpf[b"stale_keys"]
+        old = [k for k, v in table.items_lookup_batch()
+               if k != self.suspect_key and 0 < v < older_than_ns]
+        if old:
+            table.items_delete_batch((table.Key * len(old))(*old))
+        return len(old)
+
+    def marks_held(self) -> int:
+        return sum(1 for _ in self.bpf[b"stale_keys"].items_lookup_batch())
 
     def all_counts(self) -> dict[int, int]:
         """Every key's GET count this epoch (the whole map: the dashboard's heatmap)."""
@@ -184,8 +235,6 @@ class KernelPrograms:
     def _on_ring_event(self, ctx, data, size) -> int:
         event = ct.cast(data, ct.POINTER(ev.Event)).contents.to_dict()
         with self._lock:
-            if event["type"] == "COMMITTED":  # carries no path: it is the write's, seen at its request line
-                event["path"] = self.names.get(event["key"], "")
             if event["path"]:
                 self.names[event["key"]] = event["path"]
             if len(self.names) > MAX_NAMES:  # as many as the kernel tracks keys
@@ -270,7 +319,10 @@ class KernelPrograms:
             "tc": [{"interface": i, "filter": n, "netns": ns, "direction": d}
                    for i, n, ns, d, _ in self.tc_attachments],
             "sockops_cgroup": self.cgroup_path,
-            "counters": counters, "keys_tracked": len(keys), "top_keys": top_keys, "ports": ports,
+            "counters": counters, "keys_tracked": len(keys),
+            "stale_marks": {"held": self.marks_held(), "capacity": self.stale_marks,
+                            "suspect_since_ns": self.suspect_mark() or None},
+            "ring_pages": self.ring_pages, "top_keys": top_keys, "ports": ports,
             "events_received": received, "recent_events": recent,
             "reported_by_readers": dict(self.reported),
             "sockops": {**sock, "options": options, "note": QUICKACK_NOTE},

@@ -1,7 +1,10 @@
-/* TC program: watches S3 requests to MinIO endpoints, counts GETs per object key (FNV-1a
- * of the request path), emits HOT events on a ring buffer when a key reaches the
- * threshold, STALE events for PUT/DELETE, and times request -> first response byte.
- * It never changes a packet and always returns TC_ACT_UNSPEC, so other filters run too. */
+/* TC program: watches S3 requests to MinIO endpoints and MinIO's answers. Per object key
+ * (FNV-1a of the request path) it counts GETs MinIO answered 2xx and emits a HOT event on a ring
+ * buffer when a key reaches the threshold; a write MinIO answered 2xx marks the key stale (the
+ * time, in a map readers check on every cache hit) and emits STALE. A request MinIO refused
+ * (unauthenticated, malformed) changes nothing: MinIO authenticates before it acts, so the
+ * kernel waits for its verdict. It times request -> final response line too. It never changes a
+ * packet and always returns TC_ACT_UNSPEC, so other filters run too. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
@@ -27,13 +30,15 @@ struct ffs_tcphdr {
 
 /* Per-CPU scratch: the request line, plus the path's slash counts. The counts live in
  * map memory so the verifier treats them as unknown values instead of exploring every
- * combination of them across the loop's iterations. */
+ * combination of them across the loop's iterations. `req` is built here, not on the stack
+ * (it carries the path). */
 struct ffs_line {
     char b[FFS_LINE];
     u32 slashes;
     u32 after_second;
     u32 len;
     u32 end;
+    struct ffs_inflight req;
 };
 
 BPF_ARRAY(config, struct ffs_config, 1);
@@ -42,13 +47,15 @@ BPF_TABLE("lru_hash", u64, struct ffs_key_stat, key_counts, 65536);
 BPF_HASH(port_stats, u16, struct ffs_port_stats, 256);
 BPF_HASH(latency_hist, struct ffs_lat_key, u64, 256 * FFS_LAT_SLOTS);
 BPF_TABLE("lru_hash", struct ffs_conn, struct ffs_inflight, inflight, 16384);
-/* key -> time of its last PUT/DELETE (CLOCK_MONOTONIC ns). Pinned, so readers check it on
+/* key -> time of its last accepted write (CLOCK_MONOTONIC ns). Pinned, so readers check it on
  * every cache hit: an entry filled before that time is stale, even before the STALE event
- * has reached user space. */
-BPF_TABLE("lru_hash", u64, u64, stale_keys, 65536);
+ * has reached user space. A plain hash, not an LRU: a mark is never dropped to make room
+ * (user space removes marks it has acted on); a write that finds the map full marks the
+ * suspect key instead. */
+BPF_HASH(stale_keys, u64, u64, FFS_STALE_MARKS);
 BPF_PERCPU_ARRAY(scratch, struct ffs_line, 1);
 BPF_ARRAY(counters, u64, FFS_C_MAX);
-BPF_RINGBUF_OUTPUT(events, 64);
+BPF_RINGBUF_OUTPUT(events, FFS_RING_PAGES);
 
 static __always_inline void bump(u32 idx) {
     u64 *v = counters.lookup(&idx);
@@ -69,22 +76,32 @@ static __always_inline struct ffs_port_stats *port_entry(u16 port) {
     return port_stats.lookup_or_try_init(&port, &zero);
 }
 
-static __always_inline void emit(u32 type, u32 method, u64 key, u64 count, u16 port, struct ffs_line *line,
-                                 u32 start, u32 len) {
+/* A write no reader can see under its own key: every entry fetched before now is suspect
+ * until user space has checked them. The counter moves first, so user space, which reads it
+ * after clearing the mark, never misses a mark made after its check. */
+static __always_inline void mark_suspect(struct ffs_config *cfg, u64 now) {
+    bump(FFS_C_SUSPECT);
+    u64 key = cfg->suspect_key;
+    stale_keys.update(&key, &now);  /* present since load: succeeds in a full map */
+}
+
+static __always_inline void emit(struct ffs_config *cfg, u32 type, struct ffs_inflight *req, u64 count, u16 port,
+                                 u64 now) {
     struct ffs_event *e = events.ringbuf_reserve(sizeof(struct ffs_event));
-    if (!e) { bump(FFS_C_RINGBUF_DROPS); return; }
-    e->ts_ns = bpf_ktime_get_ns();
-    e->key = key;
+    if (!e) {
+        bump(FFS_C_RINGBUF_DROPS);
+        if (type == FFS_EVENT_STALE) mark_suspect(cfg, now);  /* nobody would drop the old copies */
+        return;
+    }
+    e->ts_ns = now;
+    e->key = req->key;
     e->count = count;
     e->type = type;
-    e->method = method;
+    e->method = req->method;
     e->port = port;
-    e->path_len = len;
+    e->path_len = req->path_len;
     e->pad = 0;
-    /* start is 4 ("GET ", "PUT "), 5 ("POST ") or 7 ("DELETE "): constant offsets keep the copy simple */
-    if (start == 4) __builtin_memcpy(e->path, &line->b[4], FFS_MAX_PATH);
-    else if (start == 5) __builtin_memcpy(e->path, &line->b[5], FFS_MAX_PATH);
-    else __builtin_memcpy(e->path, &line->b[7], FFS_MAX_PATH);
+    __builtin_memcpy(e->path, req->path, FFS_MAX_PATH);
     events.ringbuf_submit(e, 0);
 }
 
@@ -150,7 +167,8 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
     }
     u32 len = *plen;
     if (len < FFS_MAX_PATH && *pend == 0) { bump(FFS_C_TRUNCATED); return; }  /* packet ends mid-path */
-    /* a POST to the bucket itself is DeleteObjects (keys in its body): a mark on "/bucket" */
+    /* a POST to the bucket itself is DeleteObjects (keys in its body): a mark on "/bucket",
+     * the suspect key when it is the cluster's bucket */
     int bucket_write = method == FFS_POST && *slashes == 1;
     if (line->b[start & (FFS_LINE - 1)] != '/' || ((*slashes < 2 || *after_second == 0) && !bucket_write)) {
         bump(FFS_C_NOT_REQUEST);  /* bucket-level or service request, not an object */
@@ -163,26 +181,45 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
         return;
     }
     bump(FFS_C_REQUESTS);
-    u64 now = bpf_ktime_get_ns();
-    struct ffs_inflight req = {.start_ns = now, .key = h, .method = method};
-    inflight.update(conn, &req);
-    struct ffs_port_stats *ps = port_entry(port);
-    if (ps) __sync_fetch_and_add(&ps->requests, 1);
+    /* Nothing counts or marks until MinIO answers: wait for the response line. */
+    struct ffs_inflight *req = &line->req;
+    req->start_ns = bpf_ktime_get_ns();
+    req->key = h;
+    req->method = method;
+    req->path_len = len;
+    /* start is 4 ("GET ", "PUT "), 5 ("POST ") or 7 ("DELETE "): constant offsets keep the copy simple */
+    if (start == 4) __builtin_memcpy(req->path, &line->b[4], FFS_MAX_PATH);
+    else if (start == 5) __builtin_memcpy(req->path, &line->b[5], FFS_MAX_PATH);
+    else __builtin_memcpy(req->path, &line->b[7], FFS_MAX_PATH);
+    inflight.update(conn, req);
+}
 
-    if (method != FFS_GET) {
-        if (ps) {
-            if (method == FFS_DELETE) __sync_fetch_and_add(&ps->deletes, 1);
-            else __sync_fetch_and_add(&ps->puts, 1);  /* PUT, or POST (multipart completion, DeleteObjects) */
-        }
-        stale_keys.update(&h, &now);
-        bump(FFS_C_STALE);
-        emit(FFS_EVENT_STALE, method, h, 0, port, line, start, len);
-        return;
+/* MinIO accepted a write: entries fetched before now are stale. */
+static __always_inline void on_write(struct ffs_config *cfg, struct ffs_inflight *req, u16 port, u64 now,
+                                     struct ffs_port_stats *ps) {
+    if (ps) {
+        if (req->method == FFS_DELETE) __sync_fetch_and_add(&ps->deletes, 1);
+        else __sync_fetch_and_add(&ps->puts, 1);  /* PUT, or POST (multipart completion, DeleteObjects) */
     }
+    bump(FFS_C_COMMITS);
+    u64 key = req->key;
+    if (key == cfg->suspect_key) bump(FFS_C_SUSPECT);  /* a multi-object delete in the cluster's bucket */
+    if (stale_keys.update(&key, &now) != 0) {
+        bump(FFS_C_MARKS_FULL);
+        mark_suspect(cfg, now);
+    }
+    bump(FFS_C_STALE);
+    emit(cfg, FFS_EVENT_STALE, req, 0, port, now);
+}
+
+/* MinIO served a GET: count it toward HOT. */
+static __always_inline void on_read(struct ffs_config *cfg, struct ffs_inflight *req, u16 port, u64 now,
+                                    struct ffs_port_stats *ps) {
     if (ps) __sync_fetch_and_add(&ps->gets, 1);
     struct ffs_key_stat fresh = {};
     fresh.epoch = cfg->epoch;
-    struct ffs_key_stat *st = key_counts.lookup_or_try_init(&h, &fresh);
+    u64 key = req->key;
+    struct ffs_key_stat *st = key_counts.lookup_or_try_init(&key, &fresh);
     if (!st) return;
     if (st->epoch != cfg->epoch) {  /* a new epoch: every key starts cold again */
         st->epoch = cfg->epoch;
@@ -192,40 +229,34 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
     u64 count = __sync_fetch_and_add(&st->count, 1) + 1;
     if (count == cfg->hot_threshold) {  /* exactly one GET sees the threshold reached */
         bump(FFS_C_HOT);
-        emit(FFS_EVENT_HOT, method, h, count, port, line, start, len);
+        emit(cfg, FFS_EVENT_HOT, req, count, port, now);
     }
 }
 
-static __always_inline void on_response(struct ffs_conn *conn, u16 port) {
+/* The first bytes MinIO sends after a request: its status line. "HTTP/1.1 100 Continue" (boto3
+ * asks before a body) is not the answer yet: the request keeps waiting. */
+static __always_inline void on_response(struct __sk_buff *skb, struct ffs_conn *conn, u32 off, u32 paylen,
+                                        u16 port) {
+    u32 zero = 0;
+    struct ffs_config *cfg = config.lookup(&zero);
     struct ffs_inflight *req = inflight.lookup(conn);
-    if (!req) return;
+    if (!cfg || !req) return;
+    char st[12];
+    if (paylen < sizeof(st) || bpf_skb_load_bytes(skb, off, st, sizeof(st)) < 0) return;
+    if (st[0] != 'H' || st[1] != 'T' || st[2] != 'T' || st[3] != 'P' || st[4] != '/' || st[8] != ' ') return;
+    if (st[9] == '1') return;
     u64 now = bpf_ktime_get_ns();
     u64 delta = now - req->start_ns;
-    u64 key = req->key;
-    u32 method = req->method;
-    inflight.delete(conn);
     bump(FFS_C_RESPONSES);
-    if (method != FFS_GET) {  /* the write is done: bytes fetched before now are old */
-        stale_keys.update(&key, &now);
-        bump(FFS_C_COMMITS);
-        struct ffs_event *e = events.ringbuf_reserve(sizeof(struct ffs_event));
-        if (e) {
-            __builtin_memset(e, 0, sizeof(*e));
-            e->ts_ns = now;
-            e->key = key;
-            e->type = FFS_EVENT_COMMITTED;
-            e->method = method;
-            e->port = port;
-            events.ringbuf_submit(e, 0);
-        } else {
-            bump(FFS_C_RINGBUF_DROPS);
-        }
-    }
     struct ffs_port_stats *ps = port_entry(port);
     if (ps) {
         __sync_fetch_and_add(&ps->lat_sum_ns, delta);
         __sync_fetch_and_add(&ps->lat_count, 1);
     }
+    if (st[9] != '2') bump(FFS_C_REFUSED);
+    else if (req->method == FFS_GET) on_read(cfg, req, port, now, ps);
+    else on_write(cfg, req, port, now, ps);
+    inflight.delete(conn);  /* after the event has copied the path out of it */
     struct ffs_lat_key lk = {.port = port, .slot = bpf_log2l(delta / 1000 + 1)};
     if (lk.slot >= FFS_LAT_SLOTS) lk.slot = FFS_LAT_SLOTS - 1;
     u64 one = 1;
@@ -276,7 +307,7 @@ static __always_inline int on_packet(struct __sk_buff *skb, int ingress) {
         __builtin_memcpy(conn.saddr, src, 16);
         conn.cport = dport;
         conn.sport = sport;
-        on_response(&conn, sport);
+        on_response(skb, &conn, off, paylen, sport);
     }
     return TC_ACT_UNSPEC;
 }

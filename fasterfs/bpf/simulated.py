@@ -20,8 +20,9 @@ class SimulatedPrograms:
     mode = "simulated"
 
     def __init__(self, hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
-                 on_event: Callable[[dict], None] | None = None, reason: str = ""):
+                 on_event: Callable[[dict], None] | None = None, reason: str = "", **maps):
         self.hot_threshold, self.on_event, self.reason = hot_threshold, on_event, reason
+        self.suspect_key = ev.key_hash(f"/{maps.get('bucket', 'fasterfs')}")
         self.epoch = 0
         self.ports: set[int] = set()
         self.counts: collections.Counter = collections.Counter()
@@ -53,6 +54,21 @@ class SimulatedPrograms:
 
     def mark_stale(self, key: int) -> None:
         pass  # no pinned marks: the STALE callback drops the entry
+
+    def mark_suspect(self) -> None:
+        pass  # no marks: a peer's bucket-wide write is checked entry by entry all the same
+
+    def suspect_mark(self) -> int:
+        return 0
+
+    def suspect_seq(self) -> int:
+        return 0
+
+    def clear_suspect(self, seq: int) -> bool:
+        return True
+
+    def sweep_marks(self, older_than_ns: int) -> int:
+        return 0
 
     def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None,
                   sole_owner: bool = False) -> None:
@@ -105,6 +121,7 @@ class SimulatedPrograms:
                 "counters": dict(self.counters), "keys_tracked": len(self.counts),
                 "top_keys": [{"key": f"{k:016x}", "count": c, "name": (resolve(k) if resolve else None)
                               or self.names.get(k)} for k, c in keys],
+                "stale_marks": None, "ring_pages": None,  # no kernel maps
                 "ports": {}, "events_received": dict(self.received), "recent_events": list(self.recent)[-10:],
                 "reported_by_readers": {"gets": self.counters["gets"], "hot_events": self.counters["hot_events"]},
                 "sockops": {"note": "SIMULATED mode: no TCP tuning"},

@@ -166,7 +166,7 @@ fn lookup(fd: &OwnedFd, key: u64) -> io::Result<u64> {
 
 #[derive(Clone)]
 enum Map {
-    Unpinned, // nothing at the pin path: every mark is 0
+    Unpinned, // nothing at the pin path (the node restarting): nothing is vouched for
     Open(Arc<OwnedFd>),
     Broken, // not a usable map: nothing can vouch for the backing files
 }
@@ -245,12 +245,12 @@ impl Pins {
     }
 
     /// True if the kernel marked a write newer than `m.fetched_ns` for its
-    /// key or bucket, or if the marks cannot be read (then nothing vouches
-    /// for the backing file).
+    /// key or bucket, or if the marks cannot be read or are not pinned (the
+    /// node restarting): then nothing vouches for the backing file. The agent
+    /// sends no pin where the node keeps no marks (simulated mode).
     pub fn stale(&self, m: &Marks) -> bool {
         let fd = match self.map(&m.pin) {
-            Map::Unpinned => return false,
-            Map::Broken => return true,
+            Map::Unpinned | Map::Broken => return true,
             Map::Open(fd) => fd,
         };
         for &k in &m.keys {
