@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .errors import FasterFSError
-from .fsutil import atomic_write
+from .fsutil import atomic_write, owned
 
 TOKEN_FILE = "ray_token"
 RAY_DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"  # where Ray itself looks last
@@ -39,6 +39,7 @@ def create(path: Path, rotate: bool = False) -> str:
 
 
 def read(path: Path) -> str:
+    owned(path, "Ray token file")
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077:
         raise FasterFSError(f"Ray token file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
@@ -116,6 +117,35 @@ def is_loopback(address: str) -> bool:
 
 
 # -- the dashboard's gate ---------------------------------------------------------------
+
+class HostCheck:
+    """ASGI middleware against DNS rebinding and cross-site WebSockets: a request's Host must name
+    the address the dashboard listens on, or this machine's loopback (an SSH tunnel), on any port;
+    a WebSocket's Origin, when a browser sends one, the same. Anything else: 403."""
+
+    def __init__(self, app, address: str):
+        self.app, self.address = app, address
+
+    def allowed(self, host: str) -> bool:
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # [::1]:8300 -> [::1]
+        name = name.strip("[]").lower()
+        return name == self.address or is_loopback(name)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        origin = headers.get("origin")
+        ok = self.allowed(headers.get("host", "")) and (
+            scope["type"] == "http" or origin is None or self.allowed(origin.split("://", 1)[-1]))
+        if ok:
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"this dashboard answers only to its own address"})
+
 
 def session_value(token: str) -> str:
     """What the login cookie holds: derived from the token, so a leaked cookie is no Ray token."""

@@ -47,7 +47,11 @@ def kept_capacity(path: Path, restarted: bool, configured: int) -> int:
     if not restarted:
         path.unlink(missing_ok=True)
     elif path.exists():
-        return int(path.read_text())
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError) as e:  # torn or edited by hand: the configured capacity, said so
+            log.warning("cache capacity file %s is unreadable (%s): using the configured %d bytes", path, e,
+                        configured)
     return configured
 
 

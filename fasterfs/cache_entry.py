@@ -192,7 +192,7 @@ def remove_file(path: Path) -> None:
         path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
 
 
-def _unlink_entry(path: Path, fd: int) -> None:
+def unlink_entry(path: Path, fd: int) -> None:
     """Drop the entry at `path` if it is still the file open at `fd`: a fresh fill may have
     replaced it."""
     try:
@@ -245,7 +245,7 @@ def _verdict(path: Path, fd: int, st: os.stat_result, header: Header | None, dat
         if touch:
             _touch(fd, st)
         return None
-    _unlink_entry(path, fd)
+    unlink_entry(path, fd)
     return verdict
 
 

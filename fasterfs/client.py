@@ -10,8 +10,11 @@ and, in SIMULATED mode only, reports reads to the node's user-space counter.
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
 from functools import partial
+from pathlib import Path
 
 import xxhash
 
@@ -21,6 +24,8 @@ from .errors import FasterFSError
 from .manifest import Manifest
 from .read_session import NoGoodCopy, ReadFailed, ReadSession, RottenCopy, unavailable
 from .reader_stats import BYTES_MINIO, DAMAGED_ENTRIES, MISSES, PREFETCH
+
+log = logging.getLogger("fasterfs.client")
 
 
 class Client:
@@ -169,19 +174,36 @@ class Client:
                 return got
         return None
 
-    def open_cached(self, i: int, count: bool = True) -> tuple[int, cache_entry.Header, str, int] | None:
+    def open_cached(self, i: int, count: bool = True, verify: bool = False
+                    ) -> tuple[int, cache_entry.Header, str, int] | None:
         """A descriptor, header, path and owning node of a whole, fresh entry of chunk i in a
         cache on this host, or None. count=True makes it a read (a hit: counted, touched for
-        the LRU); False only looks."""
+        the LRU); False only looks. verify=True: its bytes read whole and checked against the
+        manifest's checksum first (a rotten entry is dropped and the node asked to heal it)."""
         for node in self._caches[i] if self.use_cache else ():
             path = self.cache_path(node, i)
             got = cache_entry.open_entry(path, partial(self._stale_mark, node, i), self._places[i], touch=count)
+            if got is not None and verify and not self._intact(got[0], got[1], i):
+                log.warning("dropping cache entry %s: its bytes are not chunk %d of %s as the manifest has it",
+                            path, i, self.manifest.name)
+                cache_entry.unlink_entry(Path(path), got[0])
+                os.close(got[0])
+                self._damaged(node, i)
+                continue
             if got is not None:
                 if count:
                     self._note_order(i)
                     self.session.count_hit(node, got[1].size)
                 return (*got, path, node)
         return None
+
+    def _intact(self, fd: int, header: cache_entry.Header, i: int) -> bool:
+        """Whether the entry open at `fd` holds chunk i's bytes: the manifest's checksum, not the
+        entry's own (which a fill computed from whatever it fetched)."""
+        place = self._places[i]
+        data = os.pread(fd, header.size, place.offset if place else 0)
+        chunk = self.manifest.chunk(i)
+        return len(data) == chunk.bytes and xxhash.xxh3_64_intdigest(data) == chunk.xxh3
 
     def _stale_mark(self, node: int, i: int) -> tuple[int, int]:
         """When the node's kernel last saw chunk i written (0: never, or no pinned marks), and

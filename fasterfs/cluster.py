@@ -20,6 +20,7 @@ from .bpf.pinned import unmount_bpffs
 from .cgroup import ProjectCgroup
 from .config import Layout, Paths, as_cfg, minio_binary, to_dict
 from .errors import FasterFSError
+from .fsutil import owned
 from .meta.redis_server import RedisServer
 from .minio_server import endpoint
 from .node_directory import NodeDirectory, actor_name
@@ -54,6 +55,9 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
     a StorageNode on every storage host."""
     cfg = as_cfg(cfg)
     layout = Layout.of(cfg)
+    root = owned(layout.paths.root, "the cluster root")  # before anything in it is read or trusted
+    if not root.exists():
+        root.mkdir(mode=0o700, parents=True)  # only this user's, unless the operator opens it
     if layout.paths.state_file.exists():
         old = ClusterState.load(layout.paths.root)
         if old.running():

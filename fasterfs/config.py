@@ -109,6 +109,14 @@ def checked(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def mode(text) -> int:
+    """A file mode written in octal ("0440"); ValueError unless 0 to 0o777."""
+    value = int(str(text), 8)
+    if not 0 <= value <= 0o777:
+        raise ValueError(text)
+    return value
+
+
 def validate(cfg: DictConfig) -> None:
     def bad(option: str, why: str):
         raise ConfigError(f"option {option}={OmegaConf.select(cfg, option)!r}: {why}")
@@ -178,6 +186,17 @@ def validate(cfg: DictConfig) -> None:
         bad("kernel.watch", "must be own or any")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):
         bad("kernel.mode", "must be auto, real or simulated")
+    if not isinstance(cfg.mount.allow_other, bool):
+        bad("mount.allow_other", "must be true or false")
+    for opt in ("mount.uid", "mount.gid"):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            bad(opt, "must be a numeric id >= 0")
+    for opt in ("mount.file_mode", "mount.dir_mode"):
+        try:
+            mode(OmegaConf.select(cfg, opt))
+        except ValueError:
+            bad(opt, 'must be an octal mode in quotes, 0000 to 0777 (e.g. "0440")')
     for opt, low in (("kernel.stale_marks", 16), ("kernel.ring_pages", 1)):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:

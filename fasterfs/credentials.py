@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import FasterFSError
-from .fsutil import atomic_write_json, read_json
+from .fsutil import atomic_write_json, owned, read_json
 
 ROLES = ("reader", "admin")
 
@@ -76,6 +76,7 @@ def load(path: Path) -> ClusterKeys:
 
 
 def _read(path: Path) -> tuple[Credentials, Credentials | None]:
+    owned(path, "credentials file")
     mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0
     if mode & 0o077:
         raise FasterFSError(f"credentials file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")

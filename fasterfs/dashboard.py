@@ -30,13 +30,16 @@ SEND_TIMEOUT_S = 10.0
 
 
 def create_app(monitor: Monitor, heat: Heat, refresh_s: float = 2.0, max_viewers: int = 200,
-               token: str | None = None, cadence: Cadence | None = None):
-    """The dashboard's routes; with a `token`, every one but /healthz needs it (fasterfs.auth).
+               token: str | None = None, cadence: Cadence | None = None, address: str | None = None):
+    """The dashboard's routes; with a `token`, every one but /healthz needs it (fasterfs.auth);
+    with an `address`, only requests naming it or loopback as their Host (and Origin) are served.
     Every request but a health check or a metrics scrape tells `cadence` someone watches."""
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import FileResponse, HTMLResponse, Response
 
     app = FastAPI(title="FasterFS", docs_url="/api/docs", redoc_url=None)
+    if address is not None:
+        app.add_middleware(auth.HostCheck, address=address)
     if token:
         app.add_middleware(auth.TokenGate, token=token)
         auth.add_login(app, token)
@@ -188,7 +191,8 @@ class DashboardServer:
         # the cluster's Ray token, as this worker holds it; not needed on a loopback-only address
         token = auth.current_token(root) if require_token == "always" or not auth.is_loopback(address) else None
         self.gated = token is not None
-        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s, token=token, cadence=self.cadence),
+        config = uvicorn.Config(create_app(self.monitor, self.heat, refresh_s, token=token, cadence=self.cadence,
+                                           address=address),
                                 host=address, port=port,
                                 log_level="warning", access_log=False, lifespan="off", ws="websockets-sansio")
         self.server = uvicorn.Server(config)

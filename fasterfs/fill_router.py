@@ -39,6 +39,8 @@ class FillRouter:
         return here, away
 
     def fill(self, key: str, reason: str) -> None:
+        if key not in self.index().holders:
+            return  # no chunk of the namespace (a job's scratch object): nothing to check its bytes against
         home = self.home_of(key)
         if home == self.node:
             self.filler.request(key, reason)

@@ -32,6 +32,35 @@ def atomic_write_json(path: str | os.PathLike, obj, mode: int = 0o644) -> Path:
     return atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode)
 
 
+def owned(path: str | os.PathLike, what: str) -> Path:
+    """`path`, refused if it exists and is not this user's: under a directory others can write
+    to, another local user may have made it first to have it used (a token, a key, a state file
+    naming what `down` removes). Not followed if it is a symbolic link."""
+    from .errors import FasterFSError
+
+    path = Path(path)
+    try:
+        uid = path.lstat().st_uid
+    except FileNotFoundError:
+        return path
+    if uid != os.geteuid():
+        raise FasterFSError(f"{what} {path} belongs to uid {uid}, not to this user (uid {os.geteuid()}): "
+                            "another local user may have planted it; remove it, or choose another root")
+    return path
+
+
+def private_dir(path: str | os.PathLike, what: str) -> Path:
+    """A directory only this user can enter: made 0700, or this user's already (then made 0700)."""
+    path = owned(path, what)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.is_dir() or path.is_symlink():
+        from .errors import FasterFSError
+
+        raise FasterFSError(f"{what} {path} is not a directory")
+    os.chmod(path, 0o700)
+    return path
+
+
 def read_json(path: str | os.PathLike, what: str):
     """Load JSON, turning a missing or corrupt file into an error that names it."""
     from .errors import FasterFSError

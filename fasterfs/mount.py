@@ -123,7 +123,7 @@ class Agent:
         if len(entry.chunk_ids) > 1:
             whole = self._file_entry(client, entry)
             return whole[0] if whole is not None and len(whole[1]) == len(entry.chunk_ids) else None
-        got = client.open_cached(entry.chunk_ids[0], count=False)
+        got = client.open_cached(entry.chunk_ids[0], count=False, verify=True)  # checked when declared hot
         if got is None:
             return None
         fd, header, path, node = got
@@ -310,11 +310,19 @@ class Agent:
                 log.exception("namespace refresh failed; the daemon keeps the last tree")
 
 
+def access_args(m) -> list[str]:
+    """Who may read through the mount (config `mount.*`), as the daemon takes it."""
+    return ["--uid", str(m.uid), "--gid", str(m.gid), "--file-mode", str(config.mode(m.file_mode)),
+            "--dir-mode", str(config.mode(m.dir_mode)), *(["--allow-other"] if m.allow_other else [])]
+
+
 def serve(mountpoint: str, overrides: list[str]) -> None:
-    ns = Namespace(config.load(overrides), whole=True)
+    cfg = config.load(overrides)
+    ns = Namespace(cfg, whole=True)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     agent = Agent(ns, ours)
-    daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno())],
+    daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno()),
+                               *access_args(cfg.mount)],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
     agent.start_tree()  # the daemon mounts once it has the first tree

@@ -15,7 +15,7 @@ from . import auth, process
 from .cgroup import ProjectCgroup
 from .config import HEAD_SLOT, NODE_PORT_STRIDE, PROJECT_DIR, Layout, Paths, lobster_dir
 from .errors import FasterFSError
-from .fsutil import atomic_write
+from .fsutil import atomic_write, private_dir
 from .minio_server import check_port_free, endpoint
 from .state import RAY_START, ClusterState, Host, NodeState, connect_ray
 
@@ -159,6 +159,9 @@ def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head:
     cgroup = ProjectCgroup.from_dict(state.cgroup)
     env = ray_env(state.name, state.root)
     logs = layout.paths.log_dir
+    for i, host in [(None, head)] * (head not in hosts) + list(enumerate(hosts)):
+        if not host.disk:  # on this machine's /tmp, at a predictable name: another user's is never used
+            private_dir(ray_temp_dir(state.root, None if host == head else i), "Ray's directory")
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
         head_log = logs / "ray-head.log"
         head_proc = cgroup.spawn(ray_start_args(cfg, head, head, None, True), head_log,

@@ -253,9 +253,9 @@ def _entry_at(path: str, found: Resolved) -> Entry | None:
 
 class OpenFile:
     """One open file: reads byte ranges. A chunk found in this host's cache is read from its
-    entry file by descriptor (checked once, when the file first touches the chunk; an open
-    file keeps the copy it started on); a chunk read from MinIO is read whole (one GET,
-    counted by the kernel) and kept. A few chunks stay at hand for reads that jump about.
+    entry file by descriptor (checked, fresh and against the manifest's checksum, once, when the
+    file first touches the chunk; an open file keeps the copy it started on); a chunk read from
+    MinIO is read whole (one GET, counted by the kernel) and kept. A few chunks stay at hand for reads that jump about.
 
     Reading ahead: when the file's reads move on to the next chunk, the following
     `read_ahead` chunks are loaded on `pool`'s threads, so a sequential reader's next GET
@@ -327,8 +327,10 @@ class OpenFile:
         return self._cached(chunk) or self.client.read_range(chunk, start, stop)
 
     def _cached(self, chunk: int) -> tuple[int, int] | None:
-        """The chunk's descriptor (a hit, counted) and where it starts in that file, if cached here."""
-        got = self.client.open_cached(chunk)
+        """The chunk's descriptor (a hit, counted) and where it starts in that file, if cached here
+        and its bytes are the manifest's: these reads copy the bytes anyway, so they are checked
+        (once per open file and chunk)."""
+        got = self.client.open_cached(chunk, verify=True)
         if got is None:
             return None
         place = self.client.cache_place(chunk)

@@ -18,7 +18,7 @@ from pathlib import Path
 from . import tls
 from .config import Paths
 from .errors import FasterFSError
-from .fsutil import atomic_write_json, read_json
+from .fsutil import atomic_write_json, owned, read_json
 
 log = logging.getLogger("fasterfs.state")
 
@@ -134,7 +134,11 @@ class ClusterState:
         if not path.exists():
             raise FasterFSError(f"no FasterFS cluster is running under {root} (no {path.name}); start one with "
                                 "`fasterfs up`, or name a running one with cluster.ray_address=<head>:<port>")
-        return cls.from_dict(read_json(path, "cluster state file"))
+        try:
+            return cls.from_dict(read_json(owned(path, "cluster state file"), "cluster state file"))
+        except (KeyError, TypeError, AttributeError) as e:  # a key missing or unknown, a value of the wrong shape
+            raise FasterFSError(f"cluster state file {path} is not one FasterFS wrote ({type(e).__name__}: {e}); "
+                                "if no cluster runs under this root, remove it") from None
 
     def ray_processes_alive(self) -> list[int]:
         pids = [n.ray_pid for n in self.nodes] + [self.head_pid]

@@ -110,7 +110,7 @@ class StorageNode:
         self.minio.start()
         self.started["minio_s"], phase = time.monotonic() - phase, time.monotonic()
         self.marked = s3.MarkedPool(server.creds, cfg.kernel.fill_mark, self._endpoint)
-        self.sources = FillSources(index, self.marked, lambda: self.ns_index)
+        self.sources = FillSources(index, self.marked, lambda: self.ns_index, self.bucket)
         self.filler = CacheFiller(self.cache, self.sources.getter, self.bucket, cfg.cache.fill_threads,
                                   cfg.cache.prefetch.max_queue)
         self.router = FillRouter(index, self.cache, self.filler, lambda: self.ns_index, cfg.kernel.watch == "own",
@@ -339,7 +339,8 @@ class StorageNode:
         readers = reader_stats.collect(self.paths.reader_stats_dir(self.index))
         return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,  # type: ignore[typeddict-item]
                 "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
-                "filler": dict(self.filler.counters), "fills_pending": self.filler.pending(),
+                "filler": {**self.filler.counters, "rotten_copies_refused": self.sources.rotten_refused},
+                "fills_pending": self.filler.pending(),
                 "last_invalidation": self.invalidations.last, "suspect_checks": self.mark_keeper.stats()}
 
     def cache_contains(self, key: str) -> bool:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from .errors import FasterFSError
-from .fsutil import atomic_write
+from .fsutil import atomic_write, owned
 
 VALID_DAYS = 825  # what browsers and most verifiers still accept for a leaf certificate
 
@@ -31,6 +31,8 @@ def _load_ca(ca_dir: Path):
 def create_ca(ca_dir: Path, cluster_name: str, rotate: bool = False) -> str:
     """The cluster's CA, made once and kept with the cluster's root (a new one with `rotate`):
     returns its certificate (PEM). Nodes get fresh keys and certificates at every start."""
+    for path in (ca_dir, ca_dir / "ca.key", ca_dir / "ca.crt"):
+        owned(path, "the cluster's TLS certificate authority:")
     if not rotate and (ca_dir / "ca.crt").exists() and (ca_dir / "ca.key").exists():
         return (ca_dir / "ca.crt").read_text()
     from cryptography import x509
@@ -121,14 +123,31 @@ def trust(ca_pem: str) -> str:
     path. A public certificate: one file per CA on each host, removed by `fasterfs down`."""
     global _ca_file
     path = _ca_path(ca_pem)
-    if not path.exists():
-        atomic_write(path, ca_pem.encode())
+    try:  # the name is predictable: trusted only if it is ours and holds exactly this CA
+        trusted = path.lstat().st_uid == os.geteuid() and path.read_text() == ca_pem
+    except OSError:
+        trusted = False
+    if not trusted:
+        try:
+            atomic_write(path, ca_pem.encode())
+        except OSError:  # another user's file there (/tmp is sticky): a private one instead
+            import tempfile
+
+            fd, name = tempfile.mkstemp(prefix="fasterfs-ca-", suffix=".crt")
+            with os.fdopen(fd, "w") as f:
+                f.write(ca_pem)
+            path = Path(name)
     _ca_file = str(path)
     return _ca_file
 
 
 def forget(ca_pem: str) -> None:
-    _ca_path(ca_pem).unlink(missing_ok=True)
+    path = _ca_path(ca_pem)
+    try:
+        if path.lstat().st_uid == os.geteuid():  # never another user's, left at the same name
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def ca_file(endpoint: str) -> str | None:

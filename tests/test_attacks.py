@@ -4,6 +4,7 @@ what is asserted comes from the cache directories on disk, MinIO's own answers a
 MinIO holds (boto3), never from FasterFS's word about itself."""
 import ctypes as ct
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -11,14 +12,18 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import ray
-from conftest import NO_PREFETCH, cached_entry, wait_until
+from conftest import NO_PREFETCH, cached_entry, source_csv, source_xxh3, wait_until
+from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, credentials, s3
+from fasterfs import auth, cluster, config, credentials, s3, tls
 from fasterfs.bpf.events import key_hash
 from fasterfs.bpf.libbpf import lib as libbpf
 from fasterfs.config import Paths
+from fasterfs.errors import FasterFSError
+from fasterfs.state import ClusterState
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
@@ -162,3 +167,133 @@ def test_an_overwrite_in_a_full_mark_map_is_never_served_old(fresh, cluster_root
             key.value = k
             lib.bpf_map_delete_elem(fd, ct.byref(key))
         os.close(fd)
+
+
+# -- a machine shared with other users: what they plant is never used ---------------------------
+
+NOBODY_UID = 65534
+
+
+@pytest.fixture
+def world_writable(tmp_path):
+    """A directory like /var/tmp: anyone may create in it (sticky)."""
+    os.chmod(tmp_path, 0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)
+    return shared
+
+
+def planted(path: Path, data: str = "", directory: bool = False) -> Path:
+    """`path` made by the unprivileged user, as if they had been first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if directory:
+        path.mkdir()
+    else:
+        path.write_text(data)
+        os.chmod(path, 0o600)
+    os.chown(path, NOBODY_UID, NOBODY_UID)
+    return path
+
+
+def test_a_root_another_user_made_first_is_refused_before_anything_starts(world_writable):
+    root = planted(world_writable / "fasterfs", directory=True)
+    planted(root / "ray_token", "planted-token")
+    cfg = config.load([f"cluster.root={root}"])
+    with pytest.raises(FasterFSError, match=f"the cluster root {root} belongs to uid {NOBODY_UID}"):
+        cluster.up(cfg)
+    assert sorted(p.name for p in root.iterdir()) == ["ray_token"]  # nothing written, nothing started
+
+
+def test_a_new_root_is_only_its_owners(world_writable):
+    root = world_writable / "mine"
+    with pytest.raises(FasterFSError):  # no MinIO binary at this path: up stops after making the root
+        cluster.up(config.load([f"cluster.root={root}", "minio.binary=/nonexistent/minio"]))
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700 and root.stat().st_uid == os.geteuid()
+
+
+@pytest.mark.parametrize("name", ["ray_token", "credentials.json", "cluster.json", "tls-ca/ca.key"])
+def test_a_secret_or_state_file_another_user_planted_is_refused(tmp_path, name):
+    """In a root that is ours, a file that is not: never read, never overwritten, named."""
+    paths = Paths(tmp_path)
+    target = planted(tmp_path / name, '{"name": "x"}')
+    use = {"ray_token": lambda: auth.read(auth.token_file(tmp_path)),
+           "credentials.json": lambda: credentials.create(paths.credentials_file),
+           "cluster.json": lambda: ClusterState.load(tmp_path),
+           "tls-ca/ca.key": lambda: tls.create_ca(paths.tls_ca_dir, "x")}[name]
+    with pytest.raises(FasterFSError, match=f"{target} belongs to uid {NOBODY_UID}"):
+        use()
+    assert target.read_text() == '{"name": "x"}' and target.stat().st_uid == NOBODY_UID
+
+
+def test_a_ca_trust_file_another_user_planted_is_not_trusted(world_writable, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(world_writable))
+    ca = tls.create_ca(world_writable.parent / "ca", "x")
+    theirs = planted(tls._ca_path(ca), "-----BEGIN CERTIFICATE-----\nnot the cluster's\n")
+    os.chmod(theirs, 0o644)
+    used = Path(tls.trust(ca))  # root may replace theirs (the sticky bit does not bind it); others get a private file
+    assert used.read_text() == ca and used.stat().st_uid == os.geteuid()
+    tls.forget(ca)
+
+
+# -- verified bytes -------------------------------------------------------------------------------
+
+def test_a_rotten_cache_entry_is_never_served_to_readers_that_copy(fresh, cluster_root, overrides):
+    """The mount's agent, fasterfs:// and `cat` all read through the namespace: a cache entry
+    with a flipped byte is caught against the manifest's checksum and the read is right."""
+    from fasterfs.reader import Namespace
+
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    entry = cached_entry(client, actors, 3)
+    raw = bytearray(entry.read_bytes())
+    raw[100] ^= 0xFF
+    entry.write_bytes(bytes(raw))
+    got = Namespace(config.load(overrides)).cat(f"{manifest.name}/{manifest.name}.csv")
+    assert xxh3(got) == xxh3(source_csv())  # the source files as gzip reads them
+    assert not entry.exists() or xxh3(entry.read_bytes()) == source_xxh3(manifest.chunk(3))
+
+
+def test_a_rotten_replica_is_never_cached(fresh, cluster_root, live_cluster):
+    """A holder whose copy is not the manifest's bytes (written behind FasterFS's back): the fill
+    refuses it, and no entry of it appears on disk."""
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    i = 4
+    node = manifest.chunk(i).nodes[0]
+    creds = credentials.load(Paths(cluster_root).credentials_file).admin
+    s3.client(live_cluster.nodes[node].endpoint, creds).put_object(Bucket=manifest.bucket, Key=manifest.chunk(i).key,
+                                                                 Body=b"rotten " * 1000)
+    time.sleep(0.5)  # the write's own invalidation first
+    ray.get(actors[node].cache_warm.remote([manifest.chunk(i).key]))
+    assert not Path(client.cache_path(node, i)).exists()
+    refused = ray.get(actors[node].cache_status.remote())["filler"]["rotten_copies_refused"]
+    assert refused >= 1
+
+
+# -- the dashboard: its own address only -----------------------------------------------------------
+
+def test_the_dashboard_answers_only_to_its_own_address(live_cluster):
+    """DNS rebinding: a page on another site whose name now resolves to this address sends its
+    own name as Host; a cross-site WebSocket sends its site as Origin. Both are refused."""
+    import urllib.error
+    import urllib.request
+
+    from websockets.sync.client import connect
+
+    host, port = live_cluster.web_url.split("//")[1].split(":")
+
+    def status(host_header: str) -> int:
+        request = urllib.request.Request(f"{live_cluster.web_url}/healthz", headers={"Host": host_header})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+    assert status(f"{host}:{port}") == 200 and status(f"localhost:{port}") == 200  # its address; a tunnel
+    assert status(f"rebound.attacker.example:{port}") == 403
+    url = f"ws://{host}:{port}/ws/kernel"
+    with connect(url, max_size=None, origin=f"http://{host}:{port}") as ws:  # the dashboard's own page
+        assert ws.recv(timeout=30)
+    with pytest.raises(Exception, match="403"):
+        connect(url, origin="http://attacker.example").__enter__()

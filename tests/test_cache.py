@@ -276,7 +276,7 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, 
     write_entry(changed, forged, other)
     foreign = Paths(cluster_root).cache_dir(0) / cache_entry.entry_name("another-cluster/AAPL/g1/chunk-00001.csv")
     write_entry(foreign, forged, other)
-    at_ingest = client._stale_mark(0, ids[0])  # the client has this incarnation's pinned marks open
+    at_ingest = client._stale_mark(0, ids[0])[0]  # the client has this incarnation's pinned marks open
     assert at_ingest > 0  # the ingest's PUT
     configured = ray.get(actors[0].cache_status.remote())["capacity"]
     ray.get(actors[0].cache_resize.remote(configured - 1_000_000))  # set at run time: kept across the crash
@@ -302,7 +302,7 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, 
         assert cache_entry.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache_entry.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
     ray.get(actors[0].invalidate.remote([(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key)]))
-    wait_until(lambda: client._stale_mark(0, ids[0]) > at_ingest, timeout=5, what="the client to follow the new pin")
+    wait_until(lambda: client._stale_mark(0, ids[0])[0] > at_ingest, timeout=5, what="the client to follow the new pin")
 
 
 def test_prefetch_during_sequential_scan_not_random(cold, cluster_root):

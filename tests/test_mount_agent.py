@@ -120,8 +120,8 @@ def test_the_tree_goes_whole_once_then_deltas_that_rebuild_it_exactly():
 def test_a_file_is_declared_hot_only_for_the_tree_the_daemon_has(tmp_path):
     backing = tmp_path / "entry"
     backing.write_bytes(b"x" * 10)
-    client = SimpleNamespace(open_cached=lambda i, count: (os.open(backing, os.O_RDONLY), SimpleNamespace(fetched_ns=7),
-                                                           str(backing), 0),
+    client = SimpleNamespace(open_cached=lambda i, count, verify: (os.open(backing, os.O_RDONLY),
+                                                                   SimpleNamespace(fetched_ns=7), str(backing), 0),
                              mark_keys=lambda ids: ([11], "b"), marks_pin=lambda node: "/pin")
     a1, b1 = manifest("a", "g1"), manifest("b", "g1")
     ns = ScriptedNamespace({"a": a1, "b": b1}, 5, client)

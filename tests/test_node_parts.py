@@ -2,6 +2,7 @@
 actor builds it, with the simulated kernel and a real cache directory; what would be a Ray call to
 a peer or a request to MinIO is a plain function that records what it was asked."""
 import threading
+from types import SimpleNamespace
 
 import pytest
 import xxhash
@@ -494,3 +495,20 @@ def test_a_cluster_state_is_trusted_only_when_asked(tmp_path, monkeypatch):
     assert tls._ca_file is None and list(tmp_path.iterdir()) == []  # made and unpickled: no effect
     state.trust()
     assert tls.ca_file("https://127.0.0.2:9000") == tls._ca_file and list(tmp_path.iterdir())
+
+
+def test_a_rotten_copy_is_refused_and_the_next_one_filled():
+    import xxhash
+
+    from fasterfs.fill_sources import ReplicaGetter
+
+    good = b"the manifest's bytes"
+    chunk = ChunkInfo(0, "k", [1, 0], len(good), 0, 0, 0.0, 0.0, xxhash.xxh3_64_intdigest(good))
+    copies = {1: b"the manifest's bytez", 0: good}
+    marked = {n: SimpleNamespace(get=lambda bucket, key, n=n: (copies[n], f"etag{n}")) for n in copies}
+    refused = []
+    getter = ReplicaGetter(chunk, [1, 0], marked.__getitem__, lambda node, key: refused.append((node, key)))
+    assert getter.get("b", "k") == (good, "etag0") and refused == [(1, "k")]
+    copies[0] = b"short"
+    with pytest.raises(FasterFSError, match="no copy of k"):
+        getter.get("b", "k")

@@ -124,7 +124,7 @@ def mount_bpffs(path: str | os.PathLike) -> bool:
     if mounted(path):
         return False
     Path(path).mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "bpf", "bpf", str(path)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(path)], capture_output=True, text=True)
     if done.returncode != 0:
         if mounted(path):  # a sibling StorageNode of a one-machine cluster won the race
             return False

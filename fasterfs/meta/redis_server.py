@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..errors import FasterFSError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, owned
 
 
 class RedisServer:
@@ -36,9 +36,8 @@ class RedisServer:
         if binary is None:
             raise FasterFSError("option cluster.namespace_store=redis needs redis-server: run `make setup`")
         self.dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.dir, self.password_file):  # another local user's, made before us: never trusted
-            if path.exists() and path.stat().st_uid != os.geteuid():
-                raise FasterFSError(f"{path} belongs to uid {path.stat().st_uid}, not to this user: remove it")
+        owned(self.dir, "the namespace store's directory")  # another local user's, made before us: never trusted
+        owned(self.password_file, "the namespace store's password file")
         os.chmod(self.dir, 0o700)
         if not self.password_file.exists():
             atomic_write(self.password_file, secrets.token_urlsafe(32).encode(), 0o600)

@@ -36,7 +36,7 @@
 //!   back later gets a new one (numbers are never reused).
 //!   Best sent starting exactly {"op":"tree", (a delta {"op":"delta",):
 //!   then even its parsing is off the thread that delivers replies.
-//!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Files are 0444, directories 0555, owner root.
+//!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Owner and modes: --uid, --gid, --file-mode, --dir-mode (0440, 0550, root).
 //!
 //! {"op":"delta","version":V,"since":S,"entries":[...as in "tree"...],
 //!  "gone":[P, ...]}
@@ -190,16 +190,23 @@ struct Args {
     agent_fd: i32,
     ttl_ms: u64,
     threads: usize,
+    access: tree::Access,
+    allow_other: bool,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]");
+    eprintln!(
+        "usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2] \
+         [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other]"
+    );
     std::process::exit(2);
 }
 
 fn parse_args() -> Args {
     let mut mountpoint = None;
     let (mut agent_fd, mut ttl_ms, mut threads) = (None, 60_000u64, 2usize);
+    let mut access = tree::Access::default();
+    let mut allow_other = false;
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> u64 {
@@ -211,6 +218,11 @@ fn parse_args() -> Args {
             Some("--agent-fd") => agent_fd = Some(num() as i32),
             Some("--attr-ttl-ms") => ttl_ms = num(),
             Some("--threads") => threads = num().max(1) as usize,
+            Some("--uid") => access.uid = num() as u32,
+            Some("--gid") => access.gid = num() as u32,
+            Some("--file-mode") => access.file_mode = (num() & 0o777) as u16,
+            Some("--dir-mode") => access.dir_mode = (num() & 0o777) as u16,
+            Some("--allow-other") => allow_other = true,
             Some(s) if s.starts_with("--") => usage(),
             _ if mountpoint.is_none() => mountpoint = Some(PathBuf::from(a)),
             _ => usage(),
@@ -222,6 +234,8 @@ fn parse_args() -> Args {
             agent_fd,
             ttl_ms,
             threads,
+            access,
+            allow_other,
         },
         _ => usage(),
     }
@@ -425,6 +439,7 @@ fn main() {
     // The agent is our parent: if it dies, so do we (and we unmount).
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
     let args = parse_args();
+    let _ = tree::ACCESS.set(args.access);
 
     // Block the exit signals in every thread; one thread sigwait()s for them.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -490,7 +505,12 @@ fn main() {
         MountOption::FSName("fasterfs".into()),
         MountOption::DefaultPermissions,
     ];
-    cfg.acl = SessionACL::All; // fuser 0.18's spelling of allow_other
+    // fuser 0.18's spelling of allow_other; without it only the mounting user gets in
+    cfg.acl = if args.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     cfg.n_threads = Some(args.threads);
     cfg.clone_fd = true; // a /dev/fuse fd per worker thread: no queue shared between them
     let session = match Session::new(FuseFs(shared.clone()), &mountpoint, &cfg) {

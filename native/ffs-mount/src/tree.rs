@@ -27,6 +27,31 @@ pub const ROOT_INO: u64 = 1;
 /// What the kernel may hold wrongly after a change: (parent, name, ino).
 pub type Inval = (u64, String, u64);
 
+/// Who the mount's files belong to and their modes, set once from the
+/// command line (mountpoint-s3's --uid, --gid, --file-mode, --dir-mode). The
+/// kernel enforces them (default_permissions); without --allow-other only
+/// the mounting user (root) gets in at all.
+#[derive(Clone, Copy)]
+pub struct Access {
+    pub uid: u32,
+    pub gid: u32,
+    pub file_mode: u16,
+    pub dir_mode: u16,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Access {
+            uid: 0,
+            gid: 0,
+            file_mode: 0o440,
+            dir_mode: 0o550,
+        }
+    }
+}
+
+pub static ACCESS: std::sync::OnceLock<Access> = std::sync::OnceLock::new();
+
 #[derive(Clone)]
 pub struct Node {
     pub path: String,
@@ -484,7 +509,9 @@ impl Tree {
         )
     }
 
+    /// A node's attributes: its owner and modes are the mount's (ACCESS).
     pub fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let a = ACCESS.get().copied().unwrap_or_default();
         let n = self.nodes.get(&ino).or_else(|| self.orphans.get(&ino))?;
         let t = if n.mtime_ns >= 0 {
             UNIX_EPOCH + Duration::from_nanos(n.mtime_ns as u64)
@@ -504,10 +531,10 @@ impl Tree {
             } else {
                 FileType::RegularFile
             },
-            perm: if n.dir { 0o555 } else { 0o444 },
+            perm: if n.dir { a.dir_mode } else { a.file_mode },
             nlink: if n.dir { 2 } else { 1 },
-            uid: 0,
-            gid: 0,
+            uid: a.uid,
+            gid: a.gid,
             rdev: 0,
             blksize: 4096,
             flags: 0,
