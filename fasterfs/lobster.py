@@ -79,9 +79,12 @@ def read_pair(message_path: str | Path, orderbook_path: str | Path, level: int, 
 
 
 def _lines(data: bytes) -> list[bytes]:
+    """The rows, without their line ends: LF, or CRLF (a file saved on Windows)."""
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":  # trailing newline (LOBSTER's files may lack one)
         lines.pop()
+    if b"\r" in data:
+        lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
     return lines
 
 

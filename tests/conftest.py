@@ -50,17 +50,19 @@ def placed(tasks) -> bool:
     return bool(tasks) and all(t.node_id for t in tasks)
 
 
-def tasks_ray_recorded(state, filters: list, present=placed) -> list:
-    """The tasks Ray's state API (the dashboard of cluster `state`) lists under `filters`, once
-    `present(tasks)`: a task's events reach the GCS a second or so after it ends, so a job just
-    finished may not be there yet."""
+def tasks_ray_recorded(state, filters: list, present=placed, excluding: frozenset = frozenset()) -> list:
+    """The tasks Ray's state API (the dashboard of cluster `state`) lists under `filters`, but
+    none of `excluding` (task ids: an earlier run's, from `task_ids`), once `present(tasks)`: a
+    task's events reach the GCS a second or so after it ends, so a job just finished may not be
+    there yet."""
     from ray.util.state import list_tasks
 
     tasks: list = []
 
     def listed() -> bool:
         nonlocal tasks
-        tasks = list_tasks(address=state.dashboard_url, filters=filters, limit=10000, timeout=60)
+        tasks = [t for t in list_tasks(address=state.dashboard_url, filters=filters, limit=10000, timeout=60)
+                 if t.task_id not in excluding]
         return present(tasks)
 
     try:
@@ -68,6 +70,14 @@ def tasks_ray_recorded(state, filters: list, present=placed) -> list:
     except AssertionError as e:  # what Ray did have, to tell a lost record from one without its node
         raise AssertionError(f"{e}; listed: {[(t.state, t.node_id, t.job_id) for t in tasks]}") from None
     return tasks
+
+
+def task_ids(state, filters: list) -> frozenset:
+    """The ids of the tasks Ray lists under `filters` now: what a run about to start is not."""
+    from ray.util.state import list_tasks
+
+    return frozenset(t.task_id for t in list_tasks(address=state.dashboard_url, filters=filters, limit=10000,
+                                                   timeout=60))
 
 
 def minio_listing(state, prefix: str) -> dict[int, list[dict]]:
@@ -276,15 +286,17 @@ def submit_job(state, job: str, args: list[str], timeout: float = 900) -> dict:
     import json
     import re
 
-    logs = run_job(state, ["python", f"jobs/{job}.py", *args], timeout, job)
+    logs, job_id = run_job(state, ["python", f"jobs/{job}.py", *args], timeout, job)
     out = re.findall(r"^output: (\S+)$", logs, re.M)
     assert out, logs[-4000:]
-    return json.loads((Path(out[-1]) / f"{job}.json").read_text())
+    # with the id Ray gave the job: what its state API lists this run's tasks under
+    return dict(json.loads((Path(out[-1]) / f"{job}.json").read_text()), ray_job_id=job_id)
 
 
-def run_job(state, entrypoint: list[str], timeout: float = 900, name: str = "job") -> str:
+def run_job(state, entrypoint: list[str], timeout: float = 900, name: str = "job") -> tuple[str, str]:
     """`ray job submit --no-wait ... -- ENTRYPOINT` from a clean shell (no VIRTUAL_ENV, default
-    PATH; the cluster's Ray token); waits for Ray to report it SUCCEEDED and returns its log.
+    PATH; the cluster's Ray token); waits for Ray to report it SUCCEEDED and returns its log and
+    the Ray job id it ran as.
     Polled rather than followed: Ray's log tail adds seconds at each end of a job (the following
     form is test_command_line's)."""
     import uuid
@@ -310,7 +322,7 @@ def run_job(state, entrypoint: list[str], timeout: float = 900, name: str = "job
         time.sleep(0.2)
     logs = jobs.get_job_logs(sid)
     assert status == JobStatus.SUCCEEDED, logs[-4000:]
-    return logs
+    return logs, jobs.get_job_info(sid).job_id
 
 
 # a driver that joins and runs one task: what anyone reaching the GCS would try

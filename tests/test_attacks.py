@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -297,3 +298,33 @@ def test_the_dashboard_answers_only_to_its_own_address(live_cluster):
         assert ws.recv(timeout=30)
     with pytest.raises(Exception, match="403"):
         connect(url, origin="http://attacker.example").__enter__()
+
+
+# -- another local user: the mount, the cache, the marks -------------------------------------------
+
+def test_another_user_reads_neither_the_mount_nor_the_cache(live_cluster, cluster_root, fresh):
+    """As `nobody`: a mount at a place anyone may enter is still root's alone (no allow_other by
+    default: the kernel refuses other users), and the cluster root (0700: as `up` makes a new one,
+    here mkdtemp's) keeps the cache entries and the pinned marks out of reach."""
+    _, actors = fresh
+    point = Path(tempfile.mkdtemp(prefix="ffs-open-mnt-"))
+    os.chmod(point, 0o755)
+    ray.get(actors[0].mount.remote(str(point)))
+    try:
+        assert os.listdir(point)  # root reads it
+        code = textwrap.dedent(f"""
+            import os, sys
+            for what, go in (("mount", lambda: os.listdir({str(point)!r})),
+                             ("cache", lambda: os.listdir({str(Paths(cluster_root).cache_dir(0))!r})),
+                             ("marks", lambda: open({str(Paths(cluster_root).stale_pin(0))!r}, "rb"))):
+                try:
+                    go()
+                    print(what, "READ")
+                except PermissionError:
+                    print(what, "refused")
+        """)
+        done = subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.stdout.split() == ["mount", "refused", "cache", "refused", "marks", "refused"], done
+    finally:
+        ray.get(actors[0].umount.remote(str(point)))
+        point.rmdir()

@@ -56,8 +56,9 @@ def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_clu
                 node, size = held[c.key]
                 weight[node] += size
         home = weight.most_common(1)[0][0]
-        ran = tasks_ray_recorded(live_cluster, [("name", "=", f"backtest.replay[window {i} @ node {home}]")])
-        assert {t.node_id for t in ran} == {live_cluster.node(home).ray_node_id}, (i, home, ran)
+        ran = tasks_ray_recorded(live_cluster, [("name", "=", f"backtest.replay[window {i} @ node {home}]"),
+                                                ("job_id", "=", result["ray_job_id"])])
+        assert ran and {t.node_id for t in ran} == {live_cluster.node(home).ray_node_id}, (i, home, ran)
 
 
 @pytest.mark.parametrize("extra, message", [

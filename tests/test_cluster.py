@@ -24,6 +24,7 @@ from conftest import (
     source_lines,
     source_rows,
     source_xxh3,
+    task_ids,
     tasks_ray_recorded,
     wait_until,
 )
@@ -269,14 +270,16 @@ def test_readback_job_runs_tasks_on_their_nodes(ingest_as, live_cluster, overrid
     """Where each read task ran, as Ray recorded it, and what it read, against what each node's
     MinIO holds of the dataset by its own listing (not the job's verdicts)."""
     manifest = ingest_as("csv", reuse=True)
+    names = {n.index: [("name", "=", f"readback.read[node {n.index}]")] for n in live_cluster.nodes}
+    earlier = {i: task_ids(live_cluster, f) for i, f in names.items()}  # an earlier run's tasks are not this one's
     result = load_job("readback").main(overrides)  # in this process: `ray job submit` is the other jobs' tests'
     holdings = minio_holdings(live_cluster, manifest)
     for n in live_cluster.nodes:
         held = holdings[n.index]
         read = next(r for r in result["nodes"] if r["node"] == n.index)
         assert (read["chunks"], read["bytes"]) == (len(held), sum(o["Size"] for o in held)), (n.index, read)
-        ran = tasks_ray_recorded(live_cluster, [("name", "=", f"readback.read[node {n.index}]")])  # every run's
-        assert {t.node_id for t in ran} == {n.ray_node_id}, ran
+        ran = tasks_ray_recorded(live_cluster, names[n.index], excluding=earlier[n.index])
+        assert ran and {t.node_id for t in ran} == {n.ray_node_id}, ran
 
 
 @pytest.mark.parametrize("md5_etags", [True, False])
@@ -447,7 +450,7 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
         hits = ray.get(node.cache_status.remote())["readers"]["hits"]  # the readers' counter files, summed
         assert client.read_chunk(0) == blob and ray.get(node.cache_status.remote())["readers"]["hits"] == hits + 1
         for where in (live_cluster, state):  # what Ray hands a job's driver (its RAY_ADDRESS)
-            said = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
+            said, _ = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
             assert re.findall(r"^address: (\S+)$", said, re.M) == [where.ray_address], said
         point = Path(state.root) / "mnt"
         point.mkdir()

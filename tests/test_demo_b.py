@@ -21,8 +21,8 @@ def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_clus
     for n in {r["nodes"] for r in runs}:
         for k in range(n):  # each read task is named "demo_b.read[N nodes @ node K]" by fasterfs.state.on_node
             name = f"demo_b.read[{n} nodes @ node {k}]"
-            ran = tasks_ray_recorded(live_cluster, [("name", "=", name)])
-            assert {t.node_id for t in ran} == {live_cluster.node(k).ray_node_id}, (name, ran)
+            ran = tasks_ray_recorded(live_cluster, [("name", "=", name), ("job_id", "=", result["ray_job_id"])])
+            assert ran and {t.node_id for t in ran} == {live_cluster.node(k).ray_node_id}, (name, ran)
 
 
 def test_cross_host_job_on_one_machine(ingest_as, overrides, live_cluster):

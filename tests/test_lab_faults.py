@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import data_overrides, load_job, source_xxh3, wait_until
+from conftest import data_overrides, load_job, minio_keys, source_xxh3, wait_until
 from lab_hosts import chunk_xxh3, put_blob
 from xxhash import xxh3_64_intdigest as xxh3
 
@@ -386,6 +386,7 @@ def test_a_clock_step_expires_nothing_early(lab3):
     src.write_bytes(os.urandom(2**20))
     keep = overrides + ["files.chunk_mb=1", "ingest.keep_old_s=10"]
     put(config.load(keep), src, first.name, force=True)  # first is replaced now
+    replaced = time.monotonic()
     step = 20.0  # past keep_old_s on the wall clock; a second or two on the monotonic one
     time.clock_settime(time.CLOCK_REALTIME, time.time() + step)
     try:
@@ -394,3 +395,11 @@ def test_a_clock_step_expires_nothing_early(lab3):
         time.clock_settime(time.CLOCK_REALTIME, time.time() - step)
     got = [xxh3(held.read_chunk(i)) for i in range(len(first.chunks))]
     assert got == [chunk_xxh3(blob, i) for i in range(len(first.chunks))]
+    # the positive control: past keep_old_s on the monotonic clock, a write's clean-up does remove
+    # the replaced generation's objects (MinIO's listing), so the one above ran and spared them
+    old_keys = {k for c in first.chunks for k in first.object_keys(c)}
+    prefix = first.chunks[0].key.rsplit("/", 1)[0]
+    assert old_keys <= set().union(*minio_keys(state, prefix).values())
+    time.sleep(max(0.0, replaced + 10 + 1 - time.monotonic()))
+    put(config.load(keep), src, "team/clock-third.bin")
+    assert not old_keys & set().union(*minio_keys(state, prefix).values())

@@ -66,6 +66,17 @@ def test_csv_chunk_is_source_lines_side_by_side(small_pair):
     assert lines == [m + b"," + o for m, o in zip(small_pair[0].splitlines()[:5], small_pair[1].splitlines()[:5])]
 
 
+def test_crlf_files_read_as_their_lf_twins(tmp_path, small_pair):
+    """A pair saved with Windows line ends: the same rows and values, and chunks of the same bytes
+    (each row's two halves joined without a stray CR between them)."""
+    crlf = [data.replace(b"\n", b"\r\n") for data in small_pair]
+    pair = lobster.read_pair(*write(tmp_path, *crlf), 3, "w")
+    plain = lobster.parse_pair(*small_pair, level=3, name="w")
+    assert pair.frame.equals(plain.frame)
+    assert lobster.encode_chunk(pair, 0, 50, "csv") == lobster.encode_chunk(plain, 0, 50, "csv")
+    assert b"\r" not in lobster.encode_chunk(pair, 0, 50, "csv")
+
+
 def test_missing_file_named(tmp_path):
     with pytest.raises(FasterFSError, match="data file not found: .*nope.csv"):
         lobster.read_pair(tmp_path / "nope.csv", tmp_path / "o.csv", 3, "x")

@@ -11,6 +11,7 @@ import mmap
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import ray
 from conftest import source_csv, wait_until
@@ -28,6 +29,16 @@ def daemon_counts(actor, point, after: float) -> dict:
         return stats if stats and stats["time"] > after else None
     wait_until(lambda: fresh() is not None, timeout=15, what="the mount's counters")
     return fresh()
+
+
+def daemon_read_bytes(actor, point) -> int:
+    """Bytes the mount's native daemon has read by system calls (`rchar` in /proc/<pid>/io, the
+    kernel's count, not the daemon's): a READ it answers reads its file; passthrough does not."""
+    agent = next(m["pid"] for m in ray.get(actor.status.remote())["mounts"] if m["path"] == str(point))
+    children = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+    daemon = next(int(c) for c in children if Path(f"/proc/{c}/exe").resolve().name == "ffs-mount")
+    return int(next(line.split()[1] for line in Path(f"/proc/{daemon}/io").read_text().splitlines()
+                    if line.startswith("rchar:")))
 
 
 def put_hot(point, actor, overrides, local, name: str):
@@ -56,12 +67,13 @@ def test_hot_file_is_read_by_passthrough_never_by_a_daemon(mounted, live_cluster
     try:
         f, _ = put_hot(point, actor, overrides, tmp_path / "book.bin", "native/book.bin")
         assert f.read_bytes() == data  # the open that finds it hot
-        before = daemon_counts(actor, point, time.time())
+        before, read_before = daemon_counts(actor, point, time.time()), daemon_read_bytes(actor, point)
         for _ in range(20):
             with open(f, "rb") as fh:
                 assert fh.read() == data
                 fh.seek(1_234_567)
                 assert fh.read(4096) == data[1_234_567:1_234_567 + 4096]
+        assert daemon_read_bytes(actor, point) - read_before < len(data)  # 20 reads of it: not through the daemon
         after = daemon_counts(actor, point, time.time())
         assert after["passthrough_enabled"], after
         assert after["passthrough_opens"] - before["passthrough_opens"] >= 20, (before, after)
