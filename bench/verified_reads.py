@@ -109,10 +109,11 @@ def main(argv: list[str]) -> dict:
                   f"{rounds} rounds")
     for name, s in stats.items():
         console.print(f"  {name:28s} p50 {s['p50_ms']:7.3f} ms  p95 {s['p95_ms']:7.3f} ms")
-    console.print(f"  checking costs: client hit {stats['client hit, checked']['p50_ms'] / stats['client hit, unchecked']['p50_ms']:.2f}x, "
-                  f"namespace read {stats['namespace read, checked']['p50_ms'] / stats['descriptor read, unchecked']['p50_ms']:.2f}x")
-    console.print(f"  rot under a hot passthrough file: served rotten by {wrong} reads, right again after "
-                  f"{'%.1f s' % window if window is not None else 'never (bound reached)'} "
+    p50 = {name: s["p50_ms"] for name, s in stats.items()}
+    console.print(f"  checking costs: client hit {p50['client hit, checked'] / p50['client hit, unchecked']:.2f}x, "
+                  f"namespace read {p50['namespace read, checked'] / p50['descriptor read, unchecked']:.2f}x")
+    after = f"{window:.1f} s" if window is not None else "never (bound reached)"
+    console.print(f"  rot under a hot passthrough file: served rotten by {wrong} reads, right again after {after} "
                   f"(scrub every {scrub_s:.0f} s)")
     out = report.run_dir(cfg, "bench_verified_reads")
     report.write_json(out, "verified_reads.json", result)
