@@ -171,6 +171,12 @@ def cmd_kernel_status(cfg) -> None:
                       f"(received {snap['events_received'].get('HOT', 0)})  stale marks {c.get('stale_marks', 0)}  "
                       f"filler skipped {c.get('filler_skipped', 0)}  not requests {c.get('not_request', 0)}  "
                       f"truncated {c.get('truncated', 0)}  ring-buffer drops {c.get('ringbuf_drops', 0)}")
+        if snap["stale_marks"]:  # the real kernel's maps
+            marks = snap["stale_marks"]
+            now = "  (suspect now: entries being checked)" if marks["suspect_since_ns"] else ""
+            console.print(f"  refused by MinIO (not counted) {c.get('refused', 0)}  marks held {marks['held']} of "
+                          f"{marks['capacity']}  map full {c.get('marks_full', 0)}  suspect marks "
+                          f"{c.get('suspect_marks', 0)}{now}")
         reported = snap["reported_by_readers"]
         if mode == "real" and reported:  # MinIO over TLS: the kernel reads no request line; readers report GETs
             console.print(f"  reported by readers (TLS: the kernel sees ciphertext): {reported['gets']} GET, "

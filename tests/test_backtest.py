@@ -6,7 +6,17 @@ from fractions import Fraction
 
 import polars as pl
 import pytest
-from conftest import load_job, loop_pnl, minio_holdings, source_pnls, source_rows, submit_job, tasks_ray_recorded
+import ray
+from conftest import (
+    load_job,
+    loop_pnl,
+    minio_holdings,
+    source_pnls,
+    source_rows,
+    submit_job,
+    task_ids,
+    tasks_ray_recorded,
+)
 
 from fasterfs import lobster
 from fasterfs.errors import FasterFSError
@@ -32,7 +42,11 @@ def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_clu
     """Submitted with `ray job submit` from a shell without the venv, or its main in this process."""
     manifest = ingest_as(fmt, reuse=True)
     run = (lambda args: submit_job(live_cluster, "backtest", args)) if submitted else load_job("backtest").main
+    # the tasks of this run, as Ray lists them: its job's, or this process's since now
+    here = None if submitted else [("job_id", "=", ray.get_runtime_context().get_job_id())]
+    earlier = task_ids(live_cluster, here) if here else frozenset()
     result = run(overrides + SMALL)
+    scope = here or [("job_id", "=", result["ray_job_id"])]
     direct, cached = result["modes"]["MinIO direct"], result["modes"]["FasterFS"]
     # the P&L each mode's tasks computed on their nodes, against a plain loop over the source
     # files' rows of each window (the csv module's parse: no FasterFS read, no job code)
@@ -56,8 +70,8 @@ def test_backtest_same_pnl_with_and_without_cache(ingest_as, overrides, live_clu
                 node, size = held[c.key]
                 weight[node] += size
         home = weight.most_common(1)[0][0]
-        ran = tasks_ray_recorded(live_cluster, [("name", "=", f"backtest.replay[window {i} @ node {home}]"),
-                                                ("job_id", "=", result["ray_job_id"])])
+        ran = tasks_ray_recorded(live_cluster, [("name", "=", f"backtest.replay[window {i} @ node {home}]"), *scope],
+                                 excluding=earlier)
         assert ran and {t.node_id for t in ran} == {live_cluster.node(home).ray_node_id}, (i, home, ran)
 
 
