@@ -19,29 +19,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import ray
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mounts
 
 import fasterfs
-from fasterfs import cluster, config, report
+from fasterfs import config, report
 
 
 def main(argv: list[str]) -> dict:
     cfg = config.load(argv)
     rounds = int(cfg.bench.mount_rounds)
-    client = fasterfs.connect(overrides=argv)
+    client, _, names = mounts.hot_dataset(argv)
     state, m = client.state, client.manifest
-    cluster.connect_ray(state)
-    actors = cluster.storage_nodes(state)
     ids = list(range(len(m)))
-    by_node: dict[int, list[str]] = {}
-    for i in ids:
-        by_node.setdefault(client.sources(i)[0], []).append(m.chunk(i).key)
-    ray.get([actors[n].cache_warm.remote(keys) for n, keys in by_node.items()])
-    names = [m.chunk(i).key.rsplit("/", 1)[-1] for i in ids]
     cold = fasterfs.connect(overrides=argv, use_cache=False)
     work = Path(tempfile.mkdtemp(prefix="ffs-bench-mount-", dir=state.root))
     local = work / "local"

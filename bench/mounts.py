@@ -66,6 +66,24 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
+def hot_dataset(argv: list[str]):
+    """The dataset ingested last, every chunk in a cache (`cache warm`, each at its home): a
+    client of it, the StorageNode actors, and each chunk file's name in the namespace."""
+    import ray
+
+    import fasterfs
+    from fasterfs import cluster
+
+    client = fasterfs.connect(overrides=argv)
+    cluster.connect_ray(client.state)
+    actors = cluster.storage_nodes(client.state)
+    by_node: dict[int, list[str]] = {}
+    for i in range(len(client.manifest)):
+        by_node.setdefault(client.sources(i)[0], []).append(client.manifest.chunk(i).key)
+    ray.get([actors[n].cache_warm.remote(keys) for n, keys in by_node.items()])
+    return client, actors, [c.key.rsplit("/", 1)[-1] for c in client.manifest.chunks]
+
+
 def fasterfs(point: Path, overrides: list[str]) -> Mount:
     """FasterFS's mount of the namespace."""
     point.mkdir(parents=True, exist_ok=True)

@@ -36,24 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mounts
 
 import fasterfs
-from fasterfs import cluster, config, registry, report, s3
+from fasterfs import config, registry, report, s3
 from fasterfs.reader import Namespace
 
 
 def main(argv: list[str]) -> dict:
     cfg = config.load(argv)
     rounds = int(cfg.bench.mount_rounds)
-    client = fasterfs.connect(overrides=argv)
-    checked = fasterfs.connect(overrides=argv + ["cache.verify_reads=true"])
+    client, actors, names = mounts.hot_dataset(argv)
     state, m = client.state, client.manifest
-    cluster.connect_ray(state)
-    actors = cluster.storage_nodes(state)
     ids = list(range(len(m)))
-    by_node: dict[int, list[str]] = {}
-    for i in ids:
-        by_node.setdefault(client.sources(i)[0], []).append(m.chunk(i).key)
-    ray.get([actors[n].cache_warm.remote(keys) for n, keys in by_node.items()])
-    names = [m.chunk(i).key.rsplit("/", 1)[-1] for i in ids]
+    checked = fasterfs.connect(overrides=argv + ["cache.verify_reads=true"])
     ns = Namespace(cfg)
     expected = [fasterfs.connect(overrides=argv, use_cache=False).read_chunk(i) for i in ids]
     work = Path(tempfile.mkdtemp(prefix="ffs-bench-verify-", dir=state.root))
