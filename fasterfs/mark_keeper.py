@@ -52,9 +52,6 @@ class MarkKeeper:
         self._asked = True
         self._wake.set()
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def run(self, stopping: threading.Event) -> None:
         swept = time.monotonic()
         while not stopping.is_set():

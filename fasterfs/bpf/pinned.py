@@ -95,12 +95,9 @@ class FollowedMarks:
                 self._ino = ino
         return self._marks
 
-    def mark(self, *keys: int) -> int:
-        """The latest mark of any of `keys` (one look at the pin, one lookup per key)."""
-        return max(self.marks(*keys))
-
     def marks(self, key: int, *suspect: int) -> tuple[int, int]:
-        """(the latest write of `key`, the latest suspect mark of `suspect`: the bucket's)."""
+        """(the latest write of `key`, the latest suspect mark of `suspect`: the bucket's), with
+        one look at the pin and one lookup per key."""
         marks = self._follow()
         if marks is None:
             return (UNREADABLE, UNREADABLE) if self.required else (0, 0)

@@ -65,7 +65,7 @@ class KernelPrograms:
         # from the start, so marking it succeeds however full the map is.
         self.suspect_key = ev.key_hash(f"/{bucket}")
         self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(0)
-        self._suspected = 0  # suspect marks made from user space (a peer's word)
+        self._suspected = 0  # suspect marks made from user space (mark_suspect)
         self.hot_threshold, self.fill_mark, self.delack_max_us = hot_threshold, fill_mark, delack_max_us
         self.epoch = 0
         self._write_config()
