@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fasterfs import cluster, config, registry, report
+from fasterfs import auth, cluster, config, registry, report
 from fasterfs.ingest import put, remove
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -52,10 +52,10 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def viewer(url: str, web: str, stop: threading.Event, frames: list) -> None:
+def viewer(url: str, web: str, headers: dict, stop: threading.Event, frames: list) -> None:
     from websockets.sync.client import connect
 
-    with connect(url, max_size=None) as ws:
+    with connect(url, max_size=None, additional_headers=headers) as ws:
         last = 0.0
         while not stop.is_set():
             try:
@@ -65,14 +65,17 @@ def viewer(url: str, web: str, stop: threading.Event, frames: list) -> None:
             if isinstance(m, bytes):
                 frames.append((time.monotonic(), len(m)))
             if time.monotonic() - last >= 2:
-                urllib.request.urlopen(f"{web}/api/timeline", timeout=10).read()
+                timeline = urllib.request.Request(f"{web}/api/timeline", headers=headers)
+                urllib.request.urlopen(timeline, timeout=10).read()
                 last = time.monotonic()
 
 
 def measure(state, pids: dict[str, int], viewers: int, window: float) -> dict:
     url = state.web_url.replace("http://", "ws://") + "/ws/kernel"
     stop, frames = threading.Event(), []
-    threads = [threading.Thread(target=viewer, args=(url, state.web_url, stop, frames)) for _ in range(viewers)]
+    headers = auth.bearer(state.root)
+    threads = [threading.Thread(target=viewer, args=(url, state.web_url, headers, stop, frames))
+               for _ in range(viewers)]
     for t in threads:
         t.start()
     time.sleep(3)  # connected, first frames sent
@@ -80,7 +83,8 @@ def measure(state, pids: dict[str, int], viewers: int, window: float) -> dict:
     before, t0 = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.monotonic()
     time.sleep(window)
     used, dt = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}, time.monotonic() - t0
-    stats = json.loads(urllib.request.urlopen(f"{state.web_url}/api/kernel/stats", timeout=10).read())
+    stats = json.loads(urllib.request.urlopen(urllib.request.Request(f"{state.web_url}/api/kernel/stats",
+                                                                     headers=headers), timeout=10).read())
     stop.set()
     for t in threads:
         t.join(10)
@@ -97,6 +101,7 @@ def first_frame_ms(state) -> float:
 
     b = Browser()
     try:
+        b.set_cookie(state.web_url, auth.COOKIE, auth.session_value(auth.read(auth.token_file(state.root))))
         b.open(f"{state.web_url}/kernel")
         return b.wait("window.ffs && ffs.firstFrameMs", 60, "the first frame")
     finally:
@@ -117,7 +122,8 @@ def main(argv: list[str]) -> dict:
         put(config.load(argv + ["files.chunk_mb=0.0009765625", "replicas=1"]), src.name, name, force=True)
         stored_s = time.perf_counter() - t
     try:
-        layout = json.loads(urllib.request.urlopen(f"{state.web_url}/api/kernel/layout", timeout=60).read())
+        layout = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"{state.web_url}/api/kernel/layout", headers=auth.bearer(state.root)), timeout=60).read())
         cells = sum(len(d["keys"]) for d in layout["datasets"])
         pids = actor_pids(state)
         runs = [measure(state, pids, v, window) for v in (0, 1, 10)]

@@ -15,15 +15,15 @@ import sys
 import time
 import urllib.request
 
-from fasterfs import config, registry, report
+from fasterfs import auth, config, registry, report
 from fasterfs.errors import FasterFSError
 
 PATHS = ("/api/snapshot", "/", "/metrics")
 
 
-def fetch_ms(url: str) -> float:
+def fetch_ms(url: str, headers: dict) -> float:
     t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=30) as r:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
         r.read()
     return (time.perf_counter() - t) * 1e3
 
@@ -41,8 +41,8 @@ def main(argv: list[str]) -> dict:
         fresh, reused = [], []
         for _ in range(args.rounds):
             time.sleep(1.05)  # past the monitor's reuse interval: the next request asks every node
-            fresh.append(fetch_ms(state.web_url + path))
-            reused.append(fetch_ms(state.web_url + path))
+            fresh.append(fetch_ms(state.web_url + path, auth.bearer(state.root)))
+            reused.append(fetch_ms(state.web_url + path, auth.bearer(state.root)))
         result["paths"][path] = {"fresh_p50_ms": statistics.median(fresh), "fresh_max_ms": max(fresh),
                                  "reused_p50_ms": statistics.median(reused)}
         print(f"{path:14s} fresh p50 {statistics.median(fresh):6.1f} ms (max {max(fresh):6.1f}); "

@@ -49,6 +49,11 @@ def read(path: Path) -> str:
     return token
 
 
+def bearer(root: str | os.PathLike) -> dict[str, str]:
+    """The header a script sends FasterFS's dashboard (and Ray's) for the cluster under `root`."""
+    return {"Authorization": f"Bearer {read(token_file(root))}"}
+
+
 def ray_env(path: Path) -> dict[str, str]:
     """What a `ray start` (and so every Ray process of its node) needs to take part."""
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}

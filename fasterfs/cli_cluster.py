@@ -40,7 +40,8 @@ def cmd_status(cfg) -> None:
     console.print(table)
     _print_survey(state, rows)
     console.print(f"Ray dashboard: {state.dashboard_url}"
-                  + (f"   FasterFS dashboard: {state.web_url}" if state.web_url else ""))
+                  + (f"   FasterFS dashboard: {state.web_url} (log in with the token in "
+                     f"{auth.token_file(state.root)})" if state.web_url else ""))
     if state.notebook:
         console.print(f"JupyterLab: {state.notebook['url']}   (token in {state.notebook['token_file']})")
     for r in rows:

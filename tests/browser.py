@@ -59,6 +59,10 @@ class Browser:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg["result"]
 
+    def set_cookie(self, url: str, name: str, value: str) -> None:
+        """A cookie for `url`'s site, as a login page would have set it."""
+        self.call("Network.setCookie", name=name, value=value, url=url)
+
     def open(self, url: str) -> None:
         self.call("Page.enable")
         self.call("Page.navigate", url=url)

@@ -80,6 +80,20 @@ def task_ids(state, filters: list) -> frozenset:
                                                    timeout=60))
 
 
+def dashboard_headers(state) -> dict[str, str]:
+    """What FasterFS's dashboard asks of every request: the cluster's token (its file, 0600)."""
+    from fasterfs import auth
+
+    return auth.bearer(state.root)
+
+
+def dashboard_login(browser, state) -> None:
+    """The browser logged in to the cluster's dashboard, as its /login form does (a cookie)."""
+    from fasterfs import auth
+
+    browser.set_cookie(state.web_url, auth.COOKIE, auth.session_value(auth.read(auth.token_file(state.root))))
+
+
 def minio_listing(state, prefix: str) -> dict[int, list[dict]]:
     """Node index -> the objects under `prefix` in that node's MinIO, as MinIO lists them (boto3
     with the cluster's admin key): where the data is, not where FasterFS's plan says."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import NO_PREFETCH, cached_entry, source_csv, source_xxh3, wait_until
+from conftest import NO_PREFETCH, cached_entry, dashboard_headers, source_csv, source_xxh3, wait_until
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
@@ -284,8 +284,10 @@ def test_the_dashboard_answers_only_to_its_own_address(live_cluster):
 
     host, port = live_cluster.web_url.split("//")[1].split(":")
 
-    def status(host_header: str) -> int:
-        request = urllib.request.Request(f"{live_cluster.web_url}/healthz", headers={"Host": host_header})
+    def status(host_header: str, token: bool = True) -> int:
+        request = urllib.request.Request(f"{live_cluster.web_url}/api/snapshot",
+                                         headers={**(dashboard_headers(live_cluster) if token else {}),
+                                                  "Host": host_header})
         try:
             with urllib.request.urlopen(request, timeout=30) as r:
                 return r.status
@@ -294,10 +296,12 @@ def test_the_dashboard_answers_only_to_its_own_address(live_cluster):
     assert status(f"{host}:{port}") == 200 and status(f"localhost:{port}") == 200  # its address; a tunnel
     assert status(f"rebound.attacker.example:{port}") == 403
     url = f"ws://{host}:{port}/ws/kernel"
-    with connect(url, max_size=None, origin=f"http://{host}:{port}") as ws:  # the dashboard's own page
+    token = dashboard_headers(live_cluster)  # a page elsewhere may ride on the browser's login cookie
+    with connect(url, max_size=None, origin=f"http://{host}:{port}", additional_headers=token) as ws:  # its own page
         assert ws.recv(timeout=30)
     with pytest.raises(Exception, match="403"):
-        connect(url, origin="http://attacker.example").__enter__()
+        connect(url, origin="http://attacker.example", additional_headers=token).__enter__()
+    assert status(f"{host}:{port}", token=False) == 401  # and nothing without the token, loopback or not
 
 
 # -- another local user: the mount, the cache, the marks -------------------------------------------

@@ -3,8 +3,6 @@ report (the kernel's counts, a chunk the kernel made hot and the cache filled, j
 and their charts), as HTML, JSON and Prometheus metrics; it refuses paths outside the
 job reports; down removes it (conftest); a taken port is named (test_lifecycle)."""
 import json
-import shutil
-import subprocess
 import urllib.error
 import urllib.request
 from itertools import pairwise
@@ -12,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import load_job, minio_holdings, wait_until
+from conftest import dashboard_headers, dashboard_login, load_job, minio_holdings, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from fasterfs import bpf, cluster, config
@@ -21,16 +19,18 @@ from fasterfs.errors import FasterFSError
 from fasterfs.monitor import Cadence, Monitor
 
 
-def get(url: str) -> tuple[int, bytes, str]:
+def get(state, path: str) -> tuple[int, bytes, str]:
+    """GET `path` of the cluster's dashboard, with its token."""
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(state.web_url + path, headers=dashboard_headers(state)),
+                                    timeout=30) as r:
             return r.status, r.read(), r.headers.get("content-type", "")
     except urllib.error.HTTPError as e:
         return e.code, e.read(), e.headers.get("content-type", "")
 
 
 def api(state, path: str):
-    status, body, _ = get(f"{state.web_url}{path}")
+    status, body, _ = get(state, path)
     assert status == 200, body[:300]
     return json.loads(body)
 
@@ -62,14 +62,14 @@ def test_hot_chunk_shows_counted_and_cached(ingest_as, client_for, live_cluster)
         return next((t for t in rows if t["name"] == name and t["cached"]), None)
     wait_until(lambda: hot_row() is not None, 20, "the dashboard to show chunk 3 hot and cached")
     assert hot_row()["count"] == 2
-    status, page, ctype = get(f"{live_cluster.web_url}/")
+    status, page, ctype = get(live_cluster, "/")
     assert status == 200 and ctype.startswith("text/html")
     html = page.decode()
     assert name in html and "real eBPF" in html and "SIMULATED" not in html
 
     # /metrics says what the StorageNode says
     metrics = {(s.name, s.labels.get("node")): s.value
-               for fam in text_string_to_metric_families(get(f"{live_cluster.web_url}/metrics")[1].decode())
+               for fam in text_string_to_metric_families(get(live_cluster, "/metrics")[1].decode())
                for s in fam.samples}
     kernel = ray.get(actors[owner].kernel_status.remote())
     cache = ray.get(actors[owner].cache_status.remote())
@@ -88,16 +88,16 @@ def test_job_runs_listed_with_their_reports(live_cluster, overrides):
     t = result["times"]["map_reduce_s"]
     assert run["headline"]["map+shuffle+reduce"] == f"{t:.2f} s ({result['bytes'] / 1e6 / t:.0f} MB/s)"
     out = Path(live_cluster.root, "outputs", run["run"])
-    status, body, ctype = get(f"{live_cluster.web_url}/runs/{run['run']}/graysort.png")
+    status, body, ctype = get(live_cluster, f"/runs/{run['run']}/graysort.png")
     assert status == 200 and ctype == "image/png" and body == (out / "graysort.png").read_bytes()
-    page = get(f"{live_cluster.web_url}/")[1].decode()
+    page = get(live_cluster, "/")[1].decode()
     assert f"runs/{run['run']}/graysort.png" in page
 
     # only report files of listed runs: nothing else under the cluster root
     (out / "notes.txt").write_text("not a report")
     for path in (f"/runs/{run['run']}/notes.txt", f"/runs/{run['run']}/absent.png", "/runs/..%2F/credentials.json",
                  f"/runs/{run['run']}/..%2F..%2Fcredentials.json", "/runs/nosuchrun/graysort.json"):
-        status, body, _ = get(f"{live_cluster.web_url}{path}")
+        status, body, _ = get(live_cluster, f"{path}")
         assert status == 404, (path, status)
         assert b"access_key" not in body
 
@@ -110,9 +110,9 @@ def test_stopped_minio_shown_down_not_healthy(live_cluster):
             return api(live_cluster, "/api/snapshot")["nodes"][1]
         wait_until(lambda: node1()["status"]["healthy"] is False, 10, "node 1 shown not healthy")
         assert node1()["status"]["held"] and node1()["status"]["objects"] is None  # unknown, not zero
-        assert '<span class="bad">held</span>' in get(f"{live_cluster.web_url}/")[1].decode()
+        assert '<span class="bad">held</span>' in get(live_cluster, "/")[1].decode()
         up = {s.labels["node"]: s.value for fam in text_string_to_metric_families(
-            get(f"{live_cluster.web_url}/metrics")[1].decode()) for s in fam.samples if s.name == "fasterfs_minio_up"}
+            get(live_cluster, "/metrics")[1].decode()) for s in fam.samples if s.name == "fasterfs_minio_up"}
         assert up == {"0": 1.0, "1": 0.0}
     finally:
         ray.get(actor.release_minio.remote())
@@ -120,19 +120,19 @@ def test_stopped_minio_shown_down_not_healthy(live_cluster):
 
 
 def test_page_refreshes_itself_in_a_browser(live_cluster, tmp_path):
-    """Headless Chromium runs the page's script for 2.5 refresh intervals (virtual time): it
-    fetched the live part twice and put it in place. Host names resolve to nothing, so the
-    browser reaches only the dashboard's address."""
-    browser = shutil.which("chromium")
-    assert browser, "chromium is missing: `make setup` installs it"
-    refresh_ms = int(live_cluster.config["dashboard"]["refresh_s"] * 1000)
-    dom = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-         f"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {live_cluster.head_address}",
-         f"--virtual-time-budget={int(refresh_ms * 2.5)}", "--dump-dom", f"{live_cluster.web_url}/"],
-        capture_output=True, text=True, timeout=120).stdout
-    assert 'id="live" data-refreshes="2"' in dom, dom[:500]
+    """Headless Chromium, logged in, runs the page's script: it fetches the live part and puts it
+    in place, refresh after refresh."""
+    from browser import Browser
+
+    b = Browser()
+    try:
+        dashboard_login(b, live_cluster)
+        b.open(f"{live_cluster.web_url}/")
+        b.wait("Number(document.getElementById('live').dataset.refreshes) >= 2",
+               5 * live_cluster.config["dashboard"]["refresh_s"] + 30, "two refreshes of the live part")
+        dom = b.js("document.documentElement.outerHTML")
+    finally:
+        b.close()
     assert "real eBPF" in dom and "Hottest chunks" in dom
 
 
@@ -197,6 +197,7 @@ def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_p
     ray.get([a.cache_clear.remote() for a in actors])  # Demo A clears them too: the page must see them empty
     b = Browser()
     try:
+        dashboard_login(b, live_cluster)
         b.open(f"{live_cluster.web_url}/kernel")
         b.wait("window.ffs && ffs.frames > 1 && ffs.layout", 60, "the first frames")
         before = _pixels(b, manifest.name)
@@ -260,11 +261,13 @@ def test_kernel_stream_survives_bad_viewers(live_cluster):
     stuck = socket.socket()
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stuck.connect((host, int(port)))
+    auth_lines = "".join(f"{k}: {v}\r\n" for k, v in dashboard_headers(live_cluster).items())
     stuck.sendall((f"GET /ws/kernel HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                    f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
-                   "Sec-WebSocket-Version: 13\r\n\r\n").encode())  # and never reads again
+                   f"Sec-WebSocket-Version: 13\r\n{auth_lines}\r\n").encode())  # and never reads again
     url = live_cluster.web_url.replace("http://", "ws://") + "/ws/kernel"
-    viewers = [connect(url, max_size=None).__enter__() for _ in range(100)]
+    viewers = [connect(url, max_size=None, additional_headers=dashboard_headers(live_cluster)).__enter__()
+               for _ in range(100)]
     try:
         for ws in viewers[:10]:
             ws.send("{not json")

@@ -20,7 +20,7 @@ import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 import ray
-from conftest import CLEAN_ENV, command_lines, minio_holdings, source_csv, source_rows, wait_until
+from conftest import CLEAN_ENV, command_lines, dashboard_headers, minio_holdings, source_csv, source_rows, wait_until
 
 import fasterfs
 from fasterfs import cluster, config, credentials, lobster, namespace, s3
@@ -342,7 +342,8 @@ def test_mounts_beside_another_clusters_token_listed_by_status_and_dashboard(
     assert out.returncode == 0, out.stdout + out.stderr
     listed = [line for line in out.stdout.splitlines() if str(point) in line]
     assert len(listed) == 1 and f"pid {daemons[0]}" in listed[0] and "healthy" in listed[0], out.stdout
-    page = lambda: urllib.request.urlopen(f"{live_cluster.web_url}/fragment", timeout=30).read().decode()  # noqa: E731
+    fragment = urllib.request.Request(f"{live_cluster.web_url}/fragment", headers=dashboard_headers(live_cluster))
+    page = lambda: urllib.request.urlopen(fragment, timeout=30).read().decode()  # noqa: E731
     wait_until(lambda: f"{point} (daemon {daemons[0]}) <span class=\"ok\">healthy</span>" in page(), timeout=15,
                what="the dashboard to list the mount")
 

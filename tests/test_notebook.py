@@ -53,7 +53,7 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
     import urllib.request
 
     from browser import Browser
-    from conftest import CLEAN_ENV
+    from conftest import CLEAN_ENV, dashboard_headers
     from jupyter_client import BlockingKernelClient
 
     from fasterfs import cluster, notebook
@@ -121,7 +121,8 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         status = subprocess.run([fasterfs, "status", *overrides], env=CLEAN_ENV, capture_output=True, text=True,
                                 timeout=180)
         assert f"JupyterLab: {info['url']}" in status.stdout
-        page = opener.open(live_cluster.web_url + "/", timeout=30).read().decode()
+        dashboard = urllib.request.Request(live_cluster.web_url + "/", headers=dashboard_headers(live_cluster))
+        page = opener.open(dashboard, timeout=30).read().decode()
         assert f'href="{info["url"]}"' in page
     finally:
         pid = info["pid"]

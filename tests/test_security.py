@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import CLEAN_ENV, command_lines, submit_job, try_driver
+from conftest import CLEAN_ENV, command_lines, dashboard_headers, submit_job, try_driver
 
 import fasterfs
 from fasterfs import auth, config, credentials, registry, s3
@@ -174,7 +174,7 @@ def test_no_secret_in_anything_the_cluster_wrote(live_cluster, overrides, ingest
     for sid in submitted:
         leaks += [f"{what} in `ray job logs {sid}`" for what, v in secrets.items() if v in jobs.get_job_logs(sid)]
     for path in ("/", "/fragment", "/api/snapshot", "/metrics", "/api/runs", "/kernel", "/runs", "/api/jobs"):
-        _, _, body = http_status(live_cluster.web_url + path)
+        _, _, body = http_status(live_cluster.web_url + path, dashboard_headers(live_cluster))
         leaks += [f"{what} in dashboard {path}" for what, v in secrets.items() if v.encode() in body]
     for pid, cmd in command_lines():
         leaks += [f"{what} on the command line of pid {pid}" for what, v in secrets.items() if v.encode() in cmd]
