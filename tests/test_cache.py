@@ -39,6 +39,12 @@ def counter(actors, *path: str) -> int:
     return total
 
 
+def minio_gets(actors, port: int) -> int:
+    """GETs the nodes' MinIO servers answered, as their kernel programs counted them (readers'
+    only: the fillers' are not counted)."""
+    return sum(ray.get(a.kernel_status.remote())["ports"].get(port, {"gets": 0})["gets"] for a in actors)
+
+
 def key_count(actor, manifest, i):
     return ray.get(actor.kernel_key_count.remote(f"/{manifest.bucket}/{manifest.chunk(i).key}"))
 
@@ -153,12 +159,14 @@ def _reader(root, ids, expected, rounds, go, out):
     out.put(bad)
 
 
-def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root):
+def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root, live_cluster):
     manifest, actors = cold
     ids = list(range(min(24, len(manifest))))
     expected = {c.id: source_xxh3(c) for c in manifest.chunks}
     cap = 6 * max(c.bytes for c in manifest.chunks)  # small: fills and evictions all the time
     fills, hits = counter(actors, "fills"), counter(actors, "readers", "hits")
+    port = live_cluster.config["minio"]["port"]
+    gets = minio_gets(actors, port)
     ctx = mp.get_context("spawn")
     out, readers = ctx.Queue(), 4
     go = ctx.Barrier(readers + 1)
@@ -178,6 +186,8 @@ def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root):
         assert all(p.exitcode == 0 for p in procs)
         assert bad == [0] * readers
         assert counter(actors, "fills") > fills and counter(actors, "readers", "hits") > hits
+        # the kernel's count: fewer GETs reached MinIO than the readers made reads (some were hits)
+        assert minio_gets(actors, port) - gets < readers * 4 * len(ids)
     finally:
         ray.get([a.cache_resize.remote(1024 * 1_000_000) for a in actors])
 

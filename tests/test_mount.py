@@ -108,7 +108,7 @@ def test_a_file_of_several_chunks_is_one_passthrough_file(mounted, live_cluster,
         wait_until(f.exists, timeout=10, what="the file in the mount")
         make_file_hot(f, live_cluster, m)
         assert f.read_bytes() == data  # the open that finds it hot
-        before = daemon_counts(actor, point, time.time())
+        before, read_before = daemon_counts(actor, point, time.time()), daemon_read_bytes(actor, point)
         for k in range(10):
             with open(f, "rb") as fh:
                 at = 1_000_000 * (k % 4)
@@ -116,6 +116,7 @@ def test_a_file_of_several_chunks_is_one_passthrough_file(mounted, live_cluster,
                 assert fh.read(70_000) == data[at:at + 70_000]  # across a chunk's end
                 fh.seek(0)
                 assert fh.read() == data
+        assert daemon_read_bytes(actor, point) - read_before < len(data)  # 10 reads of it: not through the daemon
         after = daemon_counts(actor, point, time.time())
         assert after["passthrough_opens"] - before["passthrough_opens"] >= 10, (before, after)
         assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
