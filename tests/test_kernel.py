@@ -189,6 +189,33 @@ def test_truncated_headers_do_not_crash(programs, packet):
     assert programs.snapshot()["counters"]["requests"] == 0
 
 
+@pytest.mark.parametrize("first", [
+    [get("/minio/health/live")],                                  # an anonymous request MinIO answers 200
+    [b"GE", b"T /minio/health/live HTTP/1.1\r\nHost: x\r\n\r\n"],  # ...its request line cut in two segments
+])
+def test_a_write_pipelined_behind_another_request_never_takes_its_answer(programs, first):
+    """One connection, no answer read between: the 200 that comes first is the health check's. The
+    PUT behind it is never paired with it, nor with the 403 that follows."""
+    for payload in [*first, get("/fasterfs/pipelined/k", "PUT")]:
+        run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, payload))
+    for status in ("200 OK", "403 Forbidden"):
+        run(programs, testrun.tcp_packet("127.0.0.2", "127.0.0.9", 9000, 40000, answer(status)))
+    assert mark_of(programs, "/fasterfs/pipelined/k") == 0 and programs.snapshot()["counters"]["pipelined"] >= 1
+    time.sleep(0.2)
+    assert programs.got == []
+
+
+def test_an_upload_whose_body_looks_like_a_request_is_marked_as_itself(programs):
+    """A body segment that begins like a request line is the body: the PUT is marked at its 200,
+    and the GET it seems to hold is not counted."""
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/fasterfs/upload/k", "PUT")))
+    run(programs, testrun.tcp_packet("127.0.0.9", "127.0.0.2", 40000, 9000, get("/fasterfs/body/k")))
+    run(programs, testrun.tcp_packet("127.0.0.2", "127.0.0.9", 9000, 40000, answer()))
+    assert mark_of(programs, "/fasterfs/upload/k") > 0
+    assert programs.key_count(ev.key_hash("/fasterfs/body/k")) == 0 and mark_of(programs, "/fasterfs/body/k") == 0
+    assert wait_until(lambda: [(e["type"], e["path"]) for e in programs.got] == [("STALE", "/fasterfs/upload/k")])
+
+
 def test_put_and_delete_mark_stale(programs):
     exchange(programs, "/b/stale/k", "PUT")
     exchange(programs, "/b/stale/k", "DELETE", "204 No Content", src="fd00::9", dst="fd00::2")

@@ -25,7 +25,7 @@ FNV_PRIME = _define("FFS_FNV_PRIME")
 EVENT_TYPES = {1: "HOT", 2: "STALE"}
 METHODS = {1: "GET", 2: "PUT", 3: "DELETE", 4: "POST"}
 COUNTERS = ["packets", "requests", "not_request", "truncated", "hot_events", "stale_marks", "filler_skipped",
-            "ringbuf_drops", "responses", "writes_committed", "refused", "marks_full", "suspect_marks"]
+            "ringbuf_drops", "responses", "writes_committed", "refused", "marks_full", "suspect_marks", "pipelined"]
 SOCKOPTS = ["TCP_NODELAY", "TCP_BPF_DELACK_MAX"]
 SOCK_COUNTERS = ["connections_seen", "connections_matched"]
 

@@ -38,6 +38,7 @@ enum ffs_counter {
     FFS_C_REFUSED,         /* requests MinIO did not answer 2xx (unauthenticated, missing...): ignored */
     FFS_C_MARKS_FULL,      /* accepted writes whose key found the stale-mark map full */
     FFS_C_SUSPECT,         /* times the suspect key was marked: a write not marked under its own key */
+    FFS_C_PIPELINED,       /* client payload while an answer is awaited (a body, or pipelined): not parsed */
     FFS_C_MAX,
 };
 

@@ -105,6 +105,18 @@ static __always_inline void emit(struct ffs_config *cfg, u32 type, struct ffs_in
     events.ringbuf_submit(e, 0);
 }
 
+/* What the client sent, when no answer was awaited, that FasterFS does not act on (HEAD, a
+ * health check, a request line cut across segments, anything) still takes the next answer: a
+ * request pipelined behind it (a PUT behind an anonymous health check) never gets its 200. */
+static __always_inline void wait_untracked(struct ffs_conn *conn, struct ffs_line *line) {
+    struct ffs_inflight *req = &line->req;
+    req->start_ns = bpf_ktime_get_ns();
+    req->key = 0;
+    req->method = 0;
+    req->path_len = 0;
+    inflight.update(conn, req);
+}
+
 /* ingress: requests arriving from other hosts, on a host's own interface. Only their
  * writes matter here (stale marks for this host's cache); their GETs are the other
  * host's to count, so this host does not cache what only others read. */
@@ -114,17 +126,24 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
     struct ffs_config *cfg = config.lookup(&zero);
     struct ffs_line *line = scratch.lookup(&zero);
     if (!cfg || !line) return;
+    /* One answer per request: while one is awaited, what the client sends (its body, or a
+     * request pipelined behind it) is never paired with that answer. */
+    if (inflight.lookup(conn)) {
+        bump(FFS_C_PIPELINED);
+        return;
+    }
 
     /* At most FFS_LINE - 1 bytes; the opaque mask makes the verifier see 0 <= n < FFS_LINE
      * before the lower bound is checked, which a variable-length load needs. */
     u64 n = paylen < FFS_LINE - 1 ? paylen : FFS_LINE - 1;
     asm volatile("%[n] &= 0xff" : [n] "+r"(n));
-    if (n < 6) { bump(FFS_C_NOT_REQUEST); return; }
+    if (n < 6) { wait_untracked(conn, line); bump(FFS_C_NOT_REQUEST); return; }
     /* Zero first, so a short packet reads as NULs past its end, never as an earlier
      * packet's bytes. Loopback payloads sit in paged fragments: only
      * bpf_skb_load_bytes reaches them. */
     __builtin_memset(line->b, 0, FFS_LINE);
     if (bpf_skb_load_bytes(skb, off, line->b, n) < 0) {
+        wait_untracked(conn, line);
         bump(FFS_C_TRUNCATED);
         return;
     }
@@ -139,10 +158,13 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
                line->b[4] == 'T' && line->b[5] == 'E' && line->b[6] == ' ') {
         method = FFS_DELETE; start = 7;
     } else {
+        method = 0; start = 0;  /* HEAD, a request line cut in two segments, not HTTP... */
+    }
+    if (!method || (ingress && method == FFS_GET)) {
+        wait_untracked(conn, line);
         bump(FFS_C_NOT_REQUEST);
         return;
     }
-    if (ingress && method == FFS_GET) return;
     if (cfg->fill_mark && skb->mark == cfg->fill_mark) {  /* the cache filler's own GET */
         bump(FFS_C_FILLER);
         return;
@@ -166,17 +188,23 @@ static __always_inline void on_request(struct __sk_buff *skb, struct ffs_conn *c
         else if (*slashes >= 2) *after_second += 1;
     }
     u32 len = *plen;
-    if (len < FFS_MAX_PATH && *pend == 0) { bump(FFS_C_TRUNCATED); return; }  /* packet ends mid-path */
+    if (len < FFS_MAX_PATH && *pend == 0) {  /* packet ends mid-path */
+        wait_untracked(conn, line);
+        bump(FFS_C_TRUNCATED);
+        return;
+    }
     /* a POST to the bucket itself is DeleteObjects (keys in its body): a mark on "/bucket",
      * the suspect key when it is the cluster's bucket */
     int bucket_write = method == FFS_POST && *slashes == 1;
     if (line->b[start & (FFS_LINE - 1)] != '/' || ((*slashes < 2 || *after_second == 0) && !bucket_write)) {
+        wait_untracked(conn, line);
         bump(FFS_C_NOT_REQUEST);  /* bucket-level or service request, not an object */
         return;
     }
     if (line->b[(start + 1) & (FFS_LINE - 1)] == 'm' && line->b[(start + 2) & (FFS_LINE - 1)] == 'i' &&
         line->b[(start + 3) & (FFS_LINE - 1)] == 'n' && line->b[(start + 4) & (FFS_LINE - 1)] == 'i' &&
         line->b[(start + 5) & (FFS_LINE - 1)] == 'o' && line->b[(start + 6) & (FFS_LINE - 1)] == '/') {
+        wait_untracked(conn, line);
         bump(FFS_C_NOT_REQUEST);  /* /minio/health/... and other admin paths */
         return;
     }
@@ -245,6 +273,10 @@ static __always_inline void on_response(struct __sk_buff *skb, struct ffs_conn *
     if (paylen < sizeof(st) || bpf_skb_load_bytes(skb, off, st, sizeof(st)) < 0) return;
     if (st[0] != 'H' || st[1] != 'T' || st[2] != 'T' || st[3] != 'P' || st[4] != '/' || st[8] != ' ') return;
     if (st[9] == '1') return;
+    if (!req->method) {  /* the answer to a request not acted on: it only frees the connection */
+        inflight.delete(conn);
+        return;
+    }
     u64 now = bpf_ktime_get_ns();
     u64 delta = now - req->start_ns;
     bump(FFS_C_RESPONSES);
