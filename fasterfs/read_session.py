@@ -260,7 +260,7 @@ class ReadSession:
         if node not in self._stats:
             here = node in self._s3 and self.state.node(node).host_id == self.here
             home = node if here else self.local_node
-            self._stats[node] = (reader_stats.ReaderStats(self.paths.reader_stats_dir(home)) if home is not None
+            self._stats[node] = (reader_stats.for_process(self.paths.reader_stats_dir(home)) if home is not None
                                  else reader_stats.UNCOUNTED)
         return self._stats[node]
 

@@ -7,6 +7,7 @@ and folds in those of processes that have exited.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -22,6 +23,7 @@ LATENCY_SLOTS = 24
 FIELDS = COUNTERS + tuple(f"latency_us_log2_{s}" for s in range(LATENCY_SLOTS))
 _FMT = struct.Struct("<" + "Q" * len(FIELDS))
 RETIRED = "retired.stats"
+log = logging.getLogger(__name__)
 
 
 class ReaderStats:
@@ -30,10 +32,15 @@ class ReaderStats:
         self.path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.stats"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, _FMT.size)
+            # blocks taken now, where a full disk is an error: a store into a mapped hole that the
+            # disk cannot back kills the process (SIGBUS), and a reader must outlive a full disk
+            os.posix_fallocate(fd, 0, _FMT.size)
             self._mm = mmap.mmap(fd, _FMT.size)
-        finally:
+        except BaseException:
             os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
         self._values = [0] * len(FIELDS)
 
     def add(self, field: int, n: int = 1) -> None:
@@ -53,6 +60,24 @@ class Uncounted:
 
 
 UNCOUNTED = Uncounted()  # reads of a process with no StorageNode on its host
+
+_open: dict[tuple[int, Path], ReaderStats | Uncounted] = {}
+
+
+def for_process(directory: Path) -> ReaderStats | Uncounted:
+    """This process' counters in `directory`: one file per process, however many clients it
+    opens (a new one if that was removed with its cluster); uncounted (said in the log) when
+    the directory's disk cannot take the file."""
+    key = (os.getpid(), directory)  # a forked child counts in a file of its own
+    held = _open.get(key)
+    if not isinstance(held, ReaderStats) or not held.path.exists():  # a full disk is tried again
+        try:
+            _open[key] = ReaderStats(directory)
+        except OSError as e:
+            log.warning("reads of this process go uncounted: no counters file in %s (%s)", directory, e.strerror)
+            _open[key] = UNCOUNTED
+    return _open[key]
+
 
 HITS, MISSES, BYTES_CACHE, BYTES_MINIO, DAMAGED_ENTRIES, PREFETCH = range(len(COUNTERS))  # indices of COUNTERS
 
