@@ -27,7 +27,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write
 from .lease import Lease
 from .manifest import Manifest
-from .meta import Changes, Listing, NamespaceStore, Resolved, open_engine
+from .meta import Changes, Listing, NamespaceStore, Resolved, legacy, open_engine
 from .node_directory import NodeDirectory
 from .state import ClusterState, host_id, join, ray_namespace
 
@@ -47,6 +47,7 @@ class Registry:
         self.keys = credentials.load(self.paths.credentials_file)
         self.names = NamespaceStore(open_engine(self.cluster.settings.namespace_store, self.paths.root),
                                     self.cluster.name, self._push)
+        legacy.adopt(self.names, self.paths.root)  # a root an earlier FasterFS kept its names in, as files
         self.repair_lease = Lease()  # one repair leader at a time; a restarted Registry starts a new epoch count
 
     def ready(self) -> str:

@@ -63,6 +63,41 @@ def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[
         return dict(zip((n.index for n in state.nodes), pool.map(keys, state.nodes)))
 
 
+def holdings(state: ClusterState, creds, pieces: Iterable[tuple[int, str]],
+             timeout: float = 2.0) -> dict[int, set[str] | None]:
+    """Of `pieces` (node, key), those each node holds, asked one HEAD each (a listing's shape,
+    of just these keys); None for a node whose MinIO does not answer. A node asked for
+    nothing is probed."""
+    wanted: dict[int, list[str]] = {n.index: [] for n in state.nodes}
+    for node, key in pieces:
+        if node in wanted:  # a node no longer in the cluster is down to _plan, as in a survey
+            wanted[node].append(key)
+    bucket = state.settings.bucket
+
+    def held(node) -> set[str] | None:
+        asker = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark,  # the kernel skips it
+                                urllib3.Timeout(connect=timeout, read=30.0))
+        try:
+            if not wanted[node.index]:
+                return set() if asker.answers(bucket, timeout) else None
+            with ThreadPoolExecutor(8) as pool:
+                return {k for k, there in zip(wanted[node.index], pool.map(lambda k: asker.holds(bucket, k),
+                                                                        wanted[node.index])) if there}
+        except Exception:
+            return None
+        finally:
+            asker.close()
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip((n.index for n in state.nodes), pool.map(held, state.nodes)))
+
+
+def check(state: ClusterState, creds, manifests: list[Manifest], load_slack: float) -> Health:
+    """The redundancy of just `manifests` (a change of the namespace): what a change costs is
+    what it wrote, not what the cluster holds."""
+    pieces = [p for m in manifests for c in m.chunks for p in m.pieces(c)]
+    return _plan(manifests, state, holdings(state, creds, pieces), load_slack)[0]
+
+
 def answering(state: ClusterState, getter: Callable[[int], s3.MarkedGetter], timeout: float = 1.0) -> set[int]:
     """The nodes whose MinIO answers now (one cheap request each), through `getter(node)`'s
     kept-alive connection (a new connection at every probe is one more MinIO connection for
@@ -157,7 +192,8 @@ def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health,
     piece another writer moves meanwhile (a concurrent repair, a refill) is not taken for
     missing. Listed before the manifests are fetched, so a piece retired since still counts;
     when that finds anything to do, listed again after, so a piece written since counts too,
-    and a node is up or down by its later answer (a host back from a power cut mid-survey)."""
+    and a node is up or down by its later answer (a host back from a power cut mid-survey);
+    a piece still missing from both is asked of its node."""
     first = listings(state, creds)
     _, manifests = registry.fetch_manifests(state.name)
     health, plans = plan(first, manifests)
@@ -165,6 +201,14 @@ def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health,
         return first, manifests, health, plans
     again = listings(state, creds)
     merged = {n: None if keys is None else keys | (first.get(n) or set()) for n, keys in again.items()}
+    # a listing may come from MinIO's metacache, a little behind: what it misses is asked by HEAD
+    _, plans = plan(merged, manifests)
+    unlisted = [piece for p in plans for s, piece in enumerate(p.manifest.pieces(p.chunk))
+                if s in p.missing and merged.get(piece[0]) is not None]
+    for n, keys in holdings(state, creds, unlisted).items() if unlisted else ():
+        listed = merged.get(n)
+        if keys and listed is not None:
+            merged[n] = listed | keys
     return (merged, manifests, *plan(merged, manifests))
 
 

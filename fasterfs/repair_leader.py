@@ -4,9 +4,12 @@ Every node probes the others each `repair.check_s`; the lowest-numbered node who
 asks the Registry for the repair lease (fasterfs.lease) and, holding it, surveys the namespace and
 repairs it, its changes fenced by the lease's epoch. Pieces on a node down for less than `repair.after_s` are
 left alone (it may come back). A survey lists every node's bucket (most of an idle node's CPU with
-10,000 chunks if done every check), so the leader surveys only when something changed (nodes
-down or back, one down past `after_s`, the namespace), while the last survey found anything to
-do, and at least every `repair.survey_s` (objects lost behind MinIO's back).
+10,000 chunks if done every check), so the leader surveys only when the nodes changed (down or
+back, one down past `after_s`), while the last survey found anything to do, and at least every
+`repair.survey_s` (objects lost behind MinIO's back). A change of the namespace alone is checked,
+not surveyed: only the pieces of the names that changed, so a load of a million files costs per
+batch what the batch holds, not what is stored already; what the check finds wrong is repaired
+by a survey.
 
 The probes, the survey and the repair come in as functions, so the decisions are testable
 without MinIO: `tick(now)` is one round.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .repair import Health, Outcome
@@ -39,17 +42,21 @@ class Timing:
 
 class RepairLeader:
     """`probe()` -> (every node of the cluster, those whose MinIO answers now); `version()` -> the
-    namespace's version; `survey()` -> its Health; `repair(waiting, epoch)` -> the Outcome of a
+    namespace's version; `survey()` -> its Health; `check(since)` -> (the namespace's version,
+    the Health of just the names changed since version `since`), or None when that cannot be
+    told (the store's log no longer reaches back); `repair(waiting, epoch)` -> the Outcome of a
     repair that leaves the pieces of the nodes in `waiting` alone, fenced by the lease's epoch;
     `lease(ttl_s)` -> the repair lease's epoch for this node (granted or renewed), or None: held by
     another, or the granter unreachable. The lowest answering node asks for it; only its holder
     leads, so two sides of a partition never both repair."""
 
     def __init__(self, node: int, timing: Timing, probe: Callable[[], tuple[list[int], set[int]]],
-                 version: Callable[[], Hashable], survey: Callable[[], Health],
+                 version: Callable[[], int], survey: Callable[[], Health],
+                 check: Callable[[int], tuple[int, Health] | None],
                  repair: Callable[[set[int], int], Outcome], lease: Callable[[float], int | None]):
         self.node, self.timing = node, timing
-        self.probe, self.version, self.survey, self.repair, self.lease = probe, version, survey, repair, lease
+        self.probe, self.version, self.survey, self.check = probe, version, survey, check
+        self.repair, self.lease = repair, lease
         self.health: dict | None = None  # the namespace's redundancy as this node last surveyed it (when it leads)
         self.repairs: list[dict] = []    # what this node's own repairs did, latest last
         self._down_since: dict[int, float] = {}
@@ -58,7 +65,8 @@ class RepairLeader:
 
     def tick(self, now: float | None = None) -> str:
         """One round; returns what it did: follow (another node leads), wait (nothing changed),
-        survey (repair.auto off) or repair."""
+        check (only the namespace changed, and its changes are whole), survey (repair.auto off)
+        or repair."""
         now = time.monotonic() if now is None else now
         nodes, alive = self.probe()
         for n in nodes:
@@ -87,8 +95,11 @@ class RepairLeader:
         waiting = (set(nodes) | set(self._down_since)) - gone
         seen = (frozenset(alive), frozenset(waiting), self.version())
         settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
-        if seen == self._seen and settled and now - self._surveyed < self.timing.survey_s:
+        due = now - self._surveyed >= self.timing.survey_s
+        if seen == self._seen and settled and not due:
             return "wait"
+        if settled and not due and self._seen is not None and seen[:2] == self._seen[:2] and self._checked(seen):
+            return "check"
         self._seen, self._surveyed = seen, now
         if not self.timing.auto:
             self.health = self.survey().to_dict()
@@ -99,6 +110,23 @@ class RepairLeader:
             self.record("auto", out)
             self.health = self.survey().to_dict()
         return "repair"
+
+    def _checked(self, seen: tuple) -> bool:
+        """The names changed since the last look checked, and nothing found to do (else a
+        survey follows). The health shown stays the last survey's, with the check beside it."""
+        assert self._seen is not None and self.health is not None
+        got = self.check(self._seen[2])
+        if got is None:
+            return False
+        version, found = got
+        if found.degraded or found.lost or found.misplaced or found.nodes_down:
+            log.warning("node %d: the namespace's changes up to version %s are not all at full redundancy (%s): "
+                        "surveying", self.node, version, found.summary())
+            return False
+        self._seen = seen
+        self.health = {**self.health, "changes_checked": {"version": version, "chunks": found.chunks,
+                                                          "time": found.time}}
+        return True
 
     def survey_now(self) -> dict:
         """A survey now, kept as this node's latest (what `status` and the dashboard show)."""

@@ -114,6 +114,16 @@ class MarkedGetter:
                                                f"{response.data[:200]!r}")
         return response.data, response.headers
 
+    def holds(self, bucket: str, key: str) -> bool:
+        """Whether the object is there now (a HEAD: unlike a listing, which MinIO may answer
+        from its metacache, it sees a write at once)."""
+        from urllib.parse import quote
+
+        response = self._signed("HEAD", f"/{bucket}/{quote(key)}")
+        if response.status not in (200, 404):
+            raise ServerError(response.status, f"HEAD /{bucket}/{key} on {self.endpoint}: HTTP {response.status}")
+        return response.status == 200
+
     def list(self, bucket: str, prefix: str = ""):
         """(key, size) of every object under `prefix`, page by page (ListObjectsV2). Parsed with
         ElementTree, not boto3: boto3's parser (and its date parsing) cost ~150 us per object,

@@ -124,7 +124,7 @@ class StorageNode:
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_index, self._reconnect)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
-                                   self._repair, self._lease)
+                                   self._check_changes, self._repair, self._lease)
         self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
@@ -202,6 +202,14 @@ class StorageNode:
 
     def _survey(self) -> repair.Health:
         return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack)
+
+    def _check_changes(self, since: int) -> tuple[int, repair.Health] | None:
+        changes = registry.fetch_changes(self.cfg.cluster.name, since)
+        if changes is None:
+            return None
+        manifests = [m for m in changes.names.values() if m is not None]
+        return changes.version, repair.check(self._state(), self.minio.server.creds, manifests,
+                                             self.cfg.placement.load_slack)
 
     def _lease(self, ttl_s: float) -> int | None:
         return registry.lease_repair(self.cfg.cluster.name, self.index, ttl_s)

@@ -1,5 +1,7 @@
 """The namespace as the head keeps it (NamespaceStore over each engine), on a temporary
 directory: no Ray, no MinIO. Pushes to the StorageNodes are recorded instead of sent."""
+import dataclasses
+import json
 import os
 import time
 
@@ -256,3 +258,52 @@ def test_a_redis_directory_another_user_made_is_refused(tmp_path):
     with pytest.raises(FasterFSError, match=rf"{planted} belongs to uid 65534, not to this user"):
         RedisServer(tmp_path).start(timeout=5)
     assert not (planted / "redis.conf").exists()
+
+
+# -- a root an earlier FasterFS kept its names in, as files ----------------------------------
+
+def _files_before_the_store(root, manifests, generations, retired):
+    """What FasterFS wrote before the store, with the standard library: a manifest per name in
+    namespace/ (its quoted name), generations.json and retired-pieces.json."""
+    from urllib.parse import quote
+
+    (root / "namespace").mkdir()
+    for m in manifests:
+        (root / "namespace" / (quote(m.name, safe="") + ".json")).write_text(json.dumps(dataclasses.asdict(m)))
+    (root / "generations.json").write_text(json.dumps(generations))
+    (root / "retired-pieces.json").write_text(json.dumps(retired))
+
+
+def test_a_namespace_kept_as_files_is_adopted_once_whole(engine, tmp_path):
+    from fasterfs.meta import legacy
+
+    old, new, other = manifest("team/d", "g1"), manifest("team/d", "g2"), manifest("a b/ü.bin", "g7")
+    replaced = {"wall": time.time() - 10, "mono": time.monotonic() - 10, "boot": 0}
+    _files_before_the_store(tmp_path, [new, other], [
+        {"dataset": "team/d", "generation": "g1", "prefix": "team/d/g1/", "replaced": time.time() - 10},
+        {"dataset": "team/d", "generation": "g2", "prefix": "team/d/g2/", "replaced": None},
+        {"dataset": "a b/ü.bin", "generation": "g7", "prefix": "x/g7/", "replaced": None}],
+        [{"node": 1, "key": old.chunks[0].key, "retired": replaced}])
+    store = reopen(engine, tmp_path)
+    v0 = store.version
+    assert legacy.adopt(store, tmp_path) == 2
+    assert store.manifest("team/d") == new and store.manifest("a b/ü.bin") == other
+    assert store.version > v0 and set(store.changes(v0).names) == {"team/d", "a b/ü.bin"}
+    assert store.generations("team/d") == ["g1", "g2"]
+    assert [(g["generation"], g["prefix"]) for g in store.expired(keep_old_s=5)] == [("g1", "team/d/g1/")]
+    assert store.expired_pieces(keep_old_s=0) == [(1, old.chunks[0].key)]
+    assert sorted(p.name for p in tmp_path.iterdir() if "adopted" in p.name) == [
+        "generations.json.adopted", "namespace.adopted", "retired-pieces.json.adopted"]
+    assert legacy.adopt(reopen(engine, tmp_path), tmp_path) == 0  # once
+
+
+def test_an_unreadable_file_of_an_earlier_namespace_is_named_and_nothing_adopted(engine, tmp_path):
+    from fasterfs.meta import legacy
+
+    _files_before_the_store(tmp_path, [manifest("d", "g1")], [], [])
+    bad = tmp_path / "namespace" / "e.json"
+    bad.write_text('{"dataset": "e", "chunks": [')
+    store = reopen(engine, tmp_path)
+    with pytest.raises(FasterFSError, match=f"manifest {bad} .*cannot be read"):
+        legacy.adopt(store, tmp_path)
+    assert store.count() == 0 and (tmp_path / "namespace" / "d.json").exists()

@@ -255,6 +255,9 @@ class Cluster:
         self.lease = Lease(lambda: self.now)  # the Registry's, on a clock of the test's
         self.sees: dict[int, set[int]] = {}  # what a node's probes see, when not `alive` (a partition)
         self.epochs: list[int] = []
+        self.checks: list[int] = []  # the versions checks were asked since
+        self.changed_degraded = False  # what a check of the changed names finds
+        self.log_reaches = True        # the store's log still reaches back to the last look
 
     def health(self) -> Health:
         return Health(chunks=4, degraded={"d": [0]} if self.degraded else {}, nodes_down=list(self.left))
@@ -268,9 +271,14 @@ class Cluster:
             self.repairs.append(set(waiting))
             self.epochs.append(epoch)
             return Outcome(self.health())
+        def check(since: int) -> tuple[int, Health] | None:
+            self.checks.append(since)
+            if not self.log_reaches:
+                return None
+            return self.version, Health(chunks=1, degraded={"new": [0]} if self.changed_degraded else {})
         return RepairLeader(node, Timing(check_s=1, after_s=10, survey_s=100, auto=auto),
                             lambda: ([0, 1, 2], set(self.sees.get(node, self.alive))), lambda: self.version, survey,
-                            repair, lambda ttl_s: self.lease.acquire(node, ttl_s))
+                            check, repair, lambda ttl_s: self.lease.acquire(node, ttl_s))
 
 
 def test_only_the_lowest_answering_node_leads():
@@ -301,19 +309,41 @@ def test_a_node_no_longer_in_the_cluster_keeps_its_pieces_for_after_s_too():
     assert leader.tick(11) == "repair" and c.repairs[-1] == {0, 1, 2}  # gone: its pieces rebuilt
 
 
-def test_a_leader_surveys_again_on_change_on_findings_and_when_due():
+def test_a_leader_surveys_again_on_nodes_changing_on_findings_and_when_due():
     c = Cluster()
     leader = c.leader(0)
     assert leader.tick(0) == "repair"
     assert leader.tick(1) == "wait"
-    c.version = 2  # the namespace changed
+    c.alive = {0, 1}  # a node stopped answering
     assert leader.tick(2) == "repair"
+    c.alive = {0, 1, 2}
+    assert leader.tick(3) == "repair"
     c.degraded = True  # found only by a survey, which is due after survey_s
     assert leader.tick(50) == "wait"
     assert leader.tick(150) == "repair"
     assert leader.tick(151) == "repair"  # not settled: it keeps going while there is work
     c.degraded = False
     assert leader.tick(152) == "repair" and leader.tick(153) == "wait"
+
+
+def test_a_change_of_the_namespace_alone_is_checked_not_surveyed():
+    """The names changed since the last look are checked (the version it saw asked); a survey
+    and a repair follow only when the check finds something, or cannot tell."""
+    c = Cluster()
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair" and len(c.repairs) == 1
+    c.version = 2
+    assert leader.tick(1) == "check" and c.checks == [1] and len(c.repairs) == 1
+    assert leader.health is not None and leader.health["changes_checked"]["version"] == 2
+    assert leader.tick(2) == "wait" and c.checks == [1]  # nothing new
+    c.version, c.changed_degraded = 3, True  # a write published with a piece missing
+    assert leader.tick(3) == "repair" and c.checks == [1, 2] and len(c.repairs) == 2
+    c.version, c.changed_degraded, c.log_reaches = 4, False, False  # the log no longer reaches back
+    assert leader.tick(4) == "repair" and len(c.repairs) == 3
+    c.version, c.log_reaches = 5, True
+    assert leader.tick(5) == "check"
+    c.version = 6
+    assert leader.tick(200) == "repair"  # a survey due after survey_s is not replaced by a check
 
 
 def test_one_leader_across_a_partition_and_a_new_epoch_after_it():

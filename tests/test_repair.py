@@ -104,24 +104,48 @@ def test_a_node_whose_listing_failed_is_waited_for(live_cluster, overrides, tmp_
     registry.remove(live_cluster.name, "repair/wait.bin")
 
 
-def test_the_lowest_live_node_surveys_after_a_change(live_cluster, overrides, tmp_path):
-    """Auto repair's leader: node 0, the lowest whose MinIO answers its probe, surveys the
-    namespace after a change (a new file); node 1 does not. (That a leader then rests while
-    nothing changes is RepairLeader's unit test: no waiting on the clock here.)"""
+def test_the_lowest_live_node_looks_at_a_change(live_cluster, overrides, tmp_path):
+    """Auto repair's leader: node 0, the lowest whose MinIO answers its probe, looks at a change
+    (a new file) up to the namespace's version after it: it checks the names changed, or (while
+    the last survey found work, as another test's lost chunks) surveys again; node 1 does
+    neither. (Which of the two, and resting while nothing changes, is RepairLeader's unit test.)"""
     actors = cluster.storage_nodes(live_cluster)
     check_s = live_cluster.config["repair"]["check_s"]
     since = time.time()
     (tmp_path / "b").write_bytes(os.urandom(2**20))
     m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/lead.bin")
+    version = registry.namespace_version(live_cluster.name)
 
-    def survey_of(i):
-        r = ray.get(actors[i].status.remote(max_age_s=60))["redundancy"]
-        return r if r and r["time"] > since else None
-    wait_until(lambda: survey_of(0) is not None, timeout=3 * check_s + 10, what="node 0's survey after the change")
-    first = survey_of(0)
-    assert first["chunks"] >= len(m) and first["degraded"] == 0 and first["nodes_down"] == [], first
-    assert survey_of(1) is None
-    registry.remove(live_cluster.name, "repair/lead.bin")
+    def looked(i) -> int | None:
+        """How many chunks node i's look after the change covered; None: it has not looked."""
+        r = ray.get(actors[i].status.remote(max_age_s=60))["redundancy"] or {}
+        checked = r.get("changes_checked") or {}
+        if checked.get("version", 0) >= version:
+            return checked["chunks"]
+        return r["chunks"] if r.get("time", 0) > since else None
+    try:
+        wait_until(lambda: looked(0) is not None, timeout=3 * check_s + 10, what="node 0's look at the change")
+        assert looked(0) >= len(m)
+        assert looked(1) is None
+    finally:
+        registry.remove(live_cluster.name, "repair/lead.bin")
+
+
+def test_a_check_of_changed_names_asks_minio_for_just_their_pieces(live_cluster, overrides, tmp_path):
+    """repair.check against the real MinIOs: a file's chunks all at full redundancy, then one
+    replica deleted behind FasterFS's back (boto3) is that chunk degraded, and only it."""
+    (tmp_path / "b").write_bytes(os.urandom(3 * 2**20))
+    m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/check.bin")
+    state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
+    try:
+        whole = repair.check(state, creds, [m], 0.1)
+        assert (whole.chunks, whole.degraded, whole.lost, whole.nodes_down) == (len(m), {}, {}, [])
+        node, key = m.pieces(m.chunks[1])[1]
+        s3.client(state.node(node).endpoint, creds).delete_object(Bucket=m.bucket, Key=key)
+        found = repair.check(state, creds, [m], 0.1)
+        assert (found.degraded, found.lost) == ({"repair/check.bin": [1]}, {})
+    finally:
+        registry.remove(live_cluster.name, "repair/check.bin")
 
 
 def test_repair_options_checked():

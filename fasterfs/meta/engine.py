@@ -74,7 +74,8 @@ class Engine(ABC):
 
     # -- generations: every generation each name had, until its objects are deleted ----------
     @abstractmethod
-    def add_generation(self, name: str, generation: str, prefix: str) -> None: ...
+    def add_generation(self, name: str, generation: str, prefix: str, replaced: dict | None = None) -> None:
+        """A generation of `name`: its current one, or one `replaced` at that stamp already."""
 
     @abstractmethod
     def replace_generations(self, name: str, when: dict) -> None:

@@ -169,8 +169,10 @@ class RedisEngine(Engine):
                                   self.r.zrangebyscore(self._k("log"), f"({version - self.born}", "+inf")))
 
     # -- generations ------------------------------------------------------------------------
-    def add_generation(self, name: str, generation: str, prefix: str) -> None:
-        self._hset(self._k("gen", name), generation, json.dumps({"prefix": prefix, "replaced": None}))
+    def add_generation(self, name: str, generation: str, prefix: str, replaced: dict | None = None) -> None:
+        self._hset(self._k("gen", name), generation, json.dumps({"prefix": prefix, "replaced": replaced}))
+        if replaced is not None:
+            self._tx.sadd(self._k("replaced"), f"{name}\0{generation}")
 
     def replace_generations(self, name: str, when: dict) -> None:
         for generation, text in self.r.hgetall(self._k("gen", name)).items():

@@ -161,8 +161,9 @@ class SQLiteEngine(Engine):
         return [n for (n,) in self.db.execute("SELECT DISTINCT name FROM log WHERE version > ?", (version,))]
 
     # -- generations ------------------------------------------------------------------------
-    def add_generation(self, name: str, generation: str, prefix: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO generations VALUES (?, ?, ?, NULL)", (name, generation, prefix))
+    def add_generation(self, name: str, generation: str, prefix: str, replaced: dict | None = None) -> None:
+        self.db.execute("INSERT OR REPLACE INTO generations VALUES (?, ?, ?, ?)",
+                        (name, generation, prefix, None if replaced is None else json.dumps(replaced)))
 
     def replace_generations(self, name: str, when: dict) -> None:
         self.db.execute("UPDATE generations SET replaced = ? WHERE name = ? AND replaced IS NULL",

@@ -165,6 +165,24 @@ class NamespaceStore:
                 changes = self._logged(list(seen))
         return changes.version, self.push("apply_changes", changes)
 
+    def adopt(self, manifests: list[Manifest], generations: list[dict], retired: list[dict]) -> None:
+        """An earlier FasterFS's namespace (fasterfs.meta.legacy) into this empty store, in one
+        transaction: every name, the generations whose objects are not yet deleted, the pieces
+        awaiting deletion. Logged, not pushed: nodes that start later fetch it whole."""
+        with self._lock, self.engine.transaction():
+            if self.engine.count():
+                raise FasterFSError("the namespace store already holds names: nothing adopted")
+            for g in generations:
+                when = g["replaced"]
+                self.engine.add_generation(g["dataset"], g["generation"], g["prefix"],
+                                           when if isinstance(when, dict) or when is None else {"wall": when})
+            for m in manifests:
+                self.engine.put(m)
+            for r in retired:
+                when = r["retired"]
+                self.engine.retire([(r["node"], r["key"], "")], when if isinstance(when, dict) else {"wall": when})
+            self._logged([m.name for m in manifests])
+
     def pending_write(self, pieces: list[tuple[int, str, str]]) -> None:
         """(node, key, name) a write is about to store: collected after keep_old_s unless a
         publish names them first (a write killed mid-way leaves no orphan for good)."""
