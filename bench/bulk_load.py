@@ -205,8 +205,17 @@ def main(argv: list[str]) -> dict:
 
         marks: list[tuple[float, int]] = []
         began = time.perf_counter()
-        done = bulk_load.load(cfg, bulk_load.LocalTree(src), dest,
-                              progress=lambda files, total, size: marks.append((time.perf_counter() - began, files)))
+
+        def stored(files: int, total: int, size: int) -> None:
+            """Each batch's time kept; every tenth of the load said on stderr (a run stopped
+            before its end leaves its figures so far)."""
+            marks.append((time.perf_counter() - began, files))
+            if len(marks) > 1 and marks[-2][1] * 10 // total < files * 10 // total:
+                back = next((m for m in reversed(marks) if m[1] <= files - total // 10), (0.0, 0))
+                print(f"put -r: {files} of {total} files in {marks[-1][0]:.0f} s; the last tenth "
+                      f"{(marks[-1][0] - back[0]) / max(1, files - back[1]) * 1e3:.2f} ms per file",
+                      file=sys.stderr, flush=True)
+        done = bulk_load.load(cfg, bulk_load.LocalTree(src), dest, progress=stored)
         result["put_r"] = {"seconds": done.seconds, "files_per_s": n / done.seconds, "batches": done.batches,
                            "phases_s": done.phases}
         tenth = max(1, n // 10)

@@ -187,15 +187,23 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
     return health, plans
 
 
-def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health, list[_Plan]]]):
-    """The nodes' listings and the manifests, planned by `plan(listing, manifests)`, so that a
+Names = Callable[[], dict[str, Manifest]]  # every name's manifest, current as of the call
+
+
+def _registrys(state: ClusterState) -> Names:
+    return lambda: registry.fetch_manifests(state.name)[1]
+
+
+def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health, list[_Plan]]], names: Names):
+    """The nodes' listings and the manifests (`names()`: a StorageNode's own copy, caught up,
+    else fetched whole from the Registry), planned by `plan(listing, manifests)`, so that a
     piece another writer moves meanwhile (a concurrent repair, a refill) is not taken for
     missing. Listed before the manifests are fetched, so a piece retired since still counts;
     when that finds anything to do, listed again after, so a piece written since counts too,
     and a node is up or down by its later answer (a host back from a power cut mid-survey);
     a piece still missing from both is asked of its node."""
     first = listings(state, creds)
-    _, manifests = registry.fetch_manifests(state.name)
+    manifests = names()
     health, plans = plan(first, manifests)
     if not plans and not health.nodes_down:
         return first, manifests, health, plans
@@ -212,8 +220,9 @@ def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health,
     return (merged, manifests, *plan(merged, manifests))
 
 
-def survey(state: ClusterState, creds, load_slack: float) -> Health:
-    return _look(state, creds, lambda listing, ms: _plan(ms.values(), state, listing, load_slack))[2]
+def survey(state: ClusterState, creds, load_slack: float, names: Names | None = None) -> Health:
+    return _look(state, creds, lambda listing, ms: _plan(ms.values(), state, listing, load_slack),
+                 names or _registrys(state))[2]
 
 
 class Throttle:
@@ -250,7 +259,8 @@ class Outcome:
 
 def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
         waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
-        only: dict[str, set[int]] | None = None, fence: tuple[int, int] | None = None) -> Outcome:
+        only: dict[str, set[int]] | None = None, fence: tuple[int, int] | None = None,
+        names: Names | None = None) -> Outcome:
     """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc.
     `fence`: (node, epoch) of the repair lease this repair runs under (the automatic leader's)."""
     from .client import Client
@@ -259,7 +269,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     started = time.monotonic()
     ingest.collect_garbage(cfg, state, {n.index: s3.client(n.endpoint, creds) for n in state.nodes})
     listing, manifests, health, plans = _look(state, creds, lambda listing, ms: _plan(
-        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only))
+        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only), names or _registrys(state))
     alive = {n for n, keys in listing.items() if keys is not None}
     out = Outcome(health)
     if not plans:

@@ -30,6 +30,7 @@ from .errors import FasterFSError
 from .fill_router import FillRouter
 from .fill_sources import FillSources
 from .invalidation import Invalidations, Write, revalidate
+from .manifest import Manifest
 from .mark_keeper import MarkKeeper
 from .meta import Changes
 from .meta.follower import Change, Follower
@@ -201,7 +202,13 @@ class StorageNode:
                           self.minio.server.creds, keep_unverified=False)
 
     def _survey(self) -> repair.Health:
-        return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack)
+        return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack, self._names_now)
+
+    def _names_now(self) -> dict[str, Manifest]:
+        """Every name's manifest as the Registry has it now: this node's copy, caught up by the
+        log (a delta), not the whole namespace fetched (a million names, per survey)."""
+        self.namespace.catch_up()
+        return self.namespace.snapshot()
 
     def _check_changes(self, since: int) -> tuple[int, repair.Health] | None:
         changes = registry.fetch_changes(self.cfg.cluster.name, since)
@@ -221,10 +228,11 @@ class StorageNode:
             if self._lease(3 * self.cfg.repair.check_s) != epoch:
                 raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
         return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
-                          fence=(self.index, epoch))
+                          fence=(self.index, epoch), names=self._names_now)
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
-        out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad)
+        out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad,
+                         names=self._names_now)
         self.leader.record("scrub", out)
         return out.repaired
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import ray
-from conftest import minio_keys, wait_until
+from conftest import minio_keys, task_ids, tasks_ray_recorded, wait_until
 
 import fasterfs
 from fasterfs import cli, cluster, config, registry, repair, s3
@@ -146,6 +146,22 @@ def test_a_check_of_changed_names_asks_minio_for_just_their_pieces(live_cluster,
         assert (found.degraded, found.lost) == ({"repair/check.bin": [1]}, {})
     finally:
         registry.remove(live_cluster.name, "repair/check.bin")
+
+
+def test_a_nodes_survey_fetches_not_the_whole_namespace(live_cluster, overrides, tmp_path):
+    """A StorageNode's survey plans against its own copy of the namespace, caught up from the
+    store's log: Ray records a call of the Registry's `changes` (what changed since that copy)
+    while node 0 surveys, and none of its `manifests` (every name: a million, at a team's size)."""
+    whole, delta = ([("func_or_class_name", "=", f"Registry.{m}")] for m in ("manifests", "changes"))
+    (tmp_path / "b").write_bytes(os.urandom(2**20))
+    m = put(config.load(overrides + ["files.chunk_mb=1"]), tmp_path / "b", "repair/survey.bin")
+    earlier_whole, earlier_delta = task_ids(live_cluster, whole), task_ids(live_cluster, delta)
+    try:
+        assert ray.get(cluster.storage_nodes(live_cluster)[0].survey.remote())["chunks"] >= len(m)
+    finally:
+        registry.remove(live_cluster.name, "repair/survey.bin")
+    tasks_ray_recorded(live_cluster, delta, present=lambda tasks: len(tasks) > 0, excluding=earlier_delta)
+    assert tasks_ray_recorded(live_cluster, whole, present=lambda tasks: True, excluding=earlier_whole) == []
 
 
 def test_repair_options_checked():

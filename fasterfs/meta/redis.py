@@ -32,6 +32,8 @@ class RedisEngine(Engine):
         self.r: Any = redis.Redis(unix_socket_path=socket_path, password=password, decode_responses=True)
         self._tx: Any = None      # the MULTI pipeline of the transaction under way
         self._overlay: dict = {}  # (key, field or None) -> what this transaction wrote
+        self._ahead: dict = {}    # (key, field) -> what read_ahead found committed (None: nothing)
+        self._ahead_all: dict = {}  # key -> the hash read_ahead found
         try:
             born = time.time_ns()  # from the clock: a store made anew never repeats a number a reader saw
             self.r.hsetnx(self._k("facts"), "version", born)
@@ -60,14 +62,36 @@ class RedisEngine(Engine):
             raise FasterFSError(f"the head cannot write the namespace store (Redis at {self.where}): {e}; "
                                 "the namespace is unchanged") from None
         finally:
-            self._tx, self._overlay = None, {}
+            self._tx, self._overlay, self._ahead, self._ahead_all = None, {}, {}, {}
 
     # -- reads through the overlay, writes into the transaction ------------------------------
     def _hget(self, key: str, field: str):
         got = self._overlay.get((key, field))
         if got is None:
-            return self.r.hget(key, field)
+            return self._ahead[key, field] if (key, field) in self._ahead else self.r.hget(key, field)
         return None if got is GONE else got
+
+    def _hgetall(self, key: str) -> dict:
+        got = self._ahead_all.get(key)
+        return self.r.hgetall(key) if got is None else got
+
+    def read_ahead(self, names: list[str], pieces: list[tuple[int, str]]) -> None:
+        wanted = {(self._k("facts"), f) for f in ("version", "log_floor", "root_mtime")}
+        for name in names:  # the name, and each directory above it: a file or a directory there
+            parts = name.split("/")
+            for k in range(1, len(parts) + 1):
+                wanted |= {(self._k("names"), "/".join(parts[:k])), (self._k("dirs"), "/".join(parts[:k]))}
+        wanted |= {(self._k("retired"), f"{node}\0{key}") for node, key in pieces}
+        fields = [f for f in wanted if f not in self._overlay and f not in self._ahead]
+        hashes = [self._k("gen", n) for n in names]
+        pipe = self.r.pipeline(transaction=False)
+        for key, field in fields:
+            pipe.hget(key, field)
+        for key in hashes:
+            pipe.hgetall(key)
+        got = pipe.execute()
+        self._ahead.update(zip(fields, got[:len(fields)]))
+        self._ahead_all.update(zip(hashes, got[len(fields):]))
 
     def _hset(self, key: str, field: str, value) -> None:
         self._overlay[(key, field)] = value
@@ -175,7 +199,7 @@ class RedisEngine(Engine):
             self._tx.sadd(self._k("replaced"), f"{name}\0{generation}")
 
     def replace_generations(self, name: str, when: dict) -> None:
-        for generation, text in self.r.hgetall(self._k("gen", name)).items():
+        for generation, text in self._hgetall(self._k("gen", name)).items():
             g = json.loads(text)
             if g["replaced"] is None:
                 self._hset(self._k("gen", name), generation, json.dumps(dict(g, replaced=when)))

@@ -147,6 +147,8 @@ class NamespaceStore:
         (the new version, the nodes that took it)."""
         with self._lock:
             with self.engine.transaction():
+                self.engine.read_ahead([m.name for m, _ in items],
+                                       [p for m, _ in items for c in m.chunks for p in m.pieces(c)] if pending else [])
                 seen: set[str] = set()
                 for m, prefix in items:
                     why = self._conflict(m.name, m.kind) or (f"{m.name!r} twice in one batch" if m.name in seen
@@ -187,6 +189,7 @@ class NamespaceStore:
         """(node, key, name) a write is about to store: collected after keep_old_s unless a
         publish names them first (a write killed mid-way leaves no orphan for good)."""
         with self._lock, self.engine.transaction():
+            self.engine.read_ahead([], [(node, key) for node, key, _ in pieces])
             self.engine.retire(pieces, stamp.now())
 
     def _logged(self, names: list[str]) -> Changes:
