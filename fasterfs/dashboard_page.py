@@ -56,6 +56,11 @@ def _num(v, fmt: str = "{:,}") -> str:
     return "-" if v is None else e(fmt.format(v))
 
 
+def _age(seconds: float | None) -> str:
+    """How old a count is, when older than the dashboard's refresh: a big bucket is listed seldom."""
+    return "" if seconds is None or seconds < 60 else f" ({seconds / 60:.0f} min ago)"
+
+
 def _banners(snap: dict) -> str:
     out = []
     simulated = [n for n in snap["nodes"] if (n.get("kernel") or {}).get("mode") == "simulated"]
@@ -83,7 +88,8 @@ def _nodes(snap: dict) -> str:
         mode: dict[str | None, str] = {"real": '<span class="ok">real eBPF</span>',
                                        "simulated": '<span class="bad">SIMULATED</span>'}
         rows.append([str(n["index"]), e(n["address"] + (f" ({n['netns']})" if n.get("netns") else "")),
-                     e(n["endpoint"]), health, _num(st.get("objects")), e(fmt_bytes(st.get("bytes"))),
+                     e(n["endpoint"]), health, _num(st.get("objects")) + _age(st.get("objects_age_s")),
+                     e(fmt_bytes(st.get("bytes"))),
                      _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-"), _mounts(st.get("mounts"))])
     return _table(["node", "address", "MinIO", "health", "objects", "stored", "MinIO restarts", "kernel",
                    "FUSE mounts"], rows, 4)

@@ -34,7 +34,7 @@ RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads 
 TIMELINE_RATES = {"minio_reads": "reads from MinIO", "cache_reads": "reads from the cache",
                   "minio_gets": "GETs the kernel counted", "hot_events": "HOT events", "fills": "cache fills",
                   "evictions": "evictions"}
-COUNT_MAX_AGE_S = 15.0  # the objects and bytes per node shown may be this old
+COUNT_MAX_AGE_S = 15.0  # the objects and bytes per node shown may be this old (older for a big bucket)
 TIMELINE_HISTS = {"read": "readers' read latency", "kernel": "kernel: request to first byte"}
 
 

@@ -19,6 +19,7 @@ class NodeStatus(TypedDict):
     minio_restarts: int
     objects: int | None      # None: not counted (MinIO down): unknown, never 0
     bytes: int | None
+    objects_age_s: float | None  # how old that count is (a listing of many objects is made seldom)
     kernel_mode: str
     redundancy: dict | None  # repair.Health.to_dict() of this node's latest survey (the leader's), or None
     repairs: list[dict]      # this node's latest repairs

@@ -6,7 +6,8 @@ repairs it, its changes fenced by the lease's epoch. Pieces on a node down for l
 left alone (it may come back). A survey lists every node's bucket (most of an idle node's CPU with
 10,000 chunks if done every check), so the leader surveys only when the nodes changed (down or
 back, one down past `after_s`), while the last survey found anything to do, and at least every
-`repair.survey_s` (objects lost behind MinIO's back). A change of the namespace alone is checked,
+`repair.survey_s` (objects lost behind MinIO's back; less often when surveys that often would
+take over SURVEY_SHARE of the time). A change of the namespace alone is checked,
 not surveyed: only the pieces of the names that changed, so a load of a million files costs per
 batch what the batch holds, not what is stored already; what the check finds wrong is repaired
 by a survey.
@@ -26,6 +27,7 @@ from .repair import Health, Outcome
 log = logging.getLogger("fasterfs.repair_leader")
 
 HISTORY = 20  # repairs kept for `status`
+SURVEY_SHARE = 0.05  # of the leader's time its periodic surveys may take
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class RepairLeader:
         self._down_since: dict[int, float] = {}
         self._seen: tuple | None = None  # what the last survey saw
         self._surveyed = float("-inf")
+        self._took = 0.0  # seconds the last survey (or repair) took
 
     def tick(self, now: float | None = None) -> str:
         """One round; returns what it did: follow (another node leads), wait (nothing changed),
@@ -95,21 +98,26 @@ class RepairLeader:
         waiting = (set(nodes) | set(self._down_since)) - gone
         seen = (frozenset(alive), frozenset(waiting), self.version())
         settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
-        due = now - self._surveyed >= self.timing.survey_s
+        # the periodic survey, spaced so that it takes at most SURVEY_SHARE of the time: a million
+        # objects list in tens of seconds
+        due = now - self._surveyed >= max(self.timing.survey_s, self._took / SURVEY_SHARE)
         if seen == self._seen and settled and not due:
             return "wait"
         if settled and not due and self._seen is not None and seen[:2] == self._seen[:2] and self._checked(seen):
             return "check"
-        self._seen, self._surveyed = seen, now
-        if not self.timing.auto:
-            self.health = self.survey().to_dict()
-            return "survey"
-        out = self.repair(waiting, epoch)
-        self.health = out.health.to_dict()
-        if out.repaired or out.failed:
-            self.record("auto", out)
-            self.health = self.survey().to_dict()
-        return "repair"
+        self._seen, self._surveyed, began = seen, now, time.monotonic()
+        try:
+            if not self.timing.auto:
+                self.health = self.survey().to_dict()
+                return "survey"
+            out = self.repair(waiting, epoch)
+            self.health = out.health.to_dict()
+            if out.repaired or out.failed:
+                self.record("auto", out)
+                self.health = self.survey().to_dict()
+            return "repair"
+        finally:
+            self._took = time.monotonic() - began
 
     def _checked(self, seen: tuple) -> bool:
         """The names changed since the last look checked, and nothing found to do (else a

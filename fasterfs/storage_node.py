@@ -311,13 +311,14 @@ class StorageNode:
         import ray
 
         healthy, pid, restarts, held = self.minio.health()
-        chunks = size = None
+        chunks = size = age = None
         if healthy:
-            chunks, size = self.minio.count(self.marked(self.index), max_age_s)
+            chunks, size, age = self.minio.count(self.marked(self.index), max_age_s)
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.server.endpoint, "healthy": healthy, "held": held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
+                "objects_age_s": age,
                 "kernel_mode": self.kernel.mode, "redundancy": self.leader.health, "repairs": self.leader.repairs[-5:],
                 "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status()}
 

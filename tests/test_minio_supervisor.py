@@ -4,6 +4,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 
 import boto3
 import pytest
@@ -65,3 +66,39 @@ def test_a_held_minio_stays_down_until_released(supervisor):
     sup.release()
     assert sup.health()[0] and not sup.held
     assert _reader(sup, keys).list_objects_v2(Bucket="bkt")["KeyCount"] == 0
+
+
+def test_the_object_count_lists_at_most_a_share_of_the_time(supervisor):
+    """Counted by listing MinIO: what boto3 stored, listed in the caller when asked with
+    max_age_s=0; asked again at once with any age allowed, the last count (listing more often
+    would take over COUNT_SHARE of the time), with its age; once that spacing has passed, the
+    last count at once while a listing runs in the background, and the new count after it."""
+    from conftest import wait_until
+
+    from fasterfs import s3
+    from fasterfs.minio_supervisor import COUNT_SHARE
+
+    sup, keys = supervisor
+    admin = s3.client(sup.server.endpoint, keys.admin)
+    for i in range(200):
+        admin.put_object(Bucket="bkt", Key=f"k/{i}", Body=b"x" * i)
+    getter = s3.MarkedGetter(sup.server.endpoint, keys.reader, 0)
+    listings = []
+
+    class Counted:  # the real lister, each listing noted
+        def list(self, bucket):
+            listings.append(bucket)
+            return getter.list(bucket)
+
+    objects, size, age = sup.count(Counted(), 0)
+    assert (objects, size, len(listings)) == (200, sum(range(200)), 1) and age < 1
+    admin.put_object(Bucket="bkt", Key="k/one-more", Body=b"")
+    spacing = sup._counted[3] / COUNT_SHARE
+    objects, _, age = sup.count(Counted(), spacing / 10)  # allowed, but too soon for the share
+    assert (objects, len(listings)) == (200, 1) and 0 < age < spacing
+    time.sleep(spacing)
+    assert sup.count(Counted(), spacing / 10)[0] == 200  # the last count, not waited for
+    wait_until(lambda: sup.count(Counted(), 3600)[0] == 201, 10, "the count listed in the background")
+    assert len(listings) == 2
+    assert sup.count(Counted(), 0)[0] == 201 and len(listings) == 3  # `fasterfs status`: listed now
+    getter.close()

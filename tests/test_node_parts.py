@@ -2,6 +2,7 @@
 actor builds it, with the simulated kernel and a real cache directory; what would be a Ray call to
 a peer or a request to MinIO is a plain function that records what it was asked."""
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -23,7 +24,7 @@ from fasterfs.node_directory import NodeDirectory
 from fasterfs.node_index import NodeIndex, Piece, Shard
 from fasterfs.peer_tier import PeerTier
 from fasterfs.repair import Health, Outcome
-from fasterfs.repair_leader import RepairLeader, Timing
+from fasterfs.repair_leader import SURVEY_SHARE, RepairLeader, Timing
 
 pytestmark = pytest.mark.unit
 BUCKET = "b"
@@ -344,6 +345,23 @@ def test_a_change_of_the_namespace_alone_is_checked_not_surveyed():
     assert leader.tick(5) == "check"
     c.version = 6
     assert leader.tick(200) == "repair"  # a survey due after survey_s is not replaced by a check
+
+
+def test_a_survey_that_takes_long_comes_less_often():
+    """Due every survey_s (100 here), or every 1/SURVEY_SHARE of its own duration when longer:
+    a survey of 0.3 s (6 s at the share) waits past survey_s=0.1's due."""
+    c = Cluster()
+
+    def slow_repair(waiting: set[int], epoch: int) -> Outcome:
+        time.sleep(0.3)  # on the real clock: what the leader measures
+        return Outcome(c.health())
+    leader = RepairLeader(0, Timing(check_s=1, after_s=10, survey_s=0.1, auto=True),
+                          lambda: ([0, 1, 2], set(c.alive)), lambda: c.version, c.health, lambda since: None,
+                          slow_repair, lambda ttl_s: c.lease.acquire(0, ttl_s))
+    assert leader.tick(0) == "repair"
+    assert 0.3 / SURVEY_SHARE > 1.0  # the share's spacing, past survey_s and the next tick
+    assert leader.tick(1.0) == "wait"
+    assert leader.tick(0.3 / SURVEY_SHARE + 1) == "repair"
 
 
 def test_one_leader_across_a_partition_and_a_new_epoch_after_it():
