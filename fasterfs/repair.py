@@ -48,19 +48,25 @@ def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]
     return chunk_homes(m.name, len(m), nodes, width, load_slack)
 
 
-def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:
-    """Every node's object keys; None for a node whose MinIO does not answer."""
-    def keys(node) -> set[str] | None:
-        lister = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark,  # the kernel skips it
+def _per_node(state: ClusterState, creds, timeout: float,
+              ask: Callable[[int, s3.MarkedGetter], set[str] | None]) -> dict[int, set[str] | None]:
+    """`ask(node, its MinIO)` of every node at once; None for a node whose MinIO does not answer."""
+    def one(node) -> set[str] | None:
+        getter = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark,  # the kernel skips it
                                  urllib3.Timeout(connect=timeout, read=30.0))
         try:
-            return {key for key, _ in lister.list(state.settings.bucket)}
+            return ask(node.index, getter)
         except Exception:
             return None
         finally:
-            lister.close()
+            getter.close()
     with ThreadPoolExecutor(8) as pool:
-        return dict(zip((n.index for n in state.nodes), pool.map(keys, state.nodes)))
+        return dict(zip((n.index for n in state.nodes), pool.map(one, state.nodes)))
+
+
+def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:
+    """Every node's object keys; None for a node whose MinIO does not answer."""
+    return _per_node(state, creds, timeout, lambda node, lister: {key for key, _ in lister.list(state.settings.bucket)})
 
 
 def holdings(state: ClusterState, creds, pieces: Iterable[tuple[int, str]],
@@ -74,21 +80,13 @@ def holdings(state: ClusterState, creds, pieces: Iterable[tuple[int, str]],
             wanted[node].append(key)
     bucket = state.settings.bucket
 
-    def held(node) -> set[str] | None:
-        asker = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark,  # the kernel skips it
-                                urllib3.Timeout(connect=timeout, read=30.0))
-        try:
-            if not wanted[node.index]:
-                return set() if asker.answers(bucket, timeout) else None
-            with ThreadPoolExecutor(8) as pool:
-                return {k for k, there in zip(wanted[node.index], pool.map(lambda k: asker.holds(bucket, k),
-                                                                        wanted[node.index])) if there}
-        except Exception:
-            return None
-        finally:
-            asker.close()
-    with ThreadPoolExecutor(8) as pool:
-        return dict(zip((n.index for n in state.nodes), pool.map(held, state.nodes)))
+    def held(node: int, asker: s3.MarkedGetter) -> set[str] | None:
+        if not wanted[node]:
+            return set() if asker.answers(bucket, timeout) else None
+        with ThreadPoolExecutor(8) as pool:
+            return {k for k, there in zip(wanted[node], pool.map(lambda k: asker.holds(bucket, k), wanted[node]))
+                    if there}
+    return _per_node(state, creds, timeout, held)
 
 
 def check(state: ClusterState, creds, manifests: list[Manifest], load_slack: float) -> Health:
