@@ -101,7 +101,7 @@ def first_frame_ms(state) -> float:
 
     b = Browser()
     try:
-        b.set_cookie(state.web_url, auth.COOKIE, auth.session_value(auth.read(auth.token_file(state.root))))
+        b.log_in(state)
         b.open(f"{state.web_url}/kernel")
         return b.wait("window.ffs && ffs.firstFrameMs", 60, "the first frame")
     finally:

@@ -59,9 +59,13 @@ class Browser:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg["result"]
 
-    def set_cookie(self, url: str, name: str, value: str) -> None:
-        """A cookie for `url`'s site, as a login page would have set it."""
-        self.call("Network.setCookie", name=name, value=value, url=url)
+    def log_in(self, state) -> None:
+        """Logged in to FasterFS's dashboard of cluster `state`, as its /login form leaves a
+        browser: the session cookie made from the cluster's token (its file, 0600)."""
+        from fasterfs import auth
+
+        value = auth.session_value(auth.read(auth.token_file(state.root)))
+        self.call("Network.setCookie", name=auth.COOKIE, value=value, url=state.web_url)
 
     def open(self, url: str) -> None:
         self.call("Page.enable")

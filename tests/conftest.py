@@ -87,13 +87,6 @@ def dashboard_headers(state) -> dict[str, str]:
     return auth.bearer(state.root)
 
 
-def dashboard_login(browser, state) -> None:
-    """The browser logged in to the cluster's dashboard, as its /login form does (a cookie)."""
-    from fasterfs import auth
-
-    browser.set_cookie(state.web_url, auth.COOKIE, auth.session_value(auth.read(auth.token_file(state.root))))
-
-
 def minio_listing(state, prefix: str) -> dict[int, list[dict]]:
     """Node index -> the objects under `prefix` in that node's MinIO, as MinIO lists them (boto3
     with the cluster's admin key): where the data is, not where FasterFS's plan says."""

@@ -168,12 +168,12 @@ def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root, live_clust
     port = live_cluster.config["minio"]["port"]
     gets = minio_gets(actors, port)
     ctx = mp.get_context("spawn")
-    out, readers = ctx.Queue(), 4
+    out, readers, rounds = ctx.Queue(), 4, 4
     go = ctx.Barrier(readers + 1)
     try:
         ray.get([a.cache_resize.remote(cap) for a in actors])
         procs = [ctx.Process(target=_reader, args=(str(cluster_root), random.Random(p).sample(ids, len(ids)),
-                                                    expected, 4, go, out)) for p in range(readers)]
+                                                    expected, rounds, go, out)) for p in range(readers)]
         for p in procs:
             p.start()
         go.wait(120)
@@ -187,7 +187,7 @@ def test_concurrent_readers_see_only_whole_chunks(cold, cluster_root, live_clust
         assert bad == [0] * readers
         assert counter(actors, "fills") > fills and counter(actors, "readers", "hits") > hits
         # the kernel's count: fewer GETs reached MinIO than the readers made reads (some were hits)
-        assert minio_gets(actors, port) - gets < readers * 4 * len(ids)
+        assert minio_gets(actors, port) - gets < readers * rounds * len(ids)
     finally:
         ray.get([a.cache_resize.remote(1024 * 1_000_000) for a in actors])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import dashboard_headers, dashboard_login, load_job, minio_holdings, wait_until
+from conftest import dashboard_headers, load_job, minio_holdings, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from fasterfs import bpf, cluster, config
@@ -126,7 +126,7 @@ def test_page_refreshes_itself_in_a_browser(live_cluster, tmp_path):
 
     b = Browser()
     try:
-        dashboard_login(b, live_cluster)
+        b.log_in(live_cluster)
         b.open(f"{live_cluster.web_url}/")
         b.wait("Number(document.getElementById('live').dataset.refreshes) >= 2",
                5 * live_cluster.config["dashboard"]["refresh_s"] + 30, "two refreshes of the live part")
@@ -197,7 +197,7 @@ def test_kernel_view_live_in_a_browser(ingest_as, live_cluster, overrides, tmp_p
     ray.get([a.cache_clear.remote() for a in actors])  # Demo A clears them too: the page must see them empty
     b = Browser()
     try:
-        dashboard_login(b, live_cluster)
+        b.log_in(live_cluster)
         b.open(f"{live_cluster.web_url}/kernel")
         b.wait("window.ffs && ffs.frames > 1 && ffs.layout", 60, "the first frames")
         before = _pixels(b, manifest.name)
