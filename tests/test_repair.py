@@ -22,12 +22,35 @@ def _read_all(root, name) -> bytes:
     return b"".join(client.read_chunk(i) for i in range(len(client)))
 
 
+def leaders_look(state, node: int, version: int, since: float) -> int | None:
+    """How many chunks node `node`'s repair leader covered when it looked at the namespace at
+    `version` or later (a check of the changes, or a survey begun after `since`, wall clock);
+    None: it has not looked."""
+    r = ray.get(cluster.storage_nodes(state)[node].status.remote(max_age_s=60))["redundancy"] or {}
+    checked = r.get("changes_checked") or {}
+    if checked.get("version", 0) >= version:
+        return checked["chunks"]
+    return r["chunks"] if r.get("time", 0) > since else None
+
+
+def put_then_leader_looked(state, cfg, src, name: str):
+    """`put`, then wait for the leader's look at it: a piece deleted behind FasterFS's back after
+    that is not repaired before the test's own survey (the leader looks again only at the next
+    change, or after repair.survey_s)."""
+    since = time.time()
+    m = put(cfg, src, name)
+    version = registry.namespace_version(state.name)
+    wait_until(lambda: leaders_look(state, 0, version, since) is not None,
+               timeout=3 * state.config["repair"]["check_s"] + 10, what="node 0's look at the change")
+    return m
+
+
 def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, overrides, cluster_root, tmp_path,
                                                               capsys):
     blob = os.urandom(3 * 2**20 + 5)
     (tmp_path / "b").write_bytes(blob)
-    m = put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
-            tmp_path / "b", "repair/ec.bin")
+    ec = config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"])
+    m = put_then_leader_looked(live_cluster, ec, tmp_path / "b", "repair/ec.bin")
     state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
     p0, p1 = m.pieces(m.chunks[0]), m.pieces(m.chunks[1])
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
@@ -109,24 +132,14 @@ def test_the_lowest_live_node_looks_at_a_change(live_cluster, overrides, tmp_pat
     (a new file) up to the namespace's version after it: it checks the names changed, or (while
     the last survey found work, as another test's lost chunks) surveys again; node 1 does
     neither. (Which of the two, and resting while nothing changes, is RepairLeader's unit test.)"""
-    actors = cluster.storage_nodes(live_cluster)
-    check_s = live_cluster.config["repair"]["check_s"]
     since = time.time()
     (tmp_path / "b").write_bytes(os.urandom(2**20))
-    m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/lead.bin")
+    m = put_then_leader_looked(live_cluster, config.load(overrides + ["replicas=2", "files.chunk_mb=1"]),
+                               tmp_path / "b", "repair/lead.bin")
     version = registry.namespace_version(live_cluster.name)
-
-    def looked(i) -> int | None:
-        """How many chunks node i's look after the change covered; None: it has not looked."""
-        r = ray.get(actors[i].status.remote(max_age_s=60))["redundancy"] or {}
-        checked = r.get("changes_checked") or {}
-        if checked.get("version", 0) >= version:
-            return checked["chunks"]
-        return r["chunks"] if r.get("time", 0) > since else None
     try:
-        wait_until(lambda: looked(0) is not None, timeout=3 * check_s + 10, what="node 0's look at the change")
-        assert looked(0) >= len(m)
-        assert looked(1) is None
+        assert leaders_look(live_cluster, 0, version, since) >= len(m)
+        assert leaders_look(live_cluster, 1, version, since) is None
     finally:
         registry.remove(live_cluster.name, "repair/lead.bin")
 
@@ -135,7 +148,8 @@ def test_a_check_of_changed_names_asks_minio_for_just_their_pieces(live_cluster,
     """repair.check against the real MinIOs: a file's chunks all at full redundancy, then one
     replica deleted behind FasterFS's back (boto3) is that chunk degraded, and only it."""
     (tmp_path / "b").write_bytes(os.urandom(3 * 2**20))
-    m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/check.bin")
+    m = put_then_leader_looked(live_cluster, config.load(overrides + ["replicas=2", "files.chunk_mb=1"]),
+                               tmp_path / "b", "repair/check.bin")
     state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
     try:
         whole = repair.check(state, creds, [m], 0.1)
