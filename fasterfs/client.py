@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -92,6 +93,23 @@ class Client:
         """Nodes to try for chunk i, in order: this node if it holds a copy, then the owner first."""
         self.manifest.chunk(i)  # names the valid range for a bad id
         return self._sources[i]
+
+    def presigned(self, ids: Sequence[int], expires_s: int) -> list[dict] | None:
+        """Chunks `ids` as another process on this host may GET them itself: each one's size,
+        xxh3 and holders as presigned URLs, in the order this client tries them (holders that
+        refused lately last). None where such GETs would go uncounted (MinIO over TLS, a node's
+        kernel simulated: this client reports its GETs to the node instead), or for shards."""
+        s = self.session
+        if self.manifest.layout != "replicas" or s.state.tls_ca or s.mark or any(
+                n.kernel_mode == "simulated" for n in self.state.nodes):
+            return None
+        out = []
+        for i in ids:
+            c = self.manifest.chunk(i)
+            urls = [s.getter(n).presign(self.manifest.bucket, c.key, expires_s)
+                    for n in sorted(self.sources(i), key=self._down)]
+            out.append({"bytes": c.bytes, "xxh3": c.xxh3, "urls": urls})
+        return out
 
     def cache_path(self, node: int, i: int) -> str:
         """The file in `node`'s cache holding chunk i: its own entry, or its file's."""

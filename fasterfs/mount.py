@@ -12,10 +12,13 @@ the mount point cleaned up if they die):
   as a local file, with no daemon on the way. Before such an open it checks that the entry is
   still the one declared (its inode) and that the kernel has seen no write of the chunk
   since it was fetched (the pinned stale marks, as every reader does).
-- this agent, its parent, holds the namespace (`reader.Namespace`). Every other open and
-  read comes here and takes the client's path (this host's cache, else a holder's MinIO), so
-  the kernel counts the GETs and makes chunks hot; once all of a file's chunks are cached, the
-  agent declares it hot to the daemon.
+- this agent, its parent, holds the namespace (`reader.Namespace`). Every other open comes
+  here; its reply tells the daemon where the file's bytes are (each chunk's holders as
+  presigned GETs, `_fetch`), so the daemon fetches misses from MinIO itself, checked by xxh3,
+  and the kernel counts those GETs and makes chunks hot. Reads come here only where the daemon
+  cannot fetch (erasure-coded files, MinIO over TLS, a simulated kernel, no good copy at any
+  holder) and take the client's path (this host's cache, else a holder's MinIO). Once all of a
+  file's chunks are cached, the agent declares it hot to the daemon.
 
     python -m fasterfs.mount MOUNTPOINT [overrides...]     (what the StorageNode runs)
 
@@ -57,11 +60,12 @@ class Agent:
     """The daemon's other half: the namespace, opens and reads of what is not hot."""
 
     REFRESH_AT_MOST_S = 0.1  # programs probing for names that do not exist cost a Registry call this often
-    CACHED_EVERY_S = 0.1     # how often a handle's reads look for newly cached parts of its file
+    CACHED_EVERY_S = 0.025   # how often a handle's reads look for newly cached parts of its file
     PENDING_S = 5.0          # how long a file read through here is watched for its fills to land
+    FETCH_URLS_S = 6 * 3600  # how long the GETs handed to the daemon at an open stay valid
 
-    def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8):
-        self.ns, self.sock = ns, sock
+    def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8, native_fetch: bool = True):
+        self.ns, self.sock, self.native_fetch = ns, sock, native_fetch
         self._files: dict[int, OpenFile] = {}
         self._told: dict[int, tuple[float, int]] = {}  # handle -> when, and how many chunks, "cached" was sent
         self._pending: dict[str, tuple[Entry, float]] = {}  # path -> its entry, watched until (hot_soon)
@@ -223,6 +227,9 @@ class Agent:
                 data = self._read(m["handle"], m["offset"], m["size"])
                 cached = self._cached_since(m["handle"])
                 self._send({"id": m["id"], "len": len(data), **({"cached": cached} if cached else {})}, data)
+            elif op == "cached":  # the daemon reads a file itself: what of it is cached here now?
+                cached = self._cached_since(m["handle"])
+                self._send({"id": m["id"], **({"cached": cached} if cached else {})})
             elif op == "refresh":  # a name the daemon's tree lacks, or a hot file marked stale: newer?
                 if m.get("why") == "stale" or time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
                     self._refreshed = time.monotonic()
@@ -263,7 +270,21 @@ class Agent:
         cached = self._cached(entry)
         with self._lock:
             self._told[handle] = (time.monotonic(), len(cached["keys"]) if cached else 0)
-        return {"handle": handle, "keep_cache": self.ns.may_keep_pages(entry), **({"cached": cached} if cached else {})}
+        fetch = self._fetch(entry)
+        return {"handle": handle, "keep_cache": self.ns.may_keep_pages(entry), **({"cached": cached} if cached else {}),
+                **({"fetch": fetch} if fetch else {})}
+
+    def _fetch(self, entry: Entry) -> dict | None:
+        """Where `entry`'s bytes are, so that the daemon fetches its misses itself (checked
+        against each chunk's xxh3 there); None leaves every read to this agent."""
+        if not self.native_fetch:
+            return None
+        chunks = self.ns.client(entry.file_manifest).presigned(entry.chunk_ids, self.FETCH_URLS_S)
+        if chunks is None:
+            return None
+        for start, c in zip(entry.starts, chunks):
+            c["start"] = start
+        return {"chunks": chunks}
 
     def _cached_since(self, handle: int) -> dict | None:
         """What the daemon may now read itself of this handle's file, if more than it was told
@@ -310,19 +331,20 @@ class Agent:
                 log.exception("namespace refresh failed; the daemon keeps the last tree")
 
 
-def access_args(m) -> list[str]:
-    """Who may read through the mount (config `mount.*`), as the daemon takes it."""
-    return ["--uid", str(m.uid), "--gid", str(m.gid), "--file-mode", str(config.mode(m.file_mode)),
-            "--dir-mode", str(config.mode(m.dir_mode)), *(["--allow-other"] if m.allow_other else [])]
+def daemon_args(m) -> list[str]:
+    """The daemon's options from config `mount.*`: its FUSE threads, and who may read."""
+    return ["--threads", str(int(m.threads)), "--uid", str(m.uid), "--gid", str(m.gid),
+            "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
+            *(["--allow-other"] if m.allow_other else [])]
 
 
 def serve(mountpoint: str, overrides: list[str]) -> None:
     cfg = config.load(overrides)
     ns = Namespace(cfg, whole=True)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    agent = Agent(ns, ours)
+    agent = Agent(ns, ours, native_fetch=bool(cfg.mount.native_fetch))
     daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno()),
-                               *access_args(cfg.mount)],
+                               *daemon_args(cfg.mount)],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
     agent.start_tree()  # the daemon mounts once it has the first tree

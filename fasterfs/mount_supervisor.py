@@ -204,7 +204,8 @@ def mount_counts(daemon: dict | None) -> str:
            else "; passthrough OFF: the kernel refused it, every read goes through the agent")
     return (f"opens by passthrough {daemon['passthrough_opens']:,} (their reads unseen by any counter), "
             f"through the agent {daemon['agent_opens']:,} ({daemon['reads_forwarded']:,} reads forwarded, "
-            f"{daemon.get('reads_cached', 0):,} read from the cache by the daemon){why}")
+            f"{daemon.get('reads_cached', 0):,} read from the cache and "
+            f"{daemon.get('fetch', {}).get('reads', 0):,} from MinIO by the daemon){why}")
 
 
 def daemon_overrides(cfg) -> list[str]:

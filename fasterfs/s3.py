@@ -91,6 +91,7 @@ class MarkedGetter:
         self.pool = pool_cls(url.hostname, url.port, maxsize=pool, block=False, timeout=timeout,
                              retries=False, socket_options=options, **tls.urllib3_options(endpoint))
         self.signer = S3SigV4Auth(BotoCredentials(creds.access_key, creds.secret_key), "s3", "us-east-1")
+        self.creds = BotoCredentials(creds.access_key, creds.secret_key)
 
     def get(self, bucket: str, key: str) -> tuple[bytes, str]:
         """The object's bytes and ETag; KeyError if it does not exist."""
@@ -113,6 +114,18 @@ class MarkedGetter:
             raise ServerError(response.status, f"GET {path} on {self.endpoint}: HTTP {response.status} "
                                                f"{response.data[:200]!r}")
         return response.data, response.headers
+
+    def presign(self, bucket: str, key: str, expires_s: int) -> str:
+        """A URL that GETs the object for `expires_s` seconds without the key: what the mount's
+        daemon fetches with (it holds no secret). The URL is a capability: never logged."""
+        from urllib.parse import quote
+
+        from botocore.auth import S3SigV4QueryAuth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method="GET", url=f"{self.endpoint}/{bucket}/{quote(key)}")
+        S3SigV4QueryAuth(self.creds, "s3", "us-east-1", expires=expires_s).add_auth(request)
+        return request.url
 
     def holds(self, bucket: str, key: str) -> bool:
         """Whether the object is there now (a HEAD: unlike a listing, which MinIO may answer

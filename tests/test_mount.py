@@ -9,14 +9,16 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import ray
 from conftest import source_csv, wait_until
 
-from fasterfs import cluster, config, credentials, s3
+from fasterfs import cluster, config, credentials, registry, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
 
@@ -39,6 +41,12 @@ def daemon_read_bytes(actor, point) -> int:
     daemon = next(int(c) for c in children if Path(f"/proc/{c}/exe").resolve().name == "ffs-mount")
     return int(next(line.split()[1] for line in Path(f"/proc/{daemon}/io").read_text().splitlines()
                     if line.startswith("rchar:")))
+
+
+def daemon_reads(stats: dict) -> int:
+    """READs the daemon answered other than from a cache entry: fetched from MinIO itself, or
+    forwarded to the agent."""
+    return stats["reads_forwarded"] + stats["fetch"]["reads"]
 
 
 def put_hot(point, actor, overrides, local, name: str):
@@ -126,7 +134,7 @@ def test_a_file_of_several_chunks_is_one_passthrough_file(mounted, live_cluster,
 
 def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster, overrides, tmp_path):
     """Chunks 0 and 2 of a 4-chunk file cached, 1 and 3 not: the daemon reads the cached ones
-    from the file's entry itself (no READ reaches the agent), the others go to the agent."""
+    from the file's entry itself, the others from MinIO itself (no READ reaches the agent)."""
     point, actor = mounted
     data = os.urandom(4 * 2**20)
     (tmp_path / "part.bin").write_bytes(data)
@@ -149,11 +157,117 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
             at = 2**20 + 5_555  # chunk 1: not cached
             assert os.pread(fd, 4096, at) == data[at:at + 4096]
             after = daemon_counts(actor, point, time.time())
-            assert after["reads_forwarded"] > mid["reads_forwarded"], (mid, after)
+            assert after["fetch"]["reads"] > mid["fetch"]["reads"], (mid, after)
+            assert after["reads_forwarded"] == mid["reads_forwarded"], (mid, after)
         finally:
             os.close(fd)
     finally:
         remove(cfg, "native/part.bin")
+
+
+def test_a_cold_file_is_fetched_by_the_daemon_itself_and_checked(mounted, live_cluster, overrides, tmp_path):
+    """A file of 3 chunks, 2 copies each, nothing cached: the daemon GETs its chunks from MinIO
+    itself (no READ reaches the agent) and serves the source's bytes. A copy overwritten behind
+    FasterFS's back with other bytes of the same size is refused by the manifest's checksum and
+    the other copy served, whichever copy is rotten. The kernel counted the daemon's GETs (the
+    agent made none): reading on makes the chunks hot, the cache fills them, and the next open
+    is passthrough."""
+    point, actor = mounted
+    data = os.urandom(3 * 2**20 - 999)
+    (tmp_path / "cold.bin").write_bytes(data)
+    cfg = config.load(overrides + ["files.chunk_mb=1", "replicas=2"])
+    m = put(cfg, tmp_path / "cold.bin", "native/cold.bin")
+    state = registry.find_in_ray(live_cluster.name)
+    admin = registry.fetch_credentials(live_cluster.name, "admin")
+    try:
+        f = point / "native" / "cold.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        before = daemon_counts(actor, point, time.time())
+        assert f.read_bytes() == data
+        after = daemon_counts(actor, point, time.time())
+        assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
+        assert after["fetch"]["gets"] - before["fetch"]["gets"] >= len(m.chunks), (before, after)
+
+        c = m.chunk(1)
+        at = 2**20  # chunk 1, read whole (a small read far from the last is a ranged GET: unchecked)
+        for node in c.nodes:  # each copy rotten in turn: the daemon always tries one of them first
+            minio = s3.client(state.node(node).endpoint, admin)
+            kept = minio.get_object(Bucket=m.bucket, Key=c.key)
+            good = kept["Body"].read()
+            minio.put_object(Bucket=m.bucket, Key=c.key, Body=bytes(b ^ 0xFF for b in good),
+                             Metadata=kept["Metadata"])
+            try:
+                with open(f, "rb") as fh:
+                    fh.seek(at)
+                    assert fh.read(c.bytes) == data[at:at + c.bytes]
+            finally:
+                minio.put_object(Bucket=m.bucket, Key=c.key, Body=good, Metadata=kept["Metadata"])
+        checked = daemon_counts(actor, point, time.time())
+        assert checked["fetch"]["bad_checksum"] > after["fetch"]["bad_checksum"], (after, checked)
+        assert checked["reads_forwarded"] == before["reads_forwarded"], (before, checked)
+
+        make_file_hot(f, live_cluster, m)
+        hot = daemon_counts(actor, point, time.time())
+        assert hot["reads_forwarded"] == before["reads_forwarded"], (before, hot)  # every GET the daemon's
+        assert f.read_bytes() == data
+        last = daemon_counts(actor, point, time.time())
+        assert last["passthrough_opens"] > hot["passthrough_opens"], (hot, last)
+    finally:
+        remove(cfg, "native/cold.bin")
+
+
+def test_a_frozen_minio_delays_only_the_reads_that_need_it(mounted, live_cluster, overrides, tmp_path):
+    """The MinIO holding a cold file's only copy frozen (SIGSTOP: connections accepted, nothing
+    answered) while 4 readers read that file through the mount: hot files read meanwhile take
+    their usual time (the reads waiting on MinIO hold no FUSE thread); thawed, the cold reads
+    complete with the source's bytes."""
+    point, actor = mounted
+    hot = os.urandom(500_000)
+    (tmp_path / "hot.bin").write_bytes(hot)
+    m_hot = put(config.load(overrides), tmp_path / "hot.bin", "native/frozen-hot.bin")
+    f_hot = point / "native" / "frozen-hot.bin"
+    wait_until(f_hot.exists, timeout=10, what="the file in the mount")
+    make_file_hot(f_hot, live_cluster, m_hot)
+    cold = os.urandom(3 * 2**20)
+    (tmp_path / "cold.bin").write_bytes(cold)
+    cfg = config.load(overrides + ["files.chunk_mb=4", "replicas=1"])
+    m = put(cfg, tmp_path / "cold.bin", "native/frozen-cold.bin")
+    holder = cluster.storage_nodes(live_cluster)[m.chunk(0).nodes[0]]
+    minio = ray.get(holder.status.remote())["minio_pid"]
+    f_cold = point / "native" / "frozen-cold.bin"
+    wait_until(f_cold.exists, timeout=10, what="the file in the mount")
+
+    def usual() -> float:
+        t = time.perf_counter()
+        for _ in range(20):
+            assert f_hot.read_bytes() == hot
+        return (time.perf_counter() - t) / 20
+    before = usual()
+    got: dict[int, bytes] = {}
+
+    def read(k: int) -> None:
+        with open(f_cold, "rb") as fh:
+            fh.seek(k * 2**20)
+            got[k] = fh.read(2**20)
+    readers = [threading.Thread(target=read, args=(k,)) for k in range(3)] + \
+        [threading.Thread(target=read, args=(0,))]
+    os.kill(minio, signal.SIGSTOP)
+    try:
+        for r in readers:
+            r.start()
+        time.sleep(1.0)  # the readers are waiting on the frozen MinIO
+        assert any(r.is_alive() for r in readers)
+        meanwhile = usual()
+    finally:
+        os.kill(minio, signal.SIGCONT)
+    for r in readers:
+        r.join(timeout=60)
+    try:
+        assert meanwhile < max(10 * before, 0.05), (before, meanwhile)
+        assert all(got[k] == cold[k * 2**20:(k + 1) * 2**20] for k in range(3)), sorted(got)
+    finally:
+        remove(config.load(overrides), "native/frozen-hot.bin")
+        remove(cfg, "native/frozen-cold.bin")
 
 
 def resident_pages(path) -> tuple[int, int]:
@@ -203,13 +317,13 @@ def test_a_file_cached_here_keeps_its_pages_across_opens_until_its_chunks_change
     assert f.read_bytes() == expected
     after = daemon_counts(actor, point, time.time())
     # the kernel's pages served the read: only a page it no longer held reaches the daemon, one READ at most
-    reached = sum(after[k] - before[k] for k in ("reads_forwarded", "reads_cached"))
+    reached = daemon_reads(after) - daemon_reads(before) + after["reads_cached"] - before["reads_cached"]
     assert reached <= pages - resident, (reached, pages - resident)
     assert after["agent_opens"] > before["agent_opens"]  # opened by the agent each time, read from the kernel's pages
     ray.get(actors[m.chunks[0].nodes[0]].cache_clear.remote())  # a chunk is no longer cached here
     assert resident_pages(f)[0] == 0  # that open dropped the pages
     assert f.read_bytes() == expected
-    assert daemon_counts(actor, point, time.time())["reads_forwarded"] > after["reads_forwarded"]
+    assert daemon_reads(daemon_counts(actor, point, time.time())) > daemon_reads(after)
 
 
 def test_a_replaced_file_is_never_served_old_to_a_new_open(mounted, live_cluster, overrides, tmp_path):

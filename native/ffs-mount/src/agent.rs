@@ -14,6 +14,7 @@ use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -37,13 +38,17 @@ pub struct Agent {
     writer: Mutex<UnixStream>,
     pending: Mutex<Pending>,
     next_id: AtomicU64,
+    /// How long a call waits for its reply: then EIO, said in the log.
+    timeout: Duration,
+    /// Calls that waited that long.
+    pub timeouts: AtomicU64,
     /// How many messages handed to the applier it has finished, in order.
     applied: Mutex<u64>,
     applied_cv: Condvar,
 }
 
 impl Agent {
-    pub fn new(writer: UnixStream) -> Agent {
+    pub fn new(writer: UnixStream, timeout: Duration) -> Agent {
         Agent {
             writer: Mutex::new(writer),
             pending: Mutex::new(Pending {
@@ -51,6 +56,8 @@ impl Agent {
                 closed: false,
             }),
             next_id: AtomicU64::new(1),
+            timeout,
+            timeouts: AtomicU64::new(0),
             applied: Mutex::new(0),
             applied_cv: Condvar::new(),
         }
@@ -98,8 +105,26 @@ impl Agent {
             self.pending.lock().unwrap().waiters.remove(&id);
             return Err(libc::EIO);
         }
-        // A dropped sender (socket closed) also lands here as Err.
-        let r = rx.recv().map_err(|_| libc::EIO)?;
+        let r = match rx.recv_timeout(self.timeout) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // its late reply finds no waiter and is dropped
+                self.pending.lock().unwrap().waiters.remove(&id);
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                let op = req.get("op").and_then(Value::as_str).unwrap_or("?");
+                let what = req
+                    .get("path")
+                    .or_else(|| req.get("handle"))
+                    .cloned()
+                    .unwrap_or_default();
+                eprintln!(
+                    "ffs-mount: the agent did not answer {op} of {what} within {:?}: EIO",
+                    self.timeout
+                );
+                return Err(libc::EIO);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(libc::EIO), // the socket closed
+        };
         if synced || r.v.get("errno").is_some() {
             self.wait_applied(r.after);
         }
@@ -138,5 +163,34 @@ impl Agent {
         let mut p = self.pending.lock().unwrap();
         p.closed = true;
         p.waiters.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_call_the_agent_never_answers_fails_in_its_time() {
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let a = Agent::new(ours, Duration::from_millis(200));
+        let t = Instant::now();
+        assert_eq!(
+            a.call(json!({"op": "read", "handle": 1})).err(),
+            Some(libc::EIO)
+        );
+        assert!(t.elapsed() >= Duration::from_millis(200) && t.elapsed() < Duration::from_secs(5));
+        assert_eq!(a.timeouts.load(Ordering::Relaxed), 1);
+        assert!(
+            a.pending.lock().unwrap().waiters.is_empty(),
+            "its waiter is gone"
+        );
+        let late = Reply {
+            v: json!({"id": 1}),
+            data: vec![],
+            after: 0,
+        };
+        a.deliver(1, late); // the late reply is dropped
     }
 }

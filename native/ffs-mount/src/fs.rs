@@ -20,6 +20,7 @@ use fuser::{
 use serde_json::{json, Value};
 
 use crate::agent::{Agent, Hook};
+use crate::fetch::{Fetcher, Remote, AHEAD};
 use crate::marks::{Marks, Pins};
 use crate::tree::Tree;
 
@@ -169,6 +170,8 @@ enum Handle {
         h: Value,
         size: u64,
         cached: Option<Arc<Cached>>,
+        /// Where its bytes are, if the agent said: misses fetched here.
+        remote: Option<Arc<Remote>>,
     },
 }
 
@@ -278,6 +281,7 @@ pub struct Shared {
     pub stats: Stats,
     pub agent: Agent,
     pub ttl: Duration,
+    pub fetcher: Arc<Fetcher>,
     pins: Pins,
     passthrough_ok: AtomicBool,
     opens: Mutex<Opens>,
@@ -292,6 +296,7 @@ impl Shared {
             stats: Stats::default(),
             agent,
             ttl,
+            fetcher: Arc::new(Fetcher::new(AHEAD)),
             pins: Pins::default(),
             passthrough_ok: AtomicBool::new(false),
             opens: Mutex::new(Opens::default()),
@@ -430,6 +435,42 @@ impl Shared {
             Probe::Cold => None,
         }
     }
+
+    /// What of agent handle `h`'s file (kernel handle `fh`) is cached here
+    /// now, if the agent knows more than it said: kept for the handle's reads.
+    fn cached_now(&self, fh: u64, h: &Option<Value>) -> Option<Arc<Cached>> {
+        let r = self.agent.call(json!({"op": "cached", "handle": h})).ok()?;
+        let c = Arc::new(Cached::from_msg(r.v.get("cached")?, &self.pins)?);
+        if let Some(Handle::Agent { cached, .. }) = self.opens.lock().unwrap().handles.get_mut(&fh)
+        {
+            *cached = Some(c.clone());
+        }
+        Some(c)
+    }
+
+    /// A read of agent handle `h` (kernel handle `fh`) answered by the agent.
+    fn forward(&self, fh: u64, h: Option<Value>, offset: u64, size: u32, reply: ReplyData) {
+        let s = self;
+        let req = json!({"op": "read", "handle": h, "offset": offset, "size": size});
+        match s.agent.call(req) {
+            Ok(r) => {
+                let n = r.data.len().min(size as usize);
+                s.stats.reads_forwarded.fetch_add(1, Relaxed);
+                s.stats.bytes_forwarded.fetch_add(n as u64, Relaxed);
+                // More of the file cached since: later reads there are ours. Recorded
+                // before the reply, or the reader's next read may race past it.
+                if let Some(c) = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)) {
+                    if let Some(Handle::Agent { cached, .. }) =
+                        s.opens.lock().unwrap().handles.get_mut(&fh)
+                    {
+                        *cached = Some(Arc::new(c));
+                    }
+                }
+                reply.data(&r.data[..n]);
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
 }
 
 /// A passthrough open is a read of the cache entry the agent never sees:
@@ -469,7 +510,8 @@ impl Filesystem for FuseFs {
         // them (`ls -l`: no LOOKUP per entry, 1,000 round trips for a 1,000-file
         // directory); the kernel's adaptive mode keeps plain names for `find`,
         // whose dentries would cost the kernel ~5 us an entry for nothing.
-        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -675,11 +717,16 @@ impl Filesystem for FuseFs {
             r.v.get("cached")
                 .and_then(|c| Cached::from_msg(c, &s.pins))
                 .map(Arc::new);
+        let remote =
+            r.v.get("fetch")
+                .and_then(|f| Remote::from_msg(f, node.size))
+                .map(Arc::new);
         let handle = Handle::Agent {
             ino,
             h,
             size: node.size,
             cached,
+            remote,
         };
         let fh = s.opens.lock().unwrap().add_handle(handle);
         s.stats.agent_opens.fetch_add(1, Relaxed);
@@ -706,14 +753,18 @@ impl Filesystem for FuseFs {
         reply: ReplyData,
     ) {
         let s = &self.0;
-        let (agent_h, backing, cached, file_size) = match s.opens.lock().unwrap().handles.get(&fh.0)
-        {
-            Some(Handle::Agent {
-                h, cached, size, ..
-            }) => (Some(h.clone()), None, cached.clone(), *size),
-            Some(Handle::Passthrough { b, .. }) => (None, Some(b.clone()), None, 0),
-            None => return reply.error(Errno::EBADF),
-        };
+        let (agent_h, backing, cached, remote, file_size) =
+            match s.opens.lock().unwrap().handles.get(&fh.0) {
+                Some(Handle::Agent {
+                    h,
+                    cached,
+                    remote,
+                    size,
+                    ..
+                }) => (Some(h.clone()), None, cached.clone(), remote.clone(), *size),
+                Some(Handle::Passthrough { b, .. }) => (None, Some(b.clone()), None, None, 0),
+                None => return reply.error(Errno::EBADF),
+            };
         if let Some(got) = cached.and_then(|c| c.read(offset, size, file_size)) {
             return match got {
                 Ok(buf) => {
@@ -732,24 +783,44 @@ impl Filesystem for FuseFs {
                 Err(e) => reply.error(e.into()),
             };
         }
-        let req = json!({"op": "read", "handle": agent_h, "offset": offset, "size": size});
-        match s.agent.call(req) {
-            Ok(r) => {
-                let n = r.data.len().min(size as usize);
-                s.stats.reads_forwarded.fetch_add(1, Relaxed);
-                s.stats.bytes_forwarded.fetch_add(n as u64, Relaxed);
-                // More of the file cached since: later reads there are ours. Recorded
-                // before the reply, or the reader's next read may race past it.
-                if let Some(c) = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)) {
-                    if let Some(Handle::Agent { cached, .. }) =
-                        s.opens.lock().unwrap().handles.get_mut(&fh.0)
-                    {
-                        *cached = Some(Arc::new(c));
-                    }
+        let Some(r) = remote else {
+            return s.forward(fh.0, agent_h, offset, size, reply);
+        };
+        let at_hand = r.at_hand(offset, size);
+        let fetch = move |s: &Shared, reply: ReplyData| {
+            if !at_hand && r.ask_cached() {
+                if let Some(Some(Ok(buf))) = s
+                    .cached_now(fh.0, &agent_h)
+                    .map(|c| c.read(offset, size, file_size))
+                {
+                    s.stats.reads_cached.fetch_add(1, Relaxed);
+                    s.stats.bytes_cached.fetch_add(buf.len() as u64, Relaxed);
+                    return reply.data(&buf);
                 }
-                reply.data(&r.data[..n]);
             }
-            Err(e) => reply.error(err(e)),
+            match r.read(&s.fetcher, offset, size) {
+                Some(got) => reply.data(got.bytes()),
+                None => {
+                    // no holder gave good bytes: the agent's path (peers' caches, repair hints)
+                    s.fetcher.stats.fallbacks.fetch_add(1, Relaxed);
+                    s.forward(fh.0, agent_h, offset, size, reply)
+                }
+            }
+        };
+        // A read that waits on MinIO runs on a thread of its own: this FUSE
+        // thread goes on serving others (hot opens, the bytes at hand).
+        if at_hand {
+            return fetch(s, reply);
+        }
+        match s.fetcher.worker() {
+            Some(w) => {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let _w = w;
+                    fetch(&s, reply)
+                });
+            }
+            None => fetch(s, reply),
         }
     }
 

@@ -93,7 +93,13 @@
 //!   (reads of agent handles served from their "cached" ranges), releases
 //!   (RELEASEs handled: passthrough_opens + agent_opens once all are closed),
 //!   lookup_refreshes (lookup misses asked of the agent), negative_hits
-//!   (lookup misses answered ENOENT at once, as asked before: see "refresh").
+//!   (lookup misses answered ENOENT at once, as asked before: see "refresh"),
+//!   and "fetch": {reads, bytes (served from chunks fetched here), gets,
+//!   get_bytes (good chunks fetched), ahead (read-ahead fetches started),
+//!   ranged (ranged GETs),
+//!   bad_checksum, failed_gets, fallbacks (reads then sent to the agent)}.
+//!   agent_timeouts: requests to the agent unanswered within 60 s (each
+//!   failed with EIO, said in the daemon's log).
 //!
 //! Messages are applied in stream order, and an open reply's "hot" at its
 //! place in that order. Trees and deltas are applied by their own thread,
@@ -106,7 +112,8 @@
 //!
 //! Every request must be answered: the FUSE thread that sent it waits for
 //! the reply (for a release, after answering the kernel), so up to
-//! --threads requests are outstanding at once. Reply in any order.
+//! --threads requests are outstanding at once; after 60 s it gives up (EIO)
+//! and drops the reply when it comes. Reply in any order.
 //! {"id":N,"errno":E} fails any request with errno E (E > 0, else EIO).
 //!
 //! {"op":"open","path":P,"gen":G,"id":N} (read-only opens only)
@@ -129,6 +136,17 @@
 //!                         a read inside one range). Taken only if B opens
 //!                         with inode I and the marks (as for "hot") do
 //!                         not say stale; ranges past B's size are dropped.
+//!      "fetch":{"chunks":[{"start":S,"bytes":B,"xxh3":X,"urls":[U,...]},...]}
+//!                         the file's bytes are these chunks in order (S
+//!                         from 0, each B long, together the file's size):
+//!                         a read the "cached" ranges do not cover GETs
+//!                         the chunk here, from the first URL (http://,
+//!                         presigned; never logged whole) whose body has
+//!                         B bytes and xxh3_64 X, and goes to the agent
+//!                         only if none has; but a read of <= 32 KiB away
+//!                         from the last one, of a chunk not at hand, GETs
+//!                         only its range (unchecked: a range has no xxh3).
+//!                         Ignored unless it is so.
 //!   H is any JSON value (null if absent), echoed back verbatim.
 //!
 //! {"op":"read","handle":H,"offset":O,"size":S,"id":N}
@@ -136,6 +154,11 @@
 //!   beyond S are read off the socket and dropped. Never put "len" in any
 //!   other reply without the bytes. A "cached" object (as in the open
 //!   reply) replaces the handle's.
+//!
+//! {"op":"cached","handle":H,"id":N} -> {"id":N} with optionally "cached"
+//!   (as in the open reply) if more of the file is cached here than the
+//!   daemon was told: asked at most every 25 ms by the reads of a handle
+//!   with "fetch" that are not at hand, since those never reach the agent.
 //!
 //! {"op":"refresh","id":N} or {"op":"refresh","why":"stale","id":N} -> {"id":N}
 //!   A lookup found no such name, or (why "stale") an open found a hot
@@ -158,6 +181,7 @@
 
 mod agent;
 mod change;
+mod fetch;
 mod fs;
 mod marks;
 mod tree;
@@ -178,6 +202,10 @@ use agent::{Agent, Reply};
 use change::Change;
 use fs::{FuseFs, Hot, Shared};
 use tree::{InoMap, Inval, Tree};
+
+/// How long a FUSE request waits for the agent (a read may try every
+/// holder, each within its own timeouts) before it fails with EIO.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 enum Event {
     FirstTree,
@@ -348,9 +376,11 @@ fn applier(
                 .inspect_err(|e| eprintln!("ffs-mount: bad message from agent: {e}"))
                 .ok(),
             Apply::Msg(v) if v.get("op").and_then(Value::as_str) == Some("stats") => {
-                let _ = s
-                    .agent
-                    .send(&json!({"id": v.get("id"), "stats": s.stats.json()}));
+                let mut stats = s.stats.json();
+                stats["fetch"] = s.fetcher.stats.json();
+                stats["agent_timeouts"] =
+                    json!(s.agent.timeouts.load(std::sync::atomic::Ordering::Relaxed));
+                let _ = s.agent.send(&json!({"id": v.get("id"), "stats": stats}));
                 None
             }
             Apply::Msg(v) => Some(Change::from_value(&v)),
@@ -468,7 +498,7 @@ fn main() {
     let sock = unsafe { UnixStream::from_raw_fd(args.agent_fd) };
     let writer = sock.try_clone().expect("dup agent socket");
     let shared = Arc::new(Shared::new(
-        Agent::new(writer),
+        Agent::new(writer, AGENT_TIMEOUT),
         Duration::from_millis(args.ttl_ms),
     ));
     // Entries and attributes are cached by the kernel for --attr-ttl-ms; what a
@@ -586,7 +616,7 @@ mod tests {
         fn start() -> Daemon {
             let (ours, theirs) = UnixStream::pair().unwrap();
             let s = Arc::new(Shared::new(
-                Agent::new(ours.try_clone().unwrap()),
+                Agent::new(ours.try_clone().unwrap(), Duration::from_secs(10)),
                 Duration::from_secs(1),
             ));
             let (ev, _) = mpsc::channel();

@@ -1,0 +1,659 @@
+//! Misses served by the daemon itself: the chunks of an agent-opened file
+//! fetched from a holder's MinIO with GETs the agent presigned at open (the
+//! daemon holds no key, only URLs that read those objects for a while), each
+//! checked against the manifest's xxh3 before a byte of it is served.
+//!
+//! The sockets carry no mark, so the kernel counts these GETs as a reader's
+//! and makes the chunks hot as before; the agent keeps policy and the
+//! namespace, and is asked for bytes only when every holder failed here.
+//! A handle keeps a few chunks in a window; a reader that continues where
+//! its last read ended gets the next chunks fetched ahead, while fewer than
+//! `MAX_AHEAD_FETCHES` such fetches run daemon-wide (more would only take
+//! the cores and the link from the reads that wait).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Chunks fetched ahead of a sequential reader, per handle.
+pub const AHEAD: usize = 2;
+/// Read-ahead fetches running at once in the whole daemon.
+const MAX_AHEAD_FETCHES: usize = 4;
+/// A read this small, of a chunk not at hand, fetches only its range (a
+/// random reader would otherwise fetch a whole chunk per read; a sequential
+/// one's requests are the kernel's read-ahead, larger).
+const SMALL_READ: u64 = 32 << 10;
+/// How far from where the last read ended a read still counts as sequential.
+const NEAR: u64 = 1 << 20;
+/// Chunks a handle keeps (the one being read, the ones ahead, one behind).
+const WINDOW: usize = AHEAD + 2;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often a handle's reads ask the agent what of its file is cached now.
+const ASK_CACHED: Duration = Duration::from_millis(25);
+/// Reads waiting on MinIO on threads of their own, at most.
+const MAX_WORKERS: usize = 64;
+/// Idle kept-alive connections per MinIO.
+const IDLE_MAX: usize = 8;
+
+/// A presigned GET: where to connect, and the request target.
+struct Url {
+    host: String, // host:port, also the Host header the signature covers
+    target: String,
+}
+
+impl Url {
+    fn parse(u: &str) -> Option<Url> {
+        let rest = u.strip_prefix("http://")?; // https stays with the agent
+        let (host, path) = rest.split_at(rest.find('/')?);
+        Some(Url {
+            host: host.to_string(),
+            target: path.to_string(),
+        })
+    }
+
+    /// The URL without its query (the signature), for messages.
+    fn shown(&self) -> String {
+        let path = self.target.split('?').next().unwrap_or_default();
+        format!("{}{}", self.host, path)
+    }
+}
+
+struct Chunk {
+    start: u64,
+    bytes: u64,
+    xxh3: u64,
+    urls: Vec<Url>,
+}
+
+/// Where an agent-opened file's bytes are: its chunks in file order, each
+/// with its holders' presigned URLs, preferred first (the "fetch" object of
+/// an open reply).
+pub struct Remote {
+    chunks: Vec<Chunk>,
+    size: u64,
+    /// When the agent was last asked what of the file is cached here now.
+    asked: Mutex<Option<Instant>>,
+    window: Mutex<Window>,
+    landed: Condvar,
+}
+
+#[derive(Default)]
+struct Window {
+    have: HashMap<usize, Arc<Vec<u8>>>,
+    order: VecDeque<usize>,
+    fetching: HashSet<usize>,
+    /// Where the last read ended: a read starting near it is sequential (so
+    /// is a first read from the start).
+    next: Option<u64>,
+}
+
+#[derive(Default)]
+pub struct FetchStats {
+    pub reads: AtomicU64,
+    pub bytes: AtomicU64,
+    pub gets: AtomicU64,
+    pub get_bytes: AtomicU64,
+    pub ahead: AtomicU64,
+    pub ranged: AtomicU64,
+    pub bad_checksum: AtomicU64,
+    pub failed_gets: AtomicU64,
+    pub fallbacks: AtomicU64,
+}
+
+impl FetchStats {
+    pub fn json(&self) -> Value {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        json!({
+            "reads": g(&self.reads), "bytes": g(&self.bytes), "gets": g(&self.gets),
+            "get_bytes": g(&self.get_bytes), "ahead": g(&self.ahead), "ranged": g(&self.ranged),
+            "bad_checksum": g(&self.bad_checksum), "failed_gets": g(&self.failed_gets),
+            "fallbacks": g(&self.fallbacks),
+        })
+    }
+}
+
+/// Kept-alive connections to the MinIO servers, shared by every handle.
+pub struct Fetcher {
+    idle: Mutex<HashMap<String, Vec<BufReader<TcpStream>>>>,
+    ahead: usize,
+    ahead_running: AtomicUsize,
+    workers: Arc<AtomicUsize>,
+    pub stats: FetchStats,
+}
+
+/// Bytes a read gets: a slice of a chunk at hand, or bytes of their own.
+pub enum Got {
+    Shared(Arc<Vec<u8>>, usize, usize),
+    Owned(Vec<u8>),
+}
+
+impl Got {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Got::Shared(d, a, b) => &d[*a..*b],
+            Got::Owned(v) => v,
+        }
+    }
+}
+
+impl Remote {
+    /// From the "fetch" object of an open reply; None if it describes
+    /// nothing this daemon can fetch (then reads go to the agent).
+    pub fn from_msg(v: &Value, size: u64) -> Option<Remote> {
+        let mut chunks = Vec::new();
+        for c in v.get("chunks")?.as_array()? {
+            let n = |k: &str| c.get(k).and_then(Value::as_u64);
+            let urls: Vec<Url> = c
+                .get("urls")?
+                .as_array()?
+                .iter()
+                .filter_map(|u| Url::parse(u.as_str()?))
+                .collect();
+            if urls.is_empty() {
+                return None;
+            }
+            chunks.push(Chunk {
+                start: n("start")?,
+                bytes: n("bytes")?,
+                xxh3: n("xxh3")?,
+                urls,
+            });
+        }
+        // Contiguous from 0 to the file's size, or it is not this file.
+        let mut at = 0;
+        for c in &chunks {
+            if c.start != at {
+                return None;
+            }
+            at += c.bytes;
+        }
+        (at == size).then(|| Remote {
+            chunks,
+            size,
+            asked: Mutex::new(None),
+            window: Mutex::new(Window::default()),
+            landed: Condvar::new(),
+        })
+    }
+
+    /// Bytes [offset, offset+size) (fewer at the end of the file); None if a
+    /// chunk could be had from no holder (the caller asks the agent).
+    pub fn read(self: &Arc<Self>, f: &Arc<Fetcher>, offset: u64, size: u32) -> Option<Got> {
+        let end = (offset + size as u64).min(self.size);
+        if offset >= end {
+            return Some(Got::Owned(Vec::new())); // at or past the end (an empty file has no chunk)
+        }
+        let sequential = {
+            // near where the last read ended: the kernel's read-ahead sends a
+            // sequential reader's requests on several threads, not in order
+            let mut w = self.window.lock().unwrap();
+            let seq = w.next.map_or(offset == 0, |n| offset.abs_diff(n) <= NEAR);
+            w.next = Some(end.max(offset));
+            seq
+        };
+        let mut k = self
+            .chunks
+            .partition_point(|c| c.start <= offset)
+            .saturating_sub(1);
+        if end - offset <= SMALL_READ && self.away(k, end) {
+            let c = &self.chunks[k];
+            if let Some(out) = f.range(c, offset - c.start, end - c.start) {
+                return Some(f.served(Got::Owned(out)));
+            }
+        }
+        let c = &self.chunks[k];
+        let got = if end <= c.start + c.bytes {
+            // within one chunk (most reads): served from it without a copy
+            let data = self.chunk(f, k)?;
+            Got::Shared(data, (offset - c.start) as usize, (end - c.start) as usize)
+        } else {
+            let mut out = Vec::with_capacity((end - offset) as usize);
+            let mut pos = offset;
+            while pos < end {
+                let c = &self.chunks[k];
+                let data = self.chunk(f, k)?;
+                let to = ((end - c.start) as usize).min(data.len());
+                out.extend_from_slice(&data[(pos - c.start) as usize..to]);
+                pos = c.start + to as u64;
+                if pos < end {
+                    k += 1;
+                }
+            }
+            Got::Owned(out)
+        };
+        if sequential && end - offset > SMALL_READ {
+            for j in k + 1..(k + 1 + f.ahead).min(self.chunks.len()) {
+                self.ahead(f, j);
+            }
+        }
+        Some(f.served(got))
+    }
+
+    /// Whether to ask the agent what of the file is cached here now (chunks
+    /// are filled while it is read: the kernel made them hot): at most every
+    /// ASK_CACHED, the first time after one such interval.
+    pub fn ask_cached(&self) -> bool {
+        let mut asked = self.asked.lock().unwrap();
+        let now = Instant::now();
+        match *asked {
+            Some(t) if now.duration_since(t) < ASK_CACHED => false,
+            Some(_) => {
+                *asked = Some(now);
+                true
+            }
+            None => {
+                *asked = Some(now); // the open's reply said what was cached then
+                false
+            }
+        }
+    }
+
+    /// Whether every chunk of bytes [offset, offset+size) is in the window
+    /// (a read then waits on nothing).
+    pub fn at_hand(&self, offset: u64, size: u32) -> bool {
+        let end = (offset + size as u64).min(self.size);
+        let first = self
+            .chunks
+            .partition_point(|c| c.start <= offset)
+            .saturating_sub(1);
+        let last = self
+            .chunks
+            .partition_point(|c| c.start < end)
+            .saturating_sub(1);
+        let w = self.window.lock().unwrap();
+        offset >= end || (first..=last).all(|k| w.have.contains_key(&k))
+    }
+
+    /// Whether bytes up to `end` lie in chunk k, and it is neither at hand nor
+    /// on its way.
+    fn away(&self, k: usize, end: u64) -> bool {
+        let c = &self.chunks[k];
+        let w = self.window.lock().unwrap();
+        end <= c.start + c.bytes && !w.have.contains_key(&k) && !w.fetching.contains(&k)
+    }
+
+    /// Chunk k: from the window, after a fetch of it already under way, or
+    /// fetched now by this thread.
+    fn chunk(&self, f: &Fetcher, k: usize) -> Option<Arc<Vec<u8>>> {
+        let mut w = self.window.lock().unwrap();
+        loop {
+            if let Some(d) = w.have.get(&k) {
+                return Some(d.clone());
+            }
+            if !w.fetching.contains(&k) {
+                break;
+            }
+            w = self.landed.wait(w).unwrap();
+        }
+        w.fetching.insert(k);
+        drop(w);
+        let got = f.chunk(&self.chunks[k]).map(Arc::new);
+        self.land(k, got.clone());
+        got
+    }
+
+    /// Start fetching chunk k on a thread of its own, unless it is here, on
+    /// its way, or the daemon's read-ahead budget is spent.
+    fn ahead(self: &Arc<Self>, f: &Arc<Fetcher>, k: usize) {
+        {
+            let mut w = self.window.lock().unwrap();
+            if w.have.contains_key(&k) || w.fetching.contains(&k) {
+                return;
+            }
+            if f.ahead_running.fetch_add(1, Relaxed) >= MAX_AHEAD_FETCHES {
+                f.ahead_running.fetch_sub(1, Relaxed);
+                return;
+            }
+            w.fetching.insert(k);
+        }
+        f.stats.ahead.fetch_add(1, Relaxed);
+        let (r, f) = (self.clone(), f.clone());
+        std::thread::spawn(move || {
+            let got = f.chunk(&r.chunks[k]).map(Arc::new);
+            f.ahead_running.fetch_sub(1, Relaxed);
+            r.land(k, got);
+        });
+    }
+
+    fn land(&self, k: usize, got: Option<Arc<Vec<u8>>>) {
+        let mut w = self.window.lock().unwrap();
+        w.fetching.remove(&k);
+        if let Some(d) = got {
+            w.have.insert(k, d);
+            w.order.push_back(k);
+            while w.order.len() > WINDOW {
+                let old = w.order.pop_front().expect("longer than the window");
+                w.have.remove(&old);
+            }
+        }
+        self.landed.notify_all();
+    }
+}
+
+/// A read's own thread, counted while it lives.
+pub struct Worker(Arc<AtomicUsize>);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Fetcher {
+    /// A thread of its own for a read, unless MAX_WORKERS run already (then
+    /// the FUSE thread does it: a bound on threads, at the cost of waiting).
+    pub fn worker(&self) -> Option<Worker> {
+        if self.workers.fetch_add(1, Relaxed) >= MAX_WORKERS {
+            self.workers.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(Worker(self.workers.clone()))
+    }
+
+    fn served(&self, got: Got) -> Got {
+        self.stats.reads.fetch_add(1, Relaxed);
+        self.stats
+            .bytes
+            .fetch_add(got.bytes().len() as u64, Relaxed);
+        got
+    }
+
+    /// `ahead`: chunks fetched ahead of a sequential reader.
+    pub fn new(ahead: usize) -> Fetcher {
+        Fetcher {
+            idle: Mutex::default(),
+            ahead,
+            ahead_running: AtomicUsize::new(0),
+            workers: Arc::default(),
+            stats: FetchStats::default(),
+        }
+    }
+
+    /// A chunk's bytes from the first holder whose copy matches its xxh3.
+    fn chunk(&self, c: &Chunk) -> Option<Vec<u8>> {
+        for u in &c.urls {
+            match self.get(u, None) {
+                Ok(body) if body.len() as u64 == c.bytes && xxh3_64(&body) == c.xxh3 => {
+                    self.stats.gets.fetch_add(1, Relaxed);
+                    self.stats.get_bytes.fetch_add(c.bytes, Relaxed);
+                    return Some(body);
+                }
+                Ok(body) => {
+                    self.stats.bad_checksum.fetch_add(1, Relaxed);
+                    eprintln!(
+                        "ffs-mount: {} sent {} bytes that do not match the manifest's checksum: next holder",
+                        u.shown(),
+                        body.len()
+                    );
+                }
+                Err(e) => {
+                    self.stats.failed_gets.fetch_add(1, Relaxed);
+                    eprintln!("ffs-mount: GET {}: {e}", u.shown());
+                }
+            }
+        }
+        None
+    }
+
+    /// Bytes [from, to) of chunk `c` by a ranged GET from its first holder
+    /// that answers. A range cannot be checked against the chunk's xxh3
+    /// (MinIO's own bitrot checks cover it, as for the agent's ranged reads).
+    fn range(&self, c: &Chunk, from: u64, to: u64) -> Option<Vec<u8>> {
+        for u in &c.urls {
+            match self.get(u, Some((from, to))) {
+                Ok(body) if body.len() as u64 == to - from => {
+                    self.stats.ranged.fetch_add(1, Relaxed);
+                    return Some(body);
+                }
+                Ok(body) => eprintln!(
+                    "ffs-mount: {} sent {} bytes for a range of {}",
+                    u.shown(),
+                    body.len(),
+                    to - from
+                ),
+                Err(e) => {
+                    self.stats.failed_gets.fetch_add(1, Relaxed);
+                    eprintln!("ffs-mount: GET {} (a range): {e}", u.shown());
+                }
+            }
+        }
+        None
+    }
+
+    /// One GET (of bytes [a, b) if `range`) over a kept-alive connection (a
+    /// fresh one if the kept one was closed under it).
+    fn get(&self, u: &Url, range: Option<(u64, u64)>) -> io::Result<Vec<u8>> {
+        let kept = self
+            .idle
+            .lock()
+            .unwrap()
+            .get_mut(&u.host)
+            .and_then(Vec::pop);
+        if let Some(mut conn) = kept {
+            match exchange(&mut conn, u, range) {
+                Ok((body, keep)) => {
+                    self.put_back(u, conn, keep);
+                    return Ok(body);
+                }
+                Err(e) if e.kind() != io::ErrorKind::InvalidData => {} // closed while idle: anew
+                Err(e) => return Err(e),
+            }
+        }
+        let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host)?);
+        let (body, keep) = exchange(&mut conn, u, range)?;
+        self.put_back(u, conn, keep);
+        Ok(body)
+    }
+
+    fn put_back(&self, u: &Url, conn: BufReader<TcpStream>, keep: bool) {
+        if keep {
+            let mut idle = self.idle.lock().unwrap();
+            let list = idle.entry(u.host.clone()).or_default();
+            if list.len() < IDLE_MAX {
+                list.push(conn);
+            }
+        }
+    }
+}
+
+fn connect(host: &str) -> io::Result<TcpStream> {
+    let addr = host
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::other(format!("{host} resolves to no address")))?;
+    let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// GET `u` on `conn`: the body of a 200 (a 206 if `range`), and whether the
+/// connection may be reused. Another status is InvalidData (the server
+/// answered). The signature covers the host alone, so a Range may be added.
+fn exchange(
+    conn: &mut BufReader<TcpStream>,
+    u: &Url,
+    range: Option<(u64, u64)>,
+) -> io::Result<(Vec<u8>, bool)> {
+    let extra = range.map_or(String::new(), |(a, b)| {
+        format!("Range: bytes={a}-{}\r\n", b - 1)
+    });
+    let req = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\n{extra}\r\n",
+        u.target, u.host
+    );
+    conn.get_mut().write_all(req.as_bytes())?;
+    let mut line = String::new();
+    if conn.read_line(&mut line)? == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response"))?;
+    let (mut len, mut keep, mut chunked) = (None, true, false);
+    loop {
+        line.clear();
+        if conn.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let h = line.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let Some((name, value)) = h.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => len = value.parse::<usize>().ok(),
+            "connection" => keep = !value.eq_ignore_ascii_case("close"),
+            "transfer-encoding" => chunked = !value.eq_ignore_ascii_case("identity"),
+            _ => {}
+        }
+    }
+    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
+    let len = match (len, chunked) {
+        (Some(n), false) => n,
+        _ => return Err(bad(format!("HTTP {status} without a plain Content-Length"))),
+    };
+    let mut body = vec![0u8; len];
+    conn.read_exact(&mut body)?;
+    if status != if range.is_some() { 206 } else { 200 } {
+        let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+        return Err(bad(format!("HTTP {status}: {said}")));
+    }
+    Ok((body, keep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A one-connection HTTP server answering each GET with `bodies[path]`.
+    fn serve(bodies: HashMap<String, Vec<u8>>) -> (String, std::thread::JoinHandle<usize>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = l.local_addr().unwrap().to_string();
+        let h = std::thread::spawn(move || {
+            let mut served = 0;
+            while let Ok((s, _)) = l.accept() {
+                let mut r = BufReader::new(s);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let path = line
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap()
+                        .split('?')
+                        .next()
+                        .unwrap()
+                        .to_string();
+                    let mut range = None;
+                    loop {
+                        let mut h = String::new();
+                        r.read_line(&mut h).unwrap();
+                        if h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some(v) = h.trim().strip_prefix("Range: bytes=") {
+                            let (a, b) = v.split_once('-').unwrap();
+                            range = Some((
+                                a.parse::<usize>().unwrap(),
+                                b.parse::<usize>().unwrap() + 1,
+                            ));
+                        }
+                    }
+                    let (status, body) = match (bodies.get(&path), range) {
+                        (Some(b), None) => ("200 OK", b.clone()),
+                        (Some(b), Some((x, y))) => ("206 Partial Content", b[x..y].to_vec()),
+                        (None, _) => ("404 Not Found", b"<Error/>".to_vec()),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let s = r.get_mut();
+                    s.write_all(head.as_bytes()).unwrap();
+                    s.write_all(&body).unwrap();
+                    served += 1;
+                    if path == "/last" {
+                        return served;
+                    }
+                }
+            }
+            served
+        });
+        (host, h)
+    }
+
+    fn remote(host: &str, parts: &[&[u8]], urls: &[&str]) -> Remote {
+        let mut start = 0;
+        let chunks: Vec<Value> = parts
+            .iter()
+            .zip(urls)
+            .map(|(p, u)| {
+                let c = json!({"start": start, "bytes": p.len(), "xxh3": xxh3_64(p),
+                               "urls": [format!("http://{host}{u}?X-Amz-Signature=s")]});
+                start += p.len() as u64;
+                c
+            })
+            .collect();
+        Remote::from_msg(&json!({ "chunks": chunks }), start).unwrap()
+    }
+
+    #[test]
+    fn reads_across_chunks_over_one_kept_connection_and_refuses_bad_bytes() {
+        let (a, b) = (vec![1u8; 1000], vec![2u8; 700]);
+        let bodies = HashMap::from([
+            ("/bk/a".to_string(), a.clone()),
+            ("/bk/b".to_string(), b.clone()),
+            ("/bk/bad".to_string(), vec![9u8; 700]),
+            ("/last".to_string(), vec![]),
+        ]);
+        let (host, server) = serve(bodies);
+        let f = Arc::new(Fetcher::new(0)); // no read-ahead: one connection, GETs counted
+        let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
+        let got = r.read(&f, 900, 200).unwrap().bytes().to_vec();
+        assert_eq!(got, [&a[900..], &b[..100]].concat());
+        assert_eq!(r.read(&f, 1600, 500).unwrap().bytes(), &b[600..]); // the end of the file
+                                                                       // the same bytes' checksum, other bytes: never served
+        let wrong = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/bad"]));
+        assert!(wrong.read(&f, 0, 1100).is_none()); // both chunks whole: the bad one refused
+        assert_eq!(f.stats.bad_checksum.load(Relaxed), 1);
+        assert!(wrong.read(&f, 0, 10).is_some()); // its good chunk still reads
+                                                  // a small read away from the last: its range alone
+        let far = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
+        assert_eq!(far.read(&f, 1500, 100).unwrap().bytes(), &b[500..600]);
+        assert_eq!(f.stats.ranged.load(Relaxed), 1);
+        let _ = f.get(&Url::parse(&format!("http://{host}/last")).unwrap(), None);
+        assert_eq!(
+            server.join().unwrap(),
+            6,
+            "one connection carried every GET"
+        );
+    }
+
+    #[test]
+    fn a_plan_that_is_not_the_file_is_refused() {
+        let c = |start: u64| json!({"start": start, "bytes": 10, "xxh3": 1, "urls": ["http://h:1/b/k"]});
+        assert!(Remote::from_msg(&json!({"chunks": [c(0), c(10)]}), 20).is_some());
+        assert!(Remote::from_msg(&json!({"chunks": [c(0), c(11)]}), 21).is_none());
+        assert!(Remote::from_msg(&json!({"chunks": [c(0)]}), 20).is_none());
+        let https =
+            json!({"chunks": [{"start": 0, "bytes": 1, "xxh3": 1, "urls": ["https://h:1/b/k"]}]});
+        assert!(Remote::from_msg(&https, 1).is_none());
+    }
+}
