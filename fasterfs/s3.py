@@ -90,8 +90,8 @@ class MarkedGetter:
         pool_cls = HTTPSConnectionPool if url.scheme == "https" else HTTPConnectionPool
         self.pool = pool_cls(url.hostname, url.port, maxsize=pool, block=False, timeout=timeout,
                              retries=False, socket_options=options, **tls.urllib3_options(endpoint))
-        self.signer = S3SigV4Auth(BotoCredentials(creds.access_key, creds.secret_key), "s3", "us-east-1")
         self.creds = BotoCredentials(creds.access_key, creds.secret_key)
+        self.signer = S3SigV4Auth(self.creds, "s3", "us-east-1")
 
     def get(self, bucket: str, key: str) -> tuple[bytes, str]:
         """The object's bytes and ETag; KeyError if it does not exist."""
