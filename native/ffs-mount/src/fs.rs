@@ -441,11 +441,16 @@ impl Shared {
     fn cached_now(&self, fh: u64, h: &Option<Value>) -> Option<Arc<Cached>> {
         let r = self.agent.call(json!({"op": "cached", "handle": h})).ok()?;
         let c = Arc::new(Cached::from_msg(r.v.get("cached")?, &self.pins)?);
+        self.keep_cached(fh, c.clone());
+        Some(c)
+    }
+
+    /// The cached parts of kernel handle `fh`'s file, for its next reads.
+    fn keep_cached(&self, fh: u64, c: Arc<Cached>) {
         if let Some(Handle::Agent { cached, .. }) = self.opens.lock().unwrap().handles.get_mut(&fh)
         {
-            *cached = Some(c.clone());
+            *cached = Some(c);
         }
-        Some(c)
     }
 
     /// A read of agent handle `h` (kernel handle `fh`) answered by the agent.
@@ -460,11 +465,7 @@ impl Shared {
                 // More of the file cached since: later reads there are ours. Recorded
                 // before the reply, or the reader's next read may race past it.
                 if let Some(c) = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)) {
-                    if let Some(Handle::Agent { cached, .. }) =
-                        s.opens.lock().unwrap().handles.get_mut(&fh)
-                    {
-                        *cached = Some(Arc::new(c));
-                    }
+                    s.keep_cached(fh, Arc::new(c));
                 }
                 reply.data(&r.data[..n]);
             }
