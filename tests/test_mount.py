@@ -221,7 +221,7 @@ def test_a_frozen_minio_delays_only_the_reads_that_need_it(mounted, live_cluster
     answered) while 4 readers read that file through the mount: hot files read meanwhile take
     their usual time (the reads waiting on MinIO hold no FUSE thread); thawed, the cold reads
     complete with the source's bytes."""
-    point, actor = mounted
+    point, _ = mounted
     hot = os.urandom(500_000)
     (tmp_path / "hot.bin").write_bytes(hot)
     m_hot = put(config.load(overrides), tmp_path / "hot.bin", "native/frozen-hot.bin")
