@@ -39,6 +39,11 @@ const IO_TIMEOUT: Duration = Duration::from_secs(20);
 const ASK_CACHED: Duration = Duration::from_millis(25);
 /// Reads waiting on MinIO on threads of their own, at most.
 const MAX_WORKERS: usize = 64;
+/// Bounds on what a response may make the daemon read before its body.
+const HEADER_LINE_MAX: u64 = 8 << 10;
+const HEADERS_MAX: usize = 100;
+/// An error's body is read (for the log) only up to this size.
+const ERROR_BODY_MAX: usize = 64 << 10;
 /// Idle kept-alive connections per MinIO.
 const IDLE_MAX: usize = 8;
 
@@ -379,7 +384,7 @@ impl Fetcher {
     /// A chunk's bytes from the first holder whose copy matches its xxh3.
     fn chunk(&self, c: &Chunk) -> Option<Vec<u8>> {
         for u in &c.urls {
-            match self.get(u, None) {
+            match self.get(u, None, c.bytes) {
                 Ok(body) if body.len() as u64 == c.bytes && xxh3_64(&body) == c.xxh3 => {
                     self.stats.gets.fetch_add(1, Relaxed);
                     self.stats.get_bytes.fetch_add(c.bytes, Relaxed);
@@ -407,7 +412,7 @@ impl Fetcher {
     /// (MinIO's own bitrot checks cover it, as for the agent's ranged reads).
     fn range(&self, c: &Chunk, from: u64, to: u64) -> Option<Vec<u8>> {
         for u in &c.urls {
-            match self.get(u, Some((from, to))) {
+            match self.get(u, Some((from, to)), to - from) {
                 Ok(body) if body.len() as u64 == to - from => {
                     self.stats.ranged.fetch_add(1, Relaxed);
                     return Some(body);
@@ -429,7 +434,7 @@ impl Fetcher {
 
     /// One GET (of bytes [a, b) if `range`) over a kept-alive connection (a
     /// fresh one if the kept one was closed under it).
-    fn get(&self, u: &Url, range: Option<(u64, u64)>) -> io::Result<Vec<u8>> {
+    fn get(&self, u: &Url, range: Option<(u64, u64)>, expect: u64) -> io::Result<Vec<u8>> {
         let kept = self
             .idle
             .lock()
@@ -437,7 +442,7 @@ impl Fetcher {
             .get_mut(&u.host)
             .and_then(Vec::pop);
         if let Some(mut conn) = kept {
-            match exchange(&mut conn, u, range) {
+            match exchange(&mut conn, u, range, expect) {
                 Ok((body, keep)) => {
                     self.put_back(u, conn, keep);
                     return Ok(body);
@@ -447,7 +452,7 @@ impl Fetcher {
             }
         }
         let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host)?);
-        let (body, keep) = exchange(&mut conn, u, range)?;
+        let (body, keep) = exchange(&mut conn, u, range, expect)?;
         self.put_back(u, conn, keep);
         Ok(body)
     }
@@ -482,6 +487,7 @@ fn exchange(
     conn: &mut BufReader<TcpStream>,
     u: &Url,
     range: Option<(u64, u64)>,
+    expect: u64,
 ) -> io::Result<(Vec<u8>, bool)> {
     let extra = range.map_or(String::new(), |(a, b)| {
         format!("Range: bytes={a}-{}\r\n", b - 1)
@@ -491,21 +497,32 @@ fn exchange(
         u.target, u.host
     );
     conn.get_mut().write_all(req.as_bytes())?;
+    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
+    // what answers may not be MinIO (a port taken while it was down): lines and
+    // lengths are bounded before anything is allocated for them
     let mut line = String::new();
-    if conn.read_line(&mut line)? == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
+    let mut next_line = |line: &mut String| -> io::Result<()> {
+        line.clear();
+        match conn.by_ref().take(HEADER_LINE_MAX).read_line(line)? {
+            0 => Err(io::ErrorKind::UnexpectedEof.into()),
+            _ if !line.ends_with('\n') => {
+                Err(bad(format!("a header line over {HEADER_LINE_MAX} bytes")))
+            }
+            _ => Ok(()),
+        }
+    };
+    next_line(&mut line)?;
     let status: u16 = line
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response"))?;
     let (mut len, mut keep, mut chunked) = (None, true, false);
-    loop {
-        line.clear();
-        if conn.read_line(&mut line)? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+    for n in 0.. {
+        if n == HEADERS_MAX {
+            return Err(bad(format!("over {HEADERS_MAX} header lines")));
         }
+        next_line(&mut line)?;
         let h = line.trim_end();
         if h.is_empty() {
             break;
@@ -521,14 +538,22 @@ fn exchange(
             _ => {}
         }
     }
-    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
     let len = match (len, chunked) {
         (Some(n), false) => n,
         _ => return Err(bad(format!("HTTP {status} without a plain Content-Length"))),
     };
+    let wanted = if range.is_some() { 206 } else { 200 };
+    if status == wanted && len as u64 != expect {
+        return Err(bad(format!(
+            "HTTP {status} of {len} bytes, {expect} expected"
+        )));
+    }
+    if status != wanted && len > ERROR_BODY_MAX {
+        return Err(bad(format!("HTTP {status} with a body of {len} bytes")));
+    }
     let mut body = vec![0u8; len];
     conn.read_exact(&mut body)?;
-    if status != if range.is_some() { 206 } else { 200 } {
+    if status != wanted {
         let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
         return Err(bad(format!("HTTP {status}: {said}")));
     }
@@ -581,10 +606,10 @@ mod tests {
                         (Some(b), Some((x, y))) => ("206 Partial Content", b[x..y].to_vec()),
                         (None, _) => ("404 Not Found", b"<Error/>".to_vec()),
                     };
-                    let head = format!(
-                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
-                        body.len()
-                    );
+                    // "/huge" claims a terabyte and sends nothing
+                    let claimed = if path == "/huge" { 1 << 40 } else { body.len() };
+                    let body = if path == "/huge" { vec![] } else { body };
+                    let head = format!("HTTP/1.1 {status}\r\nContent-Length: {claimed}\r\n\r\n");
                     let s = r.get_mut();
                     s.write_all(head.as_bytes()).unwrap();
                     s.write_all(&body).unwrap();
@@ -638,7 +663,11 @@ mod tests {
         let far = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
         assert_eq!(far.read(&f, 1500, 100).unwrap().bytes(), &b[500..600]);
         assert_eq!(f.stats.ranged.load(Relaxed), 1);
-        let _ = f.get(&Url::parse(&format!("http://{host}/last")).unwrap(), None);
+        let _ = f.get(
+            &Url::parse(&format!("http://{host}/last")).unwrap(),
+            None,
+            0,
+        );
         assert_eq!(
             server.join().unwrap(),
             6,
@@ -655,5 +684,29 @@ mod tests {
         let https =
             json!({"chunks": [{"start": 0, "bytes": 1, "xxh3": 1, "urls": ["https://h:1/b/k"]}]});
         assert!(Remote::from_msg(&https, 1).is_none());
+    }
+
+    #[test]
+    fn a_length_other_than_the_chunks_is_refused_unread() {
+        let huge = vec![5u8; 10];
+        let bodies = HashMap::from([
+            ("/huge".to_string(), huge.clone()),
+            ("/last".to_string(), vec![]),
+        ]);
+        let (host, server) = serve(bodies);
+        let f = Arc::new(Fetcher::new(0));
+        let r = Arc::new(remote(&host, &[&huge], &["/huge"]));
+        assert!(
+            r.read(&f, 0, 10).is_none(),
+            "a terabyte claimed for 10 bytes"
+        );
+        // its range first (a small read), then the whole chunk: each refused, its connection dropped
+        assert_eq!(f.stats.failed_gets.load(Relaxed), 2);
+        let _ = f.get(
+            &Url::parse(&format!("http://{host}/last")).unwrap(),
+            None,
+            0,
+        );
+        assert_eq!(server.join().unwrap(), 3);
     }
 }
