@@ -7,8 +7,10 @@
    lookup, the Registry's and each StorageNode's memory, the store's disk, at the start
    (the namespace as found), right after the load, and once node 0's repair leader has
    checked the load (its check of every new file competes with the put).
-3. Through the mount (node 0): `stat` of paths not seen before, `ls -l` of a 1,000-entry
-   directory, `find` over every entry against a local `find` over the same tree.
+3. Through the mount (node 0), started anew with a namespace of ~1,000 files (one directory
+   stored before the load) and again after the load: its start, `stat` of paths not seen
+   before, `ls -l` of a 1,000-entry directory, `find` over every entry against a local
+   `find` over the same tree.
 4. `import` from a second MinIO standing for the team's store (bench.import_files files of
    bench.import_kb KiB) against a plain parallel copy with boto3 (GET there, PUT here).
 
@@ -130,6 +132,8 @@ def boto3_baseline(state, creds, cfg, src: Path, rels: list[str], prefix: str) -
 
 
 def through_mount(state, point: Path, dest: str, rels: list[str], src: Path) -> dict:
+    """The mount started anew (timed), then what a user does first with a namespace: stat
+    files not seen before, `ls -l` a directory, `find` over `dest`."""
     actors = cluster.storage_nodes(state)
     t = time.perf_counter()
     ray.get(actors[0].mount.remote(str(point)))
@@ -151,7 +155,8 @@ def through_mount(state, point: Path, dest: str, rels: list[str], src: Path) -> 
         t = time.perf_counter()
         local = subprocess.run(["find", str(src)], capture_output=True, check=True)
         local_s = time.perf_counter() - t
-        return {"mount_s": mounted_s, "stat_unseen_p50_ms": statistics.median(stats) * 1e3,
+        return {"names": registry._ask(state.name, "names_count"), "mount_s": mounted_s,
+                "stat_unseen_p50_ms": statistics.median(stats) * 1e3,
                 "stat_unseen_p99_ms": sorted(stats)[int(len(stats) * 0.99) - 1] * 1e3,
                 "ls_l_1000_ms": ls_s * 1e3, "ls_l_lines": len(listed.stdout.splitlines()),
                 "find_s": find_s, "find_entries": len(found.stdout.splitlines()),
@@ -218,6 +223,12 @@ def main(argv: list[str]) -> dict:
         result["boto3_files_per_s"] = len(sample) / boto3_baseline(state, admin, cfg, src, sample,
                                                                     f"bench-boto3-{dest}")
         result["before"] = costs(cfg, state, argv, f"{dest}-before", work)
+        point = work / "mnt"
+        point.mkdir()
+        small = work / "small"
+        small_rels = make_tree(small, 1000)
+        bulk_load.load(cfg, bulk_load.LocalTree(small), f"{dest}-small")
+        result["mount_small"] = through_mount(state, point, f"{dest}-small", small_rels, small)
 
         marks: list[tuple[float, int]] = []
         began = time.perf_counter()
@@ -263,8 +274,6 @@ def main(argv: list[str]) -> dict:
         connect = result["after"]["namespace_connect_s"]
         result["targets"][f"Namespace() <= 0.2 s ({connect:.3f} s)"] = connect <= 0.2
 
-        point = work / "mnt"
-        point.mkdir()
         try:
             result["mount"] = mount = through_mount(state, point, dest, rels, src)
         except Exception as e:
@@ -274,6 +283,9 @@ def main(argv: list[str]) -> dict:
             mount["stat_unseen_p50_ms"] <= 1
         result["targets"][f"ls -l of 1,000 <= 50 ms ({mount['ls_l_1000_ms']:.1f})"] = mount["ls_l_1000_ms"] <= 50
         result["targets"][f"find <= 5x local ({mount['find_vs_local']:.2f}x)"] = mount["find_vs_local"] <= 5
+        small = result["mount_small"]
+        result["mount_at_names"] = {k: {"small": small[k], "large": mount[k]} for k in (
+            "names", "mount_s", "stat_unseen_p50_ms", "stat_unseen_p99_ms", "ls_l_1000_ms", "find_vs_local")}
 
         if int(cfg.bench.import_files):
             result["import"] = import_side_by_side(cfg, state, work, int(cfg.bench.import_files),

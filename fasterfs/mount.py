@@ -5,8 +5,10 @@ Two processes per mount, started and supervised by the host's StorageNode (resta
 the mount point cleaned up if they die):
 
 - `ffs-mount` (native/ffs-mount: Rust on the `fuser` crate) talks to the kernel. It answers
-  lookups, attributes and listings from the tree this agent sends whenever the namespace
-  changes, and opens of hot files by itself: a file whose bytes are one fresh entry of this
+  lookups, attributes and listings from its tree: the root alone at the start, each directory's
+  names asked of this agent at its first lookup or listing (one store call, whatever the
+  namespace's size), kept current by the changes this agent sends as the store logs them. It
+  answers opens of hot files by itself: a file whose bytes are one fresh entry of this
   host's cache (a file of one chunk: its entry; a stored file of several: its file entry,
   every chunk filled) is opened with FUSE passthrough on that file, so the kernel reads it
   as a local file, with no daemon on the way. Before such an open it checks that the entry is
@@ -39,10 +41,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import config
+from . import config, registry
 from .errors import FasterFSError
 from .fsutil import atomic_write_json
-from .namespace import Entry
+from .manifest import Manifest
+from .namespace import Entry, Tree
 from .reader import Namespace, OpenFile
 from .state import leave
 
@@ -88,22 +91,58 @@ class Agent:
                 self.sock.sendall(payload)
 
     def start_tree(self) -> None:
-        """The tree whole, then each change as a delta, in order (the Namespace calls
-        `_tree_changed` under its lock as it applies them). Only once the daemon runs: it reads
-        as this writes, and a tree past a socket's buffer would block a writer no one reads."""
+        """The root, then each change as a delta, in order (the Namespace calls `_tree_changed`
+        under its lock as it applies them); directories go out as the daemon asks (`_list`)."""
         self.ns.watch(self._tree_changed)
 
-    def _tree_changed(self, version: int, entries: list[Entry], gone: list[str] | None) -> None:
+    def _describe(self, e: Entry) -> dict:
         # a file's generation is its identity: a replaced file gets a new inode, so a handle open
         # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
-        described = [{"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
-                      "gen": "" if e.is_dir else e.file_manifest.generation} for e in entries if e.path]
-        if gone is None:
-            self._send({"op": "tree", "version": version, "entries": described})
-        else:
-            self._send({"op": "delta", "since": self._sent_version, "version": version, "entries": described,
-                        "gone": gone})
+        return {"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
+                "gen": "" if e.is_dir else e.file_manifest.generation}
+
+    def _tree_changed(self, version: int, names: dict[str, Manifest | None] | None) -> None:
+        if names is None:  # at the start, or the store's log lost: the daemon lists anew what it needs
+            self._send({"op": "tree", "version": version, "lazy": True, "entries": []})
+            self._sent_version = version
+            return
+        removed = [n for n, m in names.items() if m is None]
+        entries = [self._describe(e) for n, m in sorted(names.items()) if m is not None
+                   for e in Tree({n: m}).all_entries() if e.path]
+        # a dataset's paths are all in its manifest: any other below it is of an older one
+        exact = [n for n, m in names.items() if m is not None and m.kind == "dataset"]
+        self._send({"op": "delta", "since": self._sent_version, "version": version, "entries": entries,
+                    "gone": removed + self._emptied(removed), "exact": exact})
         self._sent_version = version
+
+    def _emptied(self, removed: list[str]) -> list[str]:
+        """The directories above `removed` names that are gone with them (the store keeps a
+        directory only while names are under it): one store call per directory."""
+        dirs = {"/".join(parts[:k]) for parts in (n.split("/") for n in removed) for k in range(1, len(parts))}
+        return [d for d in dirs if registry.resolve(self.ns.state.name, d).dir_mtime is None]
+
+    def _lookup(self, path: str) -> None:
+        """What `path` names, to the daemon, in order as `_list`'s."""
+        with self.ns.lock:
+            try:
+                e = self.ns.lookup(path)
+            except FileNotFoundError:
+                return
+            self._send({"op": "listing", "path": path.rpartition("/")[0], "partial": True,
+                        "entries": [self._describe(e)]})
+
+    def _list(self, path: str) -> None:
+        """Directory `path`'s names to the daemon; held under the namespace's lock, so no delta
+        newer than the listing goes out before it."""
+        with self.ns.lock:
+            try:
+                entries = self.ns.listdir(path)
+            except FileNotFoundError:
+                self.send_tree(force=True)  # the delta that removes it, if not gone out yet
+                raise OSError(errno.ENOENT, path) from None
+            except NotADirectoryError:
+                raise OSError(errno.ENOTDIR, path) from None
+            self._send({"op": "listing", "path": path, "entries": [self._describe(e) for e in entries]})
 
     def send_tree(self, force: bool = False) -> None:
         """Whatever changed in the namespace, to the daemon (as deltas, by `_tree_changed`)."""
@@ -189,7 +228,7 @@ class Agent:
                 pending = list(self._pending.items())
             for path, (entry, until) in pending:
                 try:
-                    done = time.monotonic() > until or self.ns.tree.lookup(path) is not entry \
+                    done = time.monotonic() > until or self.ns.version_of(entry) is None \
                         or self._declare_hot(entry)
                 except FileNotFoundError:
                     done = True  # gone from the namespace
@@ -230,6 +269,12 @@ class Agent:
             elif op == "cached":  # the daemon reads a file itself: what of it is cached here now?
                 cached = self._cached_since(m["handle"])
                 self._send({"id": m["id"], **({"cached": cached} if cached else {})})
+            elif op == "lookup":  # a name in a directory not listed: what it is, if anything, before the reply
+                self._lookup(m["path"])
+                self._send({"id": m["id"]})
+            elif op == "list":  # a directory not listed yet: its names, before the reply
+                self._list(m["path"])
+                self._send({"id": m["id"]})
             elif op == "refresh":  # a name the daemon's tree lacks, or a hot file marked stale: newer?
                 if m.get("why") == "stale" or time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
                     self._refreshed = time.monotonic()
@@ -340,7 +385,7 @@ def daemon_args(m) -> list[str]:
 
 def serve(mountpoint: str, overrides: list[str]) -> None:
     cfg = config.load(overrides)
-    ns = Namespace(cfg, whole=True)
+    ns = Namespace(cfg)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     agent = Agent(ns, ours, native_fetch=bool(cfg.mount.native_fetch))
     daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno()),
@@ -348,7 +393,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
     agent.start_tree()  # the daemon mounts once it has the first tree
-    log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.tree.version, ns.state.name,
+    log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.version, ns.state.name,
              mountpoint, daemon.pid)
 
     def stop(*_) -> None:

@@ -52,24 +52,21 @@ class CpuPressure:
 
 class Namespace:
     """The cluster's namespace as this process sees it, checked against the Registry at most
-    every `refresh_s`. By default by path: a lookup asks the store what a path names and keeps
-    the answer in a bounded PathCache until the store's log says the name changed; a listing asks
-    for that directory alone: connecting and looking up cost the same at any namespace size.
-    `whole`: the whole tree at hand, kept by the names changed since its version (what the mount
-    serves its daemon from); `on_change(version, entries, gone)` hears each change applied (under
-    the lock, in order: what a mirror of the tree needs). Manifests of unchanged names keep their
-    clients either way."""
+    every `refresh_s`: a lookup asks the store what a path names and keeps the answer in a
+    bounded PathCache until the store's log says the name changed; a listing asks for that
+    directory alone: connecting and looking up cost the same at any namespace size. Manifests
+    of unchanged names keep their clients."""
 
-    def __init__(self, cfg, root=None, use_cache: bool = True, refresh_s: float = 1.0, whole: bool = False):
+    def __init__(self, cfg, root=None, use_cache: bool = True, refresh_s: float = 1.0):
         self.state = registry.find(cfg, root)
-        self.cfg, self.use_cache, self.refresh_s, self.whole = cfg, use_cache, refresh_s, whole
+        self.cfg, self.use_cache, self.refresh_s = cfg, use_cache, refresh_s
         self._creds = registry.fetch_credentials(self.state.name)
-        self._lock = threading.RLock()
+        # held while a change is applied: what a watcher sends under it is in version order
+        self.lock = threading.RLock()
         self._checked = 0.0
-        self.tree = Tree({})  # whole: its version is the Registry's number it was built from
         self.paths = PathCache(int(cfg.namespace.cached_paths))
-        self.on_change: Callable[[int, list[Entry], list[str] | None], None] | None = None
-        self.fetched = {"changes": 0, "whole": 0, "names": 0, "resolved": 0, "listed": 0}  # what crossed the wire
+        self.on_change: Callable[[int, dict[str, Manifest | None] | None], None] | None = None
+        self.fetched = {"changes": 0, "names": 0, "resolved": 0, "listed": 0}  # what crossed the wire
         self._clients: dict[str, Client] = {}
         self._kept: dict[str, tuple] = {}  # path -> the cached copies its kept pages were read from
         self._session: ReadSession | None = None
@@ -80,38 +77,28 @@ class Namespace:
 
     @property
     def version(self) -> int:
-        return self.tree.version if self.whole else self.paths.version
+        return self.paths.version
 
-    def refresh(self, force: bool = False) -> Tree:
-        """Catch up with the store (at most every refresh_s unless `force`); the tree if whole."""
-        with self._lock:
+    def refresh(self, force: bool = False) -> None:
+        """Catch up with the store (at most every refresh_s unless `force`)."""
+        with self.lock:
             now = time.monotonic()
             if not force and now - self._checked < self.refresh_s:
-                return self.tree
+                return
             self._checked = now
-            changes = registry.fetch_changes(self.state.name, self.version, self.whole) if self.version >= 0 else None
+            watched = self.on_change is not None
+            changes = registry.fetch_changes(self.state.name, self.version, watched) if self.version >= 0 else None
             if changes is not None and changes.version == self.version:
-                return self.tree
+                return
             if changes is not None:
                 self.fetched["changes"] += 1
                 self.fetched["names"] += len(changes.names)
-            if not self.whole:
-                self.paths.changed(None if changes is None else list(changes.names),
-                                   registry.namespace_version(self.state.name) if changes is None else changes.version)
-                self._forget_clients(changes.names if changes is not None else None)
-                return self.tree
-            if changes is None:
-                version, manifests = registry.fetch_manifests(self.state.name)
-                names: dict[str, Manifest | None] = {n: manifests.get(n)
-                                                     for n in set(manifests) | set(self.tree.manifests)}
-                self.fetched["whole"] += 1
-            else:
-                version, names = changes.version, changes.names
-            entries, gone = self.tree.apply(names, version)
+            version = registry.namespace_version(self.state.name) if changes is None else changes.version
+            names = None if changes is None else changes.names
+            self.paths.changed(None if names is None else list(names), version)
             self._forget_clients(names)
             if self.on_change is not None:
-                self.on_change(version, entries, gone)
-            return self.tree
+                self.on_change(version, names)
 
     def _forget_clients(self, names: dict[str, Manifest | None] | None) -> None:
         """Clients of names replaced or removed (None: any name may have been; the next look at
@@ -122,24 +109,26 @@ class Namespace:
             if c is not None and (names is None or m is None or c.manifest.generation != m.generation):
                 del self._clients[n]
 
-    def watch(self, on_change: Callable[[int, list[Entry], list[str] | None], None]) -> None:
-        """`on_change` hears the tree whole now (gone: None), then each change as it is applied."""
-        with self._lock:
-            on_change(self.tree.version, self.tree.all_entries(), None)
+    def watch(self, on_change: Callable[[int, dict[str, Manifest | None] | None], None]) -> None:
+        """`on_change(version, names)` hears the version now (names: None), then each change as it
+        is applied, under `lock`: each name changed with its manifest now (None: removed); names
+        None when the store's log no longer reaches back (anything may have changed)."""
+        with self.lock:
+            on_change(self.version, None)
             self.on_change = on_change
 
     def version_of(self, entry: Entry) -> int | None:
-        """The tree's version if `entry` is still what its path names in it, else None."""
-        with self._lock:
-            try:
-                current = self.tree.lookup(entry.path)
-            except FileNotFoundError:
-                return None
-            return self.tree.version if current is entry or current == entry else None
+        """The namespace's version if `entry` is still what its path names at it, else None."""
+        try:
+            current = self.lookup(entry.path)
+        except FileNotFoundError:
+            return None
+        with self.lock:  # the path cache is of this version while it still holds the entry
+            return self.version if current == entry and self.paths.get(entry.path) is current else None
 
     def client(self, manifest: Manifest) -> Client:
         """The client of `manifest`'s name and generation (one per name, sharing connections)."""
-        with self._lock:
+        with self.lock:
             c = self._clients.get(manifest.name)
             if c is None or c.manifest.generation != manifest.generation:
                 if self._session is None:
@@ -153,11 +142,6 @@ class Namespace:
 
     def lookup(self, path: str) -> Entry:
         path = path.strip("/")
-        if self.whole:
-            try:
-                return self.refresh().lookup(path)
-            except FileNotFoundError:  # perhaps written since the last look: ask now
-                return self.refresh(force=True).lookup(path)
         self.refresh()
         entry = self.paths.get(path)
         if entry is MISSING:
@@ -170,13 +154,13 @@ class Namespace:
         """What the store says `path` names now (kept in the path cache), and the store's answer."""
         found = registry.resolve(self.state.name, path)
         self.fetched["resolved"] += 1
+        if found.version > self.version:  # the store moved on: catch up first, so that nothing handed
+            self.refresh(force=True)      # out is newer than this view (a watcher hears of it before)
         entry = _entry_at(path, found)
         self.paths.put(path, entry, found.version, found.manifest.name if found.manifest is not None else None)
         return entry, found
 
     def listdir(self, path: str) -> list[Entry]:
-        if self.whole:
-            return self.tree.listdir(self.lookup(path).path)  # NotADirectoryError for a file
         self.refresh()
         entry, found = self._resolve(path.strip("/"))  # a listing asks anew: it reads the store anyway
         if entry is None:
@@ -187,6 +171,8 @@ class Namespace:
             return Tree({found.manifest.name: found.manifest}).listdir(entry.path)
         listing = registry.listdir(self.state.name, entry.path)
         self.fetched["listed"] += 1
+        if listing is not None and listing.version > self.version:
+            self.refresh(force=True)  # as in _resolve
         if listing is None:  # gone since the lookup
             raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
         out = [Entry(d, True, mtime=t) for d, t in listing.dirs]
@@ -219,7 +205,7 @@ class Namespace:
         chunks are cached on this host and were, as the same copies, at the previous open of
         it here (else reads must reach the mount, to be counted, and never see old pages)."""
         copies = self._cached_locally(entry)
-        with self._lock:
+        with self.lock:
             keep = copies is not None and self._kept.get(entry.path) == copies
             if copies is None:
                 self._kept.pop(entry.path, None)

@@ -60,7 +60,6 @@ def test_put_r_stores_every_file_as_its_source_in_batches(live_cluster, override
         assert ns.cat(f"bulk/a/{rel}") == data, rel
     assert [e.path for e in ns.listdir("bulk/a/y0")] == [f"bulk/a/y0/d{i}" for i in range(10)]
     assert len(ns.listdir("bulk/a/y2/d25")) == 100
-    assert ns.fetched["whole"] == 0  # by path: never the whole namespace
     listed = subprocess.run([CLI, "ls", "bulk/a/y1/d12"] + overrides, capture_output=True, text=True, timeout=120)
     assert listed.stdout.count("bulk/a/y1/d12/f") == 100, listed.stderr
     # MinIO holds one object per file (big.bin: one per chunk, four), nothing else
@@ -172,8 +171,10 @@ def test_readers_and_nodes_learn_changes_not_the_whole_namespace(live_cluster, o
     tree(src, 200, 2, seed=3)
     bulk_load.load(cfg, bulk_load.LocalTree(src), "learn/")
     ns = Namespace(cfg, refresh_s=0.0)
-    whole = Namespace(cfg, refresh_s=0.0, whole=True)
-    assert whole.fetched["whole"] == 1
+    watched = Namespace(cfg, refresh_s=0.0)  # as the mount's agent: told each change, with its manifest
+    heard: list = []
+    watched.watch(lambda version, names: heard.append(names))
+    assert heard == [None]
     (tmp_path / "new.bin").write_bytes(b"new")
     from fasterfs.ingest import put
 
@@ -181,9 +182,9 @@ def test_readers_and_nodes_learn_changes_not_the_whole_namespace(live_cluster, o
         ns.lookup("learn/new.bin")
     put(cfg, tmp_path / "new.bin", "learn/new.bin")
     assert ns.cat("learn/new.bin") == b"new"  # seen at once: the change forgot the cached "no such path"
-    whole.refresh()
-    assert whole.tree.lookup("learn/new.bin").size == 3
-    assert whole.fetched["whole"] == 1 and whole.fetched["names"] <= 2  # the change alone crossed the wire
+    watched.refresh()
+    assert list(heard[-1]) == ["learn/new.bin"] and heard[-1]["learn/new.bin"].total_bytes == 3
+    assert watched.fetched["names"] == 1  # the change alone crossed the wire
     # a node given a push that does not follow its version (one between was missed) fetches what
     # it missed from the store's log, and is then at the store's version, not the push's
     node = cluster.storage_nodes(live_cluster)[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 import ray
 from conftest import source_csv, wait_until
 
-from fasterfs import cluster, config, credentials, registry, s3
+from fasterfs import bulk_load, cluster, config, credentials, registry, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
 
@@ -214,6 +214,52 @@ def test_a_cold_file_is_fetched_by_the_daemon_itself_and_checked(mounted, live_c
         for minio, key, good, meta in rotten:
             minio.put_object(Bucket=m.bucket, Key=key, Body=good, Metadata=meta)
         remove(cfg, "native/cold.bin")
+
+
+def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, live_cluster, overrides, tmp_path):
+    """1,000 files stored with `put -r` in 20 directories, then the mount started: the daemon is
+    sent none of them at the start; a `stat` brings the names on its path alone, a listing its
+    directory's; walking the mount gives exactly the source tree (os.walk of it, sizes from
+    os.stat). A file put later is seen at once, and removed is gone, its emptied directory with
+    it, with only those names crossing to the daemon (its own count of entries received)."""
+    point, actor = mounted
+    cfg = config.load(overrides)
+    src = tmp_path / "src"
+    for i in range(1000):
+        f = src / f"d{i % 20:02d}" / f"f{i:04d}.bin"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(os.urandom(i % 97))
+    bulk_load.load(cfg, bulk_load.LocalTree(src), "lazy/")
+    ray.get(actor.umount.remote(str(point)))
+    since = time.time()
+    ray.get(actor.mount.remote(str(point)))
+    lazy = point / "lazy"
+    try:
+        start = daemon_counts(actor, point, since)["entries_received"]
+        assert start == 0, start  # the root alone
+        assert os.stat(lazy / "d07" / "f0007.bin").st_size == 7
+        one = daemon_counts(actor, point, time.time())["entries_received"]
+        assert one - start <= 3, (start, one)  # lazy, lazy/d07, its file
+        assert sorted(os.listdir(lazy / "d07")) == sorted(os.listdir(src / "d07"))
+        listed = daemon_counts(actor, point, time.time())["entries_received"]
+        assert listed - one <= 50, (one, listed)
+        seen = {str(Path(d, f).relative_to(lazy)): os.stat(Path(d, f)).st_size
+                for d, _, files in os.walk(lazy) for f in files}
+        assert seen == {str(Path(d, f).relative_to(src)): os.stat(Path(d, f)).st_size
+                        for d, _, files in os.walk(src) for f in files}
+
+        walked = daemon_counts(actor, point, time.time())["entries_received"]
+        (tmp_path / "new.bin").write_bytes(b"new")
+        put(cfg, tmp_path / "new.bin", "lazy/d07/new.bin")
+        put(cfg, tmp_path / "new.bin", "lazy/solo/new.bin")
+        assert (lazy / "d07" / "new.bin").read_bytes() == b"new"
+        assert (lazy / "solo" / "new.bin").read_bytes() == b"new"
+        remove(cfg, "lazy/solo/new.bin")
+        wait_until(lambda: not (lazy / "solo").exists(), timeout=10, what="the emptied directory gone")
+        changed = daemon_counts(actor, point, time.time())["entries_received"]
+        assert changed - walked <= 12, (walked, changed)  # each change's names (and their directories)
+    finally:
+        remove(cfg, "lazy/d07/new.bin")
 
 
 def test_a_frozen_minio_delays_only_the_reads_that_need_it(mounted, live_cluster, overrides, tmp_path):

@@ -28,6 +28,14 @@ pub struct Change {
     pub entries: Vec<Entry>,
     /// Valid paths.
     pub gone: Vec<String>,
+    /// A "listing"'s directory ("" the root); None if absent or not valid.
+    pub path: Option<String>,
+    /// A "tree" whose directories are listed only when asked ("list").
+    pub lazy: bool,
+    /// A "listing" of some names only.
+    pub partial: bool,
+    /// A delta's directories whose contents are exactly its entries below them.
+    pub exact: Vec<String>,
 }
 
 impl Change {
@@ -161,6 +169,17 @@ impl<'de> Visitor<'de> for ChangeVisitor {
             match k.as_str() {
                 "entries" => c.entries = m.next_value::<List<Entry>>()?.0,
                 "gone" => c.gone = m.next_value::<List<String>>()?.0,
+                "exact" => c.exact = m.next_value::<List<String>>()?.0,
+                "path" => {
+                    let v: Value = m.next_value()?;
+                    c.path = match v.as_str() {
+                        Some(p) if p.trim_matches('/').is_empty() => Some(String::new()),
+                        Some(p) => clean(p).map(str::to_string),
+                        None => None,
+                    };
+                }
+                "lazy" => c.lazy = m.next_value::<Value>()?.as_bool().unwrap_or(false),
+                "partial" => c.partial = m.next_value::<Value>()?.as_bool().unwrap_or(false),
                 "op" | "version" | "since" => {
                     let v: Value = m.next_value()?;
                     match k.as_str() {

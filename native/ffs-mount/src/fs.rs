@@ -112,6 +112,12 @@ pub struct Stats {
     pub stale_refused: AtomicU64,
     pub hot_from_open_reply: AtomicU64,
     pub lookup_refreshes: AtomicU64,
+    /// Directories of a lazy tree listed (asked of the agent).
+    pub listings: AtomicU64,
+    /// Names asked of the agent alone, in directories not listed.
+    pub name_lookups: AtomicU64,
+    /// Entries of trees, deltas and listings applied: what the agent sent of the namespace.
+    pub entries_received: AtomicU64,
     /// Lookups answered ENOENT from the remembered misses, without the agent.
     pub negative_hits: AtomicU64,
     /// RELEASEs handled: equal to passthrough_opens + agent_opens once every file is closed.
@@ -135,6 +141,9 @@ impl Stats {
             "stale_refused": self.stale_refused.load(Relaxed),
             "hot_from_open_reply": self.hot_from_open_reply.load(Relaxed),
             "lookup_refreshes": self.lookup_refreshes.load(Relaxed),
+            "listings": self.listings.load(Relaxed),
+            "name_lookups": self.name_lookups.load(Relaxed),
+            "entries_received": self.entries_received.load(Relaxed),
             "negative_hits": self.negative_hits.load(Relaxed),
             "releases": self.releases.load(Relaxed),
             "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
@@ -354,28 +363,65 @@ impl Shared {
     }
 
     /// The attributes of `name` in directory `parent`. A name the tree lacks
-    /// may be newer than the last push (a dataset ingested a moment ago):
-    /// the agent sends a newer tree, if there is one, before it replies, so
-    /// one retry sees it. A name still missing then is not asked for again
-    /// until the next tree or delta.
-    pub fn find(&self, parent: u64, name: &str) -> Option<FileAttr> {
+    /// is asked of the agent, which sends what it is, if anything, before it
+    /// replies: in a directory not listed, that name alone ("lookup": the
+    /// directory is listed whole only by a readdir); in a listed one, any
+    /// change newer than the last push ("refresh": a dataset ingested a
+    /// moment ago). A name still missing then is not asked for again until
+    /// the next tree, delta or listing. Err: ENOENT, or the errno of a failed
+    /// call to the agent.
+    pub fn find(&self, parent: u64, name: &str) -> Result<FileAttr, i32> {
         let find = |t: &Tree| t.child(parent, name).and_then(|i| t.attr(i));
         let t = self.tree();
         if let Some(a) = find(&t) {
-            return Some(a);
+            return Ok(a);
         }
         if self.misses.lock().unwrap().has(t.seq, parent, name) {
             self.stats.negative_hits.fetch_add(1, Relaxed);
-            return None;
+            return Err(libc::ENOENT);
         }
-        self.stats.lookup_refreshes.fetch_add(1, Relaxed);
-        self.agent.call_synced(json!({"op": "refresh"})).ok()?;
+        if t.listed(parent) {
+            self.stats.lookup_refreshes.fetch_add(1, Relaxed);
+            self.agent.call_synced(json!({"op": "refresh"}))?;
+        } else {
+            let Some(dir) = t.nodes.get(&parent) else {
+                return Err(libc::ENOENT);
+            };
+            let path = match dir.path.is_empty() {
+                true => name.to_string(),
+                false => format!("{}/{name}", dir.path),
+            };
+            self.stats.name_lookups.fetch_add(1, Relaxed);
+            self.agent
+                .call_synced(json!({"op": "lookup", "path": path}))?;
+        }
         let t = self.tree();
         let found = find(&t);
         if found.is_none() {
             self.misses.lock().unwrap().add(t.seq, parent, name);
         }
-        found
+        found.ok_or(libc::ENOENT)
+    }
+
+    /// The tree once directory `ino` is listed in it (asked of the agent if
+    /// it is not yet).
+    pub fn listed_tree(&self, ino: u64) -> Result<Arc<Tree>, i32> {
+        let t = self.tree();
+        if t.listed(ino) || !t.children.contains_key(&ino) {
+            return Ok(t);
+        }
+        self.list(ino)
+    }
+
+    /// Ask the agent for directory `ino`'s names; the tree they are in.
+    fn list(&self, ino: u64) -> Result<Arc<Tree>, i32> {
+        let Some(path) = self.tree().nodes.get(&ino).map(|n| n.path.clone()) else {
+            return Err(libc::ENOENT);
+        };
+        self.stats.listings.fetch_add(1, Relaxed);
+        self.agent
+            .call_synced(json!({"op": "list", "path": path}))?;
+        Ok(self.tree())
     }
 
     /// A hot file's marks say stale: has it been replaced? Asks the agent for
@@ -520,9 +566,12 @@ impl Filesystem for FuseFs {
         let s = &self.0;
         s.stats.lookups.fetch_add(1, Relaxed);
         // Paths are JSON strings: a name that is not UTF-8 is in no tree.
-        match name.to_str().and_then(|n| s.find(parent.0, n)) {
-            Some(a) => reply.entry(&s.ttl, &a, Generation(0)),
-            None => reply.error(Errno::ENOENT),
+        match name
+            .to_str()
+            .map_or(Err(libc::ENOENT), |n| s.find(parent.0, n))
+        {
+            Ok(a) => reply.entry(&s.ttl, &a, Generation(0)),
+            Err(e) => reply.error(err(e)),
         }
     }
 
@@ -551,7 +600,10 @@ impl Filesystem for FuseFs {
         mut reply: ReplyDirectory,
     ) {
         self.0.stats.readdirs.fetch_add(1, Relaxed);
-        let t = self.0.tree();
+        let t = match self.0.listed_tree(ino.0) {
+            Ok(t) => t,
+            Err(e) => return reply.error(err(e)),
+        };
         // Offsets are positions in the sorted listing; entry k carries k+1.
         let Some(entries) = t.dir_entries(ino.0, offset) else {
             return reply.error(Errno::ENOENT);
@@ -573,7 +625,10 @@ impl Filesystem for FuseFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.0.stats.readdirs.fetch_add(1, Relaxed);
-        let t = self.0.tree();
+        let t = match self.0.listed_tree(ino.0) {
+            Ok(t) => t,
+            Err(e) => return reply.error(err(e)),
+        };
         let Some(entries) = t.dir_entries(ino.0, offset) else {
             return reply.error(Errno::ENOENT);
         };

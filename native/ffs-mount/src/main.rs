@@ -37,6 +37,23 @@
 //!   Best sent starting exactly {"op":"tree", (a delta {"op":"delta",):
 //!   then even its parsing is off the thread that delivers replies.
 //!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Owner and modes: --uid, --gid, --file-mode, --dir-mode (0440, 0550, root).
+//!   With "lazy":true the tree holds the root alone, not listed (entries
+//!   are ignored): a directory not listed asks the agent for a name it
+//!   lacks alone ("lookup"), and for all its names at its first readdir
+//!   ("list").
+//!
+//! {"op":"listing","path":P,"entries":[...as in "tree"...]}
+//!   Directory P ("" the root) now has these entries (its children: others
+//!   are skipped) and no others, and is listed; a subdirectory new to the
+//!   daemon is not listed. Ignored if P is not a directory in the tree (the
+//!   delta removing it came first). Must follow every delta of a version
+//!   older than the listing's, and precede every delta of a newer one
+//!   (a delta re-applying changes the listing has is harmless). In a delta,
+//!   a new name below a directory not listed is skipped (its listing will
+//!   have it; a name it holds is changed as anywhere), and a directory a
+//!   delta makes is listed: every name in it comes in deltas. With
+//!   "partial":true the entries are added to P, its other names kept, and P
+//!   stays as listed as it was (the reply to a "lookup").
 //!
 //! {"op":"delta","version":V,"since":S,"entries":[...as in "tree"...],
 //!  "gone":[P, ...]}
@@ -50,6 +67,9 @@
 //!   its attributes (a directory that becomes a file loses its entries), or
 //!   is a new inode if its G changed. What left or changed is invalidated
 //!   in the kernel, and files that left are kept as with a new "tree".
+//!   Optional "exact":[P, ...]: directories whose contents are now exactly
+//!   the delta's entries below them (a dataset replaced): whatever else is
+//!   below them leaves, as if in "gone"; they keep their inodes.
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
 //!  "pin":S,"key":K,"keys":[K...],"bucket":K2,"fetched_ns":F}
@@ -92,7 +112,10 @@
 //!   passthrough_opens, not in agent_opens), reads_cached, bytes_cached
 //!   (reads of agent handles served from their "cached" ranges), releases
 //!   (RELEASEs handled: passthrough_opens + agent_opens once all are closed),
-//!   lookup_refreshes (lookup misses asked of the agent), negative_hits
+//!   lookup_refreshes (lookup misses asked of the agent), listings
+//!   (directories of a lazy tree asked of the agent), name_lookups (names
+//!   asked alone, in directories not listed), entries_received (entries of
+//!   trees, deltas and listings applied), negative_hits
 //!   (lookup misses answered ENOENT at once, as asked before: see "refresh"),
 //!   and "fetch": {reads, bytes (served from chunks fetched here), gets,
 //!   get_bytes (good chunks fetched), ahead (read-ahead fetches started),
@@ -159,6 +182,16 @@
 //!   (as in the open reply) if more of the file is cached here than the
 //!   daemon was told: asked at most every 25 ms by the reads of a handle
 //!   with "fetch" that are not at hand, since those never reach the agent.
+//!
+//! {"op":"lookup","path":P,"id":N} -> {"id":N}
+//!   A lookup in a directory not listed found no such name: the agent sends
+//!   a "partial" "listing" of P's directory holding P, if P exists, before
+//!   its reply. A name still missing is remembered as after a "refresh".
+//!
+//! {"op":"list","path":P,"id":N} -> {"id":N}
+//!   The agent sends directory P's "listing" (P as in the tree, "" the
+//!   root) before its reply, or fails with ENOENT if it is no directory
+//!   now (after sending the delta that removes it).
 //!
 //! {"op":"refresh","id":N} or {"op":"refresh","why":"stale","id":N} -> {"id":N}
 //!   A lookup found no such name, or (why "stale") an open found a hot
@@ -302,7 +335,14 @@ fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>, apply: mpsc
         }
         // Parsed by the applier: a big tree parsed here would hold up the
         // replies behind it. (Not sent "op" first: parsed here, see below.)
-        if line.starts_with(br#"{"op":"tree","#) || line.starts_with(br#"{"op":"delta","#) {
+        if [
+            &br#"{"op":"tree","#[..],
+            br#"{"op":"delta","#,
+            br#"{"op":"listing","#,
+        ]
+        .iter()
+        .any(|p| line.starts_with(p))
+        {
             handed += 1;
             let _ = apply.send(Apply::Line(std::mem::take(&mut line)));
             continue;
@@ -333,7 +373,7 @@ fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>, apply: mpsc
                     );
                 }
             }
-            Some("tree" | "delta" | "stats") => {
+            Some("tree" | "delta" | "listing" | "stats") => {
                 handed += 1;
                 let _ = apply.send(Apply::Msg(v));
             }
@@ -385,6 +425,11 @@ fn applier(
             }
             Apply::Msg(v) => Some(Change::from_value(&v)),
         };
+        if let Some(c) = &c {
+            s.stats
+                .entries_received
+                .fetch_add(c.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         match c {
             Some(c) if c.op == "tree" => {
                 let (t, changed) = Tree::from_msg(&s.tree(), &c, &mut inos, &s.open_inodes());
@@ -396,6 +441,10 @@ fn applier(
                 }
             }
             Some(_) if !have_tree => eprintln!("ffs-mount: delta before the first tree, ignored"),
+            Some(c) if c.op == "listing" => {
+                let (t, changed) = s.tree().apply_listing(&c, &mut inos);
+                publish(&s, t, changed, &inval);
+            }
             Some(c) => match s.tree().apply_delta(&c, &mut inos, &s.open_inodes()) {
                 Ok((t, changed)) => publish(&s, t, changed, &inval),
                 Err(e) => eprintln!("ffs-mount: {e}: ignored"),
@@ -647,6 +696,32 @@ mod tests {
                             }
                             writeln!(w, "{}", json!({"id": v["id"]})).unwrap();
                         }
+                        Some("lookup") => {
+                            // every name but "x*" exists, as a file
+                            let p = v["path"].as_str().unwrap();
+                            let (dir, name) = p.rsplit_once('/').unwrap_or(("", p));
+                            if !name.starts_with('x') {
+                                let l = json!({"op": "listing", "path": dir, "partial": true,
+                                               "entries": [{"path": p, "size": 2}]});
+                                writeln!(w, "{l}").unwrap();
+                            }
+                            writeln!(w, "{}", json!({"id": v["id"]})).unwrap();
+                        }
+                        Some("list") => {
+                            // every directory holds "f" and "d/" (for the test below)
+                            let p = v["path"].as_str().unwrap();
+                            let at = |n: &str| {
+                                if p.is_empty() {
+                                    n.to_string()
+                                } else {
+                                    format!("{p}/{n}")
+                                }
+                            };
+                            let l = json!({"op": "listing", "path": p,
+                                           "entries": [{"path": at("f"), "size": 1}, {"path": at("d"), "dir": true}]});
+                            writeln!(w, "{l}").unwrap();
+                            writeln!(w, "{}", json!({"id": v["id"]})).unwrap();
+                        }
                         None => tx.send(v).unwrap(),
                         Some(op) => panic!("unexpected request {op}"),
                     }
@@ -687,12 +762,12 @@ mod tests {
         let d = Daemon::start();
         d.send(json!({"op": "tree", "version": 1, "entries": [{"path": "a"}]}));
         d.stats();
-        assert!(d.s.find(ROOT_INO, "a").is_some());
-        assert!(d.s.find(ROOT_INO, "b").is_none());
+        assert!(d.s.find(ROOT_INO, "a").is_ok());
+        assert!(d.s.find(ROOT_INO, "b").is_err());
         assert_eq!(d.refreshes(), 1);
-        assert!(d.s.find(ROOT_INO, "b").is_none());
+        assert!(d.s.find(ROOT_INO, "b").is_err());
         assert_eq!(d.refreshes(), 1, "a known miss is not asked again");
-        assert!(d.s.find(ROOT_INO, "c").is_none());
+        assert!(d.s.find(ROOT_INO, "c").is_err());
         assert_eq!(d.refreshes(), 2, "another name is");
         let st = d.stats();
         assert_eq!(
@@ -706,7 +781,7 @@ mod tests {
         // Any change to the namespace forgets the misses.
         d.send(json!({"op": "delta", "version": 2, "since": 1, "entries": [{"path": "x"}], "gone": []}));
         d.stats();
-        assert!(d.s.find(ROOT_INO, "b").is_none());
+        assert!(d.s.find(ROOT_INO, "b").is_err());
         assert_eq!(d.refreshes(), 3);
 
         // A delta sent before the refresh reply is seen by the retry.
@@ -720,7 +795,7 @@ mod tests {
         let n = d.s.find(ROOT_INO, "n").expect("applied before the retry");
         assert_eq!(n.kind, fuser::FileType::Directory);
         assert_eq!(d.s.tree().version, 3);
-        assert!(d.s.find(ROOT_INO, "x").is_none());
+        assert!(d.s.find(ROOT_INO, "x").is_err());
         assert_eq!(d.refreshes(), 5);
 
         // A delta that does not follow the tree is ignored (and changes nothing).
@@ -729,14 +804,52 @@ mod tests {
         let t = d.s.tree();
         assert_eq!(t.version, 3);
         assert!(t.child(ROOT_INO, "a").is_some() && t.child(ROOT_INO, "b").is_none());
-        assert!(d.s.find(ROOT_INO, "x").is_none());
+        assert!(d.s.find(ROOT_INO, "x").is_err());
         assert_eq!(d.refreshes(), 5, "the misses stay: nothing changed");
 
         // A whole tree forgets them too.
         d.send(json!({"op": "tree", "version": 10, "entries": [{"path": "a"}]}));
         d.stats();
-        assert!(d.s.find(ROOT_INO, "x").is_none());
+        assert!(d.s.find(ROOT_INO, "x").is_err());
         assert_eq!(d.refreshes(), 6);
+    }
+
+    #[test]
+    fn a_lazy_tree_asks_for_a_name_at_a_lookup_and_for_a_directory_at_a_readdir() {
+        let d = Daemon::start();
+        d.send(json!({"op": "tree", "version": 1, "lazy": true, "entries": []}));
+        d.stats();
+        assert_eq!(d.s.find(ROOT_INO, "x").err(), Some(libc::ENOENT));
+        assert_eq!(d.s.find(ROOT_INO, "x").err(), Some(libc::ENOENT));
+        let g = d.s.find(ROOT_INO, "g").expect("asked, then found");
+        assert_eq!((g.kind, g.size), (fuser::FileType::RegularFile, 2));
+        assert!(!d.s.tree().listed(ROOT_INO));
+        let st = d.stats();
+        assert_eq!(
+            (
+                st["name_lookups"].as_u64(),
+                st["negative_hits"].as_u64(),
+                st["listings"].as_u64()
+            ),
+            (Some(2), Some(1), Some(0)),
+            "each name asked alone; a known miss not again"
+        );
+        // A readdir's listing: the root's names are the agent's, "g" gone.
+        let t = d.s.listed_tree(ROOT_INO).unwrap();
+        assert!(t.listed(ROOT_INO) && t.child(ROOT_INO, "g").is_none());
+        let dir = d.s.find(ROOT_INO, "d").unwrap();
+        assert_eq!(dir.kind, fuser::FileType::Directory);
+        assert_eq!(d.s.find(ROOT_INO, "y").err(), Some(libc::ENOENT));
+        assert_eq!(
+            d.refreshes(),
+            1,
+            "in a listed directory a missing name may be newer: refreshed"
+        );
+        assert!(
+            d.s.find(dir.ino.0, "f2").is_ok(),
+            "a subdirectory is asked name by name"
+        );
+        assert_eq!(d.stats()["listings"].as_u64(), Some(1));
     }
 
     #[test]

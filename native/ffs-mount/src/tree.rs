@@ -78,11 +78,14 @@ fn key<'a>(path: &'a str, gen: &str) -> Cow<'a, str> {
 
 /// A directory's entries by name. Its sorted listing is built by the first
 /// readdir that needs it and kept while the names stay: an edit makes a new
-/// `Dir` (sharing the map), with no listing yet.
+/// `Dir` (sharing the map), with no listing yet. `listed`: its names are all
+/// here (a lazy tree's directory is not until the agent's "listing" of it:
+/// a name missing from an unlisted directory may exist).
 #[derive(Default)]
 pub struct Dir {
     names: RedBlackTreeMapSync<Arc<str>, u64>,
     listing: OnceLock<Vec<(Arc<str>, u64)>>,
+    listed: bool,
 }
 
 impl Clone for Dir {
@@ -90,11 +93,19 @@ impl Clone for Dir {
         Dir {
             names: self.names.clone(),
             listing: OnceLock::new(),
+            listed: self.listed,
         }
     }
 }
 
 impl Dir {
+    fn new(listed: bool) -> Arc<Dir> {
+        Arc::new(Dir {
+            listed,
+            ..Dir::default()
+        })
+    }
+
     pub fn get(&self, name: &str) -> Option<u64> {
         self.names.get(name).copied()
     }
@@ -170,6 +181,13 @@ struct Edit<'a> {
     /// The parent directory of the last entry upserted: sorted entries
     /// mostly share it, and a check costs less than a walk from the root.
     last_dir: u64,
+    /// Whether directories this change makes have all their names in it (a
+    /// whole tree's, a delta's new ones) or are to be listed (a lazy tree's,
+    /// a listing's subdirectories).
+    listed: bool,
+    /// The directory a listing is of: it takes entries even if not listed
+    /// (a "partial" one leaves it so). 0: none.
+    into: u64,
 }
 
 impl Edit<'_> {
@@ -203,15 +221,23 @@ impl Edit<'_> {
             .names
             .insert_mut(Arc::from(n.name()), ino);
         if n.dir && !self.t.children.contains_key(&ino) {
-            self.t.children.insert_mut(ino, Arc::new(Dir::default()));
+            self.t.children.insert_mut(ino, Dir::new(self.listed));
         }
         self.t.orphans.remove(&ino); // back before its orphan was dropped: the same inode
         self.t.nodes.insert_mut(ino, n);
     }
 
+    /// Whether directory `ino` takes entries: it has all its names in the
+    /// tree, or this change is its listing.
+    fn listed(&self, ino: u64) -> bool {
+        ino == self.into || self.t.children.get(&ino).is_some_and(|d| d.listed)
+    }
+
     /// Make the tree hold `e`: its attributes if the path keeps its inode,
     /// else a new inode in place of the old one. Missing ancestors become
-    /// directories; an entry below a file is dropped.
+    /// directories; an entry below a file is dropped. A directory not listed
+    /// takes no new name (its listing, when asked for, will have it), but
+    /// the names it holds are changed like any.
     fn upsert(&mut self, e: &Entry) {
         let (mut parent, mut start) = (ROOT_INO, 0);
         if let Some((dir_path, _)) = e.path.rsplit_once('/') {
@@ -230,6 +256,7 @@ impl Edit<'_> {
             parent = match self.t.children.get(&parent).and_then(|d| d.get(name)) {
                 Some(ino) if self.node(ino).is_some_and(|n| n.dir) => ino,
                 Some(_) => return,
+                None if !self.listed(parent) => return,
                 None => {
                     let anc = &e.path[..i];
                     let ino = self.inos.ino(anc);
@@ -248,6 +275,10 @@ impl Edit<'_> {
         }
         self.last_dir = parent;
         let name = &e.path[start..];
+        let old = self.t.children.get(&parent).and_then(|d| d.get(name));
+        if old.is_none() && !self.listed(parent) {
+            return;
+        }
         let ino = self.inos.ino(&key(&e.path, &e.gen));
         let new = Node {
             path: e.path.clone(),
@@ -257,7 +288,6 @@ impl Edit<'_> {
             mtime_ns: e.mtime_ns,
             gen: e.gen.clone(),
         };
-        let old = self.t.children.get(&parent).and_then(|d| d.get(name));
         match old.and_then(|o| Some((o, self.node(o)?.dir))) {
             None => self.insert(ino, new),
             Some((o, was_dir)) if o == ino => {
@@ -270,7 +300,7 @@ impl Edit<'_> {
                     self.t.children.remove_mut(&ino);
                     self.drop_all(d.iter().flat_map(|d| d.names.values().copied()).collect());
                 } else if !was_dir && new.dir {
-                    self.t.children.insert_mut(ino, Arc::new(Dir::default()));
+                    self.t.children.insert_mut(ino, Dir::new(self.listed));
                 }
                 self.t.nodes.insert_mut(ino, new);
             }
@@ -382,7 +412,7 @@ impl Tree {
             gen: String::new(),
         };
         t.nodes.insert_mut(ROOT_INO, root);
-        t.children.insert_mut(ROOT_INO, Arc::new(Dir::default()));
+        t.children.insert_mut(ROOT_INO, Dir::new(true));
         t
     }
 
@@ -400,11 +430,14 @@ impl Tree {
         let mut t = Tree::empty();
         t.version = msg.version;
         t.seq = old.seq + 1;
+        t.children.insert_mut(ROOT_INO, Dir::new(!msg.lazy));
         let mut ed = Edit {
             t: &mut t,
             inos,
             inval: Vec::new(),
             last_dir: ROOT_INO,
+            listed: !msg.lazy,
+            into: 0,
         };
         // Sorted: declared parents come first, so implicit ones never override real metadata.
         for e in &msg.entries {
@@ -446,6 +479,8 @@ impl Tree {
             inos,
             inval: Vec::new(),
             last_dir: ROOT_INO,
+            listed: true, // a directory new in a delta: every name in it came in deltas
+            into: 0,
         };
         // Removals first: a path gone as a file may come back as a directory.
         for p in &msg.gone {
@@ -455,6 +490,25 @@ impl Tree {
         }
         for e in &msg.entries {
             ed.upsert(e);
+        }
+        if !msg.exact.is_empty() {
+            let sent: HashSet<&str> = msg.entries.iter().map(|e| e.path.as_str()).collect();
+            for p in &msg.exact {
+                let mut stack: Vec<u64> = ed.resolve(p).into_iter().collect();
+                while let Some(d) = stack.pop() {
+                    let kids =
+                        ed.t.children
+                            .get(&d)
+                            .map_or(Vec::new(), |d| d.names.values().copied().collect());
+                    for k in kids {
+                        match ed.node(k).map(|n| (sent.contains(n.path.as_str()), n.dir)) {
+                            Some((false, _)) => ed.remove(k),
+                            Some((true, true)) => stack.push(k),
+                            _ => {}
+                        }
+                    }
+                }
+            }
         }
         let inval = ed.inval;
         // The last change's orphans stay while open; the others go for good.
@@ -471,9 +525,79 @@ impl Tree {
         Ok((t, inval))
     }
 
+    /// `self` with directory `msg.path` listed: its names become those of
+    /// a {"op":"listing","path":P,"entries":[...]} message (its children;
+    /// their subdirectories are not listed, unless they were), and what the
+    /// kernel must forget; with "partial" its entries are added, the others
+    /// kept, and the directory stays as listed as it was. Nothing changes if
+    /// P is no directory here (gone meanwhile). Costs O(listing * log tree).
+    pub fn apply_listing(&self, msg: &Change, inos: &mut InoMap) -> (Tree, Vec<Inval>) {
+        let mut t = Tree {
+            seq: self.seq + 1,
+            ..self.clone()
+        };
+        let dir = match msg.path.as_deref() {
+            Some("") => Some(ROOT_INO),
+            Some(p) => p
+                .split('/')
+                .try_fold(ROOT_INO, |d, name| self.children.get(&d)?.get(name))
+                .filter(|i| self.children.contains_key(i)),
+            None => None,
+        };
+        let Some(dir) = dir else {
+            return (t, Vec::new());
+        };
+        let prefix = msg.path.as_deref().map_or(String::new(), |p| {
+            if p.is_empty() {
+                String::new()
+            } else {
+                format!("{p}/")
+            }
+        });
+        let before: Vec<(Arc<str>, u64)> = t.children.get(&dir).map_or(Vec::new(), |d| {
+            d.names.iter().map(|(n, &i)| (n.clone(), i)).collect()
+        });
+        let mut ed = Edit {
+            t: &mut t,
+            inos,
+            inval: Vec::new(),
+            last_dir: dir,
+            listed: false,
+            into: dir,
+        };
+        if !msg.partial {
+            ed.dir_mut(dir).listed = true;
+        }
+        let mut kept = HashSet::new();
+        for e in &msg.entries {
+            // its children only, each at most one level below
+            if let Some(name) = e
+                .path
+                .strip_prefix(prefix.as_str())
+                .filter(|n| !n.contains('/'))
+            {
+                ed.upsert(e);
+                kept.insert(name);
+            }
+        }
+        for (name, ino) in before {
+            if !msg.partial && !kept.contains(name.as_ref()) {
+                ed.remove(ino);
+            }
+        }
+        let inval = ed.inval;
+        (t, inval)
+    }
+
     /// The inode named `name` in directory `parent`.
     pub fn child(&self, parent: u64, name: &str) -> Option<u64> {
         self.children.get(&parent)?.get(name)
+    }
+
+    /// Whether directory `ino` has all its names here (else a lookup that
+    /// misses, or a readdir, asks the agent for its listing first).
+    pub fn listed(&self, ino: u64) -> bool {
+        self.children.get(&ino).is_some_and(|d| d.listed)
     }
 
     /// Directory `ino`'s entries from position `offset` of its listing ("."
@@ -603,6 +727,160 @@ mod tests {
             }
         }
         out
+    }
+
+    fn listing(t: &Tree, path: &str, entries: Value, inos: &mut InoMap) -> (Tree, Vec<Inval>) {
+        let msg = json!({"op": "listing", "path": path, "entries": entries});
+        t.apply_listing(&Change::from_value(&msg), inos)
+    }
+
+    #[test]
+    fn a_lazy_tree_holds_what_was_listed_and_what_deltas_made() {
+        let mut inos = InoMap::new();
+        let msg = json!({"op": "tree", "version": 1, "lazy": true, "entries": [{"path": "z"}]});
+        let t = Tree::from_msg(
+            &Tree::empty(),
+            &Change::from_value(&msg),
+            &mut inos,
+            &none(),
+        )
+        .0;
+        assert!(
+            !t.listed(ROOT_INO) && contents(&t).is_empty(),
+            "the root alone, not listed"
+        );
+        // Below a directory not listed, a delta's entries wait for its listing.
+        let (t, _) = delta(
+            &t,
+            json!([{"path": "a/f", "size": 1}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
+        assert!(contents(&t).is_empty());
+
+        let (t, _) = listing(
+            &t,
+            "",
+            json!([{"path": "a", "dir": true, "mtime_ns": 5}, {"path": "b", "size": 2}, {"path": "a/deep"}]),
+            &mut inos,
+        );
+        assert!(t.listed(ROOT_INO));
+        let a = ino(&t, "a").unwrap();
+        assert!(!t.listed(a), "a subdirectory waits for its own listing");
+        assert_eq!(
+            contents(&t).keys().collect::<Vec<_>>(),
+            ["a", "b"],
+            "a listing's children only"
+        );
+        // A delta: skipped below `a` (not listed); a directory it makes is listed.
+        let (t, _) = delta(
+            &t,
+            json!([{"path": "a/g"}, {"path": "c/h", "size": 3}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
+        let c = ino(&t, "c").unwrap();
+        assert!(t.listed(c) && ino(&t, "c/h").is_some() && ino(&t, "a/g").is_none());
+
+        let (t, _) = listing(
+            &t,
+            "a",
+            json!([{"path": "a/f", "size": 1}, {"path": "a/g"}]),
+            &mut inos,
+        );
+        assert!(
+            t.listed(a) && ino(&t, "a") == Some(a),
+            "listed in place, its inode kept"
+        );
+        assert_eq!(
+            contents(&t).keys().collect::<Vec<_>>(),
+            ["a", "a/f", "a/g", "b", "c", "c/h"]
+        );
+        // Listed again without b and with c changed: b leaves (an orphan), c keeps its names.
+        let b = ino(&t, "b").unwrap();
+        let (t2, inval) = listing(
+            &t,
+            "",
+            json!([{"path": "a", "dir": true, "mtime_ns": 5}, {"path": "c", "dir": true, "mtime_ns": 9}]),
+            &mut inos,
+        );
+        assert!(ino(&t2, "b").is_none() && t2.orphans.contains_key(&b));
+        assert!(inval.iter().any(|(_, n, i)| n == "b" && *i == b));
+        assert!(inval.iter().any(|(_, n, _)| n == "c"), "c's time changed");
+        assert!(ino(&t2, "c/h").is_some() && t2.listed(c));
+        assert_eq!(t2.version, t.version, "a listing is no new version");
+        // A partial listing adds to a directory, listed or not, and leaves it so.
+        let (t3, _) = listing(&t2, "a", json!([{"path": "a/n"}]), &mut inos);
+        let (t3, _) = {
+            let msg = json!({"op": "listing", "path": "c", "partial": true, "entries": [{"path": "c/p"}]});
+            t3.apply_listing(&Change::from_value(&msg), &mut inos)
+        };
+        assert!(t3.listed(c) && ino(&t3, "c/h").is_some() && ino(&t3, "c/p").is_some());
+        let msg = json!({"op": "tree", "version": 1, "lazy": true});
+        let lazy = Tree::from_msg(&t3, &Change::from_value(&msg), &mut inos, &none()).0;
+        let msg = json!({"op": "listing", "path": "", "partial": true, "entries": [{"path": "q", "dir": true}]});
+        let (lazy, _) = lazy.apply_listing(&Change::from_value(&msg), &mut inos);
+        assert!(
+            !lazy.listed(ROOT_INO)
+                && ino(&lazy, "q").is_some()
+                && !lazy.listed(ino(&lazy, "q").unwrap())
+        );
+        assert_eq!(contents(&lazy).len(), 1);
+        // A name a directory not listed holds is changed by a delta like any.
+        let (t4, _) = listing(&t3, "q", json!([]), &mut inos); // "q" is no directory in t3: nothing
+        assert!(contents(&t4) == contents(&t3));
+        let q = ino(&lazy, "q").unwrap();
+        let msg = json!({"op": "listing", "path": "q", "partial": true, "entries": [{"path": "q/k", "gen": "g1"}]});
+        let (lazy, _) = lazy.apply_listing(&Change::from_value(&msg), &mut inos);
+        let k1 = ino(&lazy, "q/k").unwrap();
+        let (lazy, inval) = delta(
+            &lazy,
+            json!([{"path": "q/k", "gen": "g2", "size": 7}, {"path": "q/new"}]),
+            json!([]),
+            &mut inos,
+            &none(),
+        );
+        let k2 = ino(&lazy, "q/k").unwrap();
+        assert!(k2 != k1 && inval.iter().any(|&(p, _, i)| p == q && i == k1));
+        assert!(ino(&lazy, "q/new").is_none() && !lazy.listed(q));
+        // A listing of what is no directory here changes nothing.
+        for p in ["nope", "a/f"] {
+            let (t3, inval) = listing(&t2, p, json!([{"path": format!("{p}/x")}]), &mut inos);
+            assert!(inval.is_empty() && contents(&t3) == contents(&t2));
+        }
+    }
+
+    #[test]
+    fn an_exact_directory_keeps_only_the_deltas_entries_and_its_inode() {
+        let mut inos = InoMap::new();
+        let t = tree(
+            1,
+            json!([{"path": "ds/chunks/c0", "gen": "1"}, {"path": "ds/chunks/c1", "gen": "1"},
+                   {"path": "ds/all", "gen": "1"}, {"path": "other"}]),
+            &mut inos,
+        );
+        let (ds, chunks) = (ino(&t, "ds").unwrap(), ino(&t, "ds/chunks").unwrap());
+        let msg = json!({"op": "delta", "version": 2, "since": 1, "exact": ["ds"], "gone": [],
+                         "entries": [{"path": "ds", "dir": true}, {"path": "ds/chunks", "dir": true},
+                                     {"path": "ds/chunks/c0", "gen": "2"}, {"path": "ds/all", "gen": "2"}]});
+        let (t2, _) = t
+            .apply_delta(&Change::from_value(&msg), &mut inos, &none())
+            .unwrap();
+        assert_eq!(
+            contents(&t2).keys().collect::<Vec<_>>(),
+            ["ds", "ds/all", "ds/chunks", "ds/chunks/c0", "other"]
+        );
+        assert_eq!(
+            (ino(&t2, "ds"), ino(&t2, "ds/chunks")),
+            (Some(ds), Some(chunks))
+        );
+        assert_ne!(
+            ino(&t2, "ds/chunks/c0"),
+            ino(&t, "ds/chunks/c0"),
+            "a new gen"
+        );
     }
 
     #[test]
