@@ -28,6 +28,7 @@ Messages on the socket pair: newline-delimited JSON; a read's reply is followed 
 """
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import json
@@ -69,6 +70,7 @@ class Agent:
 
     def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8, native_fetch: bool = True):
         self.ns, self.sock, self.native_fetch = ns, sock, native_fetch
+        self.warmed = 0  # entries the background listing sent (`warm`)
         self._files: dict[int, OpenFile] = {}
         self._told: dict[int, tuple[float, int]] = {}  # handle -> when, and how many chunks, "cached" was sent
         self._pending: dict[str, tuple[Entry, float]] = {}  # path -> its entry, watched until (hot_soon)
@@ -131,18 +133,53 @@ class Agent:
             self._send({"op": "listing", "path": path.rpartition("/")[0], "partial": True,
                         "entries": [self._describe(e)]})
 
-    def _list(self, path: str) -> None:
-        """Directory `path`'s names to the daemon; held under the namespace's lock, so no delta
-        newer than the listing goes out before it."""
-        with self.ns.lock:
+    def warm(self, most: int) -> None:
+        """Directories listed to the daemon unasked, breadth first from the root, until `most`
+        entries are sent: a name looked up later is then at hand (no agent round trip). Each
+        listing waits for the namespace's lock like any, so those asked for go between them."""
+        todo, t = collections.deque([""]), time.monotonic()
+        while todo and self.warmed < most and not self.stopping.is_set():
             try:
-                entries = self.ns.listdir(path)
-            except FileNotFoundError:
-                self.send_tree(force=True)  # the delta that removes it, if not gone out yet
-                raise OSError(errno.ENOENT, path) from None
-            except NotADirectoryError:
-                raise OSError(errno.ENOTDIR, path) from None
-            self._send({"op": "listing", "path": path, "entries": [self._describe(e) for e in entries]})
+                entries = self._list(todo.popleft())
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    continue  # gone meanwhile
+                return  # the daemon is gone
+            except Exception:
+                log.exception("warming the daemon's tree stopped; it asks for the rest as used")
+                return
+            self.warmed += len(entries)
+            todo.extend(e["path"] for e in entries if e.get("dir"))
+        log.info("sent the daemon %d entries in %.1f s%s", self.warmed, time.monotonic() - t,
+                 "" if not todo else f"; {len(todo)} directories left to be asked for")
+
+    def _list(self, path: str) -> list[dict]:
+        """Directory `path`'s names to the daemon (and returned); held under the namespace's lock,
+        so no delta newer than the listing goes out before it. A directory of the store comes with
+        its names' attributes alone (no manifest crosses); one within a dataset, from its manifest."""
+        with self.ns.lock:
+            listed = registry.list_attrs(self.ns.state.name, path)
+            if listed is None:
+                entries = self._list_within(path)
+            else:
+                if listed.version > self.ns.version:
+                    self.send_tree(force=True)  # catch up first: the listing is never newer than the deltas
+                entries = [{"path": d, "dir": True, "mtime_ns": int(t * 1e9)} for d, t in listed.dirs]
+                entries += [{"path": a.name, "dir": a.kind == "dataset", "size": 0 if a.kind == "dataset" else a.size,
+                             "mtime_ns": int(a.created * 1e9), "gen": "" if a.kind == "dataset" else a.generation}
+                            for a in listed.names]
+            self._send({"op": "listing", "path": path, "entries": entries})
+            return entries
+
+    def _list_within(self, path: str) -> list[dict]:
+        """A directory not in the store: one within a dataset (from its manifest), else none."""
+        try:
+            return [self._describe(e) for e in self.ns.listdir(path)]
+        except FileNotFoundError:
+            self.send_tree(force=True)  # the delta that removes it, if not gone out yet
+            raise OSError(errno.ENOENT, path) from None
+        except NotADirectoryError:
+            raise OSError(errno.ENOTDIR, path) from None
 
     def send_tree(self, force: bool = False) -> None:
         """Whatever changed in the namespace, to the daemon (as deltas, by `_tree_changed`)."""
@@ -402,6 +439,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
     signal.signal(signal.SIGTERM, stop)
     threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
     threading.Thread(target=agent.hot_soon, name="hot-soon", daemon=True).start()
+    threading.Thread(target=agent.warm, args=(int(cfg.mount.warm_entries),), name="warm", daemon=True).start()
     try:
         agent.serve()  # until the daemon closes its end (unmounted, or it died)
     finally:

@@ -27,7 +27,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write
 from .lease import Lease
 from .manifest import Manifest
-from .meta import Changes, Listing, NamespaceStore, Resolved, legacy, open_engine
+from .meta import AttrsListing, Changes, Listing, NamespaceStore, Resolved, legacy, open_engine
 from .node_directory import NodeDirectory
 from .state import ClusterState, host_id, join, ray_namespace
 
@@ -94,6 +94,9 @@ class Registry:
 
     def listdir(self, path: str) -> Listing | None:
         return self.names.listdir(path)
+
+    def list_attrs(self, path: str) -> AttrsListing | None:
+        return self.names.attrs(path)
 
     def namespace_version(self) -> int:
         return self.names.version
@@ -269,6 +272,12 @@ def resolve(cluster_name: str, path: str) -> Resolved:
 
 def listdir(cluster_name: str, path: str) -> Listing | None:
     return _ask(cluster_name, "listdir", path)
+
+
+def list_attrs(cluster_name: str, path: str) -> AttrsListing | None:
+    """A directory of the store with its names' attributes (None: no such directory in the
+    store; a dataset's directories are in its manifest)."""
+    return _ask(cluster_name, "list_attrs", path)
 
 
 def namespace_version(cluster_name: str) -> int:

@@ -7,16 +7,18 @@ Expected bytes come from the local files and from MinIO read with boto3, never f
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import ray
-from conftest import source_csv, wait_until
+from conftest import mounts_under, source_csv, wait_until
 
 from fasterfs import bulk_load, cluster, config, credentials, registry, s3
 from fasterfs.config import Paths
@@ -260,6 +262,49 @@ def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, liv
         assert changed - walked <= 12, (walked, changed)  # each change's names (and their directories)
     finally:
         remove(cfg, "lazy/d07/new.bin")
+
+
+def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster, overrides, cluster_root, tmp_path):
+    """A mount agent started as a StorageNode starts one, but warming its daemon's tree
+    (mount.warm_entries): it is up at once, then lists directories unasked, so that walking a
+    tree of 600 files finds every name at hand (the daemon asks its agent for no name and no
+    listing) and gives exactly the source tree; stopped by its PID, it leaves no mount."""
+    cfg = config.load(overrides)
+    src = tmp_path / "src"
+    for i in range(600):
+        f = src / f"d{i % 12:02d}" / f"f{i:04d}.bin"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(os.urandom(i % 89))
+    bulk_load.load(cfg, bulk_load.LocalTree(src), "warm/")
+    point = cluster_root / "mnt-warm"
+    point.mkdir(exist_ok=True)
+    stats = tmp_path / "daemon.json"
+    log = open(tmp_path / "mount.log", "wb")
+    agent = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides,
+                              "mount.warm_entries=1000000"], stdout=log, stderr=subprocess.STDOUT,
+                             env=dict(os.environ, FASTERFS_MOUNT_STATS=str(stats)), start_new_session=True)
+    try:
+        wait_until(lambda: str(point) in mounts_under(cluster_root), timeout=30, what="the mount")
+
+        def counts(after: float) -> dict:
+            wait_until(lambda: stats.exists() and json.loads(stats.read_text())["time"] > after, timeout=15,
+                       what="the daemon's counters")
+            return json.loads(stats.read_text())
+        wait_until(lambda: "sent the daemon" in (tmp_path / "mount.log").read_text(), timeout=60,
+                   what="the agent to say it sent the tree")
+        warmed = counts(time.time())
+        seen = {str(Path(d, f).relative_to(point / "warm")): os.stat(Path(d, f)).st_size
+                for d, _, files in os.walk(point / "warm") for f in files}
+        assert seen == {str(Path(d, f).relative_to(src)): os.stat(Path(d, f)).st_size
+                        for d, _, files in os.walk(src) for f in files}
+        walked = counts(time.time())
+        assert (walked["name_lookups"], walked["listings"]) == (warmed["name_lookups"], warmed["listings"]), \
+            (warmed, walked)  # every name at hand
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        log.close()
+        wait_until(lambda: str(point) not in mounts_under(cluster_root), timeout=15, what="the mount gone")
 
 
 def test_a_frozen_minio_delays_only_the_reads_that_need_it(mounted, live_cluster, overrides, tmp_path):

@@ -180,6 +180,18 @@ def test_directories_list_by_parent_and_go_when_emptied(store):
     assert store.listdir("t") is None and [d for d, _ in store.listdir("").dirs] == []
 
 
+def test_a_listing_with_attributes_says_what_the_manifests_say(store):
+    """What the mount lists (each name's size, time and generation, read out of the store
+    without its manifest) against the manifests themselves."""
+    for name in ("t/a.csv", "t/b.csv", "t/sub/c.csv"):
+        store.publish(manifest(name, "g-" + name[-5]), "x/")
+    listed, whole = store.attrs("t"), store.listdir("t")
+    assert listed.dirs == whole.dirs and listed.version == whole.version
+    assert [(a.name, a.kind, a.size, a.created, a.generation) for a in listed.names] == \
+        [(m.name, m.kind, sum(c.bytes for c in m.chunks), m.created, m.generation) for m in whole.names]
+    assert store.attrs("t/none") is None and store.attrs("t/a.csv") is None
+
+
 def test_conflicts_are_named_and_fail_the_whole_batch(store):
     store.publish(manifest("a/b", "g1"), "x/")
     dataset = manifest("ds", "g1")

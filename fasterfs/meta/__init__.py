@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import FasterFSError
-from .engine import Engine
+from .engine import Attrs, Engine
 from .sqlite import SQLiteEngine
-from .store import Changes, Listing, NamespaceStore, Push, Resolved
+from .store import AttrsListing, Changes, Listing, NamespaceStore, Push, Resolved
 
-__all__ = ["ENGINES", "Changes", "Engine", "Listing", "NamespaceStore", "Push", "Resolved", "open_engine"]
+__all__ = ["ENGINES", "Attrs", "AttrsListing", "Changes", "Engine", "Listing", "NamespaceStore", "Push", "Resolved",
+           "open_engine"]
 ENGINES = ("sqlite", "redis")
 
 

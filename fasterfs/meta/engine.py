@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from typing import NamedTuple
 
 from ..manifest import Manifest
 
@@ -18,6 +19,19 @@ LOG_KEEP = 100_000  # versions the log reaches back; a consumer further behind r
 
 def parent_of(path: str) -> str:
     return path.rpartition("/")[0]
+
+
+class Attrs(NamedTuple):
+    """What a listing shows of a name: a file's size, or a dataset (a directory)."""
+    name: str
+    kind: str
+    size: int
+    created: float
+    generation: str
+
+    @classmethod
+    def of(cls, m: Manifest) -> Attrs:
+        return cls(m.name, m.kind, sum(c.bytes for c in m.chunks), m.created, m.generation)
 
 
 class Engine(ABC):
@@ -49,6 +63,11 @@ class Engine(ABC):
     @abstractmethod
     def listdir(self, path: str) -> tuple[list[tuple[str, float]], list[Manifest]]:
         """Under `path`, one level: its directories as (path, newest mtime), its names' manifests."""
+
+    def attrs(self, path: str) -> tuple[list[tuple[str, float]], list[Attrs]]:
+        """`listdir` as a file system lists it: each name's attributes, not its manifest."""
+        dirs, names = self.listdir(path)
+        return dirs, [Attrs.of(m) for m in names]
 
     @abstractmethod
     def latest_dataset(self) -> Manifest | None: ...

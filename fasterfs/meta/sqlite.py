@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import FasterFSError
 from ..manifest import Manifest
 from . import engine
-from .engine import Engine, parent_of
+from .engine import Attrs, Engine, parent_of
 
 CACHE_KB = 131072  # SQLite's page cache (128 MB: the hot part of a namespace of millions)
 MMAP_BYTES = 1 << 30  # the file read through the page cache without copies, up to this size
@@ -127,6 +127,16 @@ class SQLiteEngine(Engine):
         dirs = self.db.execute("SELECT path, mtime FROM dirs WHERE parent = ? ORDER BY path", (path,)).fetchall()
         names = [Manifest.from_json(text, f"{name!r} in {self.file}") for name, text in self.db.execute(
             "SELECT name, manifest FROM names WHERE parent = ? ORDER BY name", (path,))]
+        return dirs, names
+
+    def attrs(self, path: str) -> tuple[list[tuple[str, float]], list[Attrs]]:
+        # read out of the manifests' JSON by SQLite itself: a 1,000-name directory lists several
+        # times faster than parsing each manifest in Python
+        dirs = self.db.execute("SELECT path, mtime FROM dirs WHERE parent = ? ORDER BY path", (path,)).fetchall()
+        names = [Attrs(n, k, int(size), created, gen) for n, k, created, gen, size in self.db.execute(
+            "SELECT name, kind, created, json_extract(manifest, '$.generation'), (SELECT total(json_extract("
+            "c.value, '$.bytes')) FROM json_each(manifest, '$.chunks') AS c) FROM names WHERE parent = ? "
+            "ORDER BY name", (path,))]
         return dirs, names
 
     def latest_dataset(self) -> Manifest | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import stamp
 from ..errors import FasterFSError
 from ..manifest import Manifest
-from .engine import Engine
+from .engine import Attrs, Engine
 
 Push = Callable[[str, object], list[int]]  # (StorageNode method, its argument) -> the nodes that took it
 
@@ -44,6 +44,14 @@ class Listing:
     version: int
     dirs: list[tuple[str, float]]
     names: list[Manifest]
+
+
+@dataclass(frozen=True)
+class AttrsListing:
+    """One directory as a file system lists it: its subdirectories (path, mtime), its names' attributes."""
+    version: int
+    dirs: list[tuple[str, float]]
+    names: list[Attrs]
 
 
 class NamespaceStore:
@@ -104,6 +112,14 @@ class NamespaceStore:
                 return None
             dirs, names = self.engine.listdir(path)
             return Listing(self.engine.version(), dirs, names)
+
+    def attrs(self, path: str) -> AttrsListing | None:
+        """`listdir` with each name's attributes instead of its manifest (None: no such directory)."""
+        with self._lock:
+            if not self.engine.is_dir(path):
+                return None
+            dirs, names = self.engine.attrs(path)
+            return AttrsListing(self.engine.version(), dirs, names)
 
     def count(self) -> int:
         with self._lock:
