@@ -218,6 +218,22 @@ def test_a_cold_file_is_fetched_by_the_daemon_itself_and_checked(mounted, live_c
         remove(cfg, "native/cold.bin")
 
 
+def stored_tree(cfg, src: Path, files: int, dirs: int, dest: str) -> Path:
+    """`files` small files of random bytes in `dirs` directories under `src`, stored with `put -r` at `dest`."""
+    for i in range(files):
+        f = src / f"d{i % dirs:02d}" / f"f{i:04d}.bin"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(os.urandom(i % 97))
+    bulk_load.load(cfg, bulk_load.LocalTree(src), dest)
+    return src
+
+
+def sizes(top: Path) -> dict[str, int]:
+    """Every file under `top` (os.walk), by its path there, with its size (os.stat)."""
+    return {str(Path(d, f).relative_to(top)): os.stat(Path(d, f)).st_size
+            for d, _, files in os.walk(top) for f in files}
+
+
 def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, live_cluster, overrides, tmp_path):
     """1,000 files stored with `put -r` in 20 directories, then the mount started: the daemon is
     sent none of them at the start; a `stat` brings the names on its path alone, a listing its
@@ -226,12 +242,7 @@ def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, liv
     it, with only those names crossing to the daemon (its own count of entries received)."""
     point, actor = mounted
     cfg = config.load(overrides)
-    src = tmp_path / "src"
-    for i in range(1000):
-        f = src / f"d{i % 20:02d}" / f"f{i:04d}.bin"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(os.urandom(i % 97))
-    bulk_load.load(cfg, bulk_load.LocalTree(src), "lazy/")
+    src = stored_tree(cfg, tmp_path / "src", 1000, 20, "lazy/")
     ray.get(actor.umount.remote(str(point)))
     since = time.time()
     ray.get(actor.mount.remote(str(point)))
@@ -245,10 +256,7 @@ def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, liv
         assert sorted(os.listdir(lazy / "d07")) == sorted(os.listdir(src / "d07"))
         listed = daemon_counts(actor, point, time.time())["entries_received"]
         assert listed - one <= 50, (one, listed)
-        seen = {str(Path(d, f).relative_to(lazy)): os.stat(Path(d, f)).st_size
-                for d, _, files in os.walk(lazy) for f in files}
-        assert seen == {str(Path(d, f).relative_to(src)): os.stat(Path(d, f)).st_size
-                        for d, _, files in os.walk(src) for f in files}
+        assert sizes(lazy) == sizes(src)
 
         walked = daemon_counts(actor, point, time.time())["entries_received"]
         (tmp_path / "new.bin").write_bytes(b"new")
@@ -270,12 +278,7 @@ def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster
     tree of 600 files finds every name at hand (the daemon asks its agent for no name and no
     listing) and gives exactly the source tree; stopped by its PID, it leaves no mount."""
     cfg = config.load(overrides)
-    src = tmp_path / "src"
-    for i in range(600):
-        f = src / f"d{i % 12:02d}" / f"f{i:04d}.bin"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(os.urandom(i % 89))
-    bulk_load.load(cfg, bulk_load.LocalTree(src), "warm/")
+    src = stored_tree(cfg, tmp_path / "src", 600, 12, "warm/")
     point = cluster_root / "mnt-warm"
     point.mkdir(exist_ok=True)
     stats = tmp_path / "daemon.json"
@@ -293,10 +296,7 @@ def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster
         wait_until(lambda: "sent the daemon" in (tmp_path / "mount.log").read_text(), timeout=60,
                    what="the agent to say it sent the tree")
         warmed = counts(time.time())
-        seen = {str(Path(d, f).relative_to(point / "warm")): os.stat(Path(d, f)).st_size
-                for d, _, files in os.walk(point / "warm") for f in files}
-        assert seen == {str(Path(d, f).relative_to(src)): os.stat(Path(d, f)).st_size
-                        for d, _, files in os.walk(src) for f in files}
+        assert sizes(point / "warm") == sizes(src)
         walked = counts(time.time())
         assert (walked["name_lookups"], walked["listings"]) == (warmed["name_lookups"], warmed["listings"]), \
             (warmed, walked)  # every name at hand
