@@ -5,9 +5,11 @@ Two processes per mount, started and supervised by the host's StorageNode (resta
 the mount point cleaned up if they die):
 
 - `ffs-mount` (native/ffs-mount: Rust on the `fuser` crate) talks to the kernel. It answers
-  lookups, attributes and listings from its tree: the root alone at the start, each directory's
-  names asked of this agent at its first lookup or listing (one store call, whatever the
-  namespace's size), kept current by the changes this agent sends as the store logs them. It
+  lookups, attributes and listings from its tree: the root alone at the start (whatever the
+  namespace's size), then every directory's names as this agent lists them in the background
+  (`warm`, up to mount.warm_entries); a name it lacks meanwhile is asked of this agent alone, a
+  directory's names at its first listing (one store call each); the changes come as the store
+  logs them, each with the changed names alone. It
   answers opens of hot files by itself: a file whose bytes are one fresh entry of this
   host's cache (a file of one chunk: its entry; a stored file of several: its file entry,
   every chunk filled) is opened with FUSE passthrough on that file, so the kernel reads it
@@ -42,7 +44,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import config, registry
+from . import config
 from .errors import FasterFSError
 from .fsutil import atomic_write_json
 from .manifest import Manifest
@@ -121,7 +123,7 @@ class Agent:
         """The directories above `removed` names that are gone with them (the store keeps a
         directory only while names are under it): one store call per directory."""
         dirs = {"/".join(parts[:k]) for parts in (n.split("/") for n in removed) for k in range(1, len(parts))}
-        return [d for d in dirs if registry.resolve(self.ns.state.name, d).dir_mtime is None]
+        return [d for d in dirs if not self.ns.is_dir(d)]
 
     def _lookup(self, path: str) -> None:
         """What `path` names, to the daemon, in order as `_list`'s."""
@@ -158,7 +160,7 @@ class Agent:
         so no delta newer than the listing goes out before it. A directory of the store comes with
         its names' attributes alone (no manifest crosses); one within a dataset, from its manifest."""
         with self.ns.lock:
-            listed = registry.list_attrs(self.ns.state.name, path)
+            listed = self.ns.listed(path)
             if listed is None:
                 entries = self._list_within(path)
             else:

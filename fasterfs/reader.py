@@ -20,7 +20,7 @@ from . import registry
 from .client import Client
 from .errors import FasterFSError
 from .manifest import Manifest
-from .meta import Resolved
+from .meta import AttrsListing, Resolved
 from .namespace import Entry, Tree
 from .path_cache import MISSING, PathCache
 from .read_session import ReadSession
@@ -159,6 +159,16 @@ class Namespace:
         entry = _entry_at(path, found)
         self.paths.put(path, entry, found.version, found.manifest.name if found.manifest is not None else None)
         return entry, found
+
+    def listed(self, path: str) -> AttrsListing | None:
+        """Directory `path` of the store with its names' attributes (no manifest crosses); None
+        if the store has no such directory (a dataset's are in its manifest: `listdir`)."""
+        self.fetched["listed"] += 1
+        return registry.list_attrs(self.state.name, path)
+
+    def is_dir(self, path: str) -> bool:
+        """Whether the store has names under `path` now."""
+        return registry.resolve(self.state.name, path).dir_mtime is not None
 
     def listdir(self, path: str) -> list[Entry]:
         self.refresh()
