@@ -53,7 +53,8 @@
 //!   have it; a name it holds is changed as anywhere), and a directory a
 //!   delta makes is listed: every name in it comes in deltas. With
 //!   "partial":true the entries are added to P, its other names kept, and P
-//!   stays as listed as it was (the reply to a "lookup").
+//!   stays as listed as it was (the reply to a "lookup"). Sent asked for
+//!   ("list", "lookup") or not (the agent listing the tree ahead).
 //!
 //! {"op":"delta","version":V,"since":S,"entries":[...as in "tree"...],
 //!  "gone":[P, ...]}
