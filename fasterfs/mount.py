@@ -354,8 +354,11 @@ class Agent:
         cached = self._cached(entry)
         with self._lock:
             self._told[handle] = (time.monotonic(), len(cached["keys"]) if cached else 0)
-        fetch = self._fetch(entry)
-        return {"handle": handle, "keep_cache": self.ns.may_keep_pages(entry), **({"cached": cached} if cached else {}),
+        keep = self.ns.may_keep_pages(entry)
+        # every chunk in a cache of this host: read here from those copies, not fetched from MinIO
+        # again (GETs the kernel would count, refilling what is cached)
+        fetch = None if self.ns.was_cached_here(entry) else self._fetch(entry)
+        return {"handle": handle, "keep_cache": keep, **({"cached": cached} if cached else {}),
                 **({"fetch": fetch} if fetch else {})}
 
     def _fetch(self, entry: Entry) -> dict | None:

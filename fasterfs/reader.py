@@ -223,6 +223,11 @@ class Namespace:
                 self._kept[entry.path] = copies
         return keep
 
+    def was_cached_here(self, entry: Entry) -> bool:
+        """Whether every chunk of `entry` was in a cache of this host at its last `may_keep_pages`."""
+        with self.lock:
+            return entry.path in self._kept
+
     def _cached_locally(self, entry: Entry) -> tuple | None:
         """If every chunk of the file is in a cache on this host, what identifies those
         copies (key, fill time) — the same tuple means the same bytes; else None."""
