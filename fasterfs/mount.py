@@ -419,10 +419,17 @@ class Agent:
 
 
 def daemon_args(m) -> list[str]:
-    """The daemon's options from config `mount.*`: its FUSE threads, and who may read."""
-    return ["--threads", str(int(m.threads)), "--uid", str(m.uid), "--gid", str(m.gid),
+    """The daemon's options from config `mount.*`: its FUSE threads, its bound, and who may read."""
+    return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)), "--uid", str(m.uid), "--gid", str(m.gid),
             "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
             *(["--allow-other"] if m.allow_other else [])]
+
+
+def warm_bound(m) -> int:
+    """Entries listed to the daemon unasked: mount.warm_entries, and room left under its bound
+    (it evicts down to nine tenths of mount.max_entries once past it)."""
+    warm, most = int(m.warm_entries), int(m.max_entries)
+    return min(warm, most * 9 // 10) if most else warm
 
 
 def serve(mountpoint: str, overrides: list[str]) -> None:
@@ -444,7 +451,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
     signal.signal(signal.SIGTERM, stop)
     threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
     threading.Thread(target=agent.hot_soon, name="hot-soon", daemon=True).start()
-    threading.Thread(target=agent.warm, args=(int(cfg.mount.warm_entries),), name="warm", daemon=True).start()
+    threading.Thread(target=agent.warm, args=(warm_bound(cfg.mount),), name="warm", daemon=True).start()
     try:
         agent.serve()  # until the daemon closes its end (unmounted, or it died)
     finally:

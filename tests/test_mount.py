@@ -272,39 +272,82 @@ def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, liv
         remove(cfg, "lazy/d07/new.bin")
 
 
+class AgentProcess:
+    """A mount agent started as a StorageNode starts one (`python -m fasterfs.mount`), with these
+    overrides, at `point`; its daemon's counters read from the file the agent writes them to."""
+
+    def __init__(self, point: Path, overrides: list[str], work: Path):
+        self.point, self.stats, self.log_path = point, work / "daemon.json", work / "mount.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=dict(os.environ, FASTERFS_MOUNT_STATS=str(self.stats)))
+
+    def counts(self, after: float) -> dict:
+        wait_until(lambda: self.stats.exists() and json.loads(self.stats.read_text())["time"] > after,
+                   timeout=15, what="the daemon's counters")
+        return json.loads(self.stats.read_text())
+
+    def said(self, what: str) -> bool:
+        return what in self.log_path.read_text()
+
+    def stop(self, cluster_root: Path) -> None:
+        """By its PID; it leaves no mount."""
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+        wait_until(lambda: str(self.point) not in mounts_under(cluster_root), timeout=15, what="the mount gone")
+
+
 def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster, overrides, cluster_root, tmp_path):
-    """A mount agent started as a StorageNode starts one, but warming its daemon's tree
-    (mount.warm_entries): it is up at once, then lists directories unasked, so that walking a
-    tree of 600 files finds every name at hand (the daemon asks its agent for no name and no
-    listing) and gives exactly the source tree; stopped by its PID, it leaves no mount."""
+    """A mount agent warming its daemon's tree (mount.warm_entries): it is up at once, then lists
+    directories unasked, so that walking a tree of 600 files finds every name at hand (the daemon
+    asks its agent for no name and no listing) and gives exactly the source tree."""
     cfg = config.load(overrides)
     src = stored_tree(cfg, tmp_path / "src", 600, 12, "warm/")
     point = cluster_root / "mnt-warm"
     point.mkdir(exist_ok=True)
-    stats = tmp_path / "daemon.json"
-    log = open(tmp_path / "mount.log", "wb")
-    agent = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides,
-                              "mount.warm_entries=1000000"], stdout=log, stderr=subprocess.STDOUT,
-                             env=dict(os.environ, FASTERFS_MOUNT_STATS=str(stats)), start_new_session=True)
+    agent = AgentProcess(point, [*overrides, "mount.warm_entries=1000000"], tmp_path)
     try:
         wait_until(lambda: str(point) in mounts_under(cluster_root), timeout=30, what="the mount")
-
-        def counts(after: float) -> dict:
-            wait_until(lambda: stats.exists() and json.loads(stats.read_text())["time"] > after, timeout=15,
-                       what="the daemon's counters")
-            return json.loads(stats.read_text())
-        wait_until(lambda: "sent the daemon" in (tmp_path / "mount.log").read_text(), timeout=60,
-                   what="the agent to say it sent the tree")
-        warmed = counts(time.time())
+        wait_until(lambda: agent.said("sent the daemon"), timeout=60, what="the agent to say it sent the tree")
+        warmed = agent.counts(time.time())
         assert sizes(point / "warm") == sizes(src)
-        walked = counts(time.time())
+        walked = agent.counts(time.time())
         assert (walked["name_lookups"], walked["listings"]) == (warmed["name_lookups"], warmed["listings"]), \
             (warmed, walked)  # every name at hand
     finally:
-        agent.terminate()
-        agent.wait(timeout=30)
-        log.close()
-        wait_until(lambda: str(point) not in mounts_under(cluster_root), timeout=15, what="the mount gone")
+        agent.stop(cluster_root)
+
+
+def test_a_mount_holds_at_most_its_bound_and_still_serves_every_name(live_cluster, overrides, cluster_root,
+                                                                      tmp_path):
+    """A daemon bounded to 200 entries (mount.max_entries) over a tree of 600 files in 12
+    directories: walked twice, the mount gives exactly the source tree each time (os.walk and
+    os.stat of it); the second walk lists again directories the first one's eviction dropped; a
+    file held open through it all still reads its bytes; once walked, the daemon holds at most its
+    bound (the entries the kernel held meanwhile go once it lets go of them)."""
+    cfg = config.load(overrides)
+    src = stored_tree(cfg, tmp_path / "src", 600, 12, "bounded/")
+    point = cluster_root / "mnt-bounded"
+    point.mkdir(exist_ok=True)
+    agent = AgentProcess(point, [*overrides, "mount.max_entries=200", "mount.warm_entries=1000000"], tmp_path)
+    try:
+        wait_until(lambda: str(point) in mounts_under(cluster_root), timeout=30, what="the mount")
+        held_open = open(point / "bounded" / "d03" / "f0003.bin", "rb")
+        assert sizes(point / "bounded") == sizes(src)
+        first = agent.counts(time.time())
+        assert first["evicted"] > 0, first
+        assert sizes(point / "bounded") == sizes(src)
+        second = agent.counts(time.time())
+        assert second["listings"] > first["listings"], (first, second)  # evicted directories listed again
+        assert held_open.read() == (src / "d03" / "f0003.bin").read_bytes()
+        held_open.close()
+
+        wait_until(lambda: agent.counts(time.time())["entries_held"] <= 200, timeout=30,
+                   what="the daemon back within its bound")
+    finally:
+        agent.stop(cluster_root)
 
 
 def test_a_frozen_minio_delays_only_the_reads_that_need_it(mounted, live_cluster, overrides, tmp_path):

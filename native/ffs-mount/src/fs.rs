@@ -120,6 +120,8 @@ pub struct Stats {
     pub entries_received: AtomicU64,
     /// Lookups answered ENOENT from the remembered misses, without the agent.
     pub negative_hits: AtomicU64,
+    /// Entries dropped from the tree to keep it within --max-entries.
+    pub evicted: AtomicU64,
     /// RELEASEs handled: equal to passthrough_opens + agent_opens once every file is closed.
     pub releases: AtomicU64,
     /// Whether the kernel took FUSE_PASSTHROUGH at INIT (else every open goes to the agent).
@@ -145,6 +147,7 @@ impl Stats {
             "name_lookups": self.name_lookups.load(Relaxed),
             "entries_received": self.entries_received.load(Relaxed),
             "negative_hits": self.negative_hits.load(Relaxed),
+            "evicted": self.evicted.load(Relaxed),
             "releases": self.releases.load(Relaxed),
             "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
         })
@@ -285,6 +288,13 @@ impl Misses {
 
 pub struct Shared {
     pub tree: RwLock<Arc<Tree>>,
+    /// Inode -> how many lookups of it the kernel holds (it FORGETs them):
+    /// an inode it holds stays in the tree. Taken before `tree` by whoever
+    /// takes both, so an eviction never drops an inode being handed out.
+    pub refs: Mutex<HashMap<u64, u64>>,
+    /// Entries the tree may hold before the least recently used directories
+    /// are evicted (0: no bound).
+    pub max_entries: usize,
     pub misses: Mutex<Misses>,
     pub hot: Mutex<HashMap<String, Hot>>,
     pub stats: Stats,
@@ -300,6 +310,8 @@ impl Shared {
     pub fn new(agent: Agent, ttl: Duration) -> Shared {
         Shared {
             tree: RwLock::new(Arc::new(Tree::empty())),
+            refs: Mutex::new(HashMap::new()),
+            max_entries: 0,
             misses: Mutex::new(Misses::default()),
             hot: Mutex::new(HashMap::new()),
             stats: Stats::default(),
@@ -370,9 +382,36 @@ impl Shared {
     /// moment ago). A name still missing then is not asked for again until
     /// the next tree, delta or listing. Err: ENOENT, or the errno of a failed
     /// call to the agent.
+    /// `find`, the entry counted as held by the kernel (a LOOKUP's reply).
+    /// Retried if the tree lost it meanwhile (evicted, removed), so that no
+    /// inode missing from the tree is handed out.
+    pub fn find_held(&self, parent: u64, name: &str) -> Result<FileAttr, i32> {
+        for _ in 0..3 {
+            let a = self.find(parent, name)?;
+            let mut refs = self.refs.lock().unwrap();
+            if self.tree().nodes.contains_key(&a.ino.0) {
+                *refs.entry(a.ino.0).or_default() += 1;
+                return Ok(a);
+            }
+        }
+        Err(libc::ENOENT)
+    }
+
+    /// The kernel let go of `n` lookups of `ino`.
+    fn forget(&self, ino: u64, n: u64) {
+        let mut refs = self.refs.lock().unwrap();
+        if let Some(c) = refs.get_mut(&ino) {
+            *c = c.saturating_sub(n);
+            if *c == 0 {
+                refs.remove(&ino);
+            }
+        }
+    }
+
     pub fn find(&self, parent: u64, name: &str) -> Result<FileAttr, i32> {
         let find = |t: &Tree| t.child(parent, name).and_then(|i| t.attr(i));
         let t = self.tree();
+        t.touch(parent);
         if let Some(a) = find(&t) {
             return Ok(a);
         }
@@ -407,6 +446,7 @@ impl Shared {
     /// it is not yet).
     pub fn listed_tree(&self, ino: u64) -> Result<Arc<Tree>, i32> {
         let t = self.tree();
+        t.touch(ino);
         if t.listed(ino) || !t.children.contains_key(&ino) {
             return Ok(t);
         }
@@ -568,11 +608,16 @@ impl Filesystem for FuseFs {
         // Paths are JSON strings: a name that is not UTF-8 is in no tree.
         match name
             .to_str()
-            .map_or(Err(libc::ENOENT), |n| s.find(parent.0, n))
+            .map_or(Err(libc::ENOENT), |n| s.find_held(parent.0, n))
         {
             Ok(a) => reply.entry(&s.ttl, &a, Generation(0)),
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    // (BATCH_FORGET comes here too: fuser's default splits it.)
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.0.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -624,21 +669,35 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.0.stats.readdirs.fetch_add(1, Relaxed);
-        let t = match self.0.listed_tree(ino.0) {
-            Ok(t) => t,
-            Err(e) => return reply.error(err(e)),
-        };
-        let Some(entries) = t.dir_entries(ino.0, offset) else {
-            return reply.error(Errno::ENOENT);
-        };
-        for (i, _, name, next) in entries {
-            let Some(attr) = t.attr(i) else { continue };
-            if reply.add(INodeNo(i), next, name, &self.0.ttl, &attr, Generation(0)) {
-                break;
+        let s = &self.0;
+        s.stats.readdirs.fetch_add(1, Relaxed);
+        // Every entry but "." and ".." is a lookup the kernel holds: counted
+        // from the tree current under `refs` (an eviction may have come
+        // between the listing and now; then it is listed again).
+        for _ in 0..3 {
+            if let Err(e) = s.listed_tree(ino.0) {
+                return reply.error(err(e));
             }
+            let mut refs = s.refs.lock().unwrap();
+            let t = s.tree();
+            if !t.listed(ino.0) && t.children.contains_key(&ino.0) {
+                continue;
+            }
+            let Some(entries) = t.dir_entries(ino.0, offset) else {
+                return reply.error(Errno::ENOENT);
+            };
+            for (i, _, name, next) in entries {
+                let Some(attr) = t.attr(i) else { continue };
+                if reply.add(INodeNo(i), next, name, &s.ttl, &attr, Generation(0)) {
+                    break;
+                }
+                if name != "." && name != ".." {
+                    *refs.entry(i).or_default() += 1;
+                }
+            }
+            return reply.ok();
         }
-        reply.ok();
+        reply.error(Errno::EAGAIN);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

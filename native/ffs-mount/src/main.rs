@@ -1,6 +1,7 @@
 //! ffs-mount: read-only FUSE daemon for FasterFS.
 //!
 //! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]
+//!        [--max-entries 0]
 //!
 //! The Python agent (our parent) owns the other end of the socketpair at fd N.
 //! Metadata is served from the tree it pushes; opens of files it declared hot
@@ -123,7 +124,20 @@
 //!   ranged (ranged GETs),
 //!   bad_checksum, failed_gets, fallbacks (reads then sent to the agent)}.
 //!   agent_timeouts: requests to the agent unanswered within 60 s (each
-//!   failed with EIO, said in the daemon's log).
+//!   failed with EIO, said in the daemon's log). Not counters: entries_held
+//!   (entries in the tree now, the root included), kernel_held (inodes the
+//!   kernel holds lookups of); and evicted (entries dropped by
+//!   --max-entries, below).
+//!
+//! With --max-entries N (> 0), once a change leaves more than N entries in
+//! the tree, the directories looked in longest ago are evicted until about
+//! nine tenths of N remain: each is no longer listed (its next readdir asks
+//! "list" again, a name it lacks "lookup") and loses every entry the kernel
+//! holds no lookup of (LOOKUP and READDIRPLUS replies count, FORGET
+//! uncounts), except subdirectories that still have entries; the kernel is
+//! told to drop the entries it holds, which go at a later eviction. An
+//! entry that goes is a new inode if it comes back. The agent should send
+//! no more than N entries unasked.
 //!
 //! Messages are applied in stream order, and an open reply's "hot" at its
 //! place in that order. Trees and deltas are applied by their own thread,
@@ -252,6 +266,7 @@ struct Args {
     agent_fd: i32,
     ttl_ms: u64,
     threads: usize,
+    max_entries: usize,
     access: tree::Access,
     allow_other: bool,
 }
@@ -259,14 +274,14 @@ struct Args {
 fn usage() -> ! {
     eprintln!(
         "usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2] \
-         [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other]"
+         [--max-entries 0] [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other]"
     );
     std::process::exit(2);
 }
 
 fn parse_args() -> Args {
     let mut mountpoint = None;
-    let (mut agent_fd, mut ttl_ms, mut threads) = (None, 60_000u64, 2usize);
+    let (mut agent_fd, mut ttl_ms, mut threads, mut max_entries) = (None, 60_000u64, 2usize, 0);
     let mut access = tree::Access::default();
     let mut allow_other = false;
     let mut it = std::env::args_os().skip(1);
@@ -280,6 +295,7 @@ fn parse_args() -> Args {
             Some("--agent-fd") => agent_fd = Some(num() as i32),
             Some("--attr-ttl-ms") => ttl_ms = num(),
             Some("--threads") => threads = num().max(1) as usize,
+            Some("--max-entries") => max_entries = num() as usize,
             Some("--uid") => access.uid = num() as u32,
             Some("--gid") => access.gid = num() as u32,
             Some("--file-mode") => access.file_mode = (num() & 0o777) as u16,
@@ -296,6 +312,7 @@ fn parse_args() -> Args {
             agent_fd,
             ttl_ms,
             threads,
+            max_entries,
             access,
             allow_other,
         },
@@ -421,6 +438,8 @@ fn applier(
                 stats["fetch"] = s.fetcher.stats.json();
                 stats["agent_timeouts"] =
                     json!(s.agent.timeouts.load(std::sync::atomic::Ordering::Relaxed));
+                stats["entries_held"] = json!(s.tree().len());
+                stats["kernel_held"] = json!(s.refs.lock().unwrap().len());
                 let _ = s.agent.send(&json!({"id": v.get("id"), "stats": stats}));
                 None
             }
@@ -452,6 +471,7 @@ fn applier(
             },
             None => {}
         }
+        evict(&s, &mut inos, &inval);
         s.agent.applied_one();
     }
 }
@@ -466,6 +486,27 @@ fn publish(s: &Shared, t: Tree, changed: Vec<Inval>, inval: &mpsc::Sender<Vec<In
     // waits for this thread.
     let _ = inval.send(changed);
     drop(old); // here, rather than in a FUSE thread, unless one still holds it
+}
+
+/// Keep the tree within --max-entries: the least recently used directories
+/// lose the names the kernel does not hold (see Tree::evict), under `refs`,
+/// so no lookup hands out an inode meanwhile.
+fn evict(s: &Shared, inos: &mut InoMap, inval: &mpsc::Sender<Vec<Inval>>) {
+    if s.max_entries == 0 || s.tree().len() <= s.max_entries {
+        return;
+    }
+    let refs = s.refs.lock().unwrap();
+    let open = s.open_inodes();
+    let t = s.tree();
+    let held = |i: u64| refs.contains_key(&i) || open.contains(&i);
+    if let Some((smaller, let_go)) = t.evict(s.max_entries, held, inos) {
+        s.stats.evicted.fetch_add(
+            (t.len() - smaller.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        drop(t);
+        publish(s, smaller, let_go, inval);
+    }
 }
 
 /// Device ("major:minor") of the topmost mount at `mp`, from mountinfo.
@@ -547,10 +588,12 @@ fn main() {
     }
     let sock = unsafe { UnixStream::from_raw_fd(args.agent_fd) };
     let writer = sock.try_clone().expect("dup agent socket");
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         Agent::new(writer, AGENT_TIMEOUT),
         Duration::from_millis(args.ttl_ms),
-    ));
+    );
+    shared.max_entries = args.max_entries;
+    let shared = Arc::new(shared);
     // Entries and attributes are cached by the kernel for --attr-ttl-ms; what a
     // new tree changes is invalidated at once, once the session can notify.
     let (inval_tx, inval_rx) = mpsc::channel::<Vec<Inval>>();
@@ -605,7 +648,9 @@ fn main() {
         for changed in inval_rx {
             for (parent, name, ino) in changed {
                 let _ = notifier.inval_entry(INodeNo(parent), std::ffi::OsStr::new(&name));
-                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                if ino != 0 {
+                    let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                }
             }
         }
     });

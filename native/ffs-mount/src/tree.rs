@@ -14,6 +14,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -24,7 +25,8 @@ use crate::change::{Change, Entry};
 
 pub const ROOT_INO: u64 = 1;
 
-/// What the kernel may hold wrongly after a change: (parent, name, ino).
+/// What the kernel may hold wrongly after a change: (parent, name, ino);
+/// ino 0: the entry alone (an eviction's: the inode's pages stay good).
 pub type Inval = (u64, String, u64);
 
 /// Who the mount's files belong to and their modes, set once from the
@@ -80,13 +82,18 @@ fn key<'a>(path: &'a str, gen: &str) -> Cow<'a, str> {
 /// readdir that needs it and kept while the names stay: an edit makes a new
 /// `Dir` (sharing the map), with no listing yet. `listed`: its names are all
 /// here (a lazy tree's directory is not until the agent's "listing" of it:
-/// a name missing from an unlisted directory may exist).
+/// a name missing from an unlisted directory may exist). `used`: when it was
+/// last looked in (a tick of USES), the order of eviction.
 #[derive(Default)]
 pub struct Dir {
     names: RedBlackTreeMapSync<Arc<str>, u64>,
     listing: OnceLock<Vec<(Arc<str>, u64)>>,
     listed: bool,
+    used: AtomicU64,
 }
+
+/// Lookups and listings counted, to order directories by their last use.
+static USES: AtomicU64 = AtomicU64::new(0);
 
 impl Clone for Dir {
     fn clone(&self) -> Dir {
@@ -94,6 +101,7 @@ impl Clone for Dir {
             names: self.names.clone(),
             listing: OnceLock::new(),
             listed: self.listed,
+            used: AtomicU64::new(self.used.load(Relaxed)),
         }
     }
 }
@@ -600,6 +608,69 @@ impl Tree {
         self.children.get(&ino).is_some_and(|d| d.listed)
     }
 
+    /// Directory `ino` is being looked in: the last to be evicted.
+    pub fn touch(&self, ino: u64) {
+        if let Some(d) = self.children.get(&ino) {
+            d.used.store(USES.fetch_add(1, Relaxed) + 1, Relaxed);
+        }
+    }
+
+    /// Entries (directories and files) held, the root included.
+    pub fn len(&self) -> usize {
+        self.nodes.size()
+    }
+
+    /// Past `max` entries: the tree without the names of the directories
+    /// used longest ago, until it holds about nine tenths of `max`, and the
+    /// entries the kernel should let go of; None if within `max`. Each
+    /// directory evicted is no longer listed (its next readdir asks the agent
+    /// again); it keeps the names `kept` says the kernel holds (their inodes
+    /// must stay valid: it is told to drop them, and they go at a later
+    /// eviction once forgotten) and its subdirectories that still have names.
+    /// What goes is forgotten by `inos`. Orphans stay as they are.
+    pub fn evict(
+        &self,
+        max: usize,
+        kept: impl Fn(u64) -> bool,
+        inos: &mut InoMap,
+    ) -> Option<(Tree, Vec<Inval>)> {
+        if self.len() <= max {
+            return None;
+        }
+        let mut dirs: Vec<(u64, u64)> = self
+            .children
+            .iter()
+            .filter(|(_, d)| !d.names.is_empty())
+            .map(|(&i, d)| (d.used.load(Relaxed), i))
+            .collect();
+        dirs.sort_unstable();
+        let mut excess = self.len() - max / 10 * 9;
+        let mut t = self.clone();
+        let mut inval = Vec::new();
+        for (_, d) in dirs {
+            if excess == 0 {
+                break;
+            }
+            let mut dir = (**t.children.get(&d).expect("a directory")).clone();
+            dir.listed = false;
+            for (name, &c) in self.children[&d].names.iter() {
+                let n = &t.nodes[&c];
+                let has_names = n.dir && t.children.get(&c).is_some_and(|cd| !cd.names.is_empty());
+                if kept(c) || has_names {
+                    inval.push((d, name.to_string(), 0));
+                    continue;
+                }
+                inos.forget(n, c);
+                excess = excess.saturating_sub(1);
+                dir.names.remove_mut(name);
+                t.nodes.remove_mut(&c);
+                t.children.remove_mut(&c);
+            }
+            t.children.insert_mut(d, Arc::new(dir));
+        }
+        Some((t, inval))
+    }
+
     /// Directory `ino`'s entries from position `offset` of its listing ("."
     /// and ".." first, then the names in order), each with the offset of
     /// the next one: (ino, kind, name, offset). Starts in O(1).
@@ -850,6 +921,45 @@ mod tests {
             let (t3, inval) = listing(&t2, p, json!([{"path": format!("{p}/x")}]), &mut inos);
             assert!(inval.is_empty() && contents(&t3) == contents(&t2));
         }
+    }
+
+    #[test]
+    fn eviction_drops_the_least_recently_used_directories_names_but_the_held() {
+        let mut inos = InoMap::new();
+        let lazy = json!({"op": "tree", "version": 1, "lazy": true, "entries": []});
+        let mut t = Tree::from_msg(&Tree::empty(), &Change::from_value(&lazy), &mut inos, &none()).0;
+        let dirs = json!(["a", "b", "c"].map(|d| json!({"path": d, "dir": true})));
+        t = listing(&t, "", dirs, &mut inos).0;
+        for d in ["a", "b", "c"] {
+            let files: Vec<Value> = (0..10).map(|i| json!({"path": format!("{d}/f{i}"), "size": i})).collect();
+            t = listing(&t, d, json!(files), &mut inos).0;
+        }
+        assert_eq!(t.len(), 34);
+        assert!(t.evict(34, |_| false, &mut inos).is_none(), "within the bound");
+        for d in ["b", "a", "c", ""] {
+            t.touch(if d.is_empty() { ROOT_INO } else { ino(&t, d).unwrap() });
+        }
+        let held = ino(&t, "a/f3").unwrap();
+        let before = contents(&t);
+        let (small, inval) = t.evict(20, |i| i == held, &mut inos).unwrap();
+        let after = contents(&small);
+        assert_eq!(small.len(), 34 - 19, "b's 10 then 9 of a's, down to 18 or fewer");
+        assert!(!small.listed(ino(&small, "b").unwrap()) && !small.listed(ino(&small, "a").unwrap()));
+        assert!(small.listed(ino(&small, "c").unwrap()) && small.listed(ROOT_INO));
+        assert_eq!(ino(&small, "a/f3"), Some(held), "held by the kernel: kept, same inode");
+        assert_eq!(inval, vec![(ino(&small, "a").unwrap(), "f3".to_string(), 0)]);
+        for (path, v) in &after {
+            assert_eq!(before.get(path), Some(v), "{path}: kept as it was");
+        }
+        assert!(after.keys().all(|p| !p.starts_with("b/")));
+        assert_eq!(inos.len(), small.len(), "what went is forgotten");
+        // listed again: all there, listed, new inodes for what went
+        let old_b0 = ino(&t, "b/f0").unwrap();
+        let files: Vec<Value> = (0..10).map(|i| json!({"path": format!("b/f{i}"), "size": i})).collect();
+        let back = listing(&small, "b", json!(files), &mut inos).0;
+        assert!(back.listed(ino(&back, "b").unwrap()));
+        assert_eq!(back.len(), 25);
+        assert_ne!(ino(&back, "b/f0"), Some(old_b0));
     }
 
     #[test]
