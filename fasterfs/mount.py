@@ -420,7 +420,8 @@ class Agent:
 
 def daemon_args(m) -> list[str]:
     """The daemon's options from config `mount.*`: its FUSE threads, its bound, and who may read."""
-    return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)), "--uid", str(m.uid), "--gid", str(m.gid),
+    return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)),
+            "--uid", str(m.uid), "--gid", str(m.gid),
             "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
             *(["--allow-other"] if m.allow_other else [])]
 
