@@ -72,7 +72,6 @@ class Agent:
 
     def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8, native_fetch: bool = True):
         self.ns, self.sock, self.native_fetch = ns, sock, native_fetch
-        self.warmed = 0  # entries the background listing sent (`warm`)
         self._files: dict[int, OpenFile] = {}
         self._told: dict[int, tuple[float, int]] = {}  # handle -> when, and how many chunks, "cached" was sent
         self._pending: dict[str, tuple[Entry, float]] = {}  # path -> its entry, watched until (hot_soon)
@@ -99,11 +98,16 @@ class Agent:
         under its lock as it applies them); directories go out as the daemon asks (`_list`)."""
         self.ns.watch(self._tree_changed)
 
+    @staticmethod
+    def _entry(path: str, is_dir: bool, size: int, mtime: float, generation: str) -> dict:
+        """One entry of the daemon's tree. A file's generation is its identity: a replaced file
+        gets a new inode, so a handle open on the old one (a passthrough backing the kernel holds
+        per inode) never serves a new open."""
+        return {"path": path, "dir": is_dir, "size": size, "mtime_ns": int(mtime * 1e9),
+                "gen": "" if is_dir else generation}
+
     def _describe(self, e: Entry) -> dict:
-        # a file's generation is its identity: a replaced file gets a new inode, so a handle open
-        # on the old one (a passthrough backing the kernel holds per inode) never serves a new open
-        return {"path": e.path, "dir": e.is_dir, "size": e.size, "mtime_ns": int(e.mtime * 1e9),
-                "gen": "" if e.is_dir else e.file_manifest.generation}
+        return self._entry(e.path, e.is_dir, e.size, e.mtime, "" if e.is_dir else e.file_manifest.generation)
 
     def _tree_changed(self, version: int, names: dict[str, Manifest | None] | None) -> None:
         if names is None:  # at the start, or the store's log lost: the daemon lists anew what it needs
@@ -139,8 +143,8 @@ class Agent:
         """Directories listed to the daemon unasked, breadth first from the root, until `most`
         entries are sent: a name looked up later is then at hand (no agent round trip). Each
         listing waits for the namespace's lock like any, so those asked for go between them."""
-        todo, t = collections.deque([""]), time.monotonic()
-        while todo and self.warmed < most and not self.stopping.is_set():
+        todo, t, sent = collections.deque([""]), time.monotonic(), 0
+        while todo and sent < most and not self.stopping.is_set():
             try:
                 entries = self._list(todo.popleft())
             except OSError as e:
@@ -150,9 +154,9 @@ class Agent:
             except Exception:
                 log.exception("warming the daemon's tree stopped; it asks for the rest as used")
                 return
-            self.warmed += len(entries)
+            sent += len(entries)
             todo.extend(e["path"] for e in entries if e.get("dir"))
-        log.info("sent the daemon %d entries in %.1f s%s", self.warmed, time.monotonic() - t,
+        log.info("sent the daemon %d entries in %.1f s%s", sent, time.monotonic() - t,
                  "" if not todo else f"; {len(todo)} directories left to be asked for")
 
     def _list(self, path: str) -> list[dict]:
@@ -163,13 +167,10 @@ class Agent:
             listed = self.ns.listed(path)
             if listed is None:
                 entries = self._list_within(path)
-            else:
-                if listed.version > self.ns.version:
-                    self.send_tree(force=True)  # catch up first: the listing is never newer than the deltas
-                entries = [{"path": d, "dir": True, "mtime_ns": int(t * 1e9)} for d, t in listed.dirs]
-                entries += [{"path": a.name, "dir": a.kind == "dataset", "size": 0 if a.kind == "dataset" else a.size,
-                             "mtime_ns": int(a.created * 1e9), "gen": "" if a.kind == "dataset" else a.generation}
-                            for a in listed.names]
+            else:  # the Namespace caught up first: the listing is never newer than the deltas
+                entries = [self._entry(d, True, 0, t, "") for d, t in listed.dirs]
+                entries += [self._entry(a.name, a.kind == "dataset", 0 if a.kind == "dataset" else a.size,
+                                        a.created, a.generation) for a in listed.names]
             self._send({"op": "listing", "path": path, "entries": entries})
             return entries
 

@@ -154,8 +154,7 @@ class Namespace:
         """What the store says `path` names now (kept in the path cache), and the store's answer."""
         found = registry.resolve(self.state.name, path)
         self.fetched["resolved"] += 1
-        if found.version > self.version:  # the store moved on: catch up first, so that nothing handed
-            self.refresh(force=True)      # out is newer than this view (a watcher hears of it before)
+        self._catch_up(found.version)
         entry = _entry_at(path, found)
         self.paths.put(path, entry, found.version, found.manifest.name if found.manifest is not None else None)
         return entry, found
@@ -164,7 +163,16 @@ class Namespace:
         """Directory `path` of the store with its names' attributes (no manifest crosses); None
         if the store has no such directory (a dataset's are in its manifest: `listdir`)."""
         self.fetched["listed"] += 1
-        return registry.list_attrs(self.state.name, path)
+        listing = registry.list_attrs(self.state.name, path)
+        if listing is not None:
+            self._catch_up(listing.version)
+        return listing
+
+    def _catch_up(self, version: int) -> None:
+        """The store answered at `version`: if it moved on, this view catches up first, so that
+        nothing handed out is newer than it (a watcher hears of the change before)."""
+        if version > self.version:
+            self.refresh(force=True)
 
     def is_dir(self, path: str) -> bool:
         """Whether the store has names under `path` now."""
@@ -181,8 +189,8 @@ class Namespace:
             return Tree({found.manifest.name: found.manifest}).listdir(entry.path)
         listing = registry.listdir(self.state.name, entry.path)
         self.fetched["listed"] += 1
-        if listing is not None and listing.version > self.version:
-            self.refresh(force=True)  # as in _resolve
+        if listing is not None:
+            self._catch_up(listing.version)
         if listing is None:  # gone since the lookup
             raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
         out = [Entry(d, True, mtime=t) for d, t in listing.dirs]

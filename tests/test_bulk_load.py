@@ -190,3 +190,25 @@ def test_readers_and_nodes_learn_changes_not_the_whole_namespace(live_cluster, o
     node = cluster.storage_nodes(live_cluster)[1]
     version = registry.namespace_version(live_cluster.name)
     assert ray.get(node.apply_changes.remote(Changes(version + 50, version + 51, {}))) == version
+
+
+def test_a_reader_behind_the_store_catches_up_before_it_answers(live_cluster, overrides, tmp_path):
+    """A watched reader that has not looked at the store for a while (refresh_s of an hour), asked
+    for a listing and a lookup that the store answers at a newer version: its watcher hears each
+    change before the answer comes back (the mount's agent sends that delta ahead of the listing,
+    so its daemon never holds a name newer than its deltas)."""
+    cfg = config.load(overrides)
+    from fasterfs.ingest import put
+
+    (tmp_path / "a.bin").write_bytes(b"a")
+    put(cfg, tmp_path / "a.bin", "behind/a.bin")
+    slow = Namespace(cfg, refresh_s=3600.0)
+    told: list = []
+    slow.watch(lambda version, names: told.append((version, names)))
+    put(cfg, tmp_path / "a.bin", "behind/b.bin")
+    listing = slow.listed("behind")
+    assert {a.name for a in listing.names} == {"behind/a.bin", "behind/b.bin"}
+    assert told[-1][0] >= listing.version and "behind/b.bin" in told[-1][1], told
+    put(cfg, tmp_path / "a.bin", "behind/c.bin")
+    assert slow.lookup("behind/c.bin").size == 1
+    assert "behind/c.bin" in told[-1][1], told

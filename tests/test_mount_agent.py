@@ -82,7 +82,10 @@ class ScriptedNamespace:
             return False
 
     def listed(self, path: str):
+        """As reader.Namespace.listed: the store's listing, this view caught up to it first."""
         t = self.store()
+        if t.version > self.version:
+            self.refresh(force=True)
         kids = t.listdir(path)
         return AttrsListing(t.version, [(e.path, e.mtime) for e in kids if e.is_dir],
                             [Attrs.of(e.file_manifest) for e in kids if not e.is_dir])
