@@ -1,5 +1,6 @@
 //! The FUSE filesystem: metadata from the pushed tree, opens either native
-//! passthrough (hot files) or forwarded to the agent.
+//! passthrough (hot files, their backings in backing.rs), fetched here
+//! (fetch.rs) or forwarded to the agent.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -7,243 +8,24 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    BsdFileFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use serde_json::{json, Value};
 
 use crate::agent::{Agent, Hook};
+use crate::backing::{touch, Backing, Cached, Handle, Hot, Opens, Probe, KEPT_MAX};
 use crate::fetch::{Fetcher, Remote, AHEAD};
-use crate::marks::{Marks, Pins};
+use crate::marks::Pins;
+use crate::stats::Stats;
 use crate::tree::Tree;
-
-/// A "hot" declaration: `path` of tree `version` is byte-identical to
-/// `backing`, unless `marks` show a write after it was fetched.
-#[derive(Clone)]
-pub struct Hot {
-    pub backing: String,
-    pub inode: u64,
-    pub version: u64,
-    pub marks: Option<Marks>,
-}
-
-impl Hot {
-    /// From a "hot" message or the "hot" object of an open reply.
-    pub fn from_msg(v: &Value) -> Option<Hot> {
-        let f = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        Some(Hot {
-            backing: v.get("backing")?.as_str()?.to_string(),
-            inode: f("inode"),
-            version: f("version"),
-            marks: Marks::from_msg(v),
-        })
-    }
-}
-
-/// Byte ranges of an agent-opened file that lie at the same offsets in a
-/// local file (a file entry of the cache, partly filled): reads inside them
-/// are served from it here, the rest go to the agent.
-pub struct Cached {
-    file: File,
-    ranges: Vec<(u64, u64)>, // [start, end), sorted
-}
-
-impl Cached {
-    /// From the "cached" object of an open or read reply: None unless the
-    /// backing opens as a regular file with the declared inode and the marks
-    /// do not say stale.
-    fn from_msg(v: &Value, pins: &Pins) -> Option<Cached> {
-        let inode = v.get("inode")?.as_u64()?;
-        let file = File::open(v.get("backing")?.as_str()?).ok()?;
-        let md = file.metadata().ok()?;
-        if !md.is_file() || md.ino() != inode {
-            return None;
-        }
-        if Marks::from_msg(v).is_some_and(|m| pins.stale(&m)) {
-            return None;
-        }
-        let mut ranges: Vec<(u64, u64)> = v
-            .get("ranges")?
-            .as_array()?
-            .iter()
-            .filter_map(|r| Some((r.get(0)?.as_u64()?, r.get(1)?.as_u64()?)))
-            .filter(|&(a, b)| a < b && b <= md.len())
-            .collect();
-        ranges.sort_unstable();
-        Some(Cached { file, ranges })
-    }
-
-    /// The bytes [offset, offset+size) (cut at `file_size`) if they are all
-    /// inside one range; else None.
-    fn read(&self, offset: u64, size: u32, file_size: u64) -> Option<io::Result<Vec<u8>>> {
-        let end = (offset + size as u64).min(file_size);
-        let k = self
-            .ranges
-            .partition_point(|&(a, _)| a <= offset)
-            .checked_sub(1)?;
-        let (_, b) = self.ranges[k];
-        if end > b || offset >= end {
-            return None;
-        }
-        let mut buf = vec![0u8; (end - offset) as usize];
-        Some(self.file.read_exact_at(&mut buf, offset).map(|_| buf))
-    }
-}
-
-#[derive(Default)]
-pub struct Stats {
-    pub passthrough_opens: AtomicU64,
-    pub agent_opens: AtomicU64,
-    pub reads_forwarded: AtomicU64,
-    pub bytes_forwarded: AtomicU64,
-    /// Reads of agent-opened files served from their "cached" ranges here.
-    pub reads_cached: AtomicU64,
-    pub bytes_cached: AtomicU64,
-    pub lookups: AtomicU64,
-    pub getattrs: AtomicU64,
-    pub readdirs: AtomicU64,
-    pub stale_refused: AtomicU64,
-    pub hot_from_open_reply: AtomicU64,
-    pub lookup_refreshes: AtomicU64,
-    /// Directories of a lazy tree listed (asked of the agent).
-    pub listings: AtomicU64,
-    /// Names asked of the agent alone, in directories not listed.
-    pub name_lookups: AtomicU64,
-    /// Entries of trees, deltas and listings applied: what the agent sent of the namespace.
-    pub entries_received: AtomicU64,
-    /// Lookups answered ENOENT from the remembered misses, without the agent.
-    pub negative_hits: AtomicU64,
-    /// Entries dropped from the tree to keep it within --max-entries.
-    pub evicted: AtomicU64,
-    /// RELEASEs handled: equal to passthrough_opens + agent_opens once every file is closed.
-    pub releases: AtomicU64,
-    /// Whether the kernel took FUSE_PASSTHROUGH at INIT (else every open goes to the agent).
-    pub passthrough_enabled: AtomicBool,
-}
-
-impl Stats {
-    pub fn json(&self) -> Value {
-        json!({
-            "passthrough_opens": self.passthrough_opens.load(Relaxed),
-            "agent_opens": self.agent_opens.load(Relaxed),
-            "reads_forwarded": self.reads_forwarded.load(Relaxed),
-            "bytes_forwarded": self.bytes_forwarded.load(Relaxed),
-            "reads_cached": self.reads_cached.load(Relaxed),
-            "bytes_cached": self.bytes_cached.load(Relaxed),
-            "lookups": self.lookups.load(Relaxed),
-            "getattrs": self.getattrs.load(Relaxed),
-            "readdirs": self.readdirs.load(Relaxed),
-            "stale_refused": self.stale_refused.load(Relaxed),
-            "hot_from_open_reply": self.hot_from_open_reply.load(Relaxed),
-            "lookup_refreshes": self.lookup_refreshes.load(Relaxed),
-            "listings": self.listings.load(Relaxed),
-            "name_lookups": self.name_lookups.load(Relaxed),
-            "entries_received": self.entries_received.load(Relaxed),
-            "negative_hits": self.negative_hits.load(Relaxed),
-            "evicted": self.evicted.load(Relaxed),
-            "releases": self.releases.load(Relaxed),
-            "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
-        })
-    }
-}
-
-/// Kernel backing registration shared by all passthrough handles of one inode.
-/// The kernel rejects (EIO) a passthrough open whose backing differs from the
-/// one already attached to the inode, so every handle reuses this one; the
-/// BackingId's Drop closes the kernel id, so it lives until the last release.
-struct Backing {
-    id: BackingId,
-    file: File, // only for the pread fallback; the kernel holds its own ref
-    hot: Hot,   // the declaration it was opened for
-}
-
-/// Outcome of checking whether an open may be passthrough.
-enum Probe {
-    Cold,
-    Stale,
-    Ready(File, Hot),
-    Kept(Arc<Backing>),
-}
-
-enum Handle {
-    Passthrough {
-        ino: u64,
-        b: Arc<Backing>,
-    },
-    Agent {
-        ino: u64,
-        h: Value,
-        size: u64,
-        cached: Option<Arc<Cached>>,
-        /// Where its bytes are, if the agent said: misses fetched here.
-        remote: Option<Arc<Remote>>,
-    },
-}
-
-/// Per-inode open modes. The kernel fails a non-passthrough open while a
-/// passthrough one is open and vice versa, so each inode is in one mode.
-#[derive(Default)]
-struct InodeOpens {
-    pt: Option<Arc<Backing>>,
-    pt_count: u64,
-    agent_count: u64, // includes agent opens still in flight
-}
-
-#[derive(Default)]
-struct Opens {
-    inodes: HashMap<u64, InodeOpens>,
-    handles: HashMap<u64, Handle>,
-    next_fh: u64,
-    /// Backings of hot files no longer open, registered with the kernel still:
-    /// the next open of the file reuses one after a stat instead of opening
-    /// the entry and registering it again (two ioctls and an open per open).
-    kept: HashMap<u64, Arc<Backing>>,
-}
-
-/// Kept backings hold their files, evicted or not: at most this many.
-const KEPT_MAX: usize = 128;
-
-impl Opens {
-    fn add_handle(&mut self, h: Handle) -> u64 {
-        self.next_fh += 1;
-        self.handles.insert(self.next_fh, h);
-        self.next_fh
-    }
-    /// Make `ino` passthrough with `file` as its backing and one handle. The
-    /// caller checked that no other open holds the inode; its own pending
-    /// agent open, if any, becomes this one.
-    fn passthrough(
-        &mut self,
-        ino: u64,
-        file: File,
-        hot: Hot,
-        reply: &ReplyOpen,
-    ) -> io::Result<(u64, Arc<Backing>)> {
-        let id = reply.open_backing(&file)?;
-        let b = Arc::new(Backing { id, file, hot });
-        let io = self.inodes.entry(ino).or_default();
-        io.pt = Some(b.clone());
-        io.pt_count = 1;
-        io.agent_count = 0;
-        let fh = self.add_handle(Handle::Passthrough { ino, b: b.clone() });
-        Ok((fh, b))
-    }
-
-    fn gc(&mut self, ino: u64) {
-        if let Some(io) = self.inodes.get(&ino) {
-            if io.pt_count == 0 && io.agent_count == 0 {
-                self.inodes.remove(&ino);
-            }
-        }
-    }
-}
 
 /// Names that lookups found missing even after asking the agent, in the tree
 /// of `seq`: asked for again only once a newer tree or delta is applied.
@@ -556,21 +338,6 @@ impl Shared {
                 reply.data(&r.data[..n]);
             }
             Err(e) => reply.error(err(e)),
-        }
-    }
-}
-
-/// A passthrough open is a read of the cache entry the agent never sees:
-/// move it up the cache's LRU order (its mtime; at most once a second, the
-/// cache's own rule for readers).
-fn touch(backing: &str, md: &std::fs::Metadata) {
-    let age = SystemTime::now()
-        .duration_since(md.modified().unwrap_or(SystemTime::UNIX_EPOCH))
-        .unwrap_or_default();
-    if age >= Duration::from_secs(1) {
-        if let Ok(p) = std::ffi::CString::new(backing) {
-            // SAFETY: a valid C string; NULL times means "now".
-            unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), std::ptr::null(), 0) };
         }
     }
 }

@@ -228,10 +228,12 @@
 //! later FUSE requests to the agent fail with EIO.
 
 mod agent;
+mod backing;
 mod change;
 mod fetch;
 mod fs;
 mod marks;
+mod stats;
 mod tree;
 
 use std::ffi::CString;
@@ -247,8 +249,9 @@ use fuser::{Config, INodeNo, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
 
 use agent::{Agent, Reply};
+use backing::Hot;
 use change::Change;
-use fs::{FuseFs, Hot, Shared};
+use fs::{FuseFs, Shared};
 use tree::{InoMap, Inval, Tree};
 
 /// How long a FUSE request waits for the agent (a read may try every

@@ -927,27 +927,55 @@ mod tests {
     fn eviction_drops_the_least_recently_used_directories_names_but_the_held() {
         let mut inos = InoMap::new();
         let lazy = json!({"op": "tree", "version": 1, "lazy": true, "entries": []});
-        let mut t = Tree::from_msg(&Tree::empty(), &Change::from_value(&lazy), &mut inos, &none()).0;
+        let mut t = Tree::from_msg(
+            &Tree::empty(),
+            &Change::from_value(&lazy),
+            &mut inos,
+            &none(),
+        )
+        .0;
         let dirs = json!(["a", "b", "c"].map(|d| json!({"path": d, "dir": true})));
         t = listing(&t, "", dirs, &mut inos).0;
         for d in ["a", "b", "c"] {
-            let files: Vec<Value> = (0..10).map(|i| json!({"path": format!("{d}/f{i}"), "size": i})).collect();
+            let files: Vec<Value> = (0..10)
+                .map(|i| json!({"path": format!("{d}/f{i}"), "size": i}))
+                .collect();
             t = listing(&t, d, json!(files), &mut inos).0;
         }
         assert_eq!(t.len(), 34);
-        assert!(t.evict(34, |_| false, &mut inos).is_none(), "within the bound");
+        assert!(
+            t.evict(34, |_| false, &mut inos).is_none(),
+            "within the bound"
+        );
         for d in ["b", "a", "c", ""] {
-            t.touch(if d.is_empty() { ROOT_INO } else { ino(&t, d).unwrap() });
+            t.touch(if d.is_empty() {
+                ROOT_INO
+            } else {
+                ino(&t, d).unwrap()
+            });
         }
         let held = ino(&t, "a/f3").unwrap();
         let before = contents(&t);
         let (small, inval) = t.evict(20, |i| i == held, &mut inos).unwrap();
         let after = contents(&small);
-        assert_eq!(small.len(), 34 - 19, "b's 10 then 9 of a's, down to 18 or fewer");
-        assert!(!small.listed(ino(&small, "b").unwrap()) && !small.listed(ino(&small, "a").unwrap()));
+        assert_eq!(
+            small.len(),
+            34 - 19,
+            "b's 10 then 9 of a's, down to 18 or fewer"
+        );
+        assert!(
+            !small.listed(ino(&small, "b").unwrap()) && !small.listed(ino(&small, "a").unwrap())
+        );
         assert!(small.listed(ino(&small, "c").unwrap()) && small.listed(ROOT_INO));
-        assert_eq!(ino(&small, "a/f3"), Some(held), "held by the kernel: kept, same inode");
-        assert_eq!(inval, vec![(ino(&small, "a").unwrap(), "f3".to_string(), 0)]);
+        assert_eq!(
+            ino(&small, "a/f3"),
+            Some(held),
+            "held by the kernel: kept, same inode"
+        );
+        assert_eq!(
+            inval,
+            vec![(ino(&small, "a").unwrap(), "f3".to_string(), 0)]
+        );
         for (path, v) in &after {
             assert_eq!(before.get(path), Some(v), "{path}: kept as it was");
         }
@@ -955,7 +983,9 @@ mod tests {
         assert_eq!(inos.len(), small.len(), "what went is forgotten");
         // listed again: all there, listed, new inodes for what went
         let old_b0 = ino(&t, "b/f0").unwrap();
-        let files: Vec<Value> = (0..10).map(|i| json!({"path": format!("b/f{i}"), "size": i})).collect();
+        let files: Vec<Value> = (0..10)
+            .map(|i| json!({"path": format!("b/f{i}"), "size": i}))
+            .collect();
         let back = listing(&small, "b", json!(files), &mut inos).0;
         assert!(back.listed(ino(&back, "b").unwrap()));
         assert_eq!(back.len(), 25);
