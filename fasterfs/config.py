@@ -174,7 +174,7 @@ def validate(cfg: DictConfig) -> None:
         bad("client.hedge.factor", "must be a number >= 1 (times a MinIO's average GET here)")
     if cfg.lab.get("disk_mb") is not None and (not isinstance(cfg.lab.disk_mb, int) or cfg.lab.disk_mb < 64):
         bad("lab.disk_mb", "must be null (a directory) or a whole number of MB >= 64")
-    for opt in ("repair.check_s", "repair.survey_s"):
+    for opt in ("repair.check_s", "repair.survey_s", "mount.hung_s"):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             bad(opt, "must be a number of seconds > 0")

@@ -1,6 +1,10 @@
 """A host's FUSE mounts, owned by its StorageNode: checked before mounting, their daemons
-started and restarted when they die (the dead mount point is detached first, so no
+started and restarted when they die or hang (the dead mount point is detached first, so no
 "Transport endpoint is not connected" stays behind), and unmounted when the node stops.
+
+A mount is hung when its counters file has not been written for `hung_s`: the agent asks its
+daemon for them every half second and writes the answer, so the file's age is how long ago the
+two last spoke (a daemon stuck, or an agent whose reader or whose watch stopped).
 
 The mounts a node serves are recorded beside its data, so an incarnation restarted after a
 crash takes over the daemons the last one left and mounts them again.
@@ -54,10 +58,11 @@ def _ours(pid: int) -> bool:
 
 class Mounts:
     def __init__(self, record: Path, log_dir: Path, daemon_overrides: list[str], read_ahead_kb: int = 4096,
-                 timeout: float = 60):
+                 timeout: float = 60, hung_s: float = 60):
         self.record, self.log_dir, self.overrides, self.timeout = record, log_dir, daemon_overrides, timeout
-        self.read_ahead_kb = read_ahead_kb
+        self.read_ahead_kb, self.hung_s = read_ahead_kb, hung_s
         self._procs: dict[str, subprocess.Popen] = {}
+        self._mounted_at: dict[str, float] = {}  # path -> when its daemon mounted it
         self._lock = threading.RLock()  # the supervisor thread and the actor's calls
         self.stopped = False
         self.restarts = 0
@@ -121,6 +126,7 @@ class Mounts:
                 raise FasterFSError(f"the FUSE daemon for {path} did not mount it (see {log_file}):\n{tail}")
             time.sleep(0.1)
         self._procs[real] = proc
+        self._mounted_at[real] = time.time()
         self._save()
         set_read_ahead(real, self.read_ahead_kb)
         return real
@@ -158,16 +164,31 @@ class Mounts:
             return n
 
     def supervise(self) -> None:
-        """Called periodically: a daemon that died is replaced, its mount point cleaned first."""
+        """Called periodically: a daemon that died or hung is replaced, its mount point cleaned first."""
         with self._lock:
             if not self.stopped:
                 self._replace_dead()
 
+    def silent_s(self, path: str) -> float:
+        """Seconds since the mount's agent and daemon last spoke (its counters file written),
+        or since it was mounted if they have not yet."""
+        try:
+            heard = self._stats_file(path).stat().st_mtime
+        except FileNotFoundError:
+            heard = 0.0
+        return time.time() - max(heard, self._mounted_at.get(path, 0.0))
+
     def _replace_dead(self) -> None:
         for path, proc in list(self._procs.items()):
             if proc.poll() is None:
-                continue
-            log.warning("FUSE daemon of %s exited with %s; mounting again", path, proc.returncode)
+                silent = self.silent_s(path)
+                if silent <= self.hung_s:
+                    continue
+                log.warning("the mount of %s has been silent for %.0f s (mount.hung_s=%s): agent %d stopped, "
+                            "mounting again", path, silent, self.hung_s, proc.pid)
+                terminate(proc.pid, timeout=2, proc=proc)  # its daemon follows it (PR_SET_PDEATHSIG)
+            else:
+                log.warning("FUSE daemon of %s exited with %s; mounting again", path, proc.returncode)
             del self._procs[path]
             _detach(path)
             self.restarts += 1

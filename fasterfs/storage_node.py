@@ -136,7 +136,7 @@ class StorageNode:
         self.started["cache_s"] = time.monotonic() - phase
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, daemon_overrides(cfg),
-                             cfg.mount.read_ahead_kb)
+                             cfg.mount.read_ahead_kb, hung_s=cfg.mount.hung_s)
         threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
         threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
                          daemon=True).start()

@@ -23,6 +23,8 @@ from conftest import mounts_under, source_csv, wait_until
 from fasterfs import bulk_load, cluster, config, credentials, registry, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
+from fasterfs.mount_supervisor import Mounts
+from fasterfs.process import running
 
 
 def daemon_counts(actor, point, after: float) -> dict:
@@ -348,6 +350,41 @@ def test_a_mount_holds_at_most_its_bound_and_still_serves_every_name(live_cluste
                    what="the daemon back within its bound")
     finally:
         agent.stop(cluster_root)
+
+
+def test_a_hung_mount_is_replaced_and_reads_again(live_cluster, overrides, cluster_root, tmp_path):
+    """A mount whose agent stops answering (SIGSTOP: alive to `poll()`, its daemon's requests
+    unanswered) is found silent by its supervisor (`Mounts`, built here as a StorageNode builds
+    it, mount.hung_s of 3 s) no sooner than 3 s, stopped with its daemon (by their PIDs) and
+    mounted again; the file then reads its source's bytes."""
+    data = os.urandom(5000)
+    (tmp_path / "f.bin").write_bytes(data)
+    put(config.load(overrides), tmp_path / "f.bin", "hung/f.bin")
+    point = cluster_root / "mnt-hung"
+    point.mkdir(exist_ok=True)
+    mounts = Mounts(tmp_path / "mounts.json", tmp_path / "logs", overrides, hung_s=3)
+    mounts.mount(str(point))
+    agent = mounts.status()[0]["pid"]
+    try:
+        wait_until(lambda: mounts.silent_s(str(point)) < 1, timeout=15, what="the agent and its daemon speaking")
+        daemon = int(Path(f"/proc/{agent}/task/{agent}/children").read_text().split()[0])
+        os.kill(agent, signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        def replaced() -> bool:
+            mounts.supervise()
+            now = mounts.status()
+            return bool(now) and now[0]["pid"] != agent and now[0]["healthy"]
+        wait_until(replaced, timeout=30, what="the hung mount replaced")
+        assert time.monotonic() - stopped >= 3
+        assert not running(agent) and not running(daemon)
+        assert (point / "hung" / "f.bin").read_bytes() == data
+    finally:
+        if running(agent):
+            os.kill(agent, signal.SIGKILL)
+        mounts.unmount_all()
+        remove(config.load(overrides), "hung/f.bin")
+    assert str(point) not in mounts_under(cluster_root)
 
 
 def test_a_frozen_minio_delays_only_the_reads_that_need_it(mounted, live_cluster, overrides, tmp_path):
