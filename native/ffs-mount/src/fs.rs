@@ -562,7 +562,7 @@ impl Filesystem for FuseFs {
             break;
         }
         // The reply's "hot" is recorded by the reader thread, in stream order
-        // with "hot"/"cold" messages, exactly as a "hot" message would be.
+        // with "hot" messages, exactly as a "hot" message would be.
         let hook: Hook = {
             let (s, path) = (s.clone(), node.path.clone());
             Box::new(move |v: &Value| {

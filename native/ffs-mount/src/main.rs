@@ -12,6 +12,9 @@
 //!
 //! # Protocol (the agent must follow it exactly)
 //!
+//! Every message and field below is listed in protocol.json, which
+//! tests/test_mount_protocol.py checks both sides' sources against.
+//!
 //! Framing: each message is one compact JSON object on one line ending in
 //! "\n". A reply with "len": L is followed by exactly L raw bytes. Each side
 //! must write a message (line plus raw bytes) contiguously. Lines that are
@@ -74,7 +77,7 @@
 //!   below them leaves, as if in "gone"; they keep their inodes.
 //!
 //! {"op":"hot","path":P,"backing":B,"inode":I,"version":V,
-//!  "pin":S,"key":K,"keys":[K...],"bucket":K2,"fetched_ns":F}
+//!  "pin":S,"keys":[K...],"bucket":K2,"fetched_ns":F}
 //!   P of tree V is byte-identical to the local file B (st_ino I); replaces
 //!   any entry for P (needs "path" and "backing"; inode and version default
 //!   to 0). An open of P becomes a kernel passthrough open of B only if all
@@ -84,26 +87,22 @@
 //!   agent. Stored entries of other versions stay but do not apply. A
 //!   passthrough open sets B's mtime to now if it is a second old or more
 //!   (the cache's LRU order: such reads never reach the agent).
-//!   Marks (the last five fields) are checked only if "pin", "fetched_ns"
-//!   and at least one of "key"/"keys"/"bucket" are present (a file of
-//!   several chunks lists each chunk's key in "keys"). "pin" is a BPF map
+//!   Marks (the last four fields) are checked only if "pin", "fetched_ns"
+//!   and at least one of "keys"/"bucket" are present (a file of several
+//!   chunks lists each chunk's key in "keys"). "pin" is a BPF map
 //!   pinned on a bpffs: BPF_MAP_TYPE_HASH or LRU_HASH, 8-byte key and value,
-//!   native-endian u64s. The entry is stale if map[k] > F for K, any of
+//!   native-endian u64s. The entry is stale if map[k] > F for any K of
 //!   "keys" or K2 (equal is fresh); no entry, or nothing pinned at S, means 0. Marks and
 //!   F are compared as plain numbers: they must come from the same clock.
 //!   A map that cannot be read or has another shape counts as stale
 //!   (logged). The map fd is kept per pin path and the pin re-stat'ed at
 //!   most once a second: a map re-pinned or removed is seen within ~1 s.
 //!   While passthrough handles of P's inode are open, every new open must
-//!   reuse their backing (even after "cold" or a "hot" naming another
-//!   file): the kernel fails an agent open then. Such an open checks the
+//!   reuse their backing (even after a "hot" naming another file): the kernel fails an agent open then. Such an open checks the
 //!   marks of the current entry if it names the same B and I, else those the
 //!   backing was opened with; if stale it fails with ESTALE (116) (the
 //!   kernel retries it once, so two ESTALEs and two stale_refused). When
 //!   no passthrough handle is open, a stale open goes to the agent.
-//!
-//! {"op":"cold","path":P}
-//!   Forgets P's hot entry. Open passthrough handles stay (see above).
 //!
 //! {"op":"stats","id":N}
 //!   Answered with {"id":N,"stats":{...}}: u64 counters since start:
@@ -160,7 +159,7 @@
 //!   -> {"id":N,"handle":H} with optionally
 //!      "keep_cache":true  the kernel keeps the pages it has cached for P
 //!                         (else it drops them at this open);
-//!      "hot":{"backing":B,"inode":I,"version":V,"pin":S,"key":K,
+//!      "hot":{"backing":B,"inode":I,"version":V,"pin":S,"keys":[K...],
 //!             "bucket":K2,"fetched_ns":F}
 //!                         recorded exactly like a "hot" message for P,
 //!                         then, if this open can now be passthrough, it is
@@ -232,6 +231,7 @@ mod backing;
 mod change;
 mod fetch;
 mod fs;
+mod http;
 mod marks;
 mod stats;
 mod tree;
@@ -408,11 +408,6 @@ fn reader(sock: UnixStream, s: Arc<Shared>, ev: mpsc::Sender<Event>, apply: mpsc
                     .lock()
                     .unwrap()
                     .insert(path.trim_matches('/').to_string(), hot);
-            }
-            Some("cold") => {
-                if let Some(path) = v.get("path").and_then(Value::as_str) {
-                    s.hot.lock().unwrap().remove(path.trim_matches('/'));
-                }
             }
             Some(op) => eprintln!("ffs-mount: unknown op from agent: {op}"),
         }

@@ -18,14 +18,14 @@ use serde_json::Value;
 #[derive(Clone)]
 pub struct Marks {
     pub pin: String,
-    /// "key", then every number of "keys", then "bucket".
+    /// Every number of "keys", then "bucket".
     pub keys: Vec<u64>,
     pub fetched_ns: u64,
 }
 
 impl Marks {
     /// None when there is nothing to check: no pin, no fetched_ns, or
-    /// no key, keys or bucket.
+    /// no keys or bucket.
     pub fn from_msg(v: &Value) -> Option<Marks> {
         let u = |k: &str| v.get(k).and_then(Value::as_u64);
         let listed = v
@@ -34,11 +34,7 @@ impl Marks {
             .into_iter()
             .flatten()
             .filter_map(Value::as_u64);
-        let keys: Vec<u64> = u("key")
-            .into_iter()
-            .chain(listed)
-            .chain(u("bucket"))
-            .collect();
+        let keys: Vec<u64> = listed.chain(u("bucket")).collect();
         let m = Marks {
             pin: v.get("pin")?.as_str()?.to_string(),
             keys,

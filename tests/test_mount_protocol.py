@@ -1,0 +1,122 @@
+"""The agent-daemon protocol has one definition (native/ffs-mount/protocol.json), and both sides
+are checked against it: every message name and field either side's source writes or reads is
+in it, and every one in it is used by both (the daemon's counters by the daemon alone). A field
+one side adds and the other lacks fails here.
+
+Read from the sources as they are written: the daemon reads a message's fields with
+`.get("name")` (or a helper called with the name), indexes with `["name"]`, matches keys and ops
+with `"name" =>`, and writes with `json!({"name": ...})`; the agent writes dict literals and
+reads `m["name"]` / `m.get("name")`, in its Agent class and in Client.presigned (a fetch
+plan's chunks).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DAEMON = ROOT / "native" / "ffs-mount"
+NAME = r"[a-z_][a-z0-9_]*"
+
+
+def spec() -> dict:
+    return json.loads((DAEMON / "protocol.json").read_text())
+
+
+def spec_names(daemon_side: bool) -> set[str]:
+    p = spec()
+    names = set(p["to_daemon"]) | set(p["to_agent"])  # the ops
+    names |= {f for fields in p["to_daemon"].values() for f in fields}
+    names |= {f for m in p["to_agent"].values() for f in m["request"] + m["reply"]}
+    names |= {f for fields in p["objects"].values() for f in fields}
+    names |= set(p["stats_reply"]["fields"])
+    if daemon_side:
+        names |= set(p["stats_reply"]["stats"]) | set(p["stats_reply"]["fetch"])
+    return names
+
+
+def daemon_names() -> set[str]:
+    names: set[str] = set()
+    for src in sorted((DAEMON / "src").glob("*.rs")):
+        if src.name == "http.rs":  # HTTP to MinIO, not this protocol
+            continue
+        code = re.split(r"#\[cfg\(test\)\]\s*mod tests", src.read_text())[0]
+        code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("//"))
+        for pattern in (rf'\b\w+\("({NAME})"\)',        # .get("name"), f("name")
+                        rf'\["({NAME})"\]',              # v["name"]
+                        rf'"({NAME})"\s*:',              # json!({"name": ..}), br#"{"op":..
+                        rf'"({NAME})"\s*(?:=>|\|)',      # match arms: keys, ops
+                        rf'"op"\s*:\s*"({NAME})"'):      # an op written
+            names |= set(re.findall(pattern, code))
+    return names
+
+
+class _AgentNames(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def _const(self, node) -> None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(NAME, node.value):
+            self.names.add(node.value)
+
+    def visit_Dict(self, node: ast.Dict) -> None:
+        for k, v in zip(node.keys, node.values):
+            self._const(k)
+            if isinstance(k, ast.Constant) and k.value == "op":
+                self._const(v)
+        self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        self._const(node.slice)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "get" and node.args:
+            self._const(node.args[0])
+        if (isinstance(f, ast.Attribute) and f.attr == "update") or (isinstance(f, ast.Name) and f.id == "dict"):
+            self.names |= {k.arg for k in node.keywords if k.arg}
+        self.generic_visit(node)
+
+    def visit_Compare(self, node: ast.Compare) -> None:  # op == "open"
+        if isinstance(node.left, ast.Name) and node.left.id == "op":
+            for c in node.comparators:
+                self._const(c)
+        self.generic_visit(node)
+
+
+def agent_names() -> set[str]:
+    v = _AgentNames()
+    mount = ast.parse((ROOT / "fasterfs" / "mount.py").read_text())
+    agent = next(n for n in mount.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
+    for fn in agent.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name not in ("__init__", "_write_stats"):  # not the wire
+            v.visit(fn)
+    client = ast.parse((ROOT / "fasterfs" / "client.py").read_text())
+    v.visit(next(n for n in ast.walk(client) if isinstance(n, ast.FunctionDef) and n.name == "presigned"))
+    return v.names
+
+
+def test_the_daemon_uses_exactly_the_protocols_names():
+    used, defined = daemon_names(), spec_names(daemon_side=True)
+    assert not used - defined, f"the daemon uses names protocol.json lacks: {sorted(used - defined)}"
+    assert not defined - used, f"protocol.json has names the daemon never uses: {sorted(defined - used)}"
+
+
+def test_the_agent_uses_exactly_the_protocols_names():
+    used, defined = agent_names(), spec_names(daemon_side=False)
+    assert not used - defined, f"the agent uses names protocol.json lacks: {sorted(used - defined)}"
+    assert not defined - used, f"protocol.json has names the agent never uses: {sorted(defined - used)}"
+
+
+def test_a_field_one_side_lacks_fails(tmp_path, monkeypatch):
+    """The check itself: a field added to the definition alone is one neither side uses."""
+    p = spec()
+    p["objects"]["entry"].append("owner")
+    (tmp_path / "src").symlink_to(DAEMON / "src")
+    (tmp_path / "protocol.json").write_text(json.dumps(p))
+    monkeypatch.setattr(__import__(__name__), "DAEMON", tmp_path)
+    assert "owner" in spec_names(daemon_side=True) - daemon_names()
+    assert "owner" in spec_names(daemon_side=False) - agent_names()
