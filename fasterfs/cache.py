@@ -1,16 +1,25 @@
-"""The node-local chunk cache, owner's side: one directory per node, bounded in bytes with LRU
-eviction. Only the node's StorageNode writes, evicts and accounts (capacity is counted in one
-place); the entry format and the readers' lookups are fasterfs.cache_entry.
+"""The node-local chunk cache, owner's side: one directory per node, bounded in bytes. Only the
+node's StorageNode writes, evicts and accounts (capacity is counted in one place); the entry
+format and the readers' lookups are fasterfs.cache_entry.
+
+Eviction is S3-FIFO (Yang et al., SOSP '23), so that a scan does not push out what is re-read:
+a new entry waits in a small probationary queue (a tenth of the capacity); leaving it, an entry
+read since its fill moves to the main queue, one that was not goes, its name kept a while in a
+ghost queue (filled again soon, it goes straight to main). Main is a CLOCK: an entry read since
+it was last looked at goes round again. Reads happen in other processes and in the kernel
+(passthrough), which touch the entry's mtime (at most once a second): the owner looks at one
+entry's mtime only when that entry reaches a queue's head, so each operation costs O(1) amortised
+whatever the cache holds (`cache.policy=lru`: one CLOCK queue, plain LRU's approximation, for
+comparison). Removals name their entries: a write of a key not cached costs a dict lookup.
 """
 from __future__ import annotations
 
-import functools
 import logging
-import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import xxhash
@@ -39,6 +48,8 @@ from .fsutil import atomic_write
 log = logging.getLogger("fasterfs.cache")
 
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
+SMALL_SHARE = 0.1  # of the capacity: S3-FIFO's probationary queue
+POLICIES = ("s3fifo", "lru")
 
 def kept_capacity(path: Path, restarted: bool, configured: int) -> int:
     """The capacity a node's cache starts with: the configured one; after a crash, the one set at
@@ -67,9 +78,12 @@ class ChunkCache:
     """The owner's side: fills, eviction, capacity. Never exceeds `capacity` bytes on disk.
     Entries are named per chunk (entry_name of its key); a file entry is one unit of several."""
 
-    def __init__(self, directory: Path, capacity: int, on_evict: Callable[[str], None] | None = None):
+    def __init__(self, directory: Path, capacity: int, on_evict: Callable[[str], None] | None = None,
+                 policy: str = "s3fifo"):
         # on_evict(entry name): lets the owner reset the kernel's count for the key
-        self.dir, self.capacity, self.on_evict = Path(directory), capacity, on_evict
+        if policy not in POLICIES:
+            raise FasterFSError(f"option cache.policy={policy!r}: one of {', '.join(POLICIES)}")
+        self.dir, self.capacity, self.on_evict, self.policy = Path(directory), capacity, on_evict, policy
         self.dir.mkdir(parents=True, exist_ok=True)
         self._check_xattrs()
         self._lock = threading.Lock()
@@ -80,10 +94,19 @@ class ChunkCache:
         self._unit_locks = [threading.Lock() for _ in range(16)]  # one writer per file entry at a time
         self._writing: set[str] = set()    # fills under way: never evicted, cancelled instead
         self._cancelled: set[str] = set()  # removed while being written: deleted when the write ends
+        # the eviction queues, by unit (an entry, or a file entry whole): unit -> its file's mtime
+        # when last looked at; a later mtime means a reader touched it since
+        self._small: OrderedDict[str, int] = OrderedDict()
+        self._main: OrderedDict[str, int] = OrderedDict()
+        self._ghost: OrderedDict[str, None] = OrderedDict()  # units evicted from small unread
+        self._unit_bytes: dict[str, int] = {}
+        self._small_bytes = 0
+        self._scrub_todo: list[str] = []  # entries the budgeted scrub has still to verify, last first
         self.used = 0
         self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
                          "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
-                         "scrubs": 0, "scrub_dropped": 0, "no_room": 0,
+                         "scrubs": 0, "scrub_bytes": 0, "scrub_dropped": 0, "no_room": 0,
+                         "promoted": 0, "ghost_hits": 0,
                          "foreign_files": 0, "changed_at_source": 0}
         self.rebuild()
 
@@ -131,8 +154,17 @@ class ChunkCache:
         clean.unlink(missing_ok=True)
         with self._lock:
             found = scan(self.dir, verify)
-            self._sizes, self._places, self._units = found.sizes, found.places, found.units
-            self.used = sum(found.sizes.values())
+            self._sizes, self._places, self._units = {}, found.places, found.units
+            self._small.clear()
+            self._main.clear()
+            self._unit_bytes.clear()
+            self._small_bytes = self.used = 0
+            for name, size in found.sizes.items():
+                self._sizes[name] = size
+                self._account(name, size)
+            # what was read last goes last: sorted once, at the start
+            for unit in sorted(self._main, key=self._main.__getitem__):
+                self._main.move_to_end(unit)
             for counter, n in found.counts.items():
                 self.counters[counter] += n
             self._evict_to(self.capacity)
@@ -143,16 +175,30 @@ class ChunkCache:
             self.capacity = capacity
             self._evict_to(capacity)
 
-    def scrub(self) -> int:
-        """Verify every entry's checksum; drop the damaged ones. Returns how many were dropped."""
+    def scrub(self, budget_bytes: int | None = None) -> int:
+        """Verify entries' checksums and drop the damaged ones; returns how many were dropped.
+        With a budget, a round verifies about that many bytes and the next goes on where it
+        stopped, what readers keep (the main queue) first; without, every entry now."""
         with self._lock:
-            names = [(n, self._file(n), self._places.get(n)) for n in self._sizes]
-        dropped = 0
-        for name, path, place in names:
+            if budget_bytes is None or not self._scrub_todo:
+                self._scrub_todo = [n for unit in (*reversed(self._main), *reversed(self._small))
+                                    for n in self._units.get(unit, (unit,))]  # popped from the end
+            todo = self._scrub_todo if budget_bytes is not None else self._scrub_todo[:]
+            if budget_bytes is None:
+                self._scrub_todo = []
+        dropped, spent = 0, 0
+        while todo and (budget_bytes is None or spent < budget_bytes):
+            name = todo.pop()
+            with self._lock:
+                if name not in self._sizes or name in self._writing:
+                    continue
+                path, place, size = self._file(name), self._places.get(name), self._sizes[name]
+            spent += size
             if read_entry(path, verify=True, touch=False, place=place) in (DAMAGED, STALE):
-                self._drop(functools.partial(operator.eq, name))  # this entry alone
+                self._drop([name])
                 dropped += 1
         self.counters["scrubs"] += 1
+        self.counters["scrub_bytes"] += spent
         self.counters["scrub_dropped"] += dropped
         return dropped
 
@@ -167,6 +213,11 @@ class ChunkCache:
                 for n in self._members(name):
                     self._forget(n)
             return False
+
+    def holds(self, name: str) -> bool:
+        """Whether entry `name` is readable now (not being written); O(1)."""
+        with self._lock:
+            return name in self._sizes and name not in self._writing
 
     def names(self) -> frozenset[str]:
         """The entries readable now (not those being written)."""
@@ -195,10 +246,10 @@ class ChunkCache:
                 self.counters["no_room"] += 1
                 return False
             self._sizes[name] = need  # reserved before the write, so concurrent fills cannot overshoot
-            self.used += need
             if place is not None:
                 self._places[name] = place
                 self._units.setdefault(place.unit, set()).add(name)
+            self._account(name, need, fill=True)
             self._writing.add(name)
         try:
             if place is None:
@@ -218,6 +269,7 @@ class ChunkCache:
                 remove_file(self._file(name))
                 self._forget(name)
                 return False
+            self._looked(self._unit(name))  # a read from now on is one since the fill
         self.counters["fills"] += 1
         self.counters["fill_bytes"] += len(data)
         return True
@@ -304,35 +356,36 @@ class ChunkCache:
 
     def drop_changed(self, names) -> int:
         """Drop entries whose object has changed at its source since they were filled."""
-        doomed = set(names)
-        dropped = self._drop(lambda n: n in doomed)
+        dropped = self._drop(names)
         self.counters["changed_at_source"] += dropped
         return dropped
 
     def retain(self, keys) -> int:
-        """Drop every entry whose key is not in `keys` (a replaced generation's chunks)."""
+        """Drop every entry whose key is not in `keys` (at a start: what no current manifest names)."""
         keep = {entry_name(k) for k in keys}
-        return self._drop(lambda name: name not in keep)
+        with self._lock:
+            doomed = [n for n in self._sizes if n not in keep]
+        return self._drop(doomed)
 
     def forget(self, keys: list[str]) -> int:
         """Drop the entries of these keys (a replaced generation's chunks): what they cost, not the cache."""
-        doomed = {entry_name(k) for k in keys}
-        return self._drop(doomed.__contains__) if doomed else 0
+        return self._drop([entry_name(k) for k in keys])
 
     def remove(self, key: str) -> bool:
-        name = entry_name(key)
-        return self._drop(lambda n: n == name) > 0
+        return self._drop([entry_name(key)]) > 0
 
     def clear(self) -> int:
-        return self._drop(lambda name: True)
-
-    def _drop(self, doomed: Callable[[str], bool]) -> int:
-        """Remove the entries `doomed` names, with every chunk of their file entries (those go
-        as evicted ones do: on_evict). A fill under way is cancelled but keeps its reservation
-        until its write ends: its bytes are on disk until then."""
         with self._lock:
-            units = {self._unit(n) for n in self._sizes if doomed(n)}
-            names = [n for n in self._sizes if self._unit(n) in units]
+            everything = list(self._sizes)
+        return self._drop(everything)
+
+    def _drop(self, doomed: Iterable[str]) -> int:
+        """Remove these entries (names not cached are ignored, at the cost of a lookup), with every
+        chunk of their file entries (those go as evicted ones do: on_evict). A fill under way is
+        cancelled but keeps its reservation until its write ends: its bytes are on disk until then."""
+        with self._lock:
+            doomed = {n for n in doomed if n in self._sizes}
+            names = sorted({m for n in doomed for m in self._members(n)})
             paths = {self._file(n) for n in names}
             for name in names:
                 if name in self._writing:
@@ -342,21 +395,51 @@ class ChunkCache:
         for path in paths:
             remove_file(path)
         for name in names:  # chunks that went with their file entry may become hot again
-            if not doomed(name) and self.on_evict:
+            if name not in doomed and self.on_evict:
                 self.on_evict(name)
         self.counters["removed"] += len(names)
         return len(names)
 
+    # -- the queues ----------------------------------------------------------------------------
+
+    def _account(self, name: str, size: int, fill: bool = False) -> None:
+        """Entry `name` takes `size` bytes (on disk, or reserved by a fill): counted, and its unit
+        queued if new to the cache: a fill's in the small queue (or main, its name a ghost's),
+        what a rebuild finds in main."""
+        self.used += size
+        unit = self._unit(name)
+        if unit not in self._unit_bytes:
+            self._unit_bytes[unit] = 0
+            if unit in self._ghost:
+                del self._ghost[unit]
+                self.counters["ghost_hits"] += 1
+                self._main[unit] = -1
+            elif fill and self.policy == "s3fifo":
+                self._small[unit] = -1
+            else:
+                self._main[unit] = -1 if fill else self._mtime(unit)
+        self._unit_bytes[unit] += size
+        if unit in self._small:
+            self._small_bytes += size
+
     def _forget(self, name: str) -> bool:
         size = self._sizes.pop(name, None)
+        unit = self._unit(name)
         if size is not None:
             self.used -= size
+            self._unit_bytes[unit] -= size
+            if unit in self._small:
+                self._small_bytes -= size
         place = self._places.pop(name, None)
         if place is not None:
             members = self._units.get(place.unit, set())
             members.discard(name)
             if not members:
                 self._units.pop(place.unit, None)
+        if unit not in self._units and unit in self._unit_bytes and (place is not None or size is not None):
+            del self._unit_bytes[unit]  # the unit's last entry: out of the queues
+            self._small.pop(unit, None)
+            self._main.pop(unit, None)
         return size is not None
 
     def _members(self, name: str) -> list[str]:
@@ -364,32 +447,65 @@ class ChunkCache:
         place = self._places.get(name)
         return list(self._units.get(place.unit, ())) if place else [name]
 
+    def _unit_file(self, unit: str) -> Path:
+        members = self._units.get(unit)
+        return self._file(next(iter(members))) if members else self.dir / unit
+
+    def _mtime(self, unit: str) -> int:
+        """The unit's file's mtime (readers touch it on a hit); -1 if gone (a reader dropped it)."""
+        try:
+            return os.stat(self._unit_file(unit)).st_mtime_ns
+        except FileNotFoundError:
+            return -1
+
+    def _looked(self, unit: str) -> None:
+        for q in (self._small, self._main):
+            if unit in q:
+                q[unit] = self._mtime(unit)
+
+    def _busy(self, unit: str) -> bool:
+        return any(n in self._writing for n in self._units.get(unit, (unit,)))
+
     def _evict_to(self, limit: int, keep: str | None = None) -> None:
-        """Evict least recently used entries (oldest mtime; readers touch on hit) until used <=
-        limit; a file entry goes whole. `keep`: the file entry being filled."""
-        if self.used <= limit:
-            return
-        ages = {}
-        for name in self._sizes:
-            unit = self._unit(name)
-            if unit in ages or unit == keep or any(n in self._writing for n in self._members(name)):
+        """Evict until used <= limit (S3-FIFO, above); a file entry goes whole, and none being
+        written. `keep`: the file entry being filled. Each unit looked at is read once (its mtime)
+        and either goes or moves on: a unit read since it was last looked at is looked at again
+        only after every other."""
+        turns = 2 * (len(self._small) + len(self._main)) + 2  # enough to see every unit twice
+        while self.used > limit and turns > 0:
+            turns -= 1
+            from_small = bool(self._small) and (not self._main or self._small_bytes > self.capacity * SMALL_SHARE)
+            q = self._small if from_small else self._main
+            if not q:
+                return
+            unit, seen = q.popitem(last=False)
+            if unit == keep or self._busy(unit):
+                q[unit] = seen  # another turn
                 continue
-            try:
-                ages[unit] = (os.stat(self._file(name)).st_mtime_ns, name)
-            except FileNotFoundError:
-                ages[unit] = (0, name)  # dropped by a reader: forget it first
-        for _, name in sorted(ages.values()):
-            if self.used <= limit:
-                break
-            path = self._file(name)
-            for victim in self._members(name):
-                size = self._sizes[victim]
-                self._forget(victim)
-                self.counters["evictions"] += 1
-                self.counters["evicted_bytes"] += size
-                if self.on_evict:
-                    self.on_evict(victim)
-            remove_file(path)
+            now = self._mtime(unit)
+            if now > seen and now != -1 and seen != -1:  # read since it was last looked at
+                if from_small:
+                    self._small_bytes -= self._unit_bytes[unit]
+                    self.counters["promoted"] += 1
+                self._main[unit] = now
+                continue
+            q[unit] = seen  # back in place for _forget to take out
+            self._evict(unit)
+            if from_small:
+                self._ghost[unit] = None
+                while len(self._ghost) > max(1000, len(self._main)):
+                    self._ghost.popitem(last=False)
+
+    def _evict(self, unit: str) -> None:
+        path = self._unit_file(unit)
+        for victim in list(self._units.get(unit, (unit,))):
+            size = self._sizes.get(victim, 0)
+            self._forget(victim)
+            self.counters["evictions"] += 1
+            self.counters["evicted_bytes"] += size
+            if self.on_evict:
+                self.on_evict(victim)
+        remove_file(path)
 
     def stats(self) -> dict:
         with self._lock:

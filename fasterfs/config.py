@@ -18,6 +18,7 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from .cache import POLICIES
 from .errors import ConfigError, FasterFSError
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -182,6 +183,8 @@ def validate(cfg: DictConfig) -> None:
         bad("repair.threads", "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:
         bad("dashboard.refresh_s", "must be a number of seconds >= 0.5")
+    if cfg.cache.policy not in POLICIES:
+        bad("cache.policy", f"must be one of {', '.join(POLICIES)}")
     if cfg.kernel.watch not in ("own", "any"):
         bad("kernel.watch", "must be own or any")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):

@@ -47,8 +47,11 @@ class CacheStatus(TypedDict):
     stray_temp_removed: int
     invalid_removed: int
     scrubs: int
+    scrub_bytes: int
     scrub_dropped: int
     no_room: int
+    promoted: int    # entries read while on probation, kept (cache.policy=s3fifo)
+    ghost_hits: int  # entries filled again soon after going unread: kept at once
     foreign_files: int
     changed_at_source: int
     readers: dict[str, Any]    # what the node's readers counted (fasterfs.reader_stats.collect)

@@ -43,7 +43,7 @@ class PeerTier:
     def holders(self, key: str) -> list[int]:
         """The nodes whose caches hold `key`, this one first if it does."""
         name = entry_name(key)
-        here = [self.node] if name in self.cache.names() else []
+        here = [self.node] if self.cache.holds(name) else []
         return here + sorted(n for n, names in self.peers.items() if name in names)
 
     def read(self, key: str) -> bytes | None:

@@ -107,7 +107,7 @@ class StorageNode:
         # The cache index is rebuilt from the directory: entries survive a restart, temp files do
         # not. After the kernel programs: a smaller capacity evicts, which resets kernel counts.
         self.cache = ChunkCache(paths.cache_dir(index), self._capacity(),
-                                on_evict=self._on_evict)
+                                on_evict=self._on_evict, policy=cfg.cache.policy)
         self.minio.start()
         self.started["minio_s"], phase = time.monotonic() - phase, time.monotonic()
         self.marked = s3.MarkedPool(server.creds, cfg.kernel.fill_mark, self._endpoint)
@@ -145,7 +145,9 @@ class StorageNode:
         every(1.0, self.peer_tier.share, self._stopping, "cache-index")
         every(NAMESPACE_POLL_S, self.namespace.catch_up, self._stopping, "namespace")  # a push it missed
         every(cfg.repair.check_s, self.leader.tick, self._stopping, "repair-leader")
-        every(cfg.cache.scrub_interval_s, self.cache.scrub, self._stopping, "cache-scrub")
+        every(cfg.cache.scrub_interval_s,
+              partial(self.cache.scrub, int(cfg.cache.scrub_interval_s * cfg.cache.scrub_mb_per_s * 1e6)),
+              self._stopping, "cache-scrub")
         every(cfg.scrub.interval_s, self.scrub_minio, self._stopping, "minio-scrub")
         every(cfg.minio.supervise_interval_s, self.minio.tick, self._stopping, "minio-supervisor")
         every(cfg.minio.supervise_interval_s, self.mounts.supervise, self._stopping, "mount-supervisor")

@@ -1,6 +1,7 @@
 """ChunkCache on its own: no root, no Ray, no kernel. LRU order, capacity under concurrent
 fills, damaged and foreign files, crash consistency, reservations of fills in flight."""
 import os
+import random
 import threading
 import time
 
@@ -305,3 +306,103 @@ def test_a_clean_restart_finds_a_file_entrys_chunks_and_a_killed_fill_leaves_non
     assert c.names() == {cache_entry.entry_name(ch.key) for ch in m.chunks[:2]} and c.used == 2 * 4096
     assert cache_entry.read_entry(path, place=places[2]) is None
     assert [cache_entry.read_entry(path, place=p) for p in places[:2]] == blobs[:2]
+
+
+class Reads:
+    """A reader's hits as readers make them (cache_entry touches the entry's mtime to now, at most
+    once a second), on a clock of its own that moves 2 s per read: every hit is a touch."""
+
+    def __init__(self, c: ChunkCache):
+        self.c, self.now = c, time.time_ns()
+
+    def hit(self, key: str) -> bool:
+        """Whether `key` is cached; if so, read as a reader reads it."""
+        if not self.c.contains(key):
+            return False
+        self.now += 2_000_000_000
+        os.utime(self.c.path(key), ns=(self.now, self.now))
+        return True
+
+
+@pytest.mark.parametrize("policy", ["s3fifo", "lru"])
+def test_a_scan_of_ten_caches_keeps_a_re_read_set_under_s3fifo(tmp_path, policy):
+    """A cache of 100 entries; a hot set of 5 (5 %) read once per 150 entries of a scan that fills
+    1,000 entries once each (10x the cache) and never reads them again. Under S3-FIFO the hot set
+    is hit at >= 90 % of its reads; under the LRU policy (CLOCK) beside it, the scan pushes it out
+    (each hit counted by looking, as a reader would, for the entry on disk)."""
+    size = 256
+    c = ChunkCache(tmp_path, capacity=100 * size, policy=policy)
+    reads = Reads(c)
+    hot = [f"hot-{i}" for i in range(5)]
+    for k in hot:
+        c.put(k, k.encode().ljust(size, b"."))
+        reads.hit(k)
+    hits = tries = 0
+    for i in range(1000):
+        c.put(f"scan-{i}", b"s" * size)
+        if i % 150 == 149:
+            for k in hot:
+                tries += 1
+                if reads.hit(k) and cache_entry.read_entry(c.path(k), stale_mark=0) == k.encode().ljust(size, b"."):
+                    hits += 1
+                else:
+                    c.put(k, k.encode().ljust(size, b"."))  # a miss refills it, as the kernel's HOT would
+        assert c.used <= c.capacity
+    ratio = hits / tries
+    if policy == "s3fifo":
+        assert ratio >= 0.9, ratio
+    else:
+        assert ratio < 0.5, ratio  # what the small queue buys
+
+
+def test_evicting_looks_at_a_few_entries_whatever_the_cache_holds(tmp_path, monkeypatch):
+    """A full cache of 1,000 and of 20,000 entries (copies of one entry, found by a restart; half of
+    them read since, in a random order), 200 fills each evicting one: the entries the cache stats
+    per fill (counted by wrapping os.stat) stay a few at both sizes, and a removal of a key not
+    cached stats nothing; capacity holds (the bytes on disk, summed with os.scandir)."""
+    per_fill = {}
+    stats, real_stat = [0], os.stat
+
+    def counted(*a, **k):
+        stats[0] += 1
+        return real_stat(*a, **k)
+    for n in (1000, 20_000):
+        d = tmp_path / str(n)
+        one = ChunkCache(d, capacity=64)
+        one.put("k0", b"x" * 64)
+        header = os.getxattr(one.path("k0"), XATTR)
+        for i in range(1, n):
+            path = one.path(f"k{i}")
+            path.write_bytes(b"x" * 64)
+            os.setxattr(path, XATTR, header)
+        one.close()
+        c = ChunkCache(d, capacity=n * 64)
+        assert c.stats()["entries"] == n
+        reads = Reads(c)
+        for i in random.Random(n).sample(range(n), n // 2):
+            reads.hit(f"k{i}")
+        stats[0] = 0
+        monkeypatch.setattr(cache.os, "stat", counted)
+        for i in range(200):
+            c.put(f"new{i}", b"y" * 64)
+        per_fill[n] = stats[0] / 200
+        stats[0] = 0
+        assert not c.remove("never-cached") and stats[0] == 0
+        monkeypatch.setattr(cache.os, "stat", real_stat)
+        assert sum(e.stat().st_size for e in os.scandir(d) if e.is_file()) <= c.capacity
+    assert per_fill[20_000] <= 4 and per_fill[1000] <= 4, per_fill
+
+
+def test_a_budgeted_scrub_verifies_that_many_bytes_a_round_and_goes_on(tmp_path):
+    """Ten entries of 1,000 bytes, one of them damaged on disk: a scrub of 3,000 bytes a round
+    verifies three entries per round (the cache's own byte count against the entries' sizes),
+    and within four rounds has found and dropped the damaged one; a whole scrub finds nothing more."""
+    c = ChunkCache(tmp_path, capacity=100_000)
+    for i in range(10):
+        c.put(f"k{i}", bytes([i]) * 1000)
+    with open(c.path("k7"), "r+b") as f:
+        f.write(b"\xff")
+    dropped = [c.scrub(3000) for _ in range(4)]
+    assert sum(dropped) == 1 and not c.contains("k7")
+    assert c.stats()["scrub_bytes"] == 4 * 3000 - 2000  # the fourth round had one entry left
+    assert c.scrub() == 0 and c.stats()["entries"] == 9
