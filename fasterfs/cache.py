@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -49,6 +50,7 @@ log = logging.getLogger("fasterfs.cache")
 
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
 SMALL_SHARE = 0.1  # of the capacity: S3-FIFO's probationary queue
+LOG_MAX = 100_000  # changes kept for `changes_since` (a peer further behind gets everything)
 POLICIES = ("s3fifo", "lru")
 
 def kept_capacity(path: Path, restarted: bool, configured: int) -> int:
@@ -102,6 +104,10 @@ class ChunkCache:
         self._unit_bytes: dict[str, int] = {}
         self._small_bytes = 0
         self._scrub_todo: list[str] = []  # entries the budgeted scrub has still to verify, last first
+        # what became readable or went, for peers told in deltas: (version, name, readable)
+        self.epoch = secrets.token_hex(4)  # this incarnation's: versions restart with it
+        self.version = 0
+        self._log: deque[tuple[int, str, bool]] = deque(maxlen=LOG_MAX)
         self.used = 0
         self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
                          "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
@@ -214,6 +220,30 @@ class ChunkCache:
                     self._forget(n)
             return False
 
+    def _logged(self, name: str, readable: bool) -> None:
+        self.version += 1
+        self._log.append((self.version, name, readable))
+
+    def snapshot(self) -> tuple[int, frozenset[str]]:
+        """The version and the entries readable at it."""
+        with self._lock:
+            return self.version, frozenset(n for n in self._sizes if n not in self._writing)
+
+    def changes_since(self, version: int) -> tuple[int, list[str], list[str]] | None:
+        """(version now, entries readable since `version`, entries gone since), or None when the
+        log no longer reaches back that far: take a `snapshot`."""
+        with self._lock:
+            if version > self.version or (version < self.version and
+                                          (not self._log or self._log[0][0] > version + 1)):
+                return None
+            last: dict[str, bool] = {}
+            for v, name, readable in reversed(self._log):
+                if v <= version:
+                    break
+                last.setdefault(name, readable)
+            return (self.version, sorted(n for n, r in last.items() if r),
+                    sorted(n for n, r in last.items() if not r))
+
     def holds(self, name: str) -> bool:
         """Whether entry `name` is readable now (not being written); O(1)."""
         with self._lock:
@@ -270,6 +300,7 @@ class ChunkCache:
                 self._forget(name)
                 return False
             self._looked(self._unit(name))  # a read from now on is one since the fill
+            self._logged(name, True)
         self.counters["fills"] += 1
         self.counters["fill_bytes"] += len(data)
         return True
@@ -424,6 +455,8 @@ class ChunkCache:
 
     def _forget(self, name: str) -> bool:
         size = self._sizes.pop(name, None)
+        if size is not None and name not in self._writing:  # a fill's reservation was never readable
+            self._logged(name, False)
         unit = self._unit(name)
         if size is not None:
             self.used -= size

@@ -1,50 +1,92 @@
 """PeerTier: the nodes' caches as one more copy of the data.
 
-Each node tells the others what its cache holds when that changes (and every `resend_s`, for a
-peer that restarted and lost what it was told), so every node keeps the whole index and a reader
-whose chunk's holders are all down asks one node where a cached copy is.
+Each node tells the others what its cache gained and lost since it last told them (the cache's
+change log), so every node keeps the whole index and a reader whose chunk's holders are all
+down asks one node where a cached copy is. What crosses grows with the changes, not with what
+the caches hold: nothing at all while they do not change. A node tells everything (a snapshot)
+only to a peer that asks: one that started, or heard a change that does not follow the last it
+has (a message lost, or the teller restarted: its cache's epoch is new).
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .cache import ChunkCache
 from .cache_entry import entry_name
 
 
-class PeerTier:
-    """`tell(names)` sends this node's entry names to the other nodes (fire and forget);
-    `reconnect()` is called before a resend, as a peer that came back is a new actor."""
+@dataclass(frozen=True)
+class CacheNews:
+    """What node `node`'s cache (incarnation `epoch`) holds at `version`: with `since` None, all of
+    it (`added`); else what changed since version `since`."""
+    node: int
+    epoch: str
+    since: int | None
+    version: int
+    added: frozenset[str]
+    removed: frozenset[str] = frozenset()
 
-    def __init__(self, node: int, cache: ChunkCache, tell: Callable[[frozenset[str]], None],
-                 reconnect: Callable[[], None] = lambda: None, resend_s: float = 30.0):
-        self.node, self.cache, self.tell, self.reconnect, self.resend_s = node, cache, tell, reconnect, resend_s
-        self.peers: dict[int, frozenset[str]] = {}  # node -> entry names in its cache, as it last told
-        self._sent: frozenset[str] | None = None
-        self._last = float("-inf")
+
+class PeerTier:
+    """`tell(news, to)` sends this node's news to node `to`, or to every other node (None), fire
+    and forget; `ask(node)` asks node `node` (every other node: None) to tell this one everything;
+    `reconnect()` is called every `reconnect_s`, as a peer that came back is a new actor."""
+
+    def __init__(self, node: int, cache: ChunkCache, tell: Callable[[CacheNews, int | None], None],
+                 ask: Callable[[int | None], None] = lambda node: None,
+                 reconnect: Callable[[], None] = lambda: None, reconnect_s: float = 30.0):
+        self.node, self.cache, self.tell, self.ask = node, cache, tell, ask
+        self.reconnect, self.reconnect_s = reconnect, reconnect_s
+        self.peers: dict[int, tuple[str, int, set[str]]] = {}  # node -> its cache's epoch, version, names
+        self._sent: int | None = None  # the version the others were told of
+        self._reconnected: float | None = None
 
     def share(self, now: float | None = None) -> bool:
-        """Tell the others what this cache holds if it changed or is due again; whether it told."""
+        """Tell the others what changed since they were last told (at the first call: ask them
+        for theirs, and tell them everything); whether anything was told."""
         now = time.monotonic() if now is None else now
-        names = self.cache.names()
-        due = now - self._last >= self.resend_s
-        if names == self._sent and not due:
-            return False
-        if due:
+        if self._reconnected is None or now - self._reconnected >= self.reconnect_s:
             self.reconnect()
-        self.tell(names)
-        self._sent, self._last = names, now
+            if self._reconnected is None:
+                self.ask(None)
+            self._reconnected = now
+        got = self.cache.changes_since(self._sent) if self._sent is not None else None
+        if got is None:
+            version, names = self.cache.snapshot()
+            self.tell(CacheNews(self.node, self.cache.epoch, None, version, names), None)
+        else:
+            version, added, removed = got
+            if version == self._sent:
+                return False
+            self.tell(CacheNews(self.node, self.cache.epoch, self._sent, version, frozenset(added),
+                                frozenset(removed)), None)
+        self._sent = version
         return True
 
-    def heard(self, node: int, names: frozenset[str]) -> None:
-        self.peers[node] = names
+    def tell_all(self, to: int) -> None:
+        """Node `to` asked: everything this cache holds, to it alone."""
+        version, names = self.cache.snapshot()
+        self.tell(CacheNews(self.node, self.cache.epoch, None, version, names), to)
+
+    def heard(self, news: CacheNews) -> None:
+        if news.since is None:
+            self.peers[news.node] = (news.epoch, news.version, set(news.added))
+            return
+        epoch, version, names = self.peers.get(news.node, ("", -1, set()))
+        if (epoch, version) != (news.epoch, news.since):  # missed some, or a new incarnation
+            self.ask(news.node)
+            return
+        names -= news.removed
+        names |= news.added
+        self.peers[news.node] = (epoch, news.version, names)
 
     def holders(self, key: str) -> list[int]:
         """The nodes whose caches hold `key`, this one first if it does."""
         name = entry_name(key)
         here = [self.node] if self.cache.holds(name) else []
-        return here + sorted(n for n, names in self.peers.items() if name in names)
+        return here + sorted(n for n, (_, _, names) in self.peers.items() if name in names)
 
     def read(self, key: str) -> bytes | None:
         """`key`'s bytes from this node's cache (checked), None if not cached."""

@@ -42,7 +42,7 @@ from .node_directory import NodeDirectory
 from .node_index import NodeIndex
 from .node_kernel import NodeKernel
 from .node_status import CacheStatus, NodeStatus
-from .peer_tier import PeerTier
+from .peer_tier import CacheNews, PeerTier
 from .repair_leader import RepairLeader, Timing
 from .state import ClusterState, host_id, ray_namespace
 
@@ -122,7 +122,7 @@ class StorageNode:
         self.invalidations = Invalidations(index, self.bucket, self.kernel, self.cache, self.filler,
                                            cfg.kernel.watch == "any", self.router.fill, self._tell_writes,
                                            self.mark_keeper.suspect)
-        self.peer_tier = PeerTier(index, self.cache, self._tell_cache_index, self._reconnect)
+        self.peer_tier = PeerTier(index, self.cache, self._tell_cache_news, self._ask_cache_news, self._reconnect)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
                                    self._check_changes, self._repair, self._lease)
@@ -177,9 +177,17 @@ class StorageNode:
         for peer in self._others():
             peer.invalidate.remote(batch)  # fire and forget: a dead peer has no cache to serve
 
-    def _tell_cache_index(self, names: frozenset[str]) -> None:
-        for peer in self._others():
-            peer.peer_cache.remote(self.index, names)  # fire and forget
+    def _peers(self, node: int | None) -> list:
+        """Node `node`'s actor (none if it is not running), or every other node's."""
+        return self._others() if node is None else [a for a in [self.nodes.get(node)] if a is not None]
+
+    def _tell_cache_news(self, news: CacheNews, to: int | None) -> None:
+        for peer in self._peers(to):
+            peer.peer_cache.remote(news)  # fire and forget
+
+    def _ask_cache_news(self, node: int | None) -> None:
+        for peer in self._peers(node):
+            peer.tell_cache_index.remote(self.index)
 
     def _reconnect(self) -> None:
         """A peer that came back is a new actor on a new Ray node."""
@@ -274,8 +282,13 @@ class StorageNode:
         kernel found it hot, or a reader found its entry damaged)."""
         self.filler.request(key, reason)
 
-    def peer_cache(self, node: int, names: frozenset[str]) -> None:
-        self.peer_tier.heard(node, names)
+    def peer_cache(self, news: CacheNews) -> None:
+        """What another node's cache gained and lost (or holds: a snapshot)."""
+        self.peer_tier.heard(news)
+
+    def tell_cache_index(self, node: int) -> None:
+        """Node `node` asks for everything this node's cache holds."""
+        self.peer_tier.tell_all(node)
 
     def cached_on(self, key: str) -> list[int]:
         """The nodes whose caches hold `key` (this one's included), as they last told."""

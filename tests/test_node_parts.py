@@ -1,6 +1,7 @@
 """The StorageNode's components on their own: no root, no Ray, no MinIO. Each is built as the
 actor builds it, with the simulated kernel and a real cache directory; what would be a Ray call to
 a peer or a request to MinIO is a plain function that records what it was asked."""
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import xxhash
 
-from fasterfs import heatmap
+from fasterfs import cache_entry, heatmap
 from fasterfs.bpf.events import key_hash
 from fasterfs.bpf.simulated import SimulatedPrograms
 from fasterfs.cache import ChunkCache, keep_capacity, kept_capacity
@@ -22,7 +23,7 @@ from fasterfs.manifest import ChunkInfo, Manifest
 from fasterfs.minio_scrub import MinioScrub
 from fasterfs.node_directory import NodeDirectory
 from fasterfs.node_index import NodeIndex, Piece, Shard
-from fasterfs.peer_tier import PeerTier
+from fasterfs.peer_tier import CacheNews, PeerTier
 from fasterfs.repair import Health, Outcome
 from fasterfs.repair_leader import SURVEY_SHARE, RepairLeader, Timing
 
@@ -221,23 +222,60 @@ def test_replacing_a_generation_marks_its_chunks(tmp_path, namespace):
 
 # -- PeerTier -----------------------------------------------------------------------------
 
-def test_peer_tier_tells_on_change_and_resends_after_a_while(tmp_path):
+def test_peer_tier_tells_what_changed_and_nothing_while_nothing_does(tmp_path):
+    """At the start a node asks the others for their caches and tells them all of its own; then
+    each share tells what was filled and what went since the last (the set the caches hold, read
+    with os.listdir, is what a peer ends up with), and nothing while nothing changes."""
     c = ChunkCache(tmp_path, capacity=10_000)
-    told, reconnects = [], []
-    tier = PeerTier(0, c, told.append, lambda: reconnects.append(1), resend_s=30)
-    assert tier.share(now=0.0) and told == [frozenset()] and reconnects == [1]
-    assert not tier.share(now=1.0)
-    c.put("k", b"1" * 10)
-    assert tier.share(now=2.0) and told[-1] == frozenset({entry_name("k")}) and reconnects == [1]
-    assert tier.share(now=40.0) and reconnects == [1, 1]  # due again: peers may be new actors
+    told, asked, reconnects = [], [], []
+    tier = PeerTier(0, c, lambda news, to: told.append((news, to)), asked.append,
+                    lambda: reconnects.append(1), reconnect_s=30)
+    assert tier.share(now=0.0) and asked == [None] and reconnects == [1]
+    assert told[-1][0].since is None and told[-1][0].added == frozenset()
+    assert not tier.share(now=1.0) and len(told) == 1
+    for k in ("a", "b", "c"):
+        c.put(k, b"1" * 10)
+    assert tier.share(now=2.0)
+    c.remove("b")
+    assert tier.share(now=3.0) and not tier.share(now=4.0)
+    peer = PeerTier(1, ChunkCache(tmp_path / "peer", capacity=10_000), lambda news, to: None)
+    for news, _ in told:
+        peer.heard(news)
+    assert peer.peers[0][2] == {n for n in os.listdir(tmp_path) if n.endswith(cache_entry.SUFFIX)}
+    assert [len(n.added) + len(n.removed) for n, _ in told[1:]] == [3, 1]  # the changes, not the cache
+    assert tier.share(now=40.0) is False and reconnects == [1, 1]  # handles looked up again, nothing sent
+
+
+def test_a_peer_that_missed_news_or_restarted_asks_for_everything(tmp_path):
+    c = ChunkCache(tmp_path, capacity=10_000)
+    told = []
+    tier = PeerTier(0, c, lambda news, to: told.append(news))
+    tier.share(now=0.0)
+    asked = []
+    peer = PeerTier(1, ChunkCache(tmp_path / "peer", capacity=10_000), lambda news, to: None, asked.append)
+    peer.heard(told[0])
+    c.put("a", b"1" * 10)
+    tier.share(now=1.0)  # lost on the way
+    c.put("b", b"1" * 10)
+    tier.share(now=2.0)
+    peer.heard(told[-1])
+    assert asked == [0] and peer.holders("a") == []  # a gap: it asks, and trusts nothing of the delta
+    tier.tell_all(1)
+    peer.heard(told[-1])
+    assert peer.holders("a") == peer.holders("b") == [0]
+    restarted = PeerTier(0, ChunkCache(tmp_path, capacity=10_000), lambda news, to: told.append(news))
+    restarted.cache.put("c", b"1" * 10)
+    restarted.share(now=0.0)  # a new incarnation's first news is everything
+    peer.heard(told[-1])
+    assert peer.holders("c") == [0] and asked == [0]
 
 
 def test_peer_tier_knows_where_a_key_is_cached(tmp_path):
     c = ChunkCache(tmp_path, capacity=10_000)
-    tier = PeerTier(1, c, lambda names: None)
+    tier = PeerTier(1, c, lambda news, to: None)
     c.put("k", b"1" * 10)
-    tier.heard(3, frozenset({entry_name("k")}))
-    tier.heard(0, frozenset({entry_name("k"), entry_name("j")}))
+    tier.heard(CacheNews(3, "e3", None, 1, frozenset({entry_name("k")})))
+    tier.heard(CacheNews(0, "e0", None, 2, frozenset({entry_name("k"), entry_name("j")})))
     assert tier.holders("k") == [1, 0, 3]
     assert tier.holders("j") == [0]
     assert tier.read("k") == b"1" * 10 and tier.read("j") is None
