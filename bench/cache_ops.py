@@ -1,0 +1,129 @@
+"""What one cache operation costs as the cache grows: a full ChunkCache of bench.cache_entries
+entries (each size side by side in one run, entries of bench.cache_entry_bytes, on the disk
+cluster.root is on, never tmpfs), timed per operation (median and p99 of bench.cache_ops each):
+
+- a fill that evicts (`put` of a new key into the full cache),
+- a hit as a reader in another process makes it (cache_entry.read_entry, touching the entry),
+- an eviction alone (the capacity lowered by one entry),
+- the removal of a key the cache does not hold (a write seen of a key never cached), and of one
+  it holds.
+
+    python bench/cache_ops.py [bench.cache_entries=[1000,100000,1000000]] [overrides]
+
+The entries are copies of one real entry, found by a restart (the cache's own rebuild), half of
+them read since in a random order. Writes cache_ops.json to <output_dir>/bench-cache-ops-<time>/.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fasterfs import cache_entry, config, report
+from fasterfs.cache import ChunkCache
+from fasterfs.cache_entry import XATTR
+
+
+def filled(directory: Path, n: int, size: int, policy: str) -> ChunkCache:
+    """A cache of exactly `n` entries of `size` bytes, full, half of them read since (mtimes)."""
+    one = ChunkCache(directory, capacity=size, policy=policy)
+    one.put("k0", b"x" * size)
+    header = os.getxattr(one.path("k0"), XATTR)
+    for i in range(1, n):
+        path = one.path(f"k{i}")
+        with open(path, "wb") as f:
+            f.write(b"x" * size)
+            os.setxattr(f.fileno(), XATTR, header)
+    one.close()
+    c = ChunkCache(directory, capacity=n * size, policy=policy)
+    now = time.time_ns()
+    for k, i in enumerate(random.Random(n).sample(range(n), n // 2)):
+        t = now + k * 1000
+        os.utime(c.path(f"k{i}"), ns=(t, t))
+    return c
+
+
+def summary(samples: list[float]) -> dict:
+    s = sorted(samples)
+    return {"median_us": statistics.median(s) * 1e6, "p99_us": s[int(0.99 * (len(s) - 1))] * 1e6}
+
+
+def timed(fn, args) -> list[float]:
+    out = []
+    for a in args:
+        t = time.perf_counter()
+        fn(a)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def reader(paths: list[str], q) -> None:
+    """Hits as a reader process makes them: open, check the header, read, touch."""
+    out = []
+    for p in paths:
+        t = time.perf_counter()
+        got = cache_entry.read_entry(Path(p), verify=False, stale_mark=0)
+        out.append(time.perf_counter() - t)
+        assert isinstance(got, bytes), (p, got)
+    q.put(out)
+
+
+def one_size(work: Path, n: int, size: int, ops: int, policy: str) -> dict:
+    d = work / f"cache-{n}"
+    t = time.perf_counter()
+    c = filled(d, n, size, policy)
+    made = time.perf_counter() - t
+    assert c.stats()["entries"] == n and c.used == c.capacity
+    rng = random.Random(7)
+    fills = timed(lambda i: c.put(f"new{i}", b"y" * size), range(ops))
+    assert c.used <= c.capacity
+    live = [f"k{i}" for i in rng.sample(range(n), min(n, 4 * ops)) if c.contains(f"k{i}")][:ops]
+    q = multiprocessing.get_context("fork").Queue()
+    p = multiprocessing.get_context("fork").Process(target=reader, args=([str(c.path(k)) for k in live], q))
+    p.start()
+    hits = q.get(timeout=600)
+    p.join(timeout=60)
+    uncached = timed(lambda i: c.remove(f"never-{i}"), range(ops))
+    cached = timed(c.remove, live)
+    evictions = timed(lambda _: c.resize(c.used - size), range(ops))
+    result = {"entries": n, "made_s": made, "fill_that_evicts": summary(fills), "hit_in_another_process": summary(hits),
+              "evict": summary(evictions), "remove_uncached": summary(uncached), "remove_cached": summary(cached)}
+    print(json.dumps(result), flush=True)
+    shutil.rmtree(d, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    b = cfg.bench
+    sizes = [int(n) for n in b.cache_entries]
+    root = Path(cfg.cluster.root)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="ffs-bench-cache-", dir=root))
+    result: dict = {"entry_bytes": int(b.cache_entry_bytes), "ops": int(b.cache_ops), "policy": cfg.cache.policy,
+                    "directory_fs": os.statvfs(work).f_fsid, "sizes": [], "targets": {}}
+    try:
+        for n in sizes:
+            result["sizes"].append(one_size(work, n, int(b.cache_entry_bytes), int(b.cache_ops), cfg.cache.policy))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    small, large = result["sizes"][0], result["sizes"][-1]
+    for op in ("fill_that_evicts", "hit_in_another_process", "evict", "remove_uncached", "remove_cached"):
+        ratio = large[op]["median_us"] / small[op]["median_us"]
+        result["targets"][f"{op} at {large['entries']:,} <= 1.5x at {small['entries']:,} ({ratio:.2f}x)"] = ratio <= 1.5
+    out = report.write_json(report.run_dir(cfg, "bench-cache-ops"), "cache_ops.json", result)
+    print(json.dumps(result["targets"], indent=1))
+    print(f"report: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
