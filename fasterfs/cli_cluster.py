@@ -178,6 +178,9 @@ def cmd_kernel_status(cfg) -> None:
             console.print(f"  refused by MinIO (not counted) {c.get('refused', 0)}  marks held {marks['held']} of "
                           f"{marks['capacity']}  map full {c.get('marks_full', 0)}  suspect marks "
                           f"{c.get('suspect_marks', 0)}{now}")
+            counts = snap["key_counts"]
+            console.print(f"  keys counted {counts['held']} of {counts['capacity']}  counts let go "
+                          f"{counts['evicted']} (a key read again after that many others starts from 0)")
         reported = snap["reported_by_readers"]
         if mode == "real" and reported:  # MinIO over TLS: the kernel reads no request line; readers report GETs
             console.print(f"  reported by readers (TLS: the kernel sees ciphertext): {reported['gets']} GET, "

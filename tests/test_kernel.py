@@ -294,6 +294,29 @@ def test_a_flood_past_the_marks_and_the_ring_leaves_nothing_trusted(tmp_path):
         progs.close()
 
 
+@pytest.mark.parametrize("count_keys", [128, 1024])
+def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys):
+    """300 chunks read in order, twice (the second pass would make each hot, threshold 2): with a
+    counting map of 1,024 keys every chunk becomes hot (the kernel's HOT counter); with one of 128,
+    the first pass's counts are gone before the second reaches them, none becomes hot, and the
+    snapshot says how many counts the map let go (at least 600 made, at most 128 held)."""
+    progs = bpf.load("real", hot_threshold=2, count_keys=count_keys)
+    try:
+        progs.watch(None, 9000)
+        for _ in range(2):
+            for i in range(300):
+                exchange(progs, f"/fasterfs/scan/{i}", port=20000 + i)
+        snap = progs.snapshot()
+        counts, hot = snap["key_counts"], snap["counters"]["hot_events"]
+        assert counts["capacity"] == count_keys and counts["held"] <= count_keys
+        if count_keys == 1024:
+            assert hot == 300 and counts["evicted"] == 0, (hot, counts)
+        else:
+            assert hot == 0 and counts["evicted"] >= 600 - count_keys, (hot, counts)
+    finally:
+        progs.close()
+
+
 def test_a_peers_stale_mark_lands_in_the_pinned_map(programs):
     before = time.monotonic_ns()
     programs.mark_stale(ev.key_hash("/b/peer/k"))

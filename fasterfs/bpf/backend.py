@@ -17,6 +17,7 @@ class KernelSnapshot(TypedDict):
     sockops_cgroup: str | None
     counters: dict[str, int]
     keys_tracked: int
+    key_counts: dict[str, int] | None  # the counting map: capacity, held, evicted (None: no kernel maps)
     stale_marks: dict[str, Any] | None  # held, capacity, suspect_since_ns (None: no kernel maps)
     ring_pages: int | None
     top_keys: list[dict[str, Any]]   # key (hex), count, name

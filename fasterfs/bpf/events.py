@@ -16,6 +16,7 @@ def _define(name: str) -> int:
 
 
 MAX_PATH = _define("FFS_MAX_PATH")
+KEY_COUNTS = _define("FFS_KEY_COUNTS")
 STALE_MARKS = _define("FFS_STALE_MARKS")
 RING_PAGES = _define("FFS_RING_PAGES")
 LAT_SLOTS = _define("FFS_LAT_SLOTS")
@@ -25,7 +26,8 @@ FNV_PRIME = _define("FFS_FNV_PRIME")
 EVENT_TYPES = {1: "HOT", 2: "STALE"}
 METHODS = {1: "GET", 2: "PUT", 3: "DELETE", 4: "POST"}
 COUNTERS = ["packets", "requests", "not_request", "truncated", "hot_events", "stale_marks", "filler_skipped",
-            "ringbuf_drops", "responses", "writes_committed", "refused", "marks_full", "suspect_marks", "pipelined"]
+            "ringbuf_drops", "responses", "writes_committed", "refused", "marks_full", "suspect_marks", "pipelined",
+            "keys_new"]
 SOCKOPTS = ["TCP_NODELAY", "TCP_BPF_DELACK_MAX"]
 SOCK_COUNTERS = ["connections_seen", "connections_matched"]
 

@@ -8,7 +8,10 @@
 #define FFS_LAT_SLOTS 32       /* log2(microseconds) latency buckets */
 #define FFS_FNV_OFFSET 0xcbf29ce484222325ULL
 #define FFS_FNV_PRIME 0x100000001b3ULL
-/* Sizes set from the configuration (kernel.stale_marks, kernel.ring_pages) at load. */
+/* Sizes set from the configuration (kernel.stale_marks, kernel.ring_pages, kernel.count_keys) at load. */
+#ifndef FFS_KEY_COUNTS
+#define FFS_KEY_COUNTS 262144  /* keys whose GETs are counted (an LRU: past it, the least recent go) */
+#endif
 #ifndef FFS_STALE_MARKS
 #define FFS_STALE_MARKS 65536  /* keys whose last write is remembered */
 #endif
@@ -39,6 +42,7 @@ enum ffs_counter {
     FFS_C_MARKS_FULL,      /* accepted writes whose key found the stale-mark map full */
     FFS_C_SUSPECT,         /* times the suspect key was marked: a write not marked under its own key */
     FFS_C_PIPELINED,       /* client payload while an answer is awaited (a body, or pipelined): not parsed */
+    FFS_C_KEYS_NEW,        /* keys that got a count entry (first counted, or again after theirs went) */
     FFS_C_MAX,
 };
 

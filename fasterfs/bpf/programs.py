@@ -47,12 +47,14 @@ class KernelPrograms:
 
     def __init__(self, hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
                  on_event: Callable[[dict], None] | None = None, bucket: str = "fasterfs",
-                 stale_marks: int = ev.STALE_MARKS, ring_pages: int = ev.RING_PAGES):
+                 stale_marks: int = ev.STALE_MARKS, ring_pages: int = ev.RING_PAGES,
+                 count_keys: int = ev.KEY_COUNTS):
         from bcc import BPF
 
         self._BPF = BPF
         text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
-        sizes = [f"-DFFS_STALE_MARKS={int(stale_marks)}", f"-DFFS_RING_PAGES={int(ring_pages)}"]
+        sizes = [f"-DFFS_STALE_MARKS={int(stale_marks)}", f"-DFFS_RING_PAGES={int(ring_pages)}",
+                 f"-DFFS_KEY_COUNTS={int(count_keys)}"]
         try:
             self.bpf = BPF(text=text.encode(), cflags=[f"-I{SOURCE_DIR}", *sizes])
             self.tc_fns = {"egress": self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS),
@@ -60,7 +62,8 @@ class KernelPrograms:
             self.sockops_fn = self.bpf.load_func(b"ffs_sockops", BPF.SOCK_OPS)
         except Exception as e:
             raise FasterFSError(f"loading the eBPF programs failed: {e}") from e
-        self.stale_marks, self.ring_pages = stale_marks, ring_pages
+        self.stale_marks, self.ring_pages, self.count_keys = stale_marks, ring_pages, count_keys
+        self._keys_deleted = 0  # count entries user space removed (reset_key): not the LRU's doing
         # The suspect key is the bucket's own mark, which readers check already; it is in the map
         # from the start, so marking it succeeds however full the map is.
         self.suspect_key = ev.key_hash(f"/{bucket}")
@@ -105,6 +108,7 @@ class KernelPrograms:
         """Forget one key's count, so it can become hot again (after a cache eviction)."""
         try:
             del self.bpf[b"key_counts"][ct.c_uint64(key)]
+            self._keys_deleted += 1
         except KeyError:
             pass
 
@@ -302,8 +306,8 @@ class KernelPrograms:
                 "latency_p50_us": hist_quantile(h, 0.5), "latency_p99_us": hist_quantile(h, 0.99),
                 "latency_hist_log2_us": {str(s): c for s, c in sorted(h.items())},
             }
-        keys = sorted(((k.value, v.count) for k, v in b[b"key_counts"].items() if v.epoch == self.epoch),
-                      key=lambda kv: kv[1], reverse=True)
+        counted = [(k.value, v.count, v.epoch) for k, v in b[b"key_counts"].items()]
+        keys = sorted(((k, c) for k, c, e in counted if e == self.epoch), key=lambda kv: kv[1], reverse=True)
         with self._lock:
             names = dict(self.names)
             received = dict(self.received)
@@ -320,6 +324,9 @@ class KernelPrograms:
                    for i, n, ns, d, _ in self.tc_attachments],
             "sockops_cgroup": self.cgroup_path,
             "counters": counters, "keys_tracked": len(keys),
+            # what the LRU let go: entries made, less those user space removed and those still there
+            "key_counts": {"capacity": self.count_keys, "held": len(counted),
+                           "evicted": max(0, counters.get("keys_new", 0) - self._keys_deleted - len(counted))},
             "stale_marks": {"held": self.marks_held(), "capacity": self.stale_marks,
                             "suspect_since_ns": self.suspect_mark() or None},
             "ring_pages": self.ring_pages, "top_keys": top_keys, "ports": ports,

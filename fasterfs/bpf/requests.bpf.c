@@ -43,7 +43,10 @@ struct ffs_line {
 
 BPF_ARRAY(config, struct ffs_config, 1);
 BPF_HASH(endpoints, struct ffs_endpoint, u8, 256);
-BPF_TABLE("lru_hash", u64, struct ffs_key_stat, key_counts, 65536);
+/* key -> its GETs in this epoch. An LRU: past FFS_KEY_COUNTS keys the least recently counted
+ * go (a key then counts from 0 again); keys_new against the capacity and user space's own
+ * deletions says how many went. */
+BPF_TABLE("lru_hash", u64, struct ffs_key_stat, key_counts, FFS_KEY_COUNTS);
 BPF_HASH(port_stats, u16, struct ffs_port_stats, 256);
 BPF_HASH(latency_hist, struct ffs_lat_key, u64, 256 * FFS_LAT_SLOTS);
 BPF_TABLE("lru_hash", struct ffs_conn, struct ffs_inflight, inflight, 16384);
@@ -249,6 +252,7 @@ static __always_inline void on_read(struct ffs_config *cfg, struct ffs_inflight 
     u64 key = req->key;
     struct ffs_key_stat *st = key_counts.lookup_or_try_init(&key, &fresh);
     if (!st) return;
+    if (st->last_ns == 0) bump(FFS_C_KEYS_NEW);  /* the entry just made (every GET sets last_ns) */
     if (st->epoch != cfg->epoch) {  /* a new epoch: every key starts cold again */
         st->epoch = cfg->epoch;
         st->count = 0;

@@ -121,7 +121,7 @@ class SimulatedPrograms:
                 "counters": dict(self.counters), "keys_tracked": len(self.counts),
                 "top_keys": [{"key": f"{k:016x}", "count": c, "name": (resolve(k) if resolve else None)
                               or self.names.get(k)} for k, c in keys],
-                "stale_marks": None, "ring_pages": None,  # no kernel maps
+                "stale_marks": None, "ring_pages": None, "key_counts": None,  # no kernel maps
                 "ports": {}, "events_received": dict(self.received), "recent_events": list(self.recent)[-10:],
                 "reported_by_readers": {"gets": self.counters["gets"], "hot_events": self.counters["hot_events"]},
                 "sockops": {"note": "SIMULATED mode: no TCP tuning"},
