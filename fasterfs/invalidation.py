@@ -155,9 +155,12 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
     invalidation could reach this node: it was not running, or (`held_by`: only entries of chunks
     those nodes hold) those nodes were cut off from it and are back (or the directory holds
     another cluster's entries under this cluster's keys), or a write went unnamed (MarkKeeper).
-    One HEAD per entry, to the chunk's holders (`endpoints`: node -> its MinIO); an entry no
-    holder can vouch for is kept (it may be the only copy readable) and logged, unless
-    keep_unverified=False. Returns how many were dropped."""
+    The chunks' holders (`endpoints`: node -> its MinIO) are asked in batches where that is
+    cheaper: the entries of one generation (one key prefix) whose objects list in fewer pages than
+    they are entries come from one listing of that prefix on their first holder; the others, and
+    what a listing lacks, by a HEAD each, holder after holder. An entry no holder can vouch for is
+    kept (it may be the only copy readable) and logged, unless keep_unverified=False. Returns how
+    many were dropped."""
     etags = cache.etags()
     if held_by is not None:
         etags = {name: etag for name, etag in etags.items()
@@ -165,6 +168,7 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
     if not etags:
         return 0
     clients = {n: s3.client(endpoint, creds, 1.0, 5.0) for n, endpoint in endpoints.items()}
+    listed = _listed_etags(clients, bucket, index, [index.by_entry.get(n) for n in etags])
 
     def current(name: str) -> tuple[str | None, str | None]:
         key = index.by_entry.get(name)
@@ -172,6 +176,8 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
             return None, None
         if key in index.coded:  # filled from shards, each checked against the current manifest
             return key, ShardedGetter.etag(index.coded[key].chunk)
+        if key in listed:
+            return key, listed[key]
         holders, missing = index.holders.get(key, []), 0
         for node in holders:
             try:
@@ -198,3 +204,30 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
         if not keep_unverified:
             changed += unverified
     return cache.drop_changed(changed)
+
+
+def _listed_etags(clients: dict, bucket: str, index: NodeIndex, keys: list[str | None]) -> dict[str, str]:
+    """ETags of `keys` (replicated chunks) read from listings of their generations' prefixes on
+    each prefix's first holder, in key order, stopping past the last key wanted and after as many
+    pages as the prefix has keys wanted (never more requests than a HEAD each); what the listing
+    did not reach or lacks is left out (the HEADs ask)."""
+    wanted: dict[tuple[int, str], list[str]] = {}
+    for key in keys:
+        if key is None or key in index.coded or not index.holders.get(key):
+            continue
+        wanted.setdefault((index.holders[key][0], key.rpartition("/")[0] + "/"), []).append(key)
+    out: dict[str, str] = {}
+    for (node, prefix), group in wanted.items():
+        if len(group) < 2:
+            continue
+        last, want = max(group), set(group)
+        try:
+            pages = clients[node].get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for n, page in enumerate(pages, 1):
+                contents = page.get("Contents", [])
+                out.update((o["Key"], o["ETag"].strip('"')) for o in contents if o["Key"] in want)
+                if n >= len(group) or not contents or contents[-1]["Key"] >= last:
+                    break
+        except Exception:  # the holder is down: the HEADs ask the next one
+            continue
+    return out
