@@ -432,7 +432,7 @@ def main():
                   f.read() == data[BADHOT] and agent.reads[BADHOT] > 0 and h not in agent.released)
         until(lambda: h in agent.released, "the agent told of the release")  # after the kernel's reply
         check("... released on close", h in agent.released)
-        agent.extra[BADHOT] = {"hot": dict(good, pin=pin, key=77, fetched_ns=now)}
+        agent.extra[BADHOT] = {"hot": dict(good, pin=pin, keys=[77], fetched_ns=now)}
         mark(pin, 77, now + 1)
         check("hot reply, stale marks: served by the agent",
               served(agent, p, BADHOT, data[BADHOT]) == "agent")
