@@ -1,6 +1,6 @@
 """What one cache operation costs as the cache grows: a full ChunkCache of bench.cache_entries
 entries (each size side by side in one run, entries of bench.cache_entry_bytes, on the disk
-cluster.root is on, never tmpfs), timed per operation (median and p99 of bench.cache_ops each):
+cluster.root is on, never tmpfs), timed per operation (p50, p95 and p99 of bench.cache_ops each):
 
 - a fill that evicts (`put` of a new key into the full cache),
 - a hit as a reader in another process makes it (cache_entry.read_entry, touching the entry),
@@ -20,7 +20,6 @@ import multiprocessing
 import os
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -51,20 +50,6 @@ def filled(directory: Path, n: int, size: int, policy: str) -> ChunkCache:
     return c
 
 
-def summary(samples: list[float]) -> dict:
-    s = sorted(samples)
-    return {"median_us": statistics.median(s) * 1e6, "p99_us": s[int(0.99 * (len(s) - 1))] * 1e6}
-
-
-def timed(fn, args) -> list[float]:
-    out = []
-    for a in args:
-        t = time.perf_counter()
-        fn(a)
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def reader(paths: list[str], q) -> None:
     """Hits as a reader process makes them: open, check the header, read, touch."""
     out = []
@@ -83,7 +68,7 @@ def one_size(work: Path, n: int, size: int, ops: int, policy: str) -> dict:
     made = time.perf_counter() - t
     assert c.stats()["entries"] == n and c.used == c.capacity
     rng = random.Random(7)
-    fills = timed(lambda i: c.put(f"new{i}", b"y" * size), range(ops))
+    fills = report.timed(lambda i: c.put(f"new{i}", b"y" * size), range(ops))
     assert c.used <= c.capacity
     live = [f"k{i}" for i in rng.sample(range(n), min(n, 4 * ops)) if c.contains(f"k{i}")][:ops]
     q = multiprocessing.get_context("fork").Queue()
@@ -91,11 +76,12 @@ def one_size(work: Path, n: int, size: int, ops: int, policy: str) -> dict:
     p.start()
     hits = q.get(timeout=600)
     p.join(timeout=60)
-    uncached = timed(lambda i: c.remove(f"never-{i}"), range(ops))
-    cached = timed(c.remove, live)
-    evictions = timed(lambda _: c.resize(c.used - size), range(ops))
-    result = {"entries": n, "made_s": made, "fill_that_evicts": summary(fills), "hit_in_another_process": summary(hits),
-              "evict": summary(evictions), "remove_uncached": summary(uncached), "remove_cached": summary(cached)}
+    uncached = report.timed(lambda i: c.remove(f"never-{i}"), range(ops))
+    cached = report.timed(c.remove, live)
+    evictions = report.timed(lambda _: c.resize(c.used - size), range(ops))
+    timings = {"fill_that_evicts": fills, "hit_in_another_process": hits, "evict": evictions,
+               "remove_uncached": uncached, "remove_cached": cached}
+    result = {"entries": n, "made_s": made, **{op: report.quantiles(t) for op, t in timings.items()}}
     print(json.dumps(result), flush=True)
     shutil.rmtree(d, ignore_errors=True)
     return result
@@ -117,7 +103,7 @@ def main(argv: list[str]) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     small, large = result["sizes"][0], result["sizes"][-1]
     for op in ("fill_that_evicts", "hit_in_another_process", "evict", "remove_uncached", "remove_cached"):
-        ratio = large[op]["median_us"] / small[op]["median_us"]
+        ratio = large[op]["p50_ms"] / small[op]["p50_ms"]
         result["targets"][f"{op} at {large['entries']:,} <= 1.5x at {small['entries']:,} ({ratio:.2f}x)"] = ratio <= 1.5
     out = report.write_json(report.run_dir(cfg, "bench-cache-ops"), "cache_ops.json", result)
     print(json.dumps(result["targets"], indent=1))

@@ -227,7 +227,10 @@ class ChunkCache:
     def snapshot(self) -> tuple[int, frozenset[str]]:
         """The version and the entries readable at it."""
         with self._lock:
-            return self.version, frozenset(n for n in self._sizes if n not in self._writing)
+            return self.version, self._readable()
+
+    def _readable(self) -> frozenset[str]:
+        return frozenset(n for n in self._sizes if n not in self._writing)
 
     def changes_since(self, version: int) -> tuple[int, list[str], list[str]] | None:
         """(version now, entries readable since `version`, entries gone since), or None when the
@@ -252,7 +255,7 @@ class ChunkCache:
     def names(self) -> frozenset[str]:
         """The entries readable now (not those being written)."""
         with self._lock:
-            return frozenset(n for n in self._sizes if n not in self._writing)
+            return self._readable()
 
     def put(self, key: str, data: bytes, etag: str = "", fetched_ns: int | None = None) -> bool:
         """Store an entry atomically, evicting the least recently used to make room.
