@@ -671,10 +671,9 @@ impl Filesystem for FuseFs {
         let at_hand = r.at_hand(offset, size);
         let fetch = move |s: &Shared, reply: ReplyData| {
             if !at_hand && r.ask_cached() {
-                if let Some(Some(Ok(buf))) = s
-                    .cached_now(fh.0, &agent_h)
-                    .map(|c| c.read(offset, size, file_size))
-                {
+                let now = s.cached_now(fh.0, &agent_h);
+                r.answered(now.is_some());
+                if let Some(Some(Ok(buf))) = now.map(|c| c.read(offset, size, file_size)) {
                     s.stats.reads_cached.fetch_add(1, Relaxed);
                     s.stats.bytes_cached.fetch_add(buf.len() as u64, Relaxed);
                     return reply.data(&buf);
@@ -706,6 +705,8 @@ impl Filesystem for FuseFs {
         }
     }
 
+    // A read-only mount has nothing to flush: ENOSYS once, and the kernel
+    // sends no more FLUSHes (each close() waited on one round trip).
     fn flush(
         &self,
         _req: &Request,
@@ -714,7 +715,7 @@ impl Filesystem for FuseFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(

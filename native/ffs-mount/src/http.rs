@@ -121,8 +121,12 @@ pub(crate) fn exchange(
     if status != wanted && len > ERROR_BODY_MAX {
         return Err(bad(format!("HTTP {status} with a body of {len} bytes")));
     }
-    let mut body = vec![0u8; len];
-    conn.read_exact(&mut body)?;
+    // into spare capacity: the body is not zeroed first
+    let mut body = Vec::with_capacity(len);
+    conn.by_ref().take(len as u64).read_to_end(&mut body)?;
+    if body.len() < len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
     if status != wanted {
         let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
         return Err(bad(format!("HTTP {status}: {said}")));

@@ -559,6 +559,13 @@ fn main() {
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
     let args = parse_args();
     let _ = tree::ACCESS.set(args.access);
+    // Fetched chunks (4 MiB) from the heap, not each from a fresh mmap: a
+    // fresh mapping costs a page fault and a zeroed page per 4 KiB (a fifth
+    // of the daemon's CPU on a cold sequential read, measured by perf).
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+    }
 
     // Block the exit signals in every thread; one thread sigwait()s for them.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
