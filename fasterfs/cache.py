@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from .cache_entry import (
     remove_file,
 )
 from .cache_recovery import scan
+from .change_log import ChangeLog
 from .errors import FasterFSError
 from .fsutil import atomic_write
 
@@ -50,7 +50,6 @@ log = logging.getLogger("fasterfs.cache")
 
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
 SMALL_SHARE = 0.1  # of the capacity: S3-FIFO's probationary queue
-LOG_MAX = 100_000  # changes kept for `changes_since` (a peer further behind gets everything)
 POLICIES = ("s3fifo", "lru")
 
 def kept_capacity(path: Path, restarted: bool, configured: int) -> int:
@@ -104,10 +103,7 @@ class ChunkCache:
         self._unit_bytes: dict[str, int] = {}
         self._small_bytes = 0
         self._scrub_todo: list[str] = []  # entries the budgeted scrub has still to verify, last first
-        # what became readable or went, for peers told in deltas: (version, name, readable)
-        self.epoch = secrets.token_hex(4)  # this incarnation's: versions restart with it
-        self.version = 0
-        self._log: deque[tuple[int, str, bool]] = deque(maxlen=LOG_MAX)
+        self.changes = ChangeLog()  # what became readable or went, for peers told in deltas
         self.used = 0
         self.counters = {"fills": 0, "fill_bytes": 0, "evictions": 0, "evicted_bytes": 0, "removed": 0,
                          "too_large": 0, "rebuilt_entries": 0, "stray_temp_removed": 0, "invalid_removed": 0,
@@ -221,13 +217,16 @@ class ChunkCache:
             return False
 
     def _logged(self, name: str, readable: bool) -> None:
-        self.version += 1
-        self._log.append((self.version, name, readable))
+        self.changes.record(name, readable)
+
+    @property
+    def epoch(self) -> str:
+        return self.changes.epoch
 
     def snapshot(self) -> tuple[int, frozenset[str]]:
         """The version and the entries readable at it."""
         with self._lock:
-            return self.version, self._readable()
+            return self.changes.version, self._readable()
 
     def _readable(self) -> frozenset[str]:
         return frozenset(n for n in self._sizes if n not in self._writing)
@@ -236,16 +235,7 @@ class ChunkCache:
         """(version now, entries readable since `version`, entries gone since), or None when the
         log no longer reaches back that far: take a `snapshot`."""
         with self._lock:
-            if version > self.version or (version < self.version and
-                                          (not self._log or self._log[0][0] > version + 1)):
-                return None
-            last: dict[str, bool] = {}
-            for v, name, readable in reversed(self._log):
-                if v <= version:
-                    break
-                last.setdefault(name, readable)
-            return (self.version, sorted(n for n, r in last.items() if r),
-                    sorted(n for n, r in last.items() if not r))
+            return self.changes.since(version)
 
     def holds(self, name: str) -> bool:
         """Whether entry `name` is readable now (not being written); O(1)."""

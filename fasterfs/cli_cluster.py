@@ -180,7 +180,9 @@ def cmd_kernel_status(cfg) -> None:
                           f"{c.get('suspect_marks', 0)}{now}")
             counts = snap["key_counts"]
             console.print(f"  keys counted {counts['held']} of {counts['capacity']}  counts let go "
-                          f"{counts['evicted']} (a key read again after that many others starts from 0)")
+                          f"{counts['evicted']}  known again by the second-chance filter "
+                          f"{counts['second_chances']} (of {counts['second_chance_bits']:,} bits a generation; "
+                          f"0 bits: a key read again after more others than the map holds starts from 0)")
         reported = snap["reported_by_readers"]
         if mode == "real" and reported:  # MinIO over TLS: the kernel reads no request line; readers report GETs
             console.print(f"  reported by readers (TLS: the kernel sees ciphertext): {reported['gets']} GET, "

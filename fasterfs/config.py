@@ -208,6 +208,9 @@ def validate(cfg: DictConfig) -> None:
             bad(opt, f"must be a whole number >= {low}")
     if cfg.kernel.ring_pages & (cfg.kernel.ring_pages - 1):
         bad("kernel.ring_pages", "must be a power of two (the kernel's ring buffer)")
+    bits = OmegaConf.select(cfg, "kernel.seen_bits")
+    if not isinstance(bits, int) or isinstance(bits, bool) or (bits and (bits < 64 or bits & (bits - 1))):
+        bad("kernel.seen_bits", "must be 0 (no second chance) or a power of two >= 64")
     if not isinstance(cfg.kernel.mark_keep_s, (int, float)) or isinstance(cfg.kernel.mark_keep_s, bool) \
             or cfg.kernel.mark_keep_s < 1:
         bad("kernel.mark_keep_s", "must be a number of seconds >= 1")

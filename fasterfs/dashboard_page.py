@@ -133,7 +133,8 @@ def _kernel(snap: dict) -> str:
                      _num(rates.get("minio_gets"), "{:.1f}"), _num(k["hot_threshold"]), _num(c.get("hot_events", 0)),
                      _num(c.get("stale_marks", 0)), _num(c.get("filler_skipped", 0)), _num(k["keys_tracked"]),
                      _num(avg, "{:.0f}"), _num(c.get("ringbuf_drops", 0)),
-                     _num((k.get("key_counts") or {}).get("evicted")), _num(k["epoch"])])
+                     _num((k.get("key_counts") or {}).get("evicted")),
+                     _num((k.get("key_counts") or {}).get("second_chances")), _num(k["epoch"])])
         sock = k.get("sockops", {})
         opts = sock.get("options", {})
         sock_rows.append([str(n["index"]), _num(sock.get("connections_matched", 0 if opts else None)),
@@ -147,7 +148,7 @@ def _kernel(snap: dict) -> str:
                              {True: '<span class="ok">cached</span>', False: "not cached"}.get(t.get("cached"), "-")])
     out = _table(["node", "requests", "MinIO GETs", "GETs/s", "hot at", "HOT events", "stale marks",
                   "filler GETs skipped", "keys tracked", "request → first byte µs (avg)", "ring-buffer drops",
-                  "counts let go", "epoch"], rows)
+                  "counts let go", "known again (second chance)", "epoch"], rows)
     out += "<h2>Connection tuning (SOCK_OPS)</h2>" + _table(["node", "MinIO connections", "options set"], sock_rows, 3)
     out += ("<h2>Hottest chunks (kernel counts this epoch)</h2>"
             + (_table(["node", "chunk", "GETs", "hot", "on this node's disk"], hot_rows, 2) if hot_rows

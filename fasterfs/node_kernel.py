@@ -26,7 +26,7 @@ class NodeKernel:
         self.programs = programs = bpf.load(k.mode, k.hot_threshold, k.fill_mark, k.delack_max_us,
                                             on_event=on_event, bucket=cfg.minio.bucket,
                                             stale_marks=k.stale_marks, ring_pages=k.ring_pages,
-                                            count_keys=k.count_keys)
+                                            count_keys=k.count_keys, seen_bits=k.seen_bits)
         try:
             programs.watch(address if k.watch == "own" else None, cfg.minio.port)
             # Local reads cross lo; on a host with an interface of its own, its reads of other

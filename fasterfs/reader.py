@@ -145,6 +145,8 @@ class Namespace:
         self.refresh()
         entry = self.paths.get(path)
         if entry is MISSING:
+            entry = self.paths.within(path)
+        if entry is MISSING:
             entry = self._resolve(path)[0]
         if entry is None:
             raise FileNotFoundError(f"{path}: no such dataset, file or directory in the namespace")
@@ -155,8 +157,11 @@ class Namespace:
         found = registry.resolve(self.state.name, path)
         self.fetched["resolved"] += 1
         self._catch_up(found.version)
-        entry = _entry_at(path, found)
-        self.paths.put(path, entry, found.version, found.manifest.name if found.manifest is not None else None)
+        m = found.manifest
+        tree = Tree({m.name: m}, found.version) if m is not None else None
+        entry = _entry_at(path, found, tree)
+        self.paths.put(path, entry, found.version, m.name if m is not None else None,
+                       tree if m is not None and m.kind == "dataset" else None)
         return entry, found
 
     def listed(self, path: str) -> AttrsListing | None:
@@ -250,11 +255,11 @@ class Namespace:
         return tuple(ident)
 
 
-def _entry_at(path: str, found: Resolved) -> Entry | None:
-    """The Entry of `path` from what the store said it names."""
-    if found.manifest is not None:
+def _entry_at(path: str, found: Resolved, tree: Tree | None) -> Entry | None:
+    """The Entry of `path` from what the store said it names (`tree`: its manifest's)."""
+    if tree is not None:
         try:
-            return Tree({found.manifest.name: found.manifest}, found.version).lookup(path)
+            return tree.lookup(path)
         except FileNotFoundError:  # a path within a dataset that the dataset lacks
             return None
     return Entry(path, True, mtime=found.dir_mtime) if found.dir_mtime is not None else None

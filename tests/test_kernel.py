@@ -294,13 +294,14 @@ def test_a_flood_past_the_marks_and_the_ring_leaves_nothing_trusted(tmp_path):
         progs.close()
 
 
-@pytest.mark.parametrize("count_keys", [128, 1024])
-def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys):
+@pytest.mark.parametrize("count_keys,seen_bits", [(128, 0), (1024, 0), (128, 1 << 16)])
+def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys, seen_bits):
     """300 chunks read in order, twice (the second pass would make each hot, threshold 2): with a
-    counting map of 1,024 keys every chunk becomes hot (the kernel's HOT counter); with one of 128,
-    the first pass's counts are gone before the second reaches them, none becomes hot, and the
-    snapshot says how many counts the map let go (at least 600 made, at most 128 held)."""
-    progs = bpf.load("real", hot_threshold=2, count_keys=count_keys)
+    counting map of 1,024 keys every chunk becomes hot (the kernel's HOT counter); with one of 128
+    and no second-chance filter, the first pass's counts are gone before the second reaches them,
+    none becomes hot, and the snapshot says how many counts the map let go (at least 600 made, at
+    most 128 held); with the filter, each chunk whose count went is known again and becomes hot."""
+    progs = bpf.load("real", hot_threshold=2, count_keys=count_keys, seen_bits=seen_bits)
     try:
         progs.watch(None, 9000)
         for _ in range(2):
@@ -310,9 +311,39 @@ def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys):
         counts, hot = snap["key_counts"], snap["counters"]["hot_events"]
         assert counts["capacity"] == count_keys and counts["held"] <= count_keys
         if count_keys == 1024:
-            assert hot == 300 and counts["evicted"] == 0, (hot, counts)
-        else:
+            assert hot == 300 and counts["evicted"] == 0 and counts["second_chances"] == 0, (hot, counts)
+        elif not seen_bits:
             assert hot == 0 and counts["evicted"] >= 600 - count_keys, (hot, counts)
+        else:  # every chunk hot; a first read may be too, if another key set its bit (~keys / bits)
+            false = 2 * 300 * 300 / seen_bits
+            assert 300 <= hot <= 300 + 2 * false + 1 and counts["second_chances"] >= 300, (hot, counts)
+            assert counts["evicted"] >= 600 - count_keys, counts
+    finally:
+        progs.close()
+
+
+def test_the_second_chance_filter_ages_and_its_false_hots_stay_within_its_share():
+    """A flood of distinct keys read once each (adversarial: none is ever re-read) ages the
+    filter instead of filling it: after 20,000 keys through a filter of 2 x 65,536 bits (aged
+    every 2,048), 2,000 keys never seen, read once, make at most what the filter's arithmetic
+    allows hot (a bit set by another key: at most 2 x 2,048 of 65,536 bits set, 6.25%; asserted
+    with twice that margin); and a key read twice in a row is still hot."""
+    progs = bpf.load("real", hot_threshold=2, count_keys=128, seen_bits=1 << 16)
+    try:
+        progs.watch(None, 9000)
+        for i in range(20_000):
+            exchange(progs, f"/fasterfs/flood/{i}", port=20000 + i % 30000)
+            progs.age_seen()
+        aged = progs.snapshot()["key_counts"]["second_chance_ages"]
+        assert aged >= 20_000 // 2_048 - 1, aged
+        before = progs.snapshot()["counters"]["hot_events"]
+        for i in range(2_000):
+            exchange(progs, f"/fasterfs/fresh/{i}", port=20000 + i)
+        false_hot = progs.snapshot()["counters"]["hot_events"] - before
+        assert false_hot <= 2 * 2_000 * (2 * 2_048 / 65_536), false_hot
+        for _ in range(2):
+            exchange(progs, "/fasterfs/twice", port=29999)
+        assert progs.snapshot()["counters"]["hot_events"] == before + false_hot + 1
     finally:
         progs.close()
 

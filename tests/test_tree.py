@@ -70,6 +70,15 @@ def test_a_readers_path_cache_forgets_every_path_of_a_changed_name():
     cache.changed(["ds"], 6)
     assert [cache.get(p) for p in ("ds", "ds/chunks", "ds/chunks/chunk-00001.csv", "x/g")] == [MISSING] * 4
     assert cache.get("x/f") is second.lookup("x/f")
+    # a dataset's tree, kept with its paths: its other paths found without the store, until it changes
+    cache.put("ds", first.lookup("ds"), 6, "ds", first)
+    found = cache.within("ds/chunks/chunk-00000.csv")
+    assert found == first.lookup("ds/chunks/chunk-00000.csv") and found.size == ds.chunks[0].bytes
+    assert cache.get("ds/chunks/chunk-00000.csv") is found  # kept as a put would keep it
+    assert cache.within("ds/chunks/chunk-09999.csv") is None  # the dataset has no such chunk
+    assert cache.within("x/f/deeper") is MISSING  # no dataset's tree above it: ask the store
+    cache.changed(["ds"], 7)
+    assert cache.within("ds/chunks/chunk-00001.csv") is MISSING
     small = PathCache(max_entries=2)
     small.changed(None, 1)
     for i in range(5):

@@ -19,6 +19,7 @@ MAX_PATH = _define("FFS_MAX_PATH")
 KEY_COUNTS = _define("FFS_KEY_COUNTS")
 STALE_MARKS = _define("FFS_STALE_MARKS")
 RING_PAGES = _define("FFS_RING_PAGES")
+SEEN_WORDS = _define("FFS_SEEN_WORDS")
 LAT_SLOTS = _define("FFS_LAT_SLOTS")
 FNV_OFFSET = _define("FFS_FNV_OFFSET")
 FNV_PRIME = _define("FFS_FNV_PRIME")
@@ -27,7 +28,7 @@ EVENT_TYPES = {1: "HOT", 2: "STALE"}
 METHODS = {1: "GET", 2: "PUT", 3: "DELETE", 4: "POST"}
 COUNTERS = ["packets", "requests", "not_request", "truncated", "hot_events", "stale_marks", "filler_skipped",
             "ringbuf_drops", "responses", "writes_committed", "refused", "marks_full", "suspect_marks", "pipelined",
-            "keys_new"]
+            "keys_new", "second_chances", "seen_set"]
 SOCKOPTS = ["TCP_NODELAY", "TCP_BPF_DELACK_MAX"]
 SOCK_COUNTERS = ["connections_seen", "connections_matched"]
 
@@ -47,7 +48,7 @@ def key_hash(path: str | bytes) -> int:
 class Config(ct.Structure):
     _fields_ = [("hot_threshold", ct.c_uint64), ("suspect_key", ct.c_uint64), ("fill_mark", ct.c_uint32),
                 ("epoch", ct.c_uint32),
-                ("delack_max_us", ct.c_uint32), ("pad", ct.c_uint32)]
+                ("delack_max_us", ct.c_uint32), ("seen_gen", ct.c_uint32)]
 
 
 class Endpoint(ct.Structure):

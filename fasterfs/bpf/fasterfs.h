@@ -8,7 +8,8 @@
 #define FFS_LAT_SLOTS 32       /* log2(microseconds) latency buckets */
 #define FFS_FNV_OFFSET 0xcbf29ce484222325ULL
 #define FFS_FNV_PRIME 0x100000001b3ULL
-/* Sizes set from the configuration (kernel.stale_marks, kernel.ring_pages, kernel.count_keys) at load. */
+/* Sizes set from the configuration (kernel.stale_marks, kernel.ring_pages, kernel.count_keys,
+ * kernel.seen_bits) at load. */
 #ifndef FFS_KEY_COUNTS
 #define FFS_KEY_COUNTS 262144  /* keys whose GETs are counted (an LRU: past it, the least recent go) */
 #endif
@@ -17,6 +18,10 @@
 #endif
 #ifndef FFS_RING_PAGES
 #define FFS_RING_PAGES 64      /* the event ring buffer, in pages (a power of two) */
+#endif
+#ifndef FFS_SEEN_WORDS
+#define FFS_SEEN_WORDS 262144  /* the second-chance filter, in 64-bit words per generation (a power
+                                  of two; 0: none) */
 #endif
 
 /* Both are sent when MinIO answers 2xx, never on the request alone: MinIO authenticates first.
@@ -43,6 +48,8 @@ enum ffs_counter {
     FFS_C_SUSPECT,         /* times the suspect key was marked: a write not marked under its own key */
     FFS_C_PIPELINED,       /* client payload while an answer is awaited (a body, or pipelined): not parsed */
     FFS_C_KEYS_NEW,        /* keys that got a count entry (first counted, or again after theirs went) */
+    FFS_C_SECOND_CHANCE,   /* of those, keys the second-chance filter had seen: started at one GET */
+    FFS_C_SEEN_SET,        /* bits set in the filter (user space ages it by this count) */
     FFS_C_MAX,
 };
 
@@ -60,7 +67,7 @@ struct ffs_config {
     __u32 fill_mark;       /* skb mark of the cache filler's sockets (0: none) */
     __u32 epoch;           /* bump to let every key become hot again */
     __u32 delack_max_us;   /* TCP_BPF_DELACK_MAX for MinIO connections */
-    __u32 pad;
+    __u32 seen_gen;        /* the second-chance filter's current generation (0 or 1) */
 };
 
 /* A MinIO endpoint to watch: IPv4 address in addr[0] or IPv6 in addr[0..3], network

@@ -26,6 +26,7 @@ from .events import hist_quantile
 
 log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
+SEEN_SHARE = 32  # a second-chance generation takes bits / SEEN_SHARE keys before it is aged
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("requests.bpf.c", "sockops.bpf.c")
 STALE_SOURCE = "the kernel: a PUT, DELETE or multi-delete MinIO answered 2xx, seen on TC"
@@ -48,13 +49,13 @@ class KernelPrograms:
     def __init__(self, hot_threshold: int = 2, fill_mark: int = 0, delack_max_us: int = 5000,
                  on_event: Callable[[dict], None] | None = None, bucket: str = "fasterfs",
                  stale_marks: int = ev.STALE_MARKS, ring_pages: int = ev.RING_PAGES,
-                 count_keys: int = ev.KEY_COUNTS):
+                 count_keys: int = ev.KEY_COUNTS, seen_bits: int = ev.SEEN_WORDS * 64):
         from bcc import BPF
 
         self._BPF = BPF
         text = "".join((SOURCE_DIR / name).read_text() for name in SOURCES)
         sizes = [f"-DFFS_STALE_MARKS={int(stale_marks)}", f"-DFFS_RING_PAGES={int(ring_pages)}",
-                 f"-DFFS_KEY_COUNTS={int(count_keys)}"]
+                 f"-DFFS_KEY_COUNTS={int(count_keys)}", f"-DFFS_SEEN_WORDS={int(seen_bits) // 64}"]
         try:
             self.bpf = BPF(text=text.encode(), cflags=[f"-I{SOURCE_DIR}", *sizes])
             self.tc_fns = {"egress": self.bpf.load_func(b"ffs_tc", BPF.SCHED_CLS),
@@ -63,6 +64,11 @@ class KernelPrograms:
         except Exception as e:
             raise FasterFSError(f"loading the eBPF programs failed: {e}") from e
         self.stale_marks, self.ring_pages, self.count_keys = stale_marks, ring_pages, count_keys
+        # The second-chance filter's generation takes seen_bits / SEEN_SHARE keys before it is aged:
+        # a key is remembered for one to two of those, and a bit another key set makes at most
+        # about 2 / SEEN_SHARE of first GETs look like second ones.
+        self.seen_bits, self.seen_gen, self.seen_rotations = int(seen_bits), 0, 0
+        self._seen_set_at_rotation = 0
         self._keys_deleted = 0  # count entries user space removed (reset_key): not the LRU's doing
         # The suspect key is the bucket's own mark, which readers check already; it is in the map
         # from the start, so marking it succeeds however full the map is.
@@ -91,7 +97,7 @@ class KernelPrograms:
     def _write_config(self) -> None:
         self.bpf[b"config"][ct.c_int(0)] = ev.Config(hot_threshold=self.hot_threshold, suspect_key=self.suspect_key,
                                                     fill_mark=self.fill_mark, epoch=self.epoch,
-                                                    delack_max_us=self.delack_max_us)
+                                                    delack_max_us=self.delack_max_us, seen_gen=self.seen_gen)
 
     def watch(self, address: str | None, port: int) -> None:
         """Track requests to (address, port); address None means any address on the port."""
@@ -99,10 +105,36 @@ class KernelPrograms:
         self.bpf[b"tune_ports"][ct.c_uint16(port)] = ct.c_uint8(1)
 
     def new_epoch(self) -> int:
-        """Every key starts cold again (counts reset lazily, in the kernel, on next access)."""
+        """Every key starts cold again (counts reset lazily, in the kernel, on next access; the
+        second-chance filter emptied)."""
         self.epoch += 1
         self._write_config()
+        for generation in (0, 1):
+            self._zero_seen(generation)
         return self.epoch
+
+    def age_seen(self) -> bool:
+        """Once the second-chance filter's current generation has taken its share of keys, the old
+        one is zeroed and becomes the current. Called by the event thread (every poll)."""
+        if not self.seen_bits:
+            return False
+        counters = self.bpf[b"counters"]
+        set_now = counters[counters.Key(ev.COUNTERS.index("seen_set"))].value
+        if set_now - self._seen_set_at_rotation < self.seen_bits // SEEN_SHARE:
+            return False
+        self._zero_seen(1 - self.seen_gen)
+        self.seen_gen = 1 - self.seen_gen
+        self._write_config()
+        self._seen_set_at_rotation = set_now
+        self.seen_rotations += 1
+        return True
+
+    def _zero_seen(self, generation: int) -> None:
+        if not self.seen_bits:
+            return
+        table, words = self.bpf[b"seen"], self.seen_bits // 64
+        table.items_update_batch((table.Key * words)(*range(generation * words, (generation + 1) * words)),
+                                 (table.Leaf * words)())
 
     def reset_key(self, key: int) -> None:
         """Forget one key's count, so it can become hot again (after a cache eviction)."""
@@ -240,6 +272,7 @@ class KernelPrograms:
     def _poll(self) -> None:
         while not self._stop.is_set():
             self.bpf.ring_buffer_poll(100)
+            self.age_seen()
 
     def _on_ring_event(self, ctx, data, size) -> int:
         event = ct.cast(data, ct.POINTER(ev.Event)).contents.to_dict()
@@ -331,7 +364,10 @@ class KernelPrograms:
             "counters": counters, "keys_tracked": len(keys),
             # what the LRU let go: entries made, less those user space removed and those still there
             "key_counts": {"capacity": self.count_keys, "held": len(counted),
-                           "evicted": max(0, counters.get("keys_new", 0) - self._keys_deleted - len(counted))},
+                           "evicted": max(0, counters.get("keys_new", 0) - self._keys_deleted - len(counted)),
+                           # keys whose count had gone, known again by the filter: started at one GET
+                           "second_chances": counters.get("second_chances", 0),
+                           "second_chance_bits": self.seen_bits, "second_chance_ages": self.seen_rotations},
             "stale_marks": {"held": self.marks_held(), "capacity": self.stale_marks,
                             "suspect_since_ns": self.suspect_mark() or None},
             "ring_pages": self.ring_pages, "top_keys": top_keys, "ports": ports,

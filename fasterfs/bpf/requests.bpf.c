@@ -65,6 +65,34 @@ static __always_inline void bump(u32 idx) {
     if (v) __sync_fetch_and_add(v, 1);
 }
 
+#if FFS_SEEN_WORDS > 0
+/* The second chance: one bit per key ever given a count (two generations of FFS_SEEN_WORDS
+ * words), so that a key whose count the LRU let go is known again. A key new to key_counts whose
+ * bit is set starts at one GET: a chunk re-read after more other chunks than the map holds still
+ * becomes hot. User space ages the filter (programs.py): once the current generation has taken
+ * its share of keys, the old one is zeroed and becomes the current (cfg->seen_gen). Another
+ * key's bit (a false positive, about keys set / bits) makes one chunk hot at its first GET. */
+BPF_ARRAY(seen, u64, 2 * FFS_SEEN_WORDS);
+
+/* Whether `key`'s bit is set in either generation; it is set in the current one. */
+static __always_inline int seen_and_set(struct ffs_config *cfg, u64 key) {
+    u64 h = key ^ (key >> 29);  /* FNV-1a's low bits alone mix poorly */
+    u32 word = (u32)(h >> 6) & (FFS_SEEN_WORDS - 1);
+    u64 bit = 1ULL << (h & 63);
+    u32 cur = (cfg->seen_gen & 1) * FFS_SEEN_WORDS + word;
+    u32 old = ((cfg->seen_gen + 1) & 1) * FFS_SEEN_WORDS + word;
+    u64 *c = seen.lookup(&cur);
+    u64 *o = seen.lookup(&old);
+    if (!c || !o) return 0;
+    int was = ((*c | *o) & bit) != 0;
+    if (!(*c & bit)) {
+        __sync_fetch_and_or(c, bit);
+        bump(FFS_C_SEEN_SET);
+    }
+    return was;
+}
+#endif
+
 static __always_inline int watched(u32 *addr, u16 port) {
     struct ffs_endpoint ep = {};
     __builtin_memcpy(ep.addr, addr, sizeof(ep.addr));
@@ -252,7 +280,15 @@ static __always_inline void on_read(struct ffs_config *cfg, struct ffs_inflight 
     u64 key = req->key;
     struct ffs_key_stat *st = key_counts.lookup_or_try_init(&key, &fresh);
     if (!st) return;
-    if (st->last_ns == 0) bump(FFS_C_KEYS_NEW);  /* the entry just made (every GET sets last_ns) */
+    if (st->last_ns == 0) {  /* the entry just made (every GET sets last_ns) */
+        bump(FFS_C_KEYS_NEW);
+#if FFS_SEEN_WORDS > 0
+        if (seen_and_set(cfg, key) && st->epoch == cfg->epoch) {
+            bump(FFS_C_SECOND_CHANCE);
+            __sync_fetch_and_add(&st->count, 1);
+        }
+#endif
+    }
     if (st->epoch != cfg->epoch) {  /* a new epoch: every key starts cold again */
         st->epoch = cfg->epoch;
         st->count = 0;

@@ -1,0 +1,61 @@
+"""The nodes' cache gossip at sizes no machine here runs as processes (issue 47): fasterfs.cluster_sim's
+real PeerTiers over a simulated network, each cache holding bench.sim_entries names and changing
+bench.sim_churn times a second (a fill evicting the oldest entry), for bench.sim_seconds simulated
+seconds after every node has told its peers once; also with no change at all (no reads).
+
+Today's design (each change told as a delta) at every size of bench.sim_nodes; the design before
+(every change told as the whole set) at the sizes up to bench.sim_whole_max_nodes beside it. Per
+node per second: messages and bytes sent, CPU seconds in the PeerTier (sending, and hearing on
+bench.sim_observers nodes that keep what they hear: memory bounds how many can), and the bytes a
+node keeps of its peers' names.
+
+    python bench/cluster_sim.py [bench.sim_nodes=[16,32,64,128]] [bench.sim_entries=100000]
+
+Writes cluster_sim.json to <output_dir>/bench-cluster-sim-<time>/ and prints a table.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fasterfs import config, report
+from fasterfs.cluster_sim import measure
+
+TARGET_BYTES_S = 100_000  # background traffic per node with no reads (issue 47)
+
+
+def main(argv: list[str]) -> dict:
+    b = config.load(argv).bench
+    entries, churn, seconds, observers = (int(b.sim_entries), int(b.sim_churn), int(b.sim_seconds),
+                                          int(b.sim_observers))
+    rows = []
+    for nodes in [int(n) for n in b.sim_nodes]:
+        designs = [True] + ([False] if nodes <= int(b.sim_whole_max_nodes) else [])
+        for deltas in designs:
+            for rate in (0, churn):
+                row = measure(nodes, entries, rate, seconds, deltas, observers)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    targets = {}
+    for r in rows:
+        if r["deltas"] and r["churn_per_node_s"] == 0:
+            ok = r["bytes_per_node_s"] <= TARGET_BYTES_S
+            targets[f"{r['nodes']} nodes, {entries:,} entries each, no reads: "
+                    f"{r['bytes_per_node_s']:,.0f} B/s per node <= {TARGET_BYTES_S:,}"] = ok
+    result = {"rows": rows, "targets": targets}
+    out = report.write_json(report.run_dir(config.load(argv), "bench-cluster-sim"), "cluster_sim.json", result)
+    print(f"{'nodes':>5} {'design':>6} {'changes/s':>9} {'msgs/s':>7} {'bytes/s':>12} {'CPU s/s':>8} "
+          f"{'index MB':>9} consistent")
+    for r in rows:
+        print(f"{r['nodes']:>5} {'deltas' if r['deltas'] else 'whole':>6} {r['churn_per_node_s']:>9} "
+              f"{r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} {r['cpu_s_per_node_s']:>8.4f} "
+              f"{r['index_bytes_per_node'] / 1e6:>9.1f} {r['consistent']}")
+    print(json.dumps(targets, indent=1))
+    print(f"report: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,40 @@
+"""The simulated cluster (fasterfs.cluster_sim) at a size that fits the suite: real PeerTiers
+gossiping deltas over a counted network. Expected figures come from the workload (names changed,
+their length), not from the PeerTier; each view is checked against the caches' own name sets."""
+from __future__ import annotations
+
+import pickle
+
+from fasterfs.cluster_sim import SimulatedCluster, measure
+
+NODES, ENTRIES = 16, 2_000
+
+
+def test_no_change_sends_nothing_and_changes_cost_what_changed():
+    idle = measure(NODES, ENTRIES, 0, 3)
+    assert idle["messages_per_node_s"] == 0 and idle["bytes_per_node_s"] == 0 and idle["consistent"]
+    churn = 5  # fills a second per node, each evicting one entry: 10 names change
+    busy = measure(NODES, ENTRIES, churn, 3)
+    whole = measure(NODES, ENTRIES, churn, 3, deltas=False)
+    assert busy["consistent"] and whole["consistent"]
+    name = len(pickle.dumps("0" * 32 + ".chunk"))  # one entry name, pickled alone
+    peers = NODES - 1
+    # a delta carries the changed names and a fixed envelope; the whole set carries every name
+    assert busy["bytes_per_node_s"] <= peers * (2 * churn * name + 1_000)
+    assert whole["bytes_per_node_s"] >= peers * ENTRIES * (len("0" * 32 + ".chunk"))
+    assert busy["messages_per_node_s"] == peers  # one message per peer per second that changed
+
+
+def test_a_node_that_missed_changes_catches_up():
+    sim = SimulatedCluster(NODES, 500)
+    sim.second(0.0)
+    assert sim.consistent()
+    sim.net.cut = {3}  # node 3 hears nothing for three seconds of changes
+    for s in (1.0, 2.0, 3.0):
+        sim.second(s, churn_per_node=4)
+    assert sim.tiers[3].peers[0][2] != sim.caches[0].names
+    sim.net.cut = set()
+    sim.second(4.0, churn_per_node=1)  # the next delta does not follow what it has: it asks
+    sim.net.drain()
+    assert all(sim.tiers[3].peers[p][2] == sim.caches[p].names for p in range(NODES) if p != 3)
+    assert sim.consistent()
