@@ -397,7 +397,13 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.0.tree().nodes.get(&ino.0) {
-            Some(n) if n.dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            // The kernel keeps the listing it read (a second `find` or `ls` asks
+            // nothing); the entry invalidation of a name changed in it (main.rs)
+            // bumps the directory's i_version, which drops the kept listing.
+            Some(n) if n.dir => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Some(_) => reply.error(Errno::ENOTDIR),
             None => reply.error(Errno::ENOENT),
         }
