@@ -305,15 +305,15 @@ class ChunkCache:
                 f.write(data)
                 f.flush()
                 os.setxattr(f.fileno(), XATTR, header)
-                os.fsync(f.fileno())  # durable before visible: a crash leaves no entry or a whole one
+            # whole before visible; not fsynced: a process that dies leaves the page cache whole,
+            # and after the machine's own crash every entry is of an earlier boot, dropped
             os.replace(tmp, self.dir / name)
-            self._sync_dir()
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
     def _write_slot(self, name: str, place: Place, data: bytes, header: bytes) -> None:
-        """The chunk's bytes at its offset in the file entry, durable before its slot says so.
+        """The chunk's bytes at its offset in the file entry, written before its slot says so.
         A new file entry is made whole-sized under a temporary name and renamed into place after
         any old index is gone, so no slot ever describes another file's bytes."""
         path, index = place.paths(self.dir)
@@ -326,7 +326,6 @@ class ChunkCache:
                     fd = None
             except FileNotFoundError:
                 fd = None
-            created = fd is None
             if fd is None:
                 index.unlink(missing_ok=True)
                 tmp = self.dir / f"{TMP_PREFIX}{place.unit}.{os.getpid()}.{threading.get_ident()}"
@@ -335,24 +334,13 @@ class ChunkCache:
                 os.replace(tmp, path)
             try:
                 os.pwrite(fd, data, place.offset)
-                os.fsync(fd)
             finally:
                 os.close(fd)
             fd = os.open(index, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 os.pwrite(fd, SLOT.pack(header, place.offset, _name_bytes(name)), place.index * SLOT.size)
-                os.fsync(fd)
             finally:
                 os.close(fd)
-            if created:
-                self._sync_dir()
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def close(self) -> None:
         """A clean stop: the next rebuild may trust sizes instead of verifying every entry."""

@@ -7,8 +7,9 @@ StorageNode, alone) writes, evicts and accounts with fasterfs.cache.ChunkCache.
 An entry is a file holding exactly the object's bytes, so it can be handed to the kernel as
 it is (FUSE passthrough's backing file, a memory map); its 72-byte header (magic, size, xxh3
 checksum, ETag, fill time, boot) is the file's extended attribute `user.fasterfs.entry`. It is
-written to a temporary name with its header, fsynced, renamed into place and the directory
-fsynced, so a reader sees a whole entry or none, also after a crash; a reader
+written to a temporary name with its header and renamed into place, so a reader sees a whole
+entry or none, also after the writer is killed (nothing is fsynced: after the machine's own
+crash every entry is of an earlier boot, and dropped, so durability would buy nothing); a reader
 that finds a bad header, a size that disagrees with the file, or (with verification) a
 checksum mismatch drops the entry and reads from MinIO instead. Fill times are on the
 kernel's clock (CLOCK_MONOTONIC, like the stale marks) and qualified by the boot they
@@ -21,7 +22,7 @@ A chunk of a stored file of several chunks (`places`) lives instead at its offse
 file's one entry, `<name>.file` (sparse until filled), with its header in its slot of
 `<name>.idx`: a file whose chunks are all cached is one local file of exactly its bytes,
 which the mount hands to the kernel as a passthrough backing file. Its chunks are filled
-one by one (bytes fsynced before their slot is written, so a crash leaves whole chunks or
+one by one (bytes written before their slot, so a killed writer leaves whole chunks or
 none) but touched, evicted and dropped as one: dropping any chunk unlinks the file entry,
 so a reader that has it open keeps reading the bytes it opened (no hole is punched).
 """
