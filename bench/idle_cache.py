@@ -67,7 +67,7 @@ def main(argv: list[str]) -> dict:
         drop_page_cache()
         stop = threading.Event()
         cpu0, disk0, t0 = time.process_time(), disk_read_bytes(), time.monotonic()
-        next_scrub = t0 + float(c.scrub_interval_s)
+        next_scrub = t0  # a round at once, then every interval: whole rounds in the window
         while (now := time.monotonic()) < t0 + seconds:
             tier.share()
             if c.scrub_interval_s and now >= next_scrub:

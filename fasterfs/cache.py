@@ -75,6 +75,11 @@ def _name_bytes(name: str) -> bytes:
     return bytes.fromhex(name.removesuffix(SUFFIX))
 
 
+# What verifying an entry costs beyond its bytes (an open, its header, its inode: ~60 us of CPU
+# and several disk reads each, measured on 200,000 entries of 512 B) counted against the scrub's
+# budget as this many bytes, so a cache of many small entries stays within its share too.
+SCRUB_ENTRY_MIN = 128 << 10
+
 class ChunkCache:
     """The owner's side: fills, eviction, capacity. Never exceeds `capacity` bytes on disk.
     Entries are named per chunk (entry_name of its key); a file entry is one unit of several."""
@@ -179,8 +184,9 @@ class ChunkCache:
 
     def scrub(self, budget_bytes: int | None = None) -> int:
         """Verify entries' checksums and drop the damaged ones; returns how many were dropped.
-        With a budget, a round verifies about that many bytes and the next goes on where it
-        stopped, what readers keep (the main queue) first; without, every entry now."""
+        With a budget, a round verifies about that many bytes (an entry smaller than
+        SCRUB_ENTRY_MIN counted as that much) and the next goes on where it stopped, what readers
+        keep (the main queue) first; without, every entry now."""
         with self._lock:
             if budget_bytes is None or not self._scrub_todo:
                 self._scrub_todo = [n for unit in (*reversed(self._main), *reversed(self._small))
@@ -188,14 +194,15 @@ class ChunkCache:
             todo = self._scrub_todo if budget_bytes is not None else self._scrub_todo[:]
             if budget_bytes is None:
                 self._scrub_todo = []
-        dropped, spent = 0, 0
-        while todo and (budget_bytes is None or spent < budget_bytes):
+        dropped, spent, charged = 0, 0, 0
+        while todo and (budget_bytes is None or charged < budget_bytes):
             name = todo.pop()
             with self._lock:
                 if name not in self._sizes or name in self._writing:
                     continue
                 path, place, size = self._file(name), self._places.get(name), self._sizes[name]
             spent += size
+            charged += max(size, SCRUB_ENTRY_MIN)
             if read_entry(path, verify=True, touch=False, place=place) in (DAMAGED, STALE):
                 self._drop([name])
                 dropped += 1

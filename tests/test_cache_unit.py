@@ -394,7 +394,8 @@ def test_evicting_looks_at_a_few_entries_whatever_the_cache_holds(tmp_path, monk
 
 
 def test_a_budgeted_scrub_verifies_that_many_bytes_a_round_and_goes_on(tmp_path):
-    """Ten entries of 1,000 bytes, one of them damaged on disk: a scrub of 3,000 bytes a round
+    """Ten entries of 1,000 bytes, one of them damaged on disk: a scrub of three small entries'
+    worth a round (each counted as cache.SCRUB_ENTRY_MIN bytes: what verifying any entry costs)
     verifies three entries per round (the cache's own byte count against the entries' sizes),
     and within four rounds has found and dropped the damaged one; a whole scrub finds nothing more."""
     c = ChunkCache(tmp_path, capacity=100_000)
@@ -402,7 +403,7 @@ def test_a_budgeted_scrub_verifies_that_many_bytes_a_round_and_goes_on(tmp_path)
         c.put(f"k{i}", bytes([i]) * 1000)
     with open(c.path("k7"), "r+b") as f:
         f.write(b"\xff")
-    dropped = [c.scrub(3000) for _ in range(4)]
+    dropped = [c.scrub(3 * cache.SCRUB_ENTRY_MIN) for _ in range(4)]
     assert sum(dropped) == 1 and not c.contains("k7")
     assert c.stats()["scrub_bytes"] == 4 * 3000 - 2000  # the fourth round had one entry left
     assert c.scrub() == 0 and c.stats()["entries"] == 9
