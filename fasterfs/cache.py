@@ -51,6 +51,10 @@ log = logging.getLogger("fasterfs.cache")
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
 SMALL_SHARE = 0.1  # of the capacity: S3-FIFO's probationary queue
 POLICIES = ("s3fifo", "lru")
+# What verifying an entry costs beyond its bytes (an open, its header, its inode: ~60 us of CPU
+# and several disk reads each, measured on 200,000 entries of 512 B), counted against the scrub's
+# budget as this many bytes, so a cache of many small entries stays within its share too.
+SCRUB_ENTRY_MIN = 128 << 10
 
 def kept_capacity(path: Path, restarted: bool, configured: int) -> int:
     """The capacity a node's cache starts with: the configured one; after a crash, the one set at
@@ -74,11 +78,6 @@ def keep_capacity(path: Path, capacity: int) -> None:
 def _name_bytes(name: str) -> bytes:
     return bytes.fromhex(name.removesuffix(SUFFIX))
 
-
-# What verifying an entry costs beyond its bytes (an open, its header, its inode: ~60 us of CPU
-# and several disk reads each, measured on 200,000 entries of 512 B) counted against the scrub's
-# budget as this many bytes, so a cache of many small entries stays within its share too.
-SCRUB_ENTRY_MIN = 128 << 10
 
 class ChunkCache:
     """The owner's side: fills, eviction, capacity. Never exceeds `capacity` bytes on disk.
