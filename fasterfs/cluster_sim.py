@@ -37,11 +37,14 @@ class RecordingCache:
     def snapshot(self) -> tuple[int, frozenset[str]]:
         return self.log.version, frozenset(self.names)
 
-    def changes_since(self, version: int):
+    def changes_since(self, version: int) -> tuple[int, list[str], list[str]] | None:
         return self.log.since(version)
 
     def holds(self, name: str) -> bool:
         return name in self.names
+
+    def read(self, key: str) -> None:
+        return None  # no bytes: names only
 
     def fill(self, name: str) -> None:
         self.names.add(name)

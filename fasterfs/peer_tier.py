@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from .cache import ChunkCache
 from .cache_entry import entry_name
 
 
@@ -29,12 +29,27 @@ class CacheNews:
     removed: frozenset[str] = frozenset()
 
 
+class CacheIndex(Protocol):
+    """What the peer tier needs of a cache (ChunkCache; the simulation's RecordingCache)."""
+
+    @property
+    def epoch(self) -> str: ...
+
+    def snapshot(self) -> tuple[int, frozenset[str]]: ...
+
+    def changes_since(self, version: int) -> tuple[int, list[str], list[str]] | None: ...
+
+    def holds(self, name: str) -> bool: ...
+
+    def read(self, key: str) -> bytes | str | None: ...
+
+
 class PeerTier:
     """`tell(news, to)` sends this node's news to node `to`, or to every other node (None), fire
     and forget; `ask(node)` asks node `node` (every other node: None) to tell this one everything;
     `reconnect()` is called every `reconnect_s`, as a peer that came back is a new actor."""
 
-    def __init__(self, node: int, cache: ChunkCache, tell: Callable[[CacheNews, int | None], None],
+    def __init__(self, node: int, cache: CacheIndex, tell: Callable[[CacheNews, int | None], None],
                  ask: Callable[[int | None], None] = lambda node: None,
                  reconnect: Callable[[], None] = lambda: None, reconnect_s: float = 30.0):
         self.node, self.cache, self.tell, self.ask = node, cache, tell, ask
