@@ -1,0 +1,108 @@
+"""Scan resistance on a real cluster (issue 47), S3-FIFO against plain LRU in one run: for each
+`cache.policy`, a one-node cluster of its own (`fasterfs up nodes=1`, cache.capacity_mb =
+bench.scan_cache_mb, the real kernel) holds a hot file of 5 % of the cache and a scan file of 10x
+the cache. A reader (`Namespace.cat`, as `fasterfs cat` reads) reads the hot file until the kernel
+has made it hot and it is cached, then the scan file twice in order (so each of its chunks becomes
+hot and is filled, pushing through the cache), re-reading the hot file every 1.5x the cache of
+scan. Before each re-read, whether the hot file is in the cache is found on disk by its bytes (the
+cache directory's files compared with the source, read with the standard library). The hot
+file's hit ratio is those found over the re-reads.
+
+    python bench/scan.py [bench.scan_cache_mb=64]
+
+Writes scan.json to <output_dir>/bench-scan-<time>/ (of the configuration's cluster.root).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fasterfs import config, report
+from fasterfs.config import Paths
+from fasterfs.reader import Namespace
+
+TARGET = 0.9
+MB = 1_000_000  # cache.capacity_mb counts decimal MB
+
+
+def fasterfs(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "fasterfs.cli", *args], check=True, capture_output=True, timeout=600)
+
+
+def cached_here(cache_dir: Path, data: bytes) -> bool:
+    """Whether a file of the cache directory holds exactly `data` (read with the standard library)."""
+    for entry in os.scandir(cache_dir):
+        if entry.is_file() and entry.stat().st_size == len(data) and Path(entry.path).read_bytes() == data:
+            return True
+    return False
+
+
+def one_policy(policy: str, work: Path, cache_mb: int, hot: Path, scan: Path) -> dict:
+    root = work / f"cluster-{policy}"
+    own = [f"cluster.root={root}", "nodes=1", f"cache.capacity_mb={cache_mb}", f"cache.policy={policy}",
+           "kernel.mode=real", "dashboard.enabled=false", "cluster.name=ffs-scan"]
+    fasterfs("up", *own)
+    try:
+        fasterfs("put", str(hot), "scan/hot.bin", *own)
+        fasterfs("put", str(scan), "scan/scan.bin", *own)
+        ns = Namespace(config.load(own))
+        cache_dir = Paths(root).cache_dir(0)
+        hot_bytes = hot.read_bytes()
+        deadline = time.monotonic() + 60
+        while not cached_here(cache_dir, hot_bytes):  # read until the kernel made it hot and it landed
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{policy}: the hot file was never cached")
+            assert ns.cat("scan/hot.bin") == hot_bytes
+            time.sleep(0.2)
+        size, every, step = scan.stat().st_size, int(1.5 * cache_mb * MB), 4 << 20
+        found, rereads, next_reread, t = [], 0, every, time.perf_counter()
+        for n in range(2):
+            for pos in range(0, size, step):
+                ns.cat("scan/scan.bin", pos, min(pos + step, size))
+                if n * size + pos + step >= next_reread:
+                    found.append(cached_here(cache_dir, hot_bytes))
+                    assert ns.cat("scan/hot.bin") == hot_bytes
+                    rereads += 1
+                    next_reread += every
+        return {"policy": policy, "rereads": rereads, "hot_found": sum(found), "hit_ratio": sum(found) / len(found),
+                "found": found, "scan_s": time.perf_counter() - t}
+    finally:
+        ray.shutdown()  # this process's link to the cluster, before the cluster goes
+        fasterfs("down", *own)
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv)
+    cache_mb = int(cfg.bench.scan_cache_mb)
+    work = Path(tempfile.mkdtemp(prefix="ffs-bench-scan-", dir="/var/tmp"))
+    hot, scan = work / "hot.bin", work / "scan.bin"
+    hot_bytes = int(0.05 * cache_mb * MB)
+    hot.write_bytes(os.urandom(hot_bytes))
+    with open(scan, "wb") as f:
+        for _ in range(10 * cache_mb):
+            f.write(os.urandom(MB))
+    try:
+        rows = [one_policy(p, work, cache_mb, hot, scan) for p in ("s3fifo", "lru")]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    fifo, lru = rows[0]["hit_ratio"], rows[1]["hit_ratio"]
+    result = {"cache_mb": cache_mb, "hot_bytes": hot_bytes, "scan_bytes": 10 * cache_mb * MB, "rows": rows,
+              "targets": {f"S3-FIFO hot hit ratio {fifo:.0%} >= {TARGET:.0%} (LRU beside it: {lru:.0%})":
+                          fifo >= TARGET}}
+    out = report.write_json(report.run_dir(cfg, "bench-scan"), "scan.json", result)
+    print(json.dumps(result, indent=1))
+    print(f"report: {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
