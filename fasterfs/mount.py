@@ -86,7 +86,7 @@ class Agent:
         self._refreshed = 0.0
         self._asked = 0  # lookups and listings the daemon is waiting for: the warming gives way to them
         self._barriers: dict[int, threading.Event] = {}  # stats ids awaited: the daemon applied what came before
-        self._asked_lock = threading.Lock()
+        self._asked_done = threading.Condition()  # notified when _asked falls to 0
         self.stopping = threading.Event()
         self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
 
@@ -152,8 +152,9 @@ class Agent:
         whoever is running take it again: a lookup queued behind the warming waited ~40 ms)."""
         todo, t, sent = collections.deque([""]), time.monotonic(), 0
         while todo and sent < most and not self.stopping.is_set():
-            while self._asked and not self.stopping.wait(0.0005):
-                pass
+            with self._asked_done:
+                while self._asked and not self.stopping.is_set():
+                    self._asked_done.wait(0.1)  # notified at once; the timeout only notices stopping
             try:
                 entries = self._list(todo.popleft())
             except OSError as e:
@@ -182,13 +183,15 @@ class Agent:
 
     @contextlib.contextmanager
     def _asking(self):
-        with self._asked_lock:
+        with self._asked_done:
             self._asked += 1
         try:
             yield
         finally:
-            with self._asked_lock:
+            with self._asked_done:
                 self._asked -= 1
+                if not self._asked:
+                    self._asked_done.notify_all()
 
     def _list(self, path: str) -> list[dict]:
         """Directory `path`'s names to the daemon (and returned), sent under the namespace's lock,
