@@ -89,7 +89,7 @@ def costs(cfg, state, argv: list[str], tag: str, work: Path) -> dict:
         lookups.append(time.perf_counter() - t)
         ns.close()
     db = Path(state.root) / "namespace.sqlite"
-    return {"names": registry._ask(state.name, "names_count"),
+    return {"names": registry.names_count(state.name),
             "put_s": statistics.median(puts), "namespace_connect_s": statistics.median(connects),
             "lookup_s": statistics.median(lookups),
             "store_disk_bytes": sum(p.stat().st_size for p in db.parent.glob(db.name + "*")),
@@ -163,7 +163,7 @@ def through_mount(state, point: Path, dest: str, rels: list[str], src: Path) -> 
         t = time.perf_counter()
         local = subprocess.run(["find", str(src)], capture_output=True, check=True)
         local_s = time.perf_counter() - t
-        return {"names": registry._ask(state.name, "names_count"), "mount_s": mounted_s,
+        return {"names": registry.names_count(state.name), "mount_s": mounted_s,
                 "stat_unseen_while_warming_p50_ms": statistics.median(early),
                 "tree_sent_s": warm_s,
                 "stat_unseen_p50_ms": statistics.median(late), "stat_unseen_p99_ms": late[int(len(late) * 0.99) - 1],

@@ -7,7 +7,8 @@ Today's design (each change told as a delta) at every size of bench.sim_nodes; t
 (every change told as the whole set) at the sizes up to bench.sim_whole_max_nodes beside it. Per
 node per second: messages and bytes sent, CPU seconds in the PeerTier (sending, and hearing on
 bench.sim_observers nodes that keep what they hear: memory bounds how many can), and the bytes a
-node keeps of its peers' names.
+node keeps of its peers' names. Then invalidation: every node's kernel seeing bench.sim_writes
+writes a second, told to every peer (messages, bytes, writes each node applies, its CPU).
 
     python bench/cluster_sim.py [bench.sim_nodes=[16,32,64,128]] [bench.sim_entries=100000]
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fasterfs import config, report
-from fasterfs.cluster_sim import measure
+from fasterfs.cluster_sim import measure, measure_invalidation
 
 TARGET_BYTES_S = 100_000  # background traffic per node with no reads (issue 47)
 
@@ -44,7 +45,9 @@ def main(argv: list[str]) -> dict:
             ok = r["bytes_per_node_s"] <= TARGET_BYTES_S
             targets[f"{r['nodes']} nodes, {entries:,} entries each, no reads: "
                     f"{r['bytes_per_node_s']:,.0f} B/s per node <= {TARGET_BYTES_S:,}"] = ok
-    result = {"rows": rows, "targets": targets}
+    writes = int(b.sim_writes)
+    invalidation = [measure_invalidation(nodes, writes, seconds) for nodes in [int(n) for n in b.sim_nodes]]
+    result = {"rows": rows, "invalidation": invalidation, "targets": targets}
     out = report.write_json(report.run_dir(config.load(argv), "bench-cluster-sim"), "cluster_sim.json", result)
     print(f"{'nodes':>5} {'design':>6} {'changes/s':>9} {'msgs/s':>7} {'bytes/s':>12} {'CPU s/s':>8} "
           f"{'index MB':>9} consistent")
@@ -52,6 +55,11 @@ def main(argv: list[str]) -> dict:
         print(f"{r['nodes']:>5} {'deltas' if r['deltas'] else 'whole':>6} {r['churn_per_node_s']:>9} "
               f"{r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} {r['cpu_s_per_node_s']:>8.4f} "
               f"{r['index_bytes_per_node'] / 1e6:>9.1f} {r['consistent']}")
+    print(f"\ninvalidation, {writes} writes a second at each node:")
+    print(f"{'nodes':>5} {'msgs/s':>7} {'bytes/s':>12} {'applied/s':>10} {'CPU s/s':>8}")
+    for r in invalidation:
+        print(f"{r['nodes']:>5} {r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} "
+              f"{r['applied_per_node_s']:>10,.0f} {r['cpu_s_per_node_s']:>8.4f}")
     print(json.dumps(targets, indent=1))
     print(f"report: {out}")
     return result

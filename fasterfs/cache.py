@@ -14,6 +14,7 @@ comparison). Removals name their entries: a write of a key not cached costs a di
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -252,6 +253,12 @@ class ChunkCache:
         """The entries readable now (not those being written)."""
         with self._lock:
             return self._readable()
+
+    def newest(self, limit: int) -> list[str]:
+        """At most `limit` readable entries, the latest admitted first (a cost of `limit`, not
+        of the cache)."""
+        with self._lock:
+            return list(itertools.islice((n for n in reversed(self._sizes) if n not in self._writing), limit))
 
     def put(self, key: str, data: bytes, etag: str = "", fetched_ns: int | None = None) -> bool:
         """Store an entry atomically, evicting the least recently used to make room.

@@ -227,7 +227,8 @@ def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:
     actor = ray.remote(DashboardServer).options(  # restarted (and listening again) if its worker dies
         name=ACTOR_NAME, namespace=state.ray_namespace, lifetime="detached", num_cpus=0, max_restarts=3,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head_id, soft=False),
-    ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s, cfg.dashboard.require_token)
+    ).remote(state.root, state.head_address, cfg.dashboard.port, cfg.dashboard.refresh_s, cfg.dashboard.require_token,
+              heat_cells=cfg.dashboard.heat_cells)
     try:
         ref: ray.ObjectRef[str] = actor.ready.remote()  # type: ignore[attr-defined]  # Ray's typing of actor methods
         return ray.get(ref, timeout=cfg.cluster.start_timeout_s)

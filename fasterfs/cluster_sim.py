@@ -1,5 +1,6 @@
 """A cluster of many nodes in one process, on a simulated network (issue 47): how the traffic and
-work of the nodes' cache gossip grow with the nodes, at sizes this machine cannot run as processes.
+work of the nodes' cache gossip and of their invalidations grow with the nodes, at sizes this
+machine cannot run as processes.
 
 What is real: each node's PeerTier (what its cache gained and lost, told to every peer; a peer
 that missed some asks for everything) and the cache's ChangeLog. What stands in: RecordingCache,
@@ -8,7 +9,12 @@ Network, which delivers each message in order and counts it with its pickled siz
 call carries, less Ray's framing). Memory bounds the receivers: `observers` nodes keep what they
 are told (as every node does), the rest count it unread; each node sends as a real one would.
 
-Not simulated here: invalidation fan-out, repair surveys and the namespace's pushes.
+Invalidation (`measure_invalidation`): each node's real Invalidations queues the writes its
+kernel saw and tells every peer in one batch a second, as a StorageNode does; each peer applies
+the batch with its own Invalidations, over the simulated kernel's maps (a real kernel's map
+updates are system calls: the CPU figure is Python's share alone).
+
+Not simulated here: repair surveys and the namespace's pushes.
 """
 from __future__ import annotations
 
@@ -18,7 +24,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from .bpf.events import key_hash
+from .bpf.simulated import SimulatedPrograms
+from .cache_entry import entry_name
 from .change_log import LOG_MAX, ChangeLog
+from .invalidation import Invalidations
 from .peer_tier import CacheNews, PeerTier
 
 
@@ -43,6 +53,9 @@ class RecordingCache:
     def holds(self, name: str) -> bool:
         return name in self.names
 
+    def contains(self, key: str) -> bool:
+        return entry_name(key) in self.names
+
     def read(self, key: str) -> None:
         return None  # no bytes: names only
 
@@ -53,6 +66,13 @@ class RecordingCache:
     def evict(self, name: str) -> None:
         self.names.discard(name)
         self.log.record(name, False)
+
+
+class NoFills:
+    """A filler with nothing queued: a write's key has no fill to cancel."""
+
+    def mark_stale(self, key: str) -> None:
+        pass
 
 
 @dataclass
@@ -191,3 +211,45 @@ def measure(nodes: int, entries: int, churn_per_node: int, seconds: int, deltas:
             "cpu_s_per_node_s": max(c.cpu_s[o] for o in watched) / seconds,
             "index_bytes_per_node": sim.index_bytes(min(watched)),
             "consistent": sim.consistent(), "wall_s": wall}
+
+
+def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket: str = "b") -> dict:
+    """Each simulated second every node's kernel sees `writes_per_node` writes of keys never seen
+    before; each node tells its peers, each peer applies what it is told. Per node per second:
+    messages and bytes sent, writes applied as told, CPU seconds applying them."""
+    net = Network(nodes)
+    applied = [0] * nodes
+    invs: list[Invalidations] = []
+
+    def tell(i: int):
+        def to_peers(batch: list) -> None:  # StorageNode._tell_writes: every other node
+            for j in range(nodes):
+                if j != i:
+                    net.send(i, j, lambda b, j=j: hear(j, b), batch)
+        return to_peers
+
+    def hear(j: int, batch: list) -> None:
+        t = time.process_time()
+        invs[j].invalidate(batch)
+        net.counts.cpu_s[j] += time.process_time() - t
+        applied[j] += len(batch)
+
+    for i in range(nodes):
+        invs.append(Invalidations(i, bucket, SimulatedPrograms(hot_threshold=2), RecordingCache(), NoFills(), False,
+                                  lambda key, why: None, tell(i), lambda from_peer: None))
+    t = time.perf_counter()
+    for s in range(seconds):
+        for i in range(nodes):
+            for w in range(writes_per_node):
+                key = f"files/{i:04x}{s:06x}{w:06x}/g/000000"
+                invs[i].queue((key_hash(f"/{bucket}/{key}"), key))
+            invs[i].send(wait_s=0)
+        net.drain()
+    wall = time.perf_counter() - t
+    c = net.counts
+
+    def per(xs: list) -> float:
+        return sum(xs) / len(xs) / seconds
+    return {"nodes": nodes, "writes_per_node_s": writes_per_node, "seconds": seconds,
+            "messages_per_node_s": per(c.messages), "bytes_per_node_s": per(c.bytes),
+            "applied_per_node_s": per(applied), "cpu_s_per_node_s": max(c.cpu_s) / seconds, "wall_s": wall}

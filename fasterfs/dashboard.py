@@ -180,12 +180,12 @@ class DashboardServer:
     a sampler thread that keeps the timelines' history."""
 
     def __init__(self, root: str, address: str, port: int, refresh_s: float, require_token: str = "auto",
-                 sample_s: float = 1.0):
+                 sample_s: float = 1.0, heat_cells: int = 50_000):
         import uvicorn
 
         self.where = f"{address}:{port}"
         self.monitor = Monitor(root, min_interval=sample_s * 0.9)
-        self.heat = Heat(self.monitor.state, sample_s)
+        self.heat = Heat(self.monitor.state, sample_s, heat_cells)
         self.cadence = Cadence()
         self._stopping = threading.Event()
         # the cluster's Ray token, as this worker holds it; not needed on a loopback-only address

@@ -217,15 +217,18 @@ class Heat:
     least one page watches: one sampler for every viewer, the latest frame only (a slow viewer
     skips frames, it never queues them)."""
 
-    def __init__(self, state: ClusterState, interval: float = 1.0, answer_timeout: float = 2.0):
-        self.state, self.interval, self.answer_timeout = state, interval, answer_timeout
+    def __init__(self, state: ClusterState, interval: float = 1.0, cells: int = 50_000,
+                 answer_timeout: float = 2.0, choose_s: float = 5.0):
+        self.state, self.interval, self.cells = state, interval, cells
+        self.answer_timeout, self.choose_s = answer_timeout, choose_s
         self.nodes = NodeDirectory(state.ray_namespace)
         self.viewers = 0
         self.frame: tuple[int, bytes] = (0, b"")  # (sequence, bytes)
-        self.layout: dict | None = None
         self.missing: dict[int, str] = {}  # node -> why its row is absent from the latest frame
         self.sample_ms: float | None = None
-        self._version: int | None = None
+        # (namespace version, when chosen, the layout, the names it shows or None: every name)
+        self._made: tuple[int, float, dict, list[str] | None] | None = None
+        self._choosing = threading.Lock()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         threading.Thread(target=self._run, name="heatmap", daemon=True).start()
@@ -236,16 +239,51 @@ class Heat:
         self._wake.set()
 
     def current_layout(self) -> dict:
+        return self.current()[0]
+
+    def current(self) -> tuple[dict, list[str] | None]:
+        """The layout and the names it shows (None: every name), chosen again when the
+        namespace changed or, past `cells` chunks (the nodes then choose what is read or
+        cached), every `choose_s`."""
         from . import heatmap, registry
 
-        version = registry.namespace_version(self.state.name)
-        if self.layout is None or version != self._version:
-            _, manifests = registry.fetch_manifests(self.state.name)
-            self.layout = heatmap.layout(manifests, [{"index": n.index, "address": n.address}
-                                                     for n in self.state.nodes],
-                                         self.state.settings.hot_threshold)
-            self._version = version
-        return self.layout
+        with self._choosing:
+            version, now = registry.namespace_version(self.state.name), time.monotonic()
+            made = self._made
+            if made is not None and made[0] == version and (made[3] is None or now - made[1] < self.choose_s):
+                return made[2], made[3]
+            total, names = self._choose()
+            manifests = (registry.fetch_manifests(self.state.name)[1] if names is None
+                         else registry.fetch_manifests_of(self.state.name, names))
+            layout = heatmap.layout(manifests, [{"index": n.index, "address": n.address} for n in self.state.nodes],
+                                    self.state.settings.hot_threshold, total)
+            self._made = (version, now, layout, None if names is None else sorted(manifests))
+            return layout, self._made[3]
+
+    def _choose(self) -> tuple[int | None, list[str] | None]:
+        """(chunks in the namespace, the names to show; None: every one) as the nodes that
+        answer choose them; while none does, every name of a namespace of at most `cells`
+        names, else none (the page says the nodes' rows are missing)."""
+        import ray
+
+        from . import heatmap, registry
+
+        refs = [a.heat_names.remote(self.cells) for a in (self.nodes.get(n.index) for n in self.state.nodes)
+                if a is not None]
+        ready = ray.wait(refs, num_returns=len(refs), timeout=self.answer_timeout)[0] if refs else []
+        answers = []
+        for ref in ready:
+            try:
+                answers.append(ray.get(ref))
+            except Exception:  # the node is said missing by the frame's own call
+                pass
+        if not answers:
+            count = registry.names_count(self.state.name)
+            return (None, None) if count <= self.cells else (None, [])
+        if any(names is None for _, names in answers):
+            return None, None
+        merged = heatmap.merge([names for _, names in answers if names is not None], self.cells)
+        return max(total for total, _ in answers), merged
 
     def _run(self) -> None:
         while True:
@@ -264,7 +302,7 @@ class Heat:
         from . import heatmap
 
         t = time.perf_counter()
-        layout = self.current_layout()
+        layout, names = self.current()
         ncells = sum(len(d["keys"]) for d in layout["datasets"])
         refs: dict[int, Any] = {}  # node -> the ObjectRef of its heat
         missing: dict[int, str] = {}
@@ -273,7 +311,7 @@ class Heat:
             if actor is None:
                 missing[node.index] = "no StorageNode actor"
             else:
-                refs[node.index] = actor.heat.remote()
+                refs[node.index] = actor.heat.remote(names)
         ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.answer_timeout)[0]
                     if refs else ())
         rows = []

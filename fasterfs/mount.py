@@ -463,12 +463,17 @@ class Agent:
                 log.exception("namespace refresh failed; the daemon keeps the last tree")
 
 
-def daemon_args(m) -> list[str]:
-    """The daemon's options from config `mount.*`: its FUSE threads, its bound, and who may read."""
+def daemon_args(cfg) -> list[str]:
+    """The daemon's options from config `mount.*`: its FUSE threads, its bound, who may read, and
+    what it keeps for random readers (an unnamed file under the cluster's root, slots of a file's
+    chunk)."""
+    m = cfg.mount
     return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)),
             "--uid", str(m.uid), "--gid", str(m.gid),
             "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
-            *(["--allow-other"] if m.allow_other else [])]
+            *(["--allow-other"] if m.allow_other else []),
+            *(["--kept-dir", str(cfg.cluster.root), "--kept-mb", str(int(m.kept_mb)),
+               "--kept-slot-mb", str(int(cfg.files.chunk_mb))] if int(m.kept_mb) > 0 else [])]
 
 
 def warm_bound(m) -> int:
@@ -484,7 +489,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     agent = Agent(ns, ours, native_fetch=bool(cfg.mount.native_fetch))
     daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno()),
-                               *daemon_args(cfg.mount)],
+                               *daemon_args(cfg)],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
     agent.start_tree()  # the daemon mounts once it has the first tree

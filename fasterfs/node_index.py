@@ -53,11 +53,11 @@ class NodeIndex:
     coded: immutables.Map[str, Coded]          # chunk key -> its code, for erasure-coded chunks
     pieces: immutables.Map[str, Piece]         # this node's own objects, for the scrub
     places: immutables.Map[str, Place]         # chunk key -> its place in its file's entry (files of several chunks)
+    names: immutables.Map[str, str]            # chunk key -> the name it belongs to (the heatmap's choice of names)
 
     @classmethod
     def build(cls, manifests: Mapping[str, Manifest], node: int) -> NodeIndex:
-        return cls(node, immutables.Map(), immutables.Map(), immutables.Map(), immutables.Map(), immutables.Map(),
-                   immutables.Map(), immutables.Map()).updated(
+        return cls(node, *(immutables.Map() for _ in range(8))).updated(
             [(m.name, None, m) for m in manifests.values()])
 
     def updated(self, changed: list[tuple[str, Manifest | None, Manifest | None]]) -> NodeIndex:
@@ -66,7 +66,7 @@ class NodeIndex:
         was for whoever holds it."""
         by_hash, by_entry, holders = self.by_hash.mutate(), self.by_entry.mutate(), self.holders.mutate()
         shards, coded, pieces = self.shards.mutate(), self.coded.mutate(), self.pieces.mutate()
-        where = self.places.mutate()
+        where, names = self.places.mutate(), self.names.mutate()
         for before in (old for _, old, _ in changed if old is not None):
             for c in before.chunks:
                 for k in {c.key, *before.object_keys(c)}:
@@ -76,6 +76,7 @@ class NodeIndex:
                 holders.pop(c.key, None)
                 coded.pop(c.key, None)
                 where.pop(c.key, None)
+                names.pop(c.key, None)
                 for _, k in before.pieces(c):
                     pieces.pop(k, None)
         for m in (now for _, _, now in changed if now is not None):
@@ -85,6 +86,7 @@ class NodeIndex:
                     by_hash[key_hash(f"/{m.bucket}/{k}")] = c
                 by_entry[entry_name(c.key)] = c.key
                 holders[c.key] = c.nodes
+                names[c.key] = m.name
                 if m.layout == "ec":
                     coded[c.key] = Coded(c, m.ec_data, m.ec_parity)
                     for s, k in enumerate(keys):
@@ -95,7 +97,7 @@ class NodeIndex:
                 if place is not None:
                     where[c.key] = place
         return NodeIndex(self.node, by_hash.finish(), by_entry.finish(), holders.finish(), shards.finish(),
-                         coded.finish(), pieces.finish(), where.finish())
+                         coded.finish(), pieces.finish(), where.finish(), names.finish())
 
     def object_keys(self, key: str) -> list[str]:
         """The objects behind a cached chunk key: its shards when erasure-coded, else itself."""

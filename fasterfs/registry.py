@@ -284,6 +284,10 @@ def namespace_version(cluster_name: str) -> int:
     return _ask(cluster_name, "namespace_version")
 
 
+def names_count(cluster_name: str) -> int:
+    return _ask(cluster_name, "names_count")
+
+
 def conflict(cluster_name: str, name: str, kind: str) -> str | None:
     return _ask(cluster_name, "conflict", name, kind)
 

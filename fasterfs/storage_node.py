@@ -87,7 +87,7 @@ class StorageNode:
         self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
                                   partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed)
         self.ns_index = NodeIndex.build({}, index)
-        self._heat: heatmap.Index | None = None
+        self._heat: tuple[tuple[str, ...] | None, heatmap.Index] | None = None  # (its names, it)
         certs = None
         if cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
             certs = paths.minio_certs_dir(index)
@@ -347,12 +347,33 @@ class StorageNode:
             snap["sockops"]["skipped"] = self.node_kernel.sockops_skipped
         return snap
 
-    def heat(self) -> tuple[int, bytes]:
-        """This node's row of the kernel heatmap (fasterfs.heatmap) and the layout it is in."""
-        index = self._heat
-        if index is None:
-            index = self._heat = heatmap.Index(self.namespace.snapshot())
-        return index.id, index.cells(self.kernel.all_counts(), self.cache.names(), self.invalidations.recent,
+    def heat_names(self, cells: int) -> tuple[int, list[tuple[str, int]] | None]:
+        """(chunks in the namespace, the names this node would show in `cells` cells with their
+        chunks; None: every name fits), fasterfs.heatmap.choose over its kernel's counts and its cache."""
+        index, ns = self.ns_index, self.namespace
+
+        def of_hash(h: int) -> str | None:
+            c = index.by_hash.get(h)
+            return None if c is None else index.names.get(c.key)
+
+        def size(name: str) -> int:
+            m = ns.some([name]).get(name)
+            return len(m.chunks) if m is not None else cells + 1
+
+        total = len(index.holders)
+        return total, heatmap.choose(total, cells, self.kernel.all_counts() if total > cells else {},
+                                     self.cache.newest(cells) if total > cells else [], of_hash,
+                                     lambda entry: index.names.get(index.by_entry.get(entry, "")), size)
+
+    def heat(self, names: list[str] | None = None) -> tuple[int, bytes]:
+        """This node's row of the kernel heatmap (fasterfs.heatmap) over `names` (None: every
+        name) and the layout it is in."""
+        key, made = None if names is None else tuple(names), self._heat
+        if made is None or made[0] != key:
+            made = self._heat = key, heatmap.Index(self.namespace.snapshot() if names is None
+                                                   else self.namespace.some(names))
+        index = made[1]
+        return index.id, index.cells(self.kernel.all_counts(), self.cache.holds, self.invalidations.recent,
                                      self.cfg.kernel.hot_threshold)
 
     def kernel_key_count(self, path: str) -> int:

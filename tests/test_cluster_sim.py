@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 
-from fasterfs.cluster_sim import SimulatedCluster, measure
+from fasterfs.cluster_sim import SimulatedCluster, measure, measure_invalidation
 
 NODES, ENTRIES = 16, 2_000
 
@@ -38,3 +38,14 @@ def test_a_node_that_missed_changes_catches_up():
     sim.net.drain()
     assert all(sim.tiers[3].peers[p][2] == sim.caches[p].names for p in range(NODES) if p != 3)
     assert sim.consistent()
+
+
+def test_every_write_is_told_to_every_peer_once_a_second():
+    """Broadcast invalidation: each node's writes go to every peer in one batch a second, so each
+    node applies every other node's writes (the work grows with the cluster's writes, not its own)."""
+    nodes, writes = 8, 25
+    r = measure_invalidation(nodes, writes, 2)
+    assert r["messages_per_node_s"] == nodes - 1
+    assert r["applied_per_node_s"] == (nodes - 1) * writes
+    key = len("files/" + "0" * 16 + "/g/000000")  # each write's key travels whole, its hash beside it
+    assert (nodes - 1) * writes * (key + 8) <= r["bytes_per_node_s"] <= (nodes - 1) * writes * (key + 8) * 2

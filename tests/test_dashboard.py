@@ -3,6 +3,7 @@ report (the kernel's counts, a chunk the kernel made hot and the cache filled, j
 and their charts), as HTML, JSON and Prometheus metrics; it refuses paths outside the
 job reports; down removes it (conftest); a taken port is named (test_lifecycle)."""
 import json
+import os
 import urllib.error
 import urllib.request
 from itertools import pairwise
@@ -78,6 +79,37 @@ def test_hot_chunk_shows_counted_and_cached(ingest_as, client_for, live_cluster)
     assert metrics[("fasterfs_cache_used_bytes", str(owner))] == cache["bytes"]
     assert metrics[("fasterfs_kernel_real", str(owner))] == 1
     assert all(metrics[("fasterfs_minio_up", str(n.index))] == 1 for n in live_cluster.nodes)
+
+
+def test_heatmap_past_its_cells_shows_the_names_being_read(ingest_as, client_for, live_cluster, cfg, tmp_path):
+    """A namespace of more chunks than the heatmap's cells: the layout holds the names the
+    kernels count (the dataset read), says how many chunks the namespace holds (the store's
+    manifests counted here), and a host's row over it shows the read chunk cached; with cells
+    for every chunk, every name."""
+    from fasterfs import heatmap, ingest, registry
+    from fasterfs.monitor import Heat
+
+    manifest = ingest_as("csv", reuse=True)
+    (tmp_path / "other.bin").write_bytes(os.urandom(1000))
+    ingest.put(cfg, tmp_path / "other.bin", "heat/other.bin")  # one chunk more than the dataset
+    actors = cluster.storage_nodes(live_cluster)
+    ray.get([a.cache_clear.remote() for a in actors])  # a new epoch: no name counted
+    chunk = manifest.chunk(3)
+    owner = chunk.nodes[0]
+    client = client_for()
+    for _ in range(2):  # the kernel's threshold: hot, then filled
+        client.read_chunk(3)
+    wait_until(lambda: ray.get(actors[owner].cache_status.remote())["entries"] >= 1, 20, "chunk 3's fill")
+    total = sum(len(m.chunks) for m in registry.fetch_manifests(live_cluster.name)[1].values())
+    heat = Heat(live_cluster, interval=3600, cells=len(manifest))
+    layout, names = heat.current()
+    assert names == [manifest.name] and [d["name"] for d in layout["datasets"]] == names
+    assert layout["total_chunks"] == total > len(manifest)
+    layout_id, row = ray.get(actors[owner].heat.remote(names))
+    assert layout_id == layout["id"] and len(row) == len(manifest)
+    assert row[3] >> 5 == heatmap.CACHED
+    everything, names = Heat(live_cluster, interval=3600, cells=total).current()
+    assert names is None and sum(len(d["keys"]) for d in everything["datasets"]) == everything["total_chunks"] == total
 
 
 def test_job_runs_listed_with_their_reports(live_cluster, overrides):

@@ -169,6 +169,40 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
         remove(cfg, "native/part.bin")
 
 
+def test_a_random_readers_chunks_are_kept_by_the_daemon(mounted, live_cluster, overrides, tmp_path):
+    """A random 4 KiB read of a chunk cached nowhere is one ranged GET; the daemon fetches the
+    chunk whole meanwhile and keeps it, so the next random reads there cost no GET and ask
+    nothing of the agent. Bytes are the source's."""
+    point, actor = mounted
+    data = os.urandom(4 * 2**20)
+    (tmp_path / "random.bin").write_bytes(data)
+    cfg = config.load(overrides + ["files.chunk_mb=1"])
+    put(cfg, tmp_path / "random.bin", "native/random.bin")
+    try:
+        f = point / "native" / "random.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # one request per read
+            before = daemon_counts(actor, point, time.time())
+            at = 2 * 2**20 + 300_001  # in chunk 2
+            assert os.pread(fd, 4096, at) == data[at:at + 4096]
+            wait_until(lambda: daemon_counts(actor, point, time.time())["fetch"]["kept"]["kept"]
+                       > before["fetch"]["kept"]["kept"], 15, "chunk 2 kept")
+            mid = daemon_counts(actor, point, time.time())
+            for at in (2 * 2**20 + 5, 3 * 2**20 - 4096, 2 * 2**20 + 777_777):  # chunk 2 again
+                assert os.pread(fd, 4096, at) == data[at:at + 4096]
+            after = daemon_counts(actor, point, time.time())
+            assert after["fetch"]["ranged"] - before["fetch"]["ranged"] == 1, (before, after)
+            assert after["fetch"]["gets"] == mid["fetch"]["gets"], (mid, after)
+            assert after["fetch"]["kept"]["hits"] - mid["fetch"]["kept"]["hits"] == 3, (mid, after)
+            assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
+        finally:
+            os.close(fd)
+    finally:
+        remove(cfg, "native/random.bin")
+
+
 def test_a_cold_file_is_fetched_by_the_daemon_itself_and_checked(mounted, live_cluster, overrides, tmp_path):
     """A file of 3 chunks, 2 copies each, nothing cached: the daemon GETs its chunks from MinIO
     itself (no READ reaches the agent) and serves the source's bytes. Copies overwritten behind

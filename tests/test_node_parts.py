@@ -83,7 +83,7 @@ def test_node_index_updated_by_changes_equals_one_built_anew(namespace):
     the final manifests makes, and the index before each change as it was."""
     def maps(index):
         return [dict(m) for m in (index.by_hash, index.by_entry, index.holders, index.shards, index.coded,
-                                  index.pieces, index.places)]
+                                  index.pieces, index.places, index.names)]
     index = NodeIndex.build(namespace, node=0)
     kept = maps(index)
     rep2 = manifest("rep", [chunk(0, "rep2/0", [0, 2])])
@@ -92,6 +92,32 @@ def test_node_index_updated_by_changes_equals_one_built_anew(namespace):
     assert maps(index) == kept
     final = {"rep": rep2, "file": namespace["file"], "file2": file2}
     assert maps(now) == maps(NodeIndex.build(final, node=0))
+
+
+def test_the_heatmap_past_its_cells_shows_what_is_read_then_what_is_cached(namespace):
+    """Past its cells a host offers the names of the chunks its kernel counted, busiest first,
+    then of its newest cache entries, each whole while it fits; the dashboard takes the hosts'
+    offers in turn within the cells. Expected values worked out by hand from the namespace."""
+    index = NodeIndex.build(namespace, node=0)
+    sizes = {n: len(m.chunks) for n, m in namespace.items()}  # rep 2, ec 1, file 2
+
+    def offer(total, cells, counts, cached):
+        return heatmap.choose(total, cells, counts, cached,
+                              lambda h: index.names.get(index.by_hash[h].key) if h in index.by_hash else None,
+                              lambda e: index.names.get(index.by_entry.get(e, "")), sizes.__getitem__)
+
+    h = {k: key_hash(f"/{BUCKET}/{k}") for k in ("rep/1", "ec/0.s2", "f/0")}
+    assert offer(5, 5, {h["rep/1"]: 9}, []) is None  # every chunk fits: every name
+    # counted: ec (busiest, by a shard's GETs) then rep; a hash of no chunk and a cached entry
+    # of no name are passed over; then the cache: file
+    counts = {h["rep/1"]: 3, h["ec/0.s2"]: 7, 12345: 99}
+    assert offer(6, 4, counts, ["nothing", entry_name("f/0")]) == [("ec", 1), ("rep", 2)]
+    assert offer(6, 5, counts, ["nothing", entry_name("f/0")]) == [("ec", 1), ("rep", 2), ("file", 2)]
+    assert offer(6, 2, {h["f/0"]: 1, h["ec/0.s2"]: 1}, []) in ([("file", 2)], [("ec", 1)])  # fills the cells
+    assert offer(6, 1, {h["rep/1"]: 5}, [entry_name("ec/0")]) == [("ec", 1)]  # rep does not fit whole
+    # two hosts' offers in turn within 3 cells: a's busiest, b's busiest, then what still fits
+    assert heatmap.merge([[("rep", 2), ("file", 2)], [("ec", 1), ("rep", 2)]], 3) == ["ec", "rep"]
+    assert heatmap.merge([[("file", 2)], [("rep", 2)]], 3) == ["file"]
 
 
 def test_node_index_cannot_be_changed_in_place(namespace):

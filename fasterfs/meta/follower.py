@@ -27,6 +27,11 @@ class Follower:
         with self._lock:
             return dict(self.manifests)
 
+    def some(self, names: list[str]) -> dict[str, Manifest]:
+        """The manifests of these names that exist now (a copy of those alone)."""
+        with self._lock:
+            return {n: self.manifests[n] for n in names if n in self.manifests}
+
     def apply(self, changes: Changes) -> None:
         """Changes pushed by the store: applied if they follow this copy's version, skipped if
         already seen, else the gap is fetched first."""

@@ -86,7 +86,11 @@ function draw() {
   });
   const counts = {};
   for (let i = 0; i < f.body.length; i++) if ((i % (1 + f.cells)) !== 0) counts[f.body[i] >> 5] = (counts[f.body[i] >> 5] || 0) + 1;
-  document.getElementById("summary").textContent = `${L.cells.toLocaleString()} chunks in ${L.datasets.length} ` +
+  const shown = L.total_chunks > L.cells
+    ? `${L.cells.toLocaleString()} of the namespace's ${L.total_chunks.toLocaleString()} chunks (those the hosts' kernels ` +
+      `count or their caches hold; a name bigger than the map is left out) in ${L.datasets.length} `
+    : `${L.cells.toLocaleString()} chunks in ${L.datasets.length} `;
+  document.getElementById("summary").textContent = shown +
     `names × ${f.nodes} hosts · frame ${f.seq} · ` +
     Object.entries(counts).map(([s, c]) => `${L.states[s].name}: ${c.toLocaleString()}`).join(" · ");
 }

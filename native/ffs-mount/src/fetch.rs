@@ -9,7 +9,9 @@
 //! A handle keeps a few chunks in a window; a reader that continues where
 //! its last read ended gets the next chunks fetched ahead, while fewer than
 //! `MAX_AHEAD_FETCHES` such fetches run daemon-wide (more would only take
-//! the cores and the link from the reads that wait).
+//! the cores and the link from the reads that wait). A random reader's
+//! small reads are ranged GETs while the chunk itself is fetched in the
+//! background and kept (fasterfs kept.rs), so its next reads there are local.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, BufReader};
@@ -22,6 +24,7 @@ use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::http::{connect, exchange, Url};
+use crate::kept::{Id, Kept};
 
 /// Chunks fetched ahead of a sequential reader, per handle.
 pub const AHEAD: usize = 2;
@@ -41,6 +44,8 @@ const WINDOW: usize = AHEAD + 2;
 /// the Python agent for nothing, a fifth of the mount's CPU per GB).
 const ASK_CACHED: Duration = Duration::from_millis(25);
 const ASK_CACHED_MAX: Duration = Duration::from_secs(1);
+/// Chunks fetched in the background for random readers at once, daemon-wide.
+const MAX_KEEP_FETCHES: usize = 4;
 /// Reads waiting on MinIO on threads of their own, at most.
 const MAX_WORKERS: usize = 64;
 /// Idle kept-alive connections per MinIO.
@@ -51,6 +56,12 @@ struct Chunk {
     bytes: u64,
     xxh3: u64,
     urls: Vec<Url>,
+}
+
+impl Chunk {
+    fn id(&self) -> Id {
+        (self.xxh3, self.bytes)
+    }
 }
 
 /// Where an agent-opened file's bytes are: its chunks in file order, each
@@ -108,6 +119,10 @@ pub struct Fetcher {
     ahead_running: AtomicUsize,
     workers: Arc<AtomicUsize>,
     pub stats: FetchStats,
+    /// Whole chunks kept for random readers (None: not asked for), and
+    /// those being fetched for it.
+    pub kept: Option<Kept>,
+    keeping: Mutex<HashSet<Id>>,
 }
 
 /// Bytes a read gets: a slice of a chunk at hand, or bytes of their own.
@@ -186,7 +201,14 @@ impl Remote {
             .saturating_sub(1);
         if end - offset <= SMALL_READ && self.away(k, end) {
             let c = &self.chunks[k];
-            if let Some(out) = f.range(c, offset - c.start, end - c.start) {
+            let (from, to) = (offset - c.start, end - c.start);
+            if let Some(out) = f.kept.as_ref().and_then(|kept| kept.read(c.id(), from, to)) {
+                return Some(f.served(Got::Owned(out)));
+            }
+            if let Some(out) = f.range(c, from, to) {
+                if !sequential {
+                    self.keep(f, k);
+                }
                 return Some(f.served(Got::Owned(out)));
             }
         }
@@ -248,9 +270,9 @@ impl Remote {
         };
     }
 
-    /// Whether every chunk of bytes [offset, offset+size) is in the window
-    /// (a read then waits on nothing).
-    pub fn at_hand(&self, offset: u64, size: u32) -> bool {
+    /// Whether every chunk of bytes [offset, offset+size) is in the window,
+    /// or a small read's chunk is kept (a read then waits on nothing).
+    pub fn at_hand(&self, f: &Fetcher, offset: u64, size: u32) -> bool {
         let end = (offset + size as u64).min(self.size);
         let first = self
             .chunks
@@ -260,8 +282,14 @@ impl Remote {
             .chunks
             .partition_point(|c| c.start < end)
             .saturating_sub(1);
+        let kept = || {
+            let c = &self.chunks[first];
+            first == last
+                && end - offset <= SMALL_READ
+                && f.kept.as_ref().is_some_and(|k| k.has(c.id()))
+        };
         let w = self.window.lock().unwrap();
-        offset >= end || (first..=last).all(|k| w.have.contains_key(&k))
+        offset >= end || (first..=last).all(|k| w.have.contains_key(&k)) || kept()
     }
 
     /// Whether bytes up to `end` lie in chunk k, and it is neither at hand nor
@@ -287,9 +315,38 @@ impl Remote {
         }
         w.fetching.insert(k);
         drop(w);
-        let got = f.chunk(&self.chunks[k]).map(Arc::new);
+        let c = &self.chunks[k];
+        let kept = f
+            .kept
+            .as_ref()
+            .and_then(|kept| kept.read(c.id(), 0, c.bytes));
+        let got = kept.or_else(|| f.chunk(c)).map(Arc::new);
         self.land(k, got.clone());
         got
+    }
+
+    /// Fetch chunk k whole on a thread of its own and keep it for this random
+    /// reader's next reads, unless it is kept or on its way, or the daemon's
+    /// budget for such fetches is spent.
+    fn keep(self: &Arc<Self>, f: &Arc<Fetcher>, k: usize) {
+        let Some(kept) = f.kept.as_ref() else {
+            return;
+        };
+        let id = self.chunks[k].id();
+        {
+            let mut keeping = f.keeping.lock().unwrap();
+            if keeping.len() >= MAX_KEEP_FETCHES || keeping.contains(&id) || kept.has(id) {
+                return;
+            }
+            keeping.insert(id);
+        }
+        let (r, f) = (self.clone(), f.clone());
+        std::thread::spawn(move || {
+            if let Some(data) = f.chunk(&r.chunks[k]) {
+                f.kept.as_ref().expect("checked above").put(id, &data);
+            }
+            f.keeping.lock().unwrap().remove(&id);
+        });
     }
 
     /// Start fetching chunk k on a thread of its own, unless it is here, on
@@ -358,14 +415,17 @@ impl Fetcher {
         got
     }
 
-    /// `ahead`: chunks fetched ahead of a sequential reader.
-    pub fn new(ahead: usize) -> Fetcher {
+    /// `ahead`: chunks fetched ahead of a sequential reader; `kept`: where
+    /// chunks are kept for random readers.
+    pub fn new(ahead: usize, kept: Option<Kept>) -> Fetcher {
         Fetcher {
             idle: Mutex::default(),
             ahead,
             ahead_running: AtomicUsize::new(0),
             workers: Arc::default(),
             stats: FetchStats::default(),
+            kept,
+            keeping: Mutex::default(),
         }
     }
 
@@ -546,7 +606,7 @@ mod tests {
             ("/last".to_string(), vec![]),
         ]);
         let (host, server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0)); // no read-ahead: one connection, GETs counted
+        let f = Arc::new(Fetcher::new(0, None)); // no read-ahead: one connection, GETs counted
         let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
         let got = r.read(&f, 900, 200).unwrap().bytes().to_vec();
         assert_eq!(got, [&a[900..], &b[..100]].concat());
@@ -573,6 +633,45 @@ mod tests {
     }
 
     #[test]
+    fn a_random_readers_chunk_is_kept_and_its_next_reads_are_local() {
+        let (a, b) = (
+            vec![3u8; 1000],
+            (0..700u32).map(|i| i as u8).collect::<Vec<u8>>(),
+        );
+        let bodies = HashMap::from([
+            ("/bk/a".to_string(), a.clone()),
+            ("/bk/b".to_string(), b.clone()),
+            ("/last".to_string(), vec![]),
+        ]);
+        let (host, server) = serve(bodies);
+        let kept = Kept::open(&std::env::temp_dir(), 4096, 1024).unwrap();
+        let f = Arc::new(Fetcher::new(0, Some(kept)));
+        let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
+        assert!(!r.at_hand(&f, 1500, 10));
+        // not from the start: a random read, its range now and chunk b kept meanwhile
+        assert_eq!(r.read(&f, 1200, 10).unwrap().bytes(), &b[200..210]);
+        let k = f.kept.as_ref().unwrap();
+        let t = Instant::now();
+        while !k.has((xxh3_64(&b), 700)) {
+            assert!(t.elapsed() < Duration::from_secs(5), "chunk b kept");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(r.at_hand(&f, 1500, 10) && !r.at_hand(&f, 900, 200)); // kept; across chunks: not
+        assert_eq!(r.read(&f, 1500, 10).unwrap().bytes(), &b[500..510]);
+        assert_eq!(
+            (f.stats.ranged.load(Relaxed), f.stats.gets.load(Relaxed)),
+            (1, 1)
+        );
+        assert_eq!(k.hits.load(Relaxed), 1);
+        let _ = f.get(
+            &Url::parse(&format!("http://{host}/last")).unwrap(),
+            None,
+            0,
+        );
+        assert_eq!(server.join().unwrap(), 3, "the range, chunk b whole, /last");
+    }
+
+    #[test]
     fn a_plan_that_is_not_the_file_is_refused() {
         let c = |start: u64| json!({"start": start, "bytes": 10, "xxh3": 1, "urls": ["http://h:1/b/k"]});
         assert!(Remote::from_msg(&json!({"chunks": [c(0), c(10)]}), 20).is_some());
@@ -591,7 +690,7 @@ mod tests {
             ("/last".to_string(), vec![]),
         ]);
         let (host, server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0));
+        let f = Arc::new(Fetcher::new(0, None));
         let r = Arc::new(remote(&host, &[&huge], &["/huge"]));
         assert!(
             r.read(&f, 0, 10).is_none(),

@@ -99,7 +99,7 @@ impl Shared {
             stats: Stats::default(),
             agent,
             ttl,
-            fetcher: Arc::new(Fetcher::new(AHEAD)),
+            fetcher: Arc::new(Fetcher::new(AHEAD, None)),
             pins: Pins::default(),
             passthrough_ok: AtomicBool::new(false),
             opens: Mutex::new(Opens::default()),
@@ -674,7 +674,7 @@ impl Filesystem for FuseFs {
         let Some(r) = remote else {
             return s.forward(fh.0, agent_h, offset, size, reply);
         };
-        let at_hand = r.at_hand(offset, size);
+        let at_hand = r.at_hand(&s.fetcher, offset, size);
         let fetch = move |s: &Shared, reply: ReplyData| {
             if !at_hand && r.ask_cached() {
                 let now = s.cached_now(fh.0, &agent_h);

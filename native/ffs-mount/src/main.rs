@@ -1,7 +1,10 @@
 //! ffs-mount: read-only FUSE daemon for FasterFS.
 //!
 //! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]
-//!        [--max-entries 0]
+//!        [--max-entries 0] [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4]
+//!
+//! --kept-mb M > 0: whole chunks fetched for random readers are kept in an
+//! unnamed file of M MiB under DIR, in slots of the largest chunk (kept.rs).
 //!
 //! The Python agent (our parent) owns the other end of the socketpair at fd N.
 //! Metadata is served from the tree it pushes; opens of files it declared hot
@@ -121,7 +124,9 @@
 //!   and "fetch": {reads, bytes (served from chunks fetched here), gets,
 //!   get_bytes (good chunks fetched), ahead (read-ahead fetches started),
 //!   ranged (ranged GETs),
-//!   bad_checksum, failed_gets, fallbacks (reads then sent to the agent)}.
+//!   bad_checksum, failed_gets, fallbacks (reads then sent to the agent),
+//!   and with --kept-mb, kept: {chunks (kept now), slots, hits (reads served
+//!   from them), kept (chunks kept since start)}}.
 //!   agent_timeouts: requests to the agent unanswered within 60 s (each
 //!   failed with EIO, said in the daemon's log). Not counters: entries_held
 //!   (entries in the tree now, the root included), kernel_held (inodes the
@@ -232,6 +237,7 @@ mod change;
 mod fetch;
 mod fs;
 mod http;
+mod kept;
 mod marks;
 mod stats;
 mod tree;
@@ -272,12 +278,17 @@ struct Args {
     max_entries: usize,
     access: tree::Access,
     allow_other: bool,
+    /// Where and how much to keep of chunks fetched for random readers.
+    kept_dir: Option<PathBuf>,
+    kept_mb: u64,
+    kept_slot_mb: u64,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2] \
-         [--max-entries 0] [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other]"
+         [--max-entries 0] [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other] \
+         [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4]"
     );
     std::process::exit(2);
 }
@@ -287,6 +298,7 @@ fn parse_args() -> Args {
     let (mut agent_fd, mut ttl_ms, mut threads, mut max_entries) = (None, 60_000u64, 2usize, 0);
     let mut access = tree::Access::default();
     let mut allow_other = false;
+    let (mut kept_dir, mut kept_mb, mut kept_slot_mb) = (None, 0, 4);
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> u64 {
@@ -304,6 +316,11 @@ fn parse_args() -> Args {
             Some("--file-mode") => access.file_mode = (num() & 0o777) as u16,
             Some("--dir-mode") => access.dir_mode = (num() & 0o777) as u16,
             Some("--allow-other") => allow_other = true,
+            Some("--kept-mb") => kept_mb = num(),
+            Some("--kept-slot-mb") => kept_slot_mb = num().max(1),
+            Some("--kept-dir") => {
+                kept_dir = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
+            }
             Some(s) if s.starts_with("--") => usage(),
             _ if mountpoint.is_none() => mountpoint = Some(PathBuf::from(a)),
             _ => usage(),
@@ -318,6 +335,9 @@ fn parse_args() -> Args {
             max_entries,
             access,
             allow_other,
+            kept_dir,
+            kept_mb,
+            kept_slot_mb,
         },
         _ => usage(),
     }
@@ -434,6 +454,9 @@ fn applier(
             Apply::Msg(v) if v.get("op").and_then(Value::as_str) == Some("stats") => {
                 let mut stats = s.stats.json();
                 stats["fetch"] = s.fetcher.stats.json();
+                if let Some(k) = &s.fetcher.kept {
+                    stats["fetch"]["kept"] = k.json();
+                }
                 stats["agent_timeouts"] =
                     json!(s.agent.timeouts.load(std::sync::atomic::Ordering::Relaxed));
                 stats["entries_held"] = json!(s.tree().len());
@@ -598,6 +621,15 @@ fn main() {
         Duration::from_millis(args.ttl_ms),
     );
     shared.max_entries = args.max_entries;
+    if let (Some(dir), true) = (&args.kept_dir, args.kept_mb > 0) {
+        match kept::Kept::open(dir, args.kept_mb << 20, args.kept_slot_mb << 20) {
+            Ok(k) => shared.fetcher = Arc::new(fetch::Fetcher::new(fetch::AHEAD, Some(k))),
+            Err(e) => {
+                eprintln!("ffs-mount: --kept-dir {}: {e}", dir.display());
+                std::process::exit(2);
+            }
+        }
+    }
     let shared = Arc::new(shared);
     // Entries and attributes are cached by the kernel for --attr-ttl-ms; what a
     // new tree changes is invalidated at once, once the session can notify.
