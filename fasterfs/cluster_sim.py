@@ -23,9 +23,11 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 from .bpf.events import key_hash
 from .bpf.simulated import SimulatedPrograms
+from .cache import ChunkCache
 from .cache_entry import entry_name
 from .change_log import LOG_MAX, ChangeLog
 from .invalidation import Invalidations
@@ -55,6 +57,12 @@ class RecordingCache:
 
     def contains(self, key: str) -> bool:
         return entry_name(key) in self.names
+
+    def clear(self) -> int:
+        removed = len(self.names)
+        for name in list(self.names):
+            self.evict(name)
+        return removed
 
     def read(self, key: str) -> None:
         return None  # no bytes: names only
@@ -235,7 +243,8 @@ def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket:
         applied[j] += len(batch)
 
     for i in range(nodes):
-        invs.append(Invalidations(i, bucket, SimulatedPrograms(hot_threshold=2), RecordingCache(), NoFills(), False,
+        cache = cast(ChunkCache, RecordingCache())  # what Invalidations asks of a cache: contains, clear
+        invs.append(Invalidations(i, bucket, SimulatedPrograms(hot_threshold=2), cache, NoFills(), False,
                                   lambda key, why: None, tell(i), lambda from_peer: None))
     t = time.perf_counter()
     for s in range(seconds):
