@@ -96,9 +96,10 @@ class Run:
     def start_mounts(self) -> None:
         own = [f"cluster.name={self.state.name}", f"cluster.root={self.state.root}",
                f"cluster.ray_address={self.state.ray_address}"]
-        self.mounts["fasterfs"] = mounts.fasterfs(self.work / "fasterfs", own)
         # the same mount with every miss read by its agent (the path before the daemon fetched)
-        self.mounts[AGENT_READS] = mounts.fasterfs(self.work / "fasterfs-agent", own + ["mount.native_fetch=false"])
+        self.own = {"fasterfs": own, AGENT_READS: own + ["mount.native_fetch=false"]}
+        for name, overrides in self.own.items():
+            self.mounts[name] = mounts.fasterfs(self.work / name.replace(", ", "-").replace(" ", "-"), overrides)
         peer = (self.endpoint, PEER_BUCKET, self.keys.access_key, self.keys.secret_key, self.work)
         self.mounts["s3fs"] = mounts.s3fs(self.work / "s3fs", *peer)
         self.mounts["rclone"] = mounts.rclone(self.work / "rclone", *peer)
@@ -112,9 +113,13 @@ class Run:
             self.mounts[name] = start(old.point, self.endpoint, PEER_BUCKET, self.keys.access_key,
                                       self.keys.secret_key, self.work)
 
-    def clear_fasterfs(self) -> None:
-        """Every cache emptied, again after fills of the last read had time to land."""
+    def clear_fasterfs(self, name: str) -> None:
+        """Every cache emptied, again after fills of the last read had time to land; the mount
+        `name` started anew (what its daemon keeps for random readers goes with it)."""
         ray.get([a.cache_clear.remote() for a in self.actors])
+        old = self.mounts[name]
+        old.stop()
+        self.mounts[name] = mounts.fasterfs(old.point, self.own[name])
         time.sleep(2)
         ray.get([a.cache_clear.remote() for a in self.actors])
 
@@ -170,7 +175,7 @@ class Run:
                 self.restart_peers_empty()
                 for name, path in paths.items():
                     if name.startswith("fasterfs"):  # each FasterFS mount's cold read makes chunks hot
-                        self.clear_fasterfs()
+                        self.clear_fasterfs(name)
                     mounts.drop_page_cache()
                     got = self.measured(name, f"{rw} cold", lambda path=path, rw=rw, bs=bs: fio(path, rw, bs))
                     runs[f"{name}: cold"].append(got["mb_s"])
