@@ -6,6 +6,7 @@ leaves its bytes; fio verifies every block it reads through the mount by its own
 Expected bytes come from the local files and from MinIO read with boto3, never from FasterFS."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
@@ -51,6 +52,18 @@ def daemon_reads(stats: dict) -> int:
     """READs the daemon answered other than from a cache entry: fetched from MinIO itself, or
     forwarded to the agent."""
     return stats["reads_forwarded"] + stats["fetch"]["reads"]
+
+
+@contextlib.contextmanager
+def random_reads(f: Path):
+    """`f` once the mount shows it, opened for random reads: the kernel sends one request per read."""
+    wait_until(f.exists, timeout=10, what="the file in the mount")
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def put_hot(point, actor, overrides, local, name: str):
@@ -147,11 +160,7 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
     try:
         home = cluster.storage_nodes(live_cluster)[m.chunk(0).nodes[0]]
         assert ray.get(home.cache_warm.remote([m.chunk(0).key, m.chunk(2).key])) == 2
-        f = point / "native" / "part.bin"
-        wait_until(f.exists, timeout=10, what="the file in the mount")
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # one request per read
+        with random_reads(point / "native" / "part.bin") as fd:
             before = daemon_counts(actor, point, time.time())
             for at in (5_000, 2 * 2**20 + 77_777, 900_000):  # in chunks 0, 2, 0
                 assert os.pread(fd, 4096, at) == data[at:at + 4096]
@@ -163,8 +172,6 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
             after = daemon_counts(actor, point, time.time())
             assert after["fetch"]["reads"] > mid["fetch"]["reads"], (mid, after)
             assert after["reads_forwarded"] == mid["reads_forwarded"], (mid, after)
-        finally:
-            os.close(fd)
     finally:
         remove(cfg, "native/part.bin")
 
@@ -179,11 +186,7 @@ def test_a_random_readers_chunks_are_kept_by_the_daemon(mounted, live_cluster, o
     cfg = config.load(overrides + ["files.chunk_mb=1"])
     put(cfg, tmp_path / "random.bin", "native/random.bin")
     try:
-        f = point / "native" / "random.bin"
-        wait_until(f.exists, timeout=10, what="the file in the mount")
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # one request per read
+        with random_reads(point / "native" / "random.bin") as fd:
             before = daemon_counts(actor, point, time.time())
             at = 2 * 2**20 + 300_001  # in chunk 2
             assert os.pread(fd, 4096, at) == data[at:at + 4096]
@@ -197,8 +200,6 @@ def test_a_random_readers_chunks_are_kept_by_the_daemon(mounted, live_cluster, o
             assert after["fetch"]["gets"] == mid["fetch"]["gets"], (mid, after)
             assert after["fetch"]["kept"]["hits"] - mid["fetch"]["kept"]["hits"] == 3, (mid, after)
             assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
-        finally:
-            os.close(fd)
     finally:
         remove(cfg, "native/random.bin")
 
