@@ -27,7 +27,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write
 from .lease import Lease
 from .manifest import Manifest
-from .meta import AttrsListing, Changes, Listing, NamespaceStore, Resolved, legacy, open_engine
+from .meta import AttrsListing, Changes, Listing, Moves, NamespaceStore, Resolved, legacy, open_engine
 from .node_directory import NodeDirectory
 from .state import ClusterState, host_id, join, ray_namespace
 
@@ -116,16 +116,17 @@ class Registry:
     def pending_write(self, pieces: list[tuple[int, str, str]]) -> None:
         self.names.pending_write(pieces)
 
-    def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      fence: tuple[int, int] | None = None) -> list[int]:
-        """`fence`: (node, epoch) of the repair leader's lease it repaired under; refused unless
+    def update_chunks(self, items: list[tuple[str, str, Moves]], fence: tuple[int, int] | None = None
+                      ) -> dict[str, list[int]]:
+        """Pieces a repair moved, of many names at once (NamespaceStore.update_chunks_many).
+        `fence`: (node, epoch) of the repair leader's lease it repaired under; refused unless
         that lease is still held (a leader cut off meanwhile has been replaced): what it wrote
         is then retired."""
         if fence is not None and not self.repair_lease.valid(*fence):
-            self.names.update_chunks(name, generation, moves, refused=True)
+            self.names.update_chunks_many(items, refused=True)
             raise FasterFSError(f"repair by node {fence[0]} under lease epoch {fence[1]} refused: the lease is "
                                 f"{self.repair_lease.to_dict()}")
-        return self.names.update_chunks(name, generation, moves)
+        return self.names.update_chunks_many(items)
 
     def lease_repair(self, node: int, ttl_s: float) -> int | None:
         """The repair leader's lease for `node` (granted or renewed: its epoch), or None."""
@@ -304,9 +305,9 @@ def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list
     return _ask(cluster_name, "publish_manifest", manifest, prefix)
 
 
-def update_chunks(cluster_name: str, name: str, generation: str, moves: dict,
-                  fence: tuple[int, int] | None = None) -> list[int]:
-    return _ask(cluster_name, "update_chunks", name, generation, moves, fence)
+def update_chunks(cluster_name: str, items: list[tuple[str, str, Moves]],
+                  fence: tuple[int, int] | None = None) -> dict[str, list[int]]:
+    return _ask(cluster_name, "update_chunks", items, fence)
 
 
 def lease_repair(cluster_name: str, node: int, ttl_s: float) -> int | None:

@@ -35,6 +35,9 @@ from .state import ClusterState
 log = logging.getLogger("fasterfs.repair")
 
 
+UPDATE_BATCH = 1000  # names whose moved pieces one namespace transaction records (as put -r's batches)
+
+
 def needed(m: Manifest) -> int:
     """Good pieces that rebuild a chunk."""
     return m.ec_data if m.layout == "ec" else 1
@@ -343,11 +346,12 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
             done += 1
             if progress:
                 progress(done, len(plans))
-    for m in manifests.values():
-        if moves.get(m.name):
-            applied = set(registry.update_chunks(state.name, m.name, m.generation, dict(moves[m.name]), fence))
-            for cid in set(moves[m.name]) - applied:
-                out.failed.append(f"{m.name} chunk {cid}: changed while repaired (re-ingested?); not applied")
+    moved = [(m.name, m.generation, dict(moves[m.name])) for m in manifests.values() if moves.get(m.name)]
+    for at in range(0, len(moved), UPDATE_BATCH):  # a lost node's files: one transaction per batch
+        applied = registry.update_chunks(state.name, moved[at:at + UPDATE_BATCH], fence)
+        for name, _, chunks in moved[at:at + UPDATE_BATCH]:
+            for cid in set(chunks) - set(applied[name]):
+                out.failed.append(f"{name} chunk {cid}: changed while repaired (re-ingested?); not applied")
     out.seconds = time.monotonic() - started
     return out
 

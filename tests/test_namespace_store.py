@@ -94,6 +94,21 @@ def test_a_move_another_repair_made_counts_and_a_lost_ones_pieces_go(store):
     assert sorted(store.expired_pieces(keep_old_s=0)) == [(1, key), (3, key), (4, key)]
 
 
+def test_a_lost_nodes_files_are_repaired_in_one_change(store):
+    """Moves of many names in one call: one version, one push naming each changed name; a name
+    of another generation and one already moved there take their own outcomes."""
+    for name in ("a", "b", "c"):
+        store.publish(manifest(name, "g1"), f"{name}/g1/")
+    version, pushes = store.version, len(store.pushed)
+    got = store.update_chunks_many([("a", "g1", {0: ([0, 1], [0, 2])}), ("b", "g0", {0: ([0, 1], [0, 2])}),
+                                    ("c", "g1", {0: ([0, 1], [2, 1])})])
+    assert got == {"a": [0], "b": [], "c": [0]}
+    assert store.version == version + 1 and len(store.pushed) == pushes + 1
+    method, changes = store.pushed[-1]
+    assert method == "apply_changes" and set(changes.names) == {"a", "c"}
+    assert [store.manifest(n).chunks[0].nodes for n in "abc"] == [[0, 2], [0, 1], [2, 1]]
+
+
 def test_a_retired_piece_named_again_is_not_deleted(store):
     store.publish(manifest("d", "g1"), "d/g1/")
     key = store.manifest("d").chunks[0].key

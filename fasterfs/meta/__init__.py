@@ -12,10 +12,10 @@ from pathlib import Path
 from ..errors import FasterFSError
 from .engine import Attrs, Engine
 from .sqlite import SQLiteEngine
-from .store import AttrsListing, Changes, Listing, NamespaceStore, Push, Resolved
+from .store import AttrsListing, Changes, Listing, Moves, NamespaceStore, Push, Resolved
 
-__all__ = ["ENGINES", "Attrs", "AttrsListing", "Changes", "Engine", "Listing", "NamespaceStore", "Push", "Resolved",
-           "open_engine"]
+__all__ = ["ENGINES", "Attrs", "AttrsListing", "Changes", "Engine", "Listing", "Moves", "NamespaceStore", "Push",
+           "Resolved", "open_engine"]
 ENGINES = ("sqlite", "redis")
 
 

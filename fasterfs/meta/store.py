@@ -19,6 +19,7 @@ from ..errors import FasterFSError
 from ..manifest import Manifest
 from .engine import Attrs, Engine
 
+Moves = dict[int, tuple[list[int], list[int]]]  # chunk id -> (its nodes before a repair, after)
 Push = Callable[[str, object], list[int]]  # (StorageNode method, its argument) -> the nodes that took it
 
 
@@ -214,38 +215,50 @@ class NamespaceStore:
         version = self.engine.log(names)
         return Changes(since, version, {n: self.engine.get(n) for n in names})
 
-    def update_chunks(self, name: str, generation: str, moves: dict[int, tuple[list[int], list[int]]],
-                      refused: bool = False) -> list[int]:
-        """Repair moved pieces of `name`'s chunks: {chunk id: (nodes before, nodes now)}. Applied
-        to the chunks still as the repair saw them, only in the generation it repaired (a
+    def update_chunks(self, name: str, generation: str, moves: Moves, refused: bool = False) -> list[int]:
+        """`update_chunks_many` of one name."""
+        return self.update_chunks_many([(name, generation, moves)], refused)[name]
+
+    def update_chunks_many(self, items: list[tuple[str, str, Moves]], refused: bool = False) -> dict[str, list[int]]:
+        """Repair moved pieces of these names' chunks: (name, generation, {chunk id: (nodes before,
+        nodes now)}), in one transaction and one push (a node's loss repairs every file it held).
+        Applied to the chunks still as the repair saw them, only in the generation it repaired (a
         re-ingest meanwhile wins; its orphans go with the generation); pushed like a new
         generation. A chunk another repair already put where this one did counts as applied.
         The pieces no reader of the current manifest reads are retired: those moved away, and
-        what a repair that lost (or was `refused`: fenced off) wrote. Returns the chunk ids applied."""
-        changes = None
+        what a repair that lost (or was `refused`: fenced off) wrote. Returns each name's chunk
+        ids applied."""
+        changes, out = None, {}  # type: Changes | None, dict[str, list[int]]
         with self._lock:
-            current = self.engine.get(name)
-            if current is None or current.generation != generation:
-                return []
-            chunks, applied, retired = list(current.chunks), [], set()
-            for cid, (before, after) in moves.items():
-                now, wrote = chunks[cid], set(current.pieces(dataclasses.replace(chunks[cid], nodes=list(after))))
-                if not refused and now.nodes == list(before):
-                    chunks[cid] = dataclasses.replace(now, nodes=list(after))
-                    retired |= set(current.pieces(now)) - wrote
-                    applied.append(cid)
-                elif not refused and now.nodes == list(after):
-                    applied.append(cid)  # the same move, made by another repair: it retired the old pieces
-                else:
-                    retired |= wrote - set(current.pieces(now))
             with self.engine.transaction():
-                if chunks != current.chunks:
-                    self.engine.put(dataclasses.replace(current, chunks=chunks))
-                    changes = self._logged([name])
-                self.engine.retire([(node, key, name) for node, key in sorted(retired)], stamp.now())
+                self.engine.read_ahead([name for name, _, _ in items], [])
+                changed, retired = [], set()
+                for name, generation, moves in items:
+                    out[name] = []
+                    current = self.engine.get(name)
+                    if current is None or current.generation != generation:
+                        continue
+                    chunks = list(current.chunks)
+                    for cid, (before, after) in moves.items():
+                        now = chunks[cid]
+                        wrote = set(current.pieces(dataclasses.replace(now, nodes=list(after))))
+                        if not refused and now.nodes == list(before):
+                            chunks[cid] = dataclasses.replace(now, nodes=list(after))
+                            retired |= {(n, k, name) for n, k in set(current.pieces(now)) - wrote}
+                            out[name].append(cid)
+                        elif not refused and now.nodes == list(after):
+                            out[name].append(cid)  # the same move, made by another repair: it retired the old pieces
+                        else:
+                            retired |= {(n, k, name) for n, k in wrote - set(current.pieces(now))}
+                    if chunks != current.chunks:
+                        self.engine.put(dataclasses.replace(current, chunks=chunks))
+                        changed.append(name)
+                if changed:
+                    changes = self._logged(changed)
+                self.engine.retire(sorted(retired), stamp.now())
         if changes is not None:
             self.push("apply_changes", changes)
-        return applied
+        return out
 
     def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
         """Pieces retired more than keep_old_s ago, forgotten here: they can go. One its name's
