@@ -624,10 +624,11 @@ fn main() {
     if let (Some(dir), true) = (&args.kept_dir, args.kept_mb > 0) {
         match kept::Kept::open(dir, args.kept_mb << 20, args.kept_slot_mb << 20) {
             Ok(k) => shared.fetcher = Arc::new(fetch::Fetcher::new(fetch::AHEAD, Some(k))),
-            Err(e) => {
-                eprintln!("ffs-mount: --kept-dir {}: {e}", dir.display());
-                std::process::exit(2);
-            }
+            // a filesystem without O_TMPFILE: random reads stay ranged GETs (the stats lack "kept")
+            Err(e) => eprintln!(
+                "ffs-mount: --kept-dir {}: {e}; chunks are not kept for random readers",
+                dir.display()
+            ),
         }
     }
     let shared = Arc::new(shared);
