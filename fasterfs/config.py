@@ -179,6 +179,9 @@ def validate(cfg: DictConfig) -> None:
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             bad(opt, "must be a number of seconds > 0")
+    q = cfg.repair.quiet_s
+    if not isinstance(q, (int, float)) or isinstance(q, bool) or q < 0:
+        bad("repair.quiet_s", "must be a number of seconds >= 0")
     if not isinstance(cfg.repair.threads, int) or cfg.repair.threads < 1:
         bad("repair.threads", "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:

@@ -7,10 +7,12 @@ left alone (it may come back). A survey lists every node's bucket (most of an id
 10,000 chunks if done every check), so the leader surveys only when the nodes changed (down or
 back, one down past `after_s`), while the last survey found anything to do, and at least every
 `repair.survey_s` (objects lost behind MinIO's back; less often when surveys that often would
-take over SURVEY_SHARE of the time). A change of the namespace alone is checked,
-not surveyed: only the pieces of the names that changed, so a load of a million files costs per
-batch what the batch holds, not what is stored already; what the check finds wrong is repaired
-by a survey.
+take over SURVEY_SHARE of the time, and not while the namespace changes: a survey listing every
+bucket beside a load slows the load's every batch, for nothing the load's own checks miss — it
+waits for `repair.quiet_s` without a change, DEFER_MAX times its spacing at most). A change of the
+namespace alone is checked, not surveyed: only the pieces of the names that changed, so a load of
+a million files costs per batch what the batch holds, not what is stored already; what the check
+finds wrong is repaired by a survey.
 
 The probes, the survey and the repair come in as functions, so the decisions are testable
 without MinIO: `tick(now)` is one round.
@@ -28,6 +30,7 @@ log = logging.getLogger("fasterfs.repair_leader")
 
 HISTORY = 20  # repairs kept for `status`
 SURVEY_SHARE = 0.05  # of the leader's time its periodic surveys may take
+DEFER_MAX = 4  # a periodic survey waits for the namespace to rest at most this many times its spacing
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,12 @@ class Timing:
     after_s: float
     survey_s: float
     auto: bool
+    quiet_s: float = 30.0
 
     @classmethod
     def of(cls, repair_cfg) -> Timing:
-        return cls(repair_cfg.check_s, repair_cfg.after_s, repair_cfg.survey_s, bool(repair_cfg.auto))
+        return cls(repair_cfg.check_s, repair_cfg.after_s, repair_cfg.survey_s, bool(repair_cfg.auto),
+                   repair_cfg.quiet_s)
 
 
 class RepairLeader:
@@ -65,6 +70,7 @@ class RepairLeader:
         self._seen: tuple | None = None  # what the last survey saw
         self._surveyed = float("-inf")
         self._took = 0.0  # seconds the last survey (or repair) took
+        self._version: tuple[int, float] | None = None  # the namespace's version, and when first seen
 
     def tick(self, now: float | None = None) -> str:
         """One round; returns what it did: follow (another node leads), wait (nothing changed),
@@ -97,10 +103,13 @@ class RepairLeader:
         gone = {n for n, t in self._down_since.items() if now - t >= self.timing.after_s}
         waiting = (set(nodes) | set(self._down_since)) - gone
         seen = (frozenset(alive), frozenset(waiting), self.version())
+        if self._version is None or self._version[0] != seen[2]:
+            self._version = (seen[2], now)
         settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
-        # the periodic survey, spaced so that it takes at most SURVEY_SHARE of the time: a million
-        # objects list in tens of seconds
-        due = now - self._surveyed >= max(self.timing.survey_s, self._took / SURVEY_SHARE)
+        # the periodic survey, spaced so that it takes at most SURVEY_SHARE of the time (a million
+        # objects list in tens of seconds), once the namespace rests
+        spacing, since = max(self.timing.survey_s, self._took / SURVEY_SHARE), now - self._surveyed
+        due = since >= spacing and (now - self._version[1] >= self.timing.quiet_s or since >= DEFER_MAX * spacing)
         if seen == self._seen and settled and not due:
             return "wait"
         if settled and not due and self._seen is not None and seen[:2] == self._seen[:2] and self._checked(seen):

@@ -25,7 +25,7 @@ from fasterfs.node_directory import NodeDirectory
 from fasterfs.node_index import NodeIndex, Piece, Shard
 from fasterfs.peer_tier import CacheNews, PeerTier
 from fasterfs.repair import Health, Outcome
-from fasterfs.repair_leader import SURVEY_SHARE, RepairLeader, Timing
+from fasterfs.repair_leader import DEFER_MAX, SURVEY_SHARE, RepairLeader, Timing
 
 pytestmark = pytest.mark.unit
 BUCKET = "b"
@@ -408,7 +408,23 @@ def test_a_change_of_the_namespace_alone_is_checked_not_surveyed():
     c.version, c.log_reaches = 5, True
     assert leader.tick(5) == "check"
     c.version = 6
-    assert leader.tick(200) == "repair"  # a survey due after survey_s is not replaced by a check
+    assert leader.tick(200) == "check"  # a survey due after survey_s waits while the namespace changes ...
+    assert leader.tick(200 + leader.timing.quiet_s) == "repair"  # ... until it rests
+
+
+def test_a_periodic_survey_waits_for_the_namespace_to_rest_but_not_for_ever():
+    """A load changes the namespace every tick: each change is checked, the periodic survey
+    (due after survey_s=100) waits, and comes at DEFER_MAX times its spacing regardless."""
+    c = Cluster()
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair"
+    t = 0
+    while t < 100 * DEFER_MAX - 10:
+        t += 10
+        c.version += 1
+        assert leader.tick(t) == "check", t
+    c.version += 1
+    assert leader.tick(100 * DEFER_MAX) == "repair"
 
 
 def test_a_survey_that_takes_long_comes_less_often():
@@ -419,7 +435,7 @@ def test_a_survey_that_takes_long_comes_less_often():
     def slow_repair(waiting: set[int], epoch: int) -> Outcome:
         time.sleep(0.3)  # on the real clock: what the leader measures
         return Outcome(c.health())
-    leader = RepairLeader(0, Timing(check_s=1, after_s=10, survey_s=0.1, auto=True),
+    leader = RepairLeader(0, Timing(check_s=1, after_s=10, survey_s=0.1, auto=True, quiet_s=0),
                           lambda: ([0, 1, 2], set(c.alive)), lambda: c.version, c.health, lambda since: None,
                           slow_repair, lambda ttl_s: c.lease.acquire(0, ttl_s))
     assert leader.tick(0) == "repair"

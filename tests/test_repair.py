@@ -182,6 +182,6 @@ def test_a_nodes_survey_fetches_not_the_whole_namespace(live_cluster, overrides,
 def test_repair_options_checked():
     for option, why in (("repair.threads=0", "repair.threads"), ("repair.mb_per_s=-1", "repair.mb_per_s"),
                         ("scrub.interval_s=x", "scrub.interval_s"), ("repair.check_s=0", "repair.check_s"),
-                        ("repair.survey_s=-1", "repair.survey_s")):
+                        ("repair.survey_s=-1", "repair.survey_s"), ("repair.quiet_s=-1", "repair.quiet_s")):
         with pytest.raises(FasterFSError, match=why):
             config.load([option])
