@@ -98,16 +98,22 @@ class Client:
         """Chunks `ids` as another process on this host may GET them itself: each one's size,
         xxh3 and holders as presigned URLs, in the order this client tries them (holders that
         refused lately last). None where such GETs would go uncounted (MinIO over TLS, a node's
-        kernel simulated: this client reports its GETs to the node instead), or for shards."""
-        s = self.session
-        if self.manifest.layout != "replicas" or s.state.tls_ca or s.mark or any(
-                n.kernel_mode == "simulated" for n in self.state.nodes):
+        kernel simulated: this client reports its GETs to the node instead). An erasure-coded
+        chunk's are its data shards' (each its size, xxh3 and node's URL), "urls" empty."""
+        s, m = self.session, self.manifest
+        if s.state.tls_ca or s.mark or any(n.kernel_mode == "simulated" for n in self.state.nodes):
             return None
         out = []
         for i in ids:
-            c = self.manifest.chunk(i)
-            urls = [s.getter(n).presign(self.manifest.bucket, c.key, expires_s)
-                    for n in sorted(self.sources(i), key=self._down)]
+            c = m.chunk(i)
+            if m.layout == "ec":
+                size = erasure.fragment_size(c.bytes, m.ec_data, m.ec_parity)
+                shards = [{"bytes": size, "xxh3": c.shards[slot],
+                           "urls": [s.getter(node).presign(m.bucket, key, expires_s)]}
+                          for slot, (node, key) in enumerate(m.pieces(c)[:m.ec_data])]
+                out.append({"bytes": c.bytes, "xxh3": c.xxh3, "urls": [], "shards": shards})
+                continue
+            urls = [s.getter(n).presign(m.bucket, c.key, expires_s) for n in sorted(self.sources(i), key=self._down)]
             out.append({"bytes": c.bytes, "xxh3": c.xxh3, "urls": urls})
         return out
 

@@ -67,6 +67,11 @@ def encode(chunk: bytes, data: int, parity: int) -> list[bytes]:
     return _driver(data, parity).encode(chunk)
 
 
+def fragment_size(chunk_bytes: int, data: int, parity: int) -> int:
+    """The length of each shard `encode` makes of a chunk this long (its header included)."""
+    return _driver(data, parity).get_segment_info(chunk_bytes, chunk_bytes)["fragment_size"]
+
+
 def decode(shards: dict[int, bytes], data: int, parity: int, what: str) -> bytes:
     """The chunk from any `data` good shards ({index: bytes}); names `what` if too few."""
     if len(shards) < data:

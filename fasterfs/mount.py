@@ -20,8 +20,9 @@ the mount point cleaned up if they die):
   here; its reply tells the daemon where the file's bytes are (each chunk's holders as
   presigned GETs, `_fetch`), so the daemon fetches misses from MinIO itself, checked by xxh3,
   and the kernel counts those GETs and makes chunks hot. Reads come here only where the daemon
-  cannot fetch (erasure-coded files, MinIO over TLS, a simulated kernel, no good copy at any
-  holder) and take the client's path (this host's cache, else a holder's MinIO). Once all of a
+  cannot fetch (MinIO over TLS, a simulated kernel, no good copy at any holder; an
+  erasure-coded chunk with a data shard missing or wrong: the parity is read here) and take
+  the client's path (this host's cache, else a holder's MinIO). Once all of a
   file's chunks are cached, the agent declares it hot to the daemon.
 
     python -m fasterfs.mount MOUNTPOINT [overrides...]     (what the StorageNode runs)

@@ -204,6 +204,30 @@ def test_a_random_readers_chunks_are_kept_by_the_daemon(mounted, live_cluster, o
         remove(cfg, "native/random.bin")
 
 
+def test_an_erasure_coded_file_is_fetched_by_the_daemon_from_its_data_shards(mounted, live_cluster, overrides,
+                                                                             tmp_path):
+    """A file of 3 chunks stored as 1 data + 1 parity shard each, nothing cached: read cold
+    through the mount, its bytes are the source's and come from the daemon's own GETs of the
+    data shards (no READ reaches the agent, which would read parity)."""
+    point, actor = mounted
+    data = os.urandom(3 * 2**20 - 12_345)
+    (tmp_path / "ec.bin").write_bytes(data)
+    cfg = config.load(overrides + ["files.chunk_mb=1", "layout=ec", "ec.data=1", "ec.parity=1"])
+    m = put(cfg, tmp_path / "ec.bin", "native/ec.bin")
+    try:
+        assert m.layout == "ec" and len(m.chunks) == 3
+        f = point / "native" / "ec.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        before = daemon_counts(actor, point, time.time())
+        assert f.read_bytes() == data
+        after = daemon_counts(actor, point, time.time())
+        assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
+        assert after["fetch"]["gets"] - before["fetch"]["gets"] >= len(m.chunks), (before, after)
+        assert after["fetch"]["bad_checksum"] == before["fetch"]["bad_checksum"], (before, after)
+    finally:
+        remove(cfg, "native/ec.bin")
+
+
 def test_a_cold_file_is_fetched_by_the_daemon_itself_and_checked(mounted, live_cluster, overrides, tmp_path):
     """A file of 3 chunks, 2 copies each, nothing cached: the daemon GETs its chunks from MinIO
     itself (no READ reaches the agent) and serves the source's bytes. Copies overwritten behind

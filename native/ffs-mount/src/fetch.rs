@@ -56,6 +56,31 @@ struct Chunk {
     bytes: u64,
     xxh3: u64,
     urls: Vec<Url>,
+    /// An erasure-coded chunk's data shards, in order (its `urls` empty):
+    /// each fetched and checked, their payloads joined (parity, for a shard
+    /// missing or wrong, is the agent's).
+    shards: Vec<Shard>,
+}
+
+struct Shard {
+    bytes: u64,
+    xxh3: u64,
+    urls: Vec<Url>,
+}
+
+/// The header pyeclib's codec (liberasurecode) puts before each shard's
+/// payload: the payload's length (u32, little-endian) at 4, the chunk's at
+/// 12 (u64). What is joined is checked against the chunk's xxh3 whatever
+/// the header says.
+const EC_HEADER: usize = 80;
+
+fn urls(v: &Value) -> Vec<Url> {
+    v.get("urls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|u| Url::parse(u.as_str()?))
+        .collect()
 }
 
 impl Chunk {
@@ -147,20 +172,34 @@ impl Remote {
         let mut chunks = Vec::new();
         for c in v.get("chunks")?.as_array()? {
             let n = |k: &str| c.get(k).and_then(Value::as_u64);
-            let urls: Vec<Url> = c
-                .get("urls")?
-                .as_array()?
-                .iter()
-                .filter_map(|u| Url::parse(u.as_str()?))
-                .collect();
-            if urls.is_empty() {
-                return None;
+            let mut shards = Vec::new();
+            for s in c
+                .get("shards")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let n = |k: &str| s.get(k).and_then(Value::as_u64);
+                let urls = urls(s);
+                if urls.is_empty() {
+                    return None;
+                }
+                shards.push(Shard {
+                    bytes: n("bytes")?,
+                    xxh3: n("xxh3")?,
+                    urls,
+                });
+            }
+            let urls = urls(c);
+            if urls.is_empty() == shards.is_empty() {
+                return None; // one way to its bytes: copies or shards
             }
             chunks.push(Chunk {
                 start: n("start")?,
                 bytes: n("bytes")?,
                 xxh3: n("xxh3")?,
                 urls,
+                shards,
             });
         }
         // Contiguous from 0 to the file's size, or it is not this file.
@@ -429,8 +468,12 @@ impl Fetcher {
         }
     }
 
-    /// A chunk's bytes from the first holder whose copy matches its xxh3.
+    /// A chunk's bytes from the first holder whose copy matches its xxh3
+    /// (an erasure-coded one's from its data shards).
     fn chunk(&self, c: &Chunk) -> Option<Vec<u8>> {
+        if !c.shards.is_empty() {
+            return self.coded(c);
+        }
         for u in &c.urls {
             match self.get(u, None, c.bytes) {
                 Ok(body) if body.len() as u64 == c.bytes && xxh3_64(&body) == c.xxh3 => {
@@ -453,6 +496,59 @@ impl Fetcher {
             }
         }
         None
+    }
+
+    /// An erasure-coded chunk from its data shards, fetched at once, each
+    /// checked against its xxh3, their payloads joined and the whole checked
+    /// against the chunk's; None if any of that fails.
+    fn coded(&self, c: &Chunk) -> Option<Vec<u8>> {
+        let parts: Vec<Option<Vec<u8>>> = std::thread::scope(|scope| {
+            let running: Vec<_> = c
+                .shards
+                .iter()
+                .map(|s| scope.spawn(move || self.shard(s)))
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().ok().flatten())
+                .collect()
+        });
+        let mut out = Vec::with_capacity(c.bytes as usize + EC_HEADER);
+        for part in parts {
+            let part = part?;
+            let size = u32::from_le_bytes(part.get(4..8)?.try_into().ok()?) as usize;
+            out.extend_from_slice(part.get(EC_HEADER..EC_HEADER + size)?);
+        }
+        out.truncate(c.bytes as usize);
+        if out.len() as u64 != c.bytes || xxh3_64(&out) != c.xxh3 {
+            self.stats.bad_checksum.fetch_add(1, Relaxed);
+            eprintln!("ffs-mount: a chunk joined from its data shards does not match its checksum");
+            return None;
+        }
+        self.stats.gets.fetch_add(c.shards.len() as u64, Relaxed);
+        self.stats.get_bytes.fetch_add(c.bytes, Relaxed);
+        Some(out)
+    }
+
+    /// One shard whole, from its node, if it matches its xxh3.
+    fn shard(&self, s: &Shard) -> Option<Vec<u8>> {
+        let u = s.urls.first()?;
+        match self.get(u, None, s.bytes) {
+            Ok(body) if xxh3_64(&body) == s.xxh3 => Some(body),
+            Ok(_) => {
+                self.stats.bad_checksum.fetch_add(1, Relaxed);
+                eprintln!(
+                    "ffs-mount: {} sent a shard that does not match its checksum",
+                    u.shown()
+                );
+                None
+            }
+            Err(e) => {
+                self.stats.failed_gets.fetch_add(1, Relaxed);
+                eprintln!("ffs-mount: GET {} (a shard): {e}", u.shown());
+                None
+            }
+        }
     }
 
     /// Bytes [from, to) of chunk `c` by a ranged GET from its first holder
@@ -669,6 +765,58 @@ mod tests {
             0,
         );
         assert_eq!(server.join().unwrap(), 3, "the range, chunk b whole, /last");
+    }
+
+    /// A shard as pyeclib makes it: an 80-byte header naming its payload's
+    /// length at 4 (the rest of the header is not read), then the payload.
+    fn shard_of(payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; EC_HEADER];
+        out[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    #[test]
+    fn an_erasure_coded_chunk_is_joined_from_its_data_shards_and_checked() {
+        let chunk: Vec<u8> = (0..999u32).map(|i| (i * 7) as u8).collect();
+        let (s0, s1) = (
+            shard_of(&chunk[..500]),
+            shard_of(&[&chunk[500..], &[0u8][..]].concat()),
+        ); // padded
+           // each shard on a node of its own (fetched at once)
+        let node = |path: &str, body: &Vec<u8>| {
+            serve(HashMap::from([
+                (path.to_string(), body.clone()),
+                ("/last".to_string(), vec![]),
+            ]))
+        };
+        let ((h0, n0), (h1, n1)) = (node("/bk/c.s0", &s0), node("/bk/c.s1", &s1));
+        let shard = |host: &str, path: &str, body: &[u8], x: u64| json!({"bytes": body.len(), "xxh3": x, "urls": [format!("http://{host}{path}?X-Amz-Signature=s")]});
+        let plan = |x1: u64| {
+            json!({"chunks": [{"start": 0, "bytes": 999, "xxh3": xxh3_64(&chunk), "urls": [],
+                              "shards": [shard(&h0, "/bk/c.s0", &s0, xxh3_64(&s0)),
+                                         shard(&h1, "/bk/c.s1", &s1, x1)]}]})
+        };
+        let f = Arc::new(Fetcher::new(0, None));
+        let r = Arc::new(Remote::from_msg(&plan(xxh3_64(&s1)), 999).unwrap());
+        assert_eq!(r.read(&f, 0, 999).unwrap().bytes(), &chunk[..]);
+        assert_eq!(f.stats.gets.load(Relaxed), 2);
+        // a shard whose bytes are not its checksum's: nothing served (the agent reads parity)
+        let wrong = Arc::new(Remote::from_msg(&plan(1), 999).unwrap());
+        assert!(wrong.read(&f, 0, 10).is_none());
+        assert_eq!(f.stats.bad_checksum.load(Relaxed), 1);
+        // copies and shards at once, or neither: not a plan
+        let both = json!({"chunks": [{"start": 0, "bytes": 999, "xxh3": 1, "urls": ["http://h:1/b/k"],
+                                      "shards": [shard(&h0, "/bk/c.s0", &s0, 1)]}]});
+        assert!(Remote::from_msg(&both, 999).is_none());
+        for (h, n) in [(h0, n0), (h1, n1)] {
+            let _ = f.get(&Url::parse(&format!("http://{h}/last")).unwrap(), None, 0);
+            assert_eq!(
+                n.join().unwrap(),
+                3,
+                "each shard twice over one connection, then /last"
+            );
+        }
     }
 
     #[test]

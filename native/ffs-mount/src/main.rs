@@ -188,6 +188,13 @@
 //!                         only if none has; but a read of <= 32 KiB away
 //!                         from the last one, of a chunk not at hand, GETs
 //!                         only its range (unchecked: a range has no xxh3).
+//!                         An erasure-coded chunk has "urls":[] and
+//!                         "shards":[{"bytes":SB,"xxh3":SX,"urls":[U]},...]:
+//!                         its data shards in order, each GET whole and
+//!                         checked (SB bytes, xxh3_64 SX), their payloads
+//!                         (after pyeclib's 80-byte header) joined, cut to
+//!                         B and checked against X; any failure sends the
+//!                         read to the agent (parity is its).
 //!                         Ignored unless it is so.
 //!   H is any JSON value (null if absent), echoed back verbatim.
 //!
