@@ -12,9 +12,11 @@ local copy on this disk.
      cold read; the page cache dropped; against the local copy read after the same drop;
    - repeated: read again at once, against the local copy read again.
    Each figure is the median of bench.io_rounds (3) rounds of all of these; min and max are kept.
-2. `find` + `cat` of bench.small_files (10,000) files of about 4 KiB (a dataset of tiny
+2. A file of bench.ec_mb (256) stored erasure-coded, read cold in order through both FasterFS
+   mounts (the daemon joining data shards against the agent reading them).
+3. `find` + `cat` of bench.small_files (10,000) files of about 4 KiB (a dataset of tiny
    chunks; the same files as objects for the peers), hot (the second pass), against a copy.
-3. Each mount's CPU seconds (all its processes, from /proc) per GB read, per phase.
+4. Each mount's CPU seconds (all its processes, from /proc) per GB read, per phase.
 
     python bench/mount_io.py [bench.file_mb=256] [bench.small_files=2000]   (on `fasterfs up`)
 
@@ -200,6 +202,30 @@ class Run:
         }
         remove(self.cfg, "bench/file.bin")
 
+    def ec_file(self) -> None:
+        """A file of bench.ec_mb stored erasure-coded (one parity shard, data shards on the other
+        nodes), read cold in order through both FasterFS mounts: the daemon joining data shards
+        itself against its agent reading them, each the median of bench.io_rounds."""
+        size_mb = int(self.cfg.bench.ec_mb)
+        if not size_mb:
+            return
+        data = max(1, len(self.state.nodes) - 1)
+        local = self.work / "ec.bin"
+        local.write_bytes(np.random.default_rng(2).bytes(size_mb << 20))
+        put(config.load(self.argv + ["layout=ec", f"ec.data={data}", "ec.parity=1"]), local, "bench/ec.bin",
+            force=True)
+        rows = {}
+        for name in self.own:
+            runs = []
+            for _ in range(int(self.cfg.bench.io_rounds)):
+                self.clear_fasterfs(name)
+                mounts.drop_page_cache()
+                path = self.mounts[name].point / "bench" / "ec.bin"
+                runs.append(self.measured(name, "ec read cold", lambda path=path: fio(path, "read", "1M"))["mb_s"])
+            rows[name] = round(statistics.median(runs), 1)
+        self.result["ec_cold"] = {"file_mb": size_mb, "layout": f"ec={data}+1", "mb_s": rows}
+        remove(self.cfg, "bench/ec.bin")
+
     def small_files(self) -> None:
         n = int(self.cfg.bench.small_files)
         rows_per_chunk = max(1, 4096 // ROW_BYTES)
@@ -254,6 +280,7 @@ def main(argv: list[str]) -> dict:
     run = Run(argv)
     try:
         run.big_file()
+        run.ec_file()
         run.small_files()
     finally:
         run.close()
@@ -271,6 +298,10 @@ def main(argv: list[str]) -> dict:
     console.print(f"client's own cold read: {result['client_cold_mb_s']:.1f} MB/s")
     for k, v in result["ratios"].items():
         console.print(f"  {k}: {v:.2f}")
+    if "ec_cold" in result:
+        ec = result["ec_cold"]
+        console.print(f"erasure-coded ({ec['layout']}) {ec['file_mb']} MiB, sequential 1 MiB cold, MB/s: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in ec["mb_s"].items()))
     sf = result["small_files"]
     console.print(f"find + cat of {sf['files']} files of {report.fmt_bytes(sf['bytes_avg'])}, hot: "
                   + ", ".join(f"{k} {s:.2f} s ({sf['vs_local'][k]:.2f}x)" for k, s in sf["seconds"].items()))
