@@ -8,7 +8,10 @@ Today's design (each change told as a delta) at every size of bench.sim_nodes; t
 node per second: messages and bytes sent, CPU seconds in the PeerTier (sending, and hearing on
 bench.sim_observers nodes that keep what they hear: memory bounds how many can), and the bytes a
 node keeps of its peers' names. Then invalidation: every node's kernel seeing bench.sim_writes
-writes a second, told to every peer (messages, bytes, writes each node applies, its CPU).
+writes a second, told to every peer (messages, bytes, writes each node applies, its CPU). Then the
+namespace's pushes: batches of 1,000 one-chunk files published by a real store and pushed to every
+node (the head's bytes and CPU per batch, pickled once as the Registry does and once per node as
+before; a node's CPU applying one).
 
     python bench/cluster_sim.py [bench.sim_nodes=[16,32,64,128]] [bench.sim_entries=100000]
 
@@ -18,11 +21,12 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fasterfs import config, report
-from fasterfs.cluster_sim import measure, measure_invalidation
+from fasterfs.cluster_sim import measure, measure_invalidation, measure_pushes
 
 TARGET_BYTES_S = 100_000  # background traffic per node with no reads (issue 47)
 
@@ -47,7 +51,10 @@ def main(argv: list[str]) -> dict:
                     f"{r['bytes_per_node_s']:,.0f} B/s per node <= {TARGET_BYTES_S:,}"] = ok
     writes = int(b.sim_writes)
     invalidation = [measure_invalidation(nodes, writes, seconds) for nodes in [int(n) for n in b.sim_nodes]]
-    result = {"rows": rows, "invalidation": invalidation, "targets": targets}
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
+        pushes = [measure_pushes(nodes, 1000, int(b.sim_batches), observers, Path(work) / f"{nodes}-{once}", once)
+                  for nodes in [int(n) for n in b.sim_nodes] for once in (True, False)]
+    result = {"rows": rows, "invalidation": invalidation, "pushes": pushes, "targets": targets}
     out = report.write_json(report.run_dir(config.load(argv), "bench-cluster-sim"), "cluster_sim.json", result)
     print(f"{'nodes':>5} {'design':>6} {'changes/s':>9} {'msgs/s':>7} {'bytes/s':>12} {'CPU s/s':>8} "
           f"{'index MB':>9} consistent")
@@ -60,6 +67,12 @@ def main(argv: list[str]) -> dict:
     for r in invalidation:
         print(f"{r['nodes']:>5} {r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} "
               f"{r['applied_per_node_s']:>10,.0f} {r['cpu_s_per_node_s']:>8.4f}")
+    print("\nthe namespace's pushes, a batch of 1,000 files:")
+    print(f"{'nodes':>5} {'pickled':>8} {'KB/node':>8} {'head MB':>8} {'head CPU s':>10} {'apply CPU s':>11}")
+    for r in pushes:
+        print(f"{r['nodes']:>5} {'once' if r['pickled_once'] else 'per node':>8} "
+              f"{r['bytes_per_node_per_batch'] / 1e3:>8.0f} {r['head_bytes_per_batch'] / 1e6:>8.1f} "
+              f"{r['head_cpu_s_per_batch']:>10.3f} {r['apply_cpu_s_per_batch']:>11.4f}")
     print(json.dumps(targets, indent=1))
     print(f"report: {out}")
     return result

@@ -151,12 +151,13 @@ class Registry:
         self.state()
         nodes = NodeDirectory(self.cluster.ray_namespace)  # looked up now: a node may be a new actor since
         refs = {}
+        shared = ray.put(arg)  # pickled once, not once per node (0.5 s of the head a batch at 128 nodes)
         for n in self.cluster.nodes:
             actor = nodes.get(n.index)
             if actor is None:
                 log.warning("node %d has no StorageNode to take the namespace change", n.index)
             else:
-                refs[n.index] = getattr(actor, method).remote(arg)
+                refs[n.index] = getattr(actor, method).remote(shared)
         done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
         return [i for i, ref in refs.items() if ref in done]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 
-from fasterfs.cluster_sim import SimulatedCluster, measure, measure_invalidation
+from fasterfs.cluster_sim import SimulatedCluster, batch_of, measure, measure_invalidation, measure_pushes
 
 NODES, ENTRIES = 16, 2_000
 
@@ -49,3 +49,15 @@ def test_every_write_is_told_to_every_peer_once_a_second():
     assert r["applied_per_node_s"] == (nodes - 1) * writes
     key = len("files/" + "0" * 16 + "/g/000000")  # each write's key travels whole, its hash beside it
     assert (nodes - 1) * writes * (key + 8) <= r["bytes_per_node_s"] <= (nodes - 1) * writes * (key + 8) * 2
+
+
+def test_each_batch_is_pushed_to_every_node_and_applied_whole(tmp_path):
+    """The store's pushes of `put -r` batches: every node gets each batch's manifests (at least
+    their own pickled size), the head sends that to every node, and the observers' copies hold
+    every name published."""
+    nodes, files, batches = 8, 100, 2
+    r = measure_pushes(nodes, files, batches, 2, tmp_path)
+    m = batch_of(1, 0, nodes)[0][0]
+    assert r["consistent"]  # each name and key travels whole
+    assert r["bytes_per_node_per_batch"] >= files * (len(m.name) + len(m.chunks[0].key))
+    assert r["head_bytes_per_batch"] == nodes * r["bytes_per_node_per_batch"]
