@@ -14,7 +14,8 @@ its default) and without it (0). Between a chunk's two GETs the map has let its 
 chunks cached after the second pass are found on disk (each chunk's bytes at its place in the
 file's cache entry, read with the standard library), beside the kernel's own counters.
 
-    python bench/scan.py [bench.scan_cache_mb=64]
+    python bench/scan.py [bench.scan_cache_mb=64] [cluster.first_address=127.0.3.2 minio.port=... (beside
+                                                    another cluster: where its own clusters listen)]
 
 Writes scan.json to <output_dir>/bench-scan-<time>/ (of the configuration's cluster.root).
 """
@@ -53,10 +54,19 @@ def cached_here(cache_dir: Path, data: bytes) -> bool:
     return False
 
 
-def one_policy(policy: str, work: Path, cache_mb: int, hot: Path, scan: Path) -> dict:
+# where the bench's clusters listen, from its own overrides (beside another cluster: other addresses)
+PLACE = ("cluster.first_address", "cluster.ray_port", "cluster.dashboard_port", "cluster.client_port",
+         "cluster.agent_port", "cluster.node_ports", "minio.port", "minio.console_port")
+
+
+def placed(argv: list[str]) -> list[str]:
+    return [a for a in argv if a.split("=", 1)[0] in PLACE]
+
+
+def one_policy(policy: str, work: Path, cache_mb: int, hot: Path, scan: Path, where: list[str]) -> dict:
     root = work / f"cluster-{policy}"
     own = [f"cluster.root={root}", "nodes=1", f"cache.capacity_mb={cache_mb}", f"cache.policy={policy}",
-           "kernel.mode=real", "dashboard.enabled=false", "cluster.name=ffs-scan"]
+           "kernel.mode=real", "dashboard.enabled=false", "cluster.name=ffs-scan", *where]
     fasterfs("up", *own)
     try:
         fasterfs("put", str(hot), "scan/hot.bin", *own)
@@ -100,12 +110,12 @@ def chunks_cached(cache_dir: Path, data: bytes, chunk: int) -> int:
     return best
 
 
-def past_map(work: Path, scan: Path, second_chance: bool) -> dict:
+def past_map(work: Path, scan: Path, second_chance: bool, where: list[str]) -> dict:
     """A file of 3x the map's keys in chunks, read twice in order on a cluster of its own."""
     root = work / f"cluster-past-{second_chance}"
     own = [f"cluster.root={root}", "nodes=1", "cache.capacity_mb=1000", "kernel.mode=real",
            "dashboard.enabled=false", "cluster.name=ffs-scan", f"kernel.count_keys={PAST_KEYS}",
-           "files.chunk_mb=1", *([] if second_chance else ["kernel.seen_bits=0"])]
+           "files.chunk_mb=1", *([] if second_chance else ["kernel.seen_bits=0"]), *where]
     fasterfs("up", *own)
     try:
         fasterfs("put", str(scan), "past/scan.bin", *own)
@@ -140,8 +150,8 @@ def main(argv: list[str]) -> dict:
     past = work / "past.bin"
     past.write_bytes(os.urandom(3 * PAST_KEYS << 20))
     try:
-        rows = [one_policy(p, work, cache_mb, hot, scan) for p in ("s3fifo", "lru")]
-        beyond = [past_map(work, past, chance) for chance in (True, False)]
+        rows = [one_policy(p, work, cache_mb, hot, scan, placed(argv)) for p in ("s3fifo", "lru")]
+        beyond = [past_map(work, past, chance, placed(argv)) for chance in (True, False)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     fifo, lru = rows[0]["hit_ratio"], rows[1]["hit_ratio"]
