@@ -99,7 +99,8 @@ class Client:
         xxh3 and holders as presigned URLs, in the order this client tries them (holders that
         refused lately last). None where such GETs would go uncounted (MinIO over TLS, a node's
         kernel simulated: this client reports its GETs to the node instead). An erasure-coded
-        chunk's are its data shards' (each its size, xxh3 and node's URL), "urls" empty."""
+        chunk's are its data shards' (each its size, xxh3 and node's URL), "urls" empty; None
+        while a data shard's node is down (this client reads parity in its place, hedged)."""
         s, m = self.session, self.manifest
         if s.state.tls_ca or s.mark or any(n.kernel_mode == "simulated" for n in self.state.nodes):
             return None
@@ -107,6 +108,8 @@ class Client:
         for i in ids:
             c = m.chunk(i)
             if m.layout == "ec":
+                if any(self._down(node) for node, _ in m.pieces(c)[:m.ec_data]):
+                    return None
                 size = erasure.fragment_size(c.bytes, m.ec_data, m.ec_parity)
                 shards = [{"bytes": size, "xxh3": c.shards[slot],
                            "urls": [s.getter(node).presign(m.bucket, key, expires_s)]}
