@@ -11,7 +11,7 @@
 //! `MAX_AHEAD_FETCHES` such fetches run daemon-wide (more would only take
 //! the cores and the link from the reads that wait). A random reader's
 //! small reads are ranged GETs while the chunk itself is fetched in the
-//! background and kept (fasterfs kept.rs), so its next reads there are local.
+//! background and kept (kept.rs), so its next reads there are local.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, BufReader};
