@@ -467,14 +467,15 @@ class Agent:
 def daemon_args(cfg) -> list[str]:
     """The daemon's options from config `mount.*`: its FUSE threads, its bound, who may read, and
     what it keeps for random readers (an unnamed file under the cluster's root, slots of a file's
-    chunk)."""
+    chunk, fetched uncounted like a fill)."""
     m = cfg.mount
     return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)),
             "--uid", str(m.uid), "--gid", str(m.gid),
             "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
             *(["--allow-other"] if m.allow_other else []),
             *(["--kept-dir", str(cfg.cluster.root), "--kept-mb", str(int(m.kept_mb)),
-               "--kept-slot-mb", str(int(cfg.files.chunk_mb))] if int(m.kept_mb) > 0 else [])]
+               "--kept-slot-mb", str(int(cfg.files.chunk_mb)), "--fill-mark", str(int(cfg.kernel.fill_mark))]
+              if int(m.kept_mb) > 0 else [])]
 
 
 def warm_bound(m) -> int:

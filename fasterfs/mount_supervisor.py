@@ -240,4 +240,5 @@ def daemon_overrides(cfg) -> list[str]:
             f"cluster.ray_address={ray.get_runtime_context().gcs_address}",
             f"mount.allow_other={str(m.allow_other).lower()}", f"mount.uid={m.uid}", f"mount.gid={m.gid}",
             f"mount.file_mode='{m.file_mode}'", f"mount.dir_mode='{m.dir_mode}'",
-            f"mount.warm_entries={int(m.warm_entries)}", f"mount.max_entries={int(m.max_entries)}"]
+            f"mount.warm_entries={int(m.warm_entries)}", f"mount.max_entries={int(m.max_entries)}",
+            f"mount.kept_mb={int(m.kept_mb)}"]

@@ -139,7 +139,11 @@ impl FetchStats {
 
 /// Kept-alive connections to the MinIO servers, shared by every handle.
 pub struct Fetcher {
-    idle: Mutex<HashMap<String, Vec<BufReader<TcpStream>>>>,
+    /// Kept-alive connections by (host, marked: carrying `mark`).
+    idle: Mutex<HashMap<(String, bool), Vec<BufReader<TcpStream>>>>,
+    /// The nodes' own SO_MARK (the kernel counts no GET on such a socket): a
+    /// chunk fetched to keep it is the daemon's fill, not a reader's GET.
+    mark: u32,
     ahead: usize,
     ahead_running: AtomicUsize,
     workers: Arc<AtomicUsize>,
@@ -381,7 +385,7 @@ impl Remote {
         }
         let (r, f) = (self.clone(), f.clone());
         std::thread::spawn(move || {
-            if let Some(data) = f.chunk(&r.chunks[k]) {
+            if let Some(data) = f.chunk_as(&r.chunks[k], true) {
                 f.kept.as_ref().expect("checked above").put(id, &data);
             }
             f.keeping.lock().unwrap().remove(&id);
@@ -456,9 +460,10 @@ impl Fetcher {
 
     /// `ahead`: chunks fetched ahead of a sequential reader; `kept`: where
     /// chunks are kept for random readers.
-    pub fn new(ahead: usize, kept: Option<Kept>) -> Fetcher {
+    pub fn new(ahead: usize, kept: Option<Kept>, mark: u32) -> Fetcher {
         Fetcher {
             idle: Mutex::default(),
+            mark,
             ahead,
             ahead_running: AtomicUsize::new(0),
             workers: Arc::default(),
@@ -471,11 +476,16 @@ impl Fetcher {
     /// A chunk's bytes from the first holder whose copy matches its xxh3
     /// (an erasure-coded one's from its data shards).
     fn chunk(&self, c: &Chunk) -> Option<Vec<u8>> {
+        self.chunk_as(c, false)
+    }
+
+    /// `chunk`, over sockets carrying the nodes' mark if `marked` (uncounted).
+    fn chunk_as(&self, c: &Chunk, marked: bool) -> Option<Vec<u8>> {
         if !c.shards.is_empty() {
-            return self.coded(c);
+            return self.coded(c, marked);
         }
         for u in &c.urls {
-            match self.get(u, None, c.bytes) {
+            match self.get_as(u, None, c.bytes, marked) {
                 Ok(body) if body.len() as u64 == c.bytes && xxh3_64(&body) == c.xxh3 => {
                     self.stats.gets.fetch_add(1, Relaxed);
                     self.stats.get_bytes.fetch_add(c.bytes, Relaxed);
@@ -501,12 +511,12 @@ impl Fetcher {
     /// An erasure-coded chunk from its data shards, fetched at once, each
     /// checked against its xxh3, their payloads joined and the whole checked
     /// against the chunk's; None if any of that fails.
-    fn coded(&self, c: &Chunk) -> Option<Vec<u8>> {
+    fn coded(&self, c: &Chunk, marked: bool) -> Option<Vec<u8>> {
         let parts: Vec<Option<Vec<u8>>> = std::thread::scope(|scope| {
             let running: Vec<_> = c
                 .shards
                 .iter()
-                .map(|s| scope.spawn(move || self.shard(s)))
+                .map(|s| scope.spawn(move || self.shard(s, marked)))
                 .collect();
             running
                 .into_iter()
@@ -531,9 +541,9 @@ impl Fetcher {
     }
 
     /// One shard whole, from its node, if it matches its xxh3.
-    fn shard(&self, s: &Shard) -> Option<Vec<u8>> {
+    fn shard(&self, s: &Shard, marked: bool) -> Option<Vec<u8>> {
         let u = s.urls.first()?;
-        match self.get(u, None, s.bytes) {
+        match self.get_as(u, None, s.bytes, marked) {
             Ok(body) if xxh3_64(&body) == s.xxh3 => Some(body),
             Ok(_) => {
                 self.stats.bad_checksum.fetch_add(1, Relaxed);
@@ -579,32 +589,40 @@ impl Fetcher {
     /// One GET (of bytes [a, b) if `range`) over a kept-alive connection (a
     /// fresh one if the kept one was closed under it).
     fn get(&self, u: &Url, range: Option<(u64, u64)>, expect: u64) -> io::Result<Vec<u8>> {
-        let kept = self
-            .idle
-            .lock()
-            .unwrap()
-            .get_mut(&u.host)
-            .and_then(Vec::pop);
+        self.get_as(u, range, expect, false)
+    }
+
+    /// `get`, over a socket carrying the nodes' mark if `marked` (and a mark is known).
+    fn get_as(
+        &self,
+        u: &Url,
+        range: Option<(u64, u64)>,
+        expect: u64,
+        marked: bool,
+    ) -> io::Result<Vec<u8>> {
+        let pool = (u.host.clone(), marked && self.mark != 0);
+        let kept = self.idle.lock().unwrap().get_mut(&pool).and_then(Vec::pop);
         if let Some(mut conn) = kept {
             match exchange(&mut conn, u, range, expect) {
                 Ok((body, keep)) => {
-                    self.put_back(u, conn, keep);
+                    self.put_back(pool, conn, keep);
                     return Ok(body);
                 }
                 Err(e) if e.kind() != io::ErrorKind::InvalidData => {} // closed while idle: anew
                 Err(e) => return Err(e),
             }
         }
-        let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host)?);
+        let mark = if pool.1 { self.mark } else { 0 };
+        let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host, mark)?);
         let (body, keep) = exchange(&mut conn, u, range, expect)?;
-        self.put_back(u, conn, keep);
+        self.put_back(pool, conn, keep);
         Ok(body)
     }
 
-    fn put_back(&self, u: &Url, conn: BufReader<TcpStream>, keep: bool) {
+    fn put_back(&self, pool: (String, bool), conn: BufReader<TcpStream>, keep: bool) {
         if keep {
             let mut idle = self.idle.lock().unwrap();
-            let list = idle.entry(u.host.clone()).or_default();
+            let list = idle.entry(pool).or_default();
             if list.len() < IDLE_MAX {
                 list.push(conn);
             }
@@ -702,7 +720,7 @@ mod tests {
             ("/last".to_string(), vec![]),
         ]);
         let (host, server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0, None)); // no read-ahead: one connection, GETs counted
+        let f = Arc::new(Fetcher::new(0, None, 0)); // no read-ahead: one connection, GETs counted
         let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
         let got = r.read(&f, 900, 200).unwrap().bytes().to_vec();
         assert_eq!(got, [&a[900..], &b[..100]].concat());
@@ -741,7 +759,7 @@ mod tests {
         ]);
         let (host, server) = serve(bodies);
         let kept = Kept::open(&std::env::temp_dir(), 4096, 1024).unwrap();
-        let f = Arc::new(Fetcher::new(0, Some(kept)));
+        let f = Arc::new(Fetcher::new(0, Some(kept), 0));
         let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
         assert!(!r.at_hand(&f, 1500, 10));
         // not from the start: a random read, its range now and chunk b kept meanwhile
@@ -797,7 +815,7 @@ mod tests {
                               "shards": [shard(&h0, "/bk/c.s0", &s0, xxh3_64(&s0)),
                                          shard(&h1, "/bk/c.s1", &s1, x1)]}]})
         };
-        let f = Arc::new(Fetcher::new(0, None));
+        let f = Arc::new(Fetcher::new(0, None, 0));
         let r = Arc::new(Remote::from_msg(&plan(xxh3_64(&s1)), 999).unwrap());
         assert_eq!(r.read(&f, 0, 999).unwrap().bytes(), &chunk[..]);
         assert_eq!(f.stats.gets.load(Relaxed), 2);
@@ -838,7 +856,7 @@ mod tests {
             ("/last".to_string(), vec![]),
         ]);
         let (host, server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0, None));
+        let f = Arc::new(Fetcher::new(0, None, 0));
         let r = Arc::new(remote(&host, &[&huge], &["/huge"]));
         assert!(
             r.read(&f, 0, 10).is_none(),

@@ -99,7 +99,7 @@ impl Shared {
             stats: Stats::default(),
             agent,
             ttl,
-            fetcher: Arc::new(Fetcher::new(AHEAD, None)),
+            fetcher: Arc::new(Fetcher::new(AHEAD, None, 0)),
             pins: Pins::default(),
             passthrough_ok: AtomicBool::new(false),
             opens: Mutex::new(Opens::default()),

@@ -38,12 +38,30 @@ impl Url {
     }
 }
 
-pub(crate) fn connect(host: &str) -> io::Result<TcpStream> {
+/// A connection to `host`; with `mark` > 0 its packets carry that SO_MARK
+/// (set before the first request: the kernel's counting reads requests' marks).
+pub(crate) fn connect(host: &str, mark: u32) -> io::Result<TcpStream> {
     let addr = host
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::other(format!("{host} resolves to no address")))?;
     let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+    if mark > 0 {
+        let v = mark as libc::c_int;
+        // SAFETY: a valid socket fd and a c_int of the size given.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                libc::SO_MARK,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     s.set_nodelay(true)?;

@@ -2,9 +2,12 @@
 //!
 //! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]
 //!        [--max-entries 0] [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4]
+//!        [--fill-mark 0]
 //!
 //! --kept-mb M > 0: whole chunks fetched for random readers are kept in an
-//! unnamed file of M MiB under DIR, in slots of the largest chunk (kept.rs).
+//! unnamed file of M MiB under DIR, in slots of the largest chunk (kept.rs);
+//! those fetches carry --fill-mark (the nodes' SO_MARK): the kernel does not
+//! count them, so a chunk kept here is not also filled into the cache.
 //!
 //! The Python agent (our parent) owns the other end of the socketpair at fd N.
 //! Metadata is served from the tree it pushes; opens of files it declared hot
@@ -289,13 +292,15 @@ struct Args {
     kept_dir: Option<PathBuf>,
     kept_mb: u64,
     kept_slot_mb: u64,
+    /// The nodes' SO_MARK, on the sockets that fetch chunks to keep them.
+    fill_mark: u32,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2] \
          [--max-entries 0] [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other] \
-         [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4]"
+         [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4 --fill-mark 0]"
     );
     std::process::exit(2);
 }
@@ -305,7 +310,7 @@ fn parse_args() -> Args {
     let (mut agent_fd, mut ttl_ms, mut threads, mut max_entries) = (None, 60_000u64, 2usize, 0);
     let mut access = tree::Access::default();
     let mut allow_other = false;
-    let (mut kept_dir, mut kept_mb, mut kept_slot_mb) = (None, 0, 4);
+    let (mut kept_dir, mut kept_mb, mut kept_slot_mb, mut fill_mark) = (None, 0, 4, 0);
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> u64 {
@@ -325,6 +330,7 @@ fn parse_args() -> Args {
             Some("--allow-other") => allow_other = true,
             Some("--kept-mb") => kept_mb = num(),
             Some("--kept-slot-mb") => kept_slot_mb = num().max(1),
+            Some("--fill-mark") => fill_mark = num() as u32,
             Some("--kept-dir") => {
                 kept_dir = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
             }
@@ -345,6 +351,7 @@ fn parse_args() -> Args {
             kept_dir,
             kept_mb,
             kept_slot_mb,
+            fill_mark,
         },
         _ => usage(),
     }
@@ -630,7 +637,10 @@ fn main() {
     shared.max_entries = args.max_entries;
     if let (Some(dir), true) = (&args.kept_dir, args.kept_mb > 0) {
         match kept::Kept::open(dir, args.kept_mb << 20, args.kept_slot_mb << 20) {
-            Ok(k) => shared.fetcher = Arc::new(fetch::Fetcher::new(fetch::AHEAD, Some(k))),
+            Ok(k) => {
+                shared.fetcher =
+                    Arc::new(fetch::Fetcher::new(fetch::AHEAD, Some(k), args.fill_mark))
+            }
             // a filesystem without O_TMPFILE: random reads stay ranged GETs (the stats lack "kept")
             Err(e) => eprintln!(
                 "ffs-mount: --kept-dir {}: {e}; chunks are not kept for random readers",
