@@ -66,6 +66,18 @@ def random_reads(f: Path):
         os.close(fd)
 
 
+def read_by_the_daemon(actor, point, f: Path, data: bytes, chunks: int) -> tuple[dict, dict]:
+    """`f` read whole through the mount once it shows it: the source's bytes, at least `chunks`
+    GETs by the daemon and no READ reaching the agent. The counters before and after."""
+    wait_until(f.exists, timeout=10, what="the file in the mount")
+    before = daemon_counts(actor, point, time.time())
+    assert f.read_bytes() == data
+    after = daemon_counts(actor, point, time.time())
+    assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
+    assert after["fetch"]["gets"] - before["fetch"]["gets"] >= chunks, (before, after)
+    return before, after
+
+
 def put_hot(point, actor, overrides, local, name: str):
     """`local` stored at `name`, seen through the mount, made hot and cached: its path there
     and its manifest."""
@@ -216,13 +228,7 @@ def test_an_erasure_coded_file_is_fetched_by_the_daemon_from_its_data_shards(mou
     m = put(cfg, tmp_path / "ec.bin", "native/ec.bin")
     try:
         assert m.layout == "ec" and len(m.chunks) == 3
-        f = point / "native" / "ec.bin"
-        wait_until(f.exists, timeout=10, what="the file in the mount")
-        before = daemon_counts(actor, point, time.time())
-        assert f.read_bytes() == data
-        after = daemon_counts(actor, point, time.time())
-        assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
-        assert after["fetch"]["gets"] - before["fetch"]["gets"] >= len(m.chunks), (before, after)
+        before, after = read_by_the_daemon(actor, point, point / "native" / "ec.bin", data, len(m.chunks))
         assert after["fetch"]["bad_checksum"] == before["fetch"]["bad_checksum"], (before, after)
     finally:
         remove(cfg, "native/ec.bin")
@@ -256,12 +262,7 @@ def test_a_cold_file_is_fetched_by_the_daemon_itself_and_checked(mounted, live_c
                              Metadata=kept["Metadata"])
             rotten.append((minio, c.key, good, kept["Metadata"]))
         f = point / "native" / "cold.bin"
-        wait_until(f.exists, timeout=10, what="the file in the mount")
-        before = daemon_counts(actor, point, time.time())
-        assert f.read_bytes() == data
-        after = daemon_counts(actor, point, time.time())
-        assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
-        assert after["fetch"]["gets"] - before["fetch"]["gets"] >= len(m.chunks), (before, after)
+        before, after = read_by_the_daemon(actor, point, f, data, len(m.chunks))
         assert after["fetch"]["bad_checksum"] > before["fetch"]["bad_checksum"], (before, after)
         for minio, key, good, meta in rotten:
             minio.put_object(Bucket=m.bucket, Key=key, Body=good, Metadata=meta)
