@@ -304,6 +304,7 @@ class Heat:
         t = time.perf_counter()
         layout, names = self.current()
         ncells = sum(len(d["keys"]) for d in layout["datasets"])
+        shown = None if names is None else ray.put(names)  # up to `cells` names: pickled once, not per node
         refs: dict[int, Any] = {}  # node -> the ObjectRef of its heat
         missing: dict[int, str] = {}
         for node in self.state.nodes:
@@ -311,7 +312,7 @@ class Heat:
             if actor is None:
                 missing[node.index] = "no StorageNode actor"
             else:
-                refs[node.index] = actor.heat.remote(names)
+                refs[node.index] = actor.heat.remote(shown)
         ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.answer_timeout)[0]
                     if refs else ())
         rows = []

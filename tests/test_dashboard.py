@@ -108,6 +108,12 @@ def test_heatmap_past_its_cells_shows_the_names_being_read(ingest_as, client_for
     layout_id, row = ray.get(actors[owner].heat.remote(names))
     assert layout_id == layout["id"] and len(row) == len(manifest)
     assert row[3] >> 5 == heatmap.CACHED
+    heat.watch(+1)  # the sampler's frame over the same names: each host's row, present, the same
+    wait_until(lambda: heat.frame[0] >= 1, 30, "a frame")
+    body = heat.frame[1][heatmap.HEADER.size:]
+    rows = [body[i * (1 + len(row)):(i + 1) * (1 + len(row))] for i in range(len(live_cluster.nodes))]
+    assert rows[owner] == b"\x01" + row and all(r[0] == 1 for r in rows), heat.missing
+    heat.watch(-1)
     everything, names = Heat(live_cluster, interval=3600, cells=total).current()
     assert names is None and sum(len(d["keys"]) for d in everything["datasets"]) == everything["total_chunks"] == total
 
