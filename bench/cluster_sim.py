@@ -11,7 +11,10 @@ node keeps of its peers' names. Then invalidation: every node's kernel seeing be
 writes a second, told to every peer (messages, bytes, writes each node applies, its CPU). Then the
 namespace's pushes: batches of 1,000 one-chunk files published by a real store and pushed to every
 node (the head's bytes and CPU per batch, pickled once as the Registry does and once per node as
-before; a node's CPU applying one).
+before; a node's CPU applying one). Then repair after node 0's loss, with bench.sim_repair_chunks
+chunks of 4 MiB in files of 16, 2 copies: the real planner's and target assignment's CPU, and the
+seconds to move the bytes at repair.mb_per_s a node (modelled: the bytes each node reads and
+writes, counted) for one leader rebuilding everything and for every target rebuilding its share.
 
     python bench/cluster_sim.py [bench.sim_nodes=[16,32,64,128]] [bench.sim_entries=100000]
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fasterfs import config, report
-from fasterfs.cluster_sim import measure, measure_invalidation, measure_pushes
+from fasterfs.cluster_sim import measure, measure_invalidation, measure_pushes, measure_repair
 
 TARGET_BYTES_S = 100_000  # background traffic per node with no reads (issue 47)
 
@@ -54,8 +57,14 @@ def main(argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
         pushes = [measure_pushes(nodes, 1000, int(b.sim_batches), observers, Path(work) / f"{nodes}-{once}", once)
                   for nodes in [int(n) for n in b.sim_nodes] for once in (True, False)]
-    result = {"rows": rows, "invalidation": invalidation, "pushes": pushes, "targets": targets}
-    out = report.write_json(report.run_dir(config.load(argv), "bench-cluster-sim"), "cluster_sim.json", result)
+    cfg = config.load(argv)
+    repairs = []
+    for nodes in [int(n) for n in b.sim_nodes]:
+        repairs.append(measure_repair(nodes, int(b.sim_repair_chunks), mb_per_s=float(cfg.repair.mb_per_s),
+                                      load_slack=float(cfg.placement.load_slack)))
+        print(json.dumps(repairs[-1]), flush=True)
+    result = {"rows": rows, "invalidation": invalidation, "pushes": pushes, "repairs": repairs, "targets": targets}
+    out = report.write_json(report.run_dir(cfg, "bench-cluster-sim"), "cluster_sim.json", result)
     print(f"{'nodes':>5} {'design':>6} {'changes/s':>9} {'msgs/s':>7} {'bytes/s':>12} {'CPU s/s':>8} "
           f"{'index MB':>9} consistent")
     for r in rows:
@@ -73,6 +82,14 @@ def main(argv: list[str]) -> dict:
         print(f"{r['nodes']:>5} {'once' if r['pickled_once'] else 'per node':>8} "
               f"{r['bytes_per_node_per_batch'] / 1e3:>8.0f} {r['head_bytes_per_batch'] / 1e6:>8.1f} "
               f"{r['head_cpu_s_per_batch']:>10.3f} {r['apply_cpu_s_per_batch']:>11.4f}")
+    print(f"\nrepair after node 0's loss, {int(b.sim_repair_chunks):,} chunks, moving at {cfg.repair.mb_per_s} MB/s "
+          "a node (modelled):")
+    print(f"{'nodes':>5} {'rebuilt GB':>10} {'plan s':>7} {'plan all s':>10} {'assign s':>8} {'writers':>7} "
+          f"{'leader s':>9} {'spread s':>9}")
+    for r in repairs:
+        print(f"{r['nodes']:>5} {r['bytes_rebuilt'] / 1e9:>10.1f} {r['plan_cpu_s']:>7.1f} "
+              f"{r['plan_every_home_cpu_s']:>10.1f} {r['assign_cpu_s']:>8.2f} {r['writers']:>7} "
+              f"{r['leader_total_s']:>9.0f} {r['spread_total_s']:>9.0f}")
     print(json.dumps(targets, indent=1))
     print(f"report: {out}")
     return result

@@ -117,8 +117,9 @@ def cmd_repair(cfg) -> None:
     creds = registry.fetch_credentials(state.name, "admin")
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console) as bar:
-        task = bar.add_task(f"repairing (at most {cfg.repair.mb_per_s:g} MB/s)", total=None)
-        out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        task = bar.add_task(f"repairing (at most {cfg.repair.mb_per_s:g} MB/s a node)", total=None)
+        out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total),
+                         spread=repair.through(NodeDirectory(state.ray_namespace)))
     console.print(f"found: {out.health.summary()}", highlight=False)
     console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
                   f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)")

@@ -46,6 +46,7 @@ class Manifest:
     layout: str = "replicas"  # replicas (whole copies) | ec (Reed-Solomon shards, fasterfs.erasure)
     ec_data: int = 0
     ec_parity: int = 0
+    moved: bool = False  # repair put pieces away from where ingest placed them: surveys check their homes
 
     @property
     def name(self) -> str:
@@ -99,7 +100,8 @@ class Manifest:
     @classmethod
     def from_dict(cls, data: dict, where: str) -> Manifest:
         try:
-            return cls(**dict(data, chunks=[ChunkInfo(**c) for c in data["chunks"]]))
+            # a manifest from before `moved` was recorded may have pieces away from home
+            return cls(**{"moved": True, **data, "chunks": [ChunkInfo(**c) for c in data["chunks"]]})
         except (TypeError, KeyError) as e:
             raise FasterFSError(f"manifest {where} is not one this FasterFS can read ({e}); "
                                 "re-run `fasterfs ingest`") from None

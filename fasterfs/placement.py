@@ -29,12 +29,16 @@ def place(keys: Sequence[str], nodes: int, replicas: int = 1, load_slack: float 
         raise ValueError("placement needs at least one node")
     if not 1 <= replicas <= nodes:
         raise ValueError(f"replicas={replicas} must be between 1 and nodes={nodes}")
-    names = [node_name(i) for i in range(nodes)]
+    # score()'s ranking with its digests compared as bytes (big-endian: the same order), the
+    # node's part encoded once: repair places every degraded chunk again
+    prefixes = [f"{node_name(i)}\0".encode() for i in range(nodes)]
     cap = max(1, math.ceil(len(keys) * replicas / nodes * (1 + load_slack)))
     load = [0] * nodes
     out = []
     for key in keys:
-        ranked = sorted(range(nodes), key=lambda i: score(names[i], key), reverse=True)
+        k = key.encode()
+        digests = [hashlib.blake2b(p + k, digest_size=8).digest() for p in prefixes]
+        ranked = sorted(range(nodes), key=digests.__getitem__, reverse=True)
         chosen = [i for i in ranked if load[i] < cap][:replicas]
         if len(chosen) < replicas:  # every node at the cap: fall back to pure rendezvous
             chosen = ranked[:replicas]

@@ -163,7 +163,7 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
     plans = []
     stored_on: set[int] = set()
     for m in manifests:
-        home = homes(m, state, load_slack)
+        home: list[list[int]] | None = None  # placing a chunk ranks every node: only where needed
         for c in m.chunks:
             if only is not None and c.id not in only.get(m.name, ()):
                 continue
@@ -173,14 +173,17 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
                        if node in alive and key in listing[node] and (node, key) not in bad]
             missing = [s for s in range(len(slots))
                        if s not in present and (slots[s][0] in alive or slots[s][0] not in waiting)]
+            if (missing or m.moved) and home is None:  # else every piece is where ingest put it
+                home = homes(m, state, load_slack)
             moves = [s for s in present if home[c.id][s] != c.nodes[s] and home[c.id][s] in alive
-                     and home[c.id][s] not in c.nodes]
+                     and home[c.id][s] not in c.nodes] if m.moved else []
             health.misplaced += len(moves)
             if len(present) < len(slots):
                 health.degraded.setdefault(m.name, []).append(c.id)
             if len(present) < needed(m):
                 health.lost.setdefault(m.name, []).append(c.id)
             elif missing or moves:
+                assert home is not None
                 plans.append(_Plan(m, c, missing, moves, home[c.id]))
             stored_on.update(c.nodes)
     # a node the data was stored on that is not part of the cluster now: down, as a machine that is
@@ -252,21 +255,154 @@ class Outcome:
     bytes_written: int = 0
     seconds: float = 0.0
     failed: list[str] = field(default_factory=list)   # chunks a repair could not finish, and why
+    by_node: dict[int, int] = field(default_factory=dict)  # node -> chunks it rebuilt
 
     @property
     def mb_per_s(self) -> float:
         return self.bytes_written / 1e6 / self.seconds if self.seconds else 0.0
 
 
+@dataclass
+class Rebuild:
+    """One chunk's repair, its targets chosen: the pieces in `slots` are written so that the
+    chunk's pieces live on `nodes`. Its writer (the node taking its first piece) rebuilds it:
+    the chunk's bytes flow from a survivor to the target, not through one leader."""
+    plan: _Plan
+    nodes: list[int]
+    slots: list[int]
+
+    @property
+    def writer(self) -> int:
+        return self.nodes[self.slots[0]]
+
+    def __str__(self) -> str:
+        return f"{self.plan.manifest.name} chunk {self.plan.chunk.id} ({self.plan.chunk.key})"
+
+
+def assign(plans: Iterable[_Plan], alive: Set[int]) -> tuple[list[Rebuild], list[str]]:
+    """Where every missing or moved piece goes, before anything is read: its own node if it
+    answers, then its home, then of the live nodes holding nothing of this chunk the one this
+    repair has given the fewest pieces (ties by the chunk's rendezvous score): a lost node's
+    pieces spread evenly over every other, so that each rebuilds an equal share. Also the
+    chunks with no such node, and why."""
+    jobs, failed = [], []
+    given: collections.Counter = collections.Counter()
+    for plan in plans:
+        nodes = list(plan.chunk.nodes)
+        slots = plan.missing + [s for s in plan.moves if s not in plan.missing]
+        for slot in slots:
+            others = set(nodes[:slot] + nodes[slot + 1:])
+            if slot in plan.moves:
+                node = plan.home[slot]
+            elif plan.chunk.nodes[slot] in alive and plan.chunk.nodes[slot] not in others:
+                node = plan.chunk.nodes[slot]
+            else:
+                free = [n for n in sorted(alive) if n not in others]
+                node = plan.home[slot] if plan.home[slot] in free else min(
+                    free, key=lambda n: (given[n], -score(node_name(n), plan.chunk.key)), default=None)
+            if node is None:
+                failed.append(f"{plan.manifest.name} chunk {plan.chunk.id} ({plan.chunk.key}): no live node without "
+                              f"a piece of this chunk for piece {slot}: its {len(nodes)} pieces need {len(nodes)} "
+                              f"distinct nodes, {len(alive)} answer")
+                break
+            given[node] += 1
+            nodes[slot] = node
+        else:
+            jobs.append(Rebuild(plan, nodes, slots))
+    return jobs, failed
+
+
+class Rebuilder:
+    """Rebuilds chunks where it runs: reads each through the reader's verified path (over
+    sockets the kernel does not count), re-encodes it, writes the missing pieces; at most
+    repair.mb_per_s of reads and writes, repair.threads chunks at once."""
+
+    def __init__(self, cfg, state: ClusterState, creds, avoid: Set[int] = frozenset()):
+        from .read_session import ReadSession
+
+        self.cfg = cfg
+        self.clients = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
+                        for n in state.nodes}
+        self.session = ReadSession(state, creds, cfg, use_cache=False, prefetch=False, mark=state.settings.fill_mark)
+        self.session.avoid(set(avoid))
+        self.throttle = Throttle(cfg.repair.mb_per_s * 1e6)
+        self.readers: dict[tuple[str, str], object] = {}
+        self.lock = threading.Lock()
+
+    def one(self, job: Rebuild) -> int:
+        """Bytes written."""
+        from .client import Client
+
+        m, c = job.plan.manifest, job.plan.chunk
+        with self.lock:
+            reader = self.readers.get((m.name, m.generation))
+            if reader is None:
+                reader = self.readers[m.name, m.generation] = Client(self.session, m)
+        data = reader.read_chunk(c.id)  # verified: checksums per piece and of the chunk
+        self.throttle.take(len(data))
+        bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)
+        sums = c.shards if m.layout == "ec" else [c.xxh3] * len(c.nodes)
+        wrote = 0
+        for slot in job.slots:
+            if erasure.checksum(bodies[slot]) != sums[slot] and m.layout == "ec":
+                raise FasterFSError(f"shard {slot} re-encoded does not match its recorded checksum")
+            self.throttle.take(len(bodies[slot]))
+            self.clients[job.nodes[slot]].put_object(Bucket=m.bucket, Key=m.pieces(c)[slot][1], Body=bodies[slot],
+                                                     Metadata={"xxh3": str(sums[slot])})
+            wrote += len(bodies[slot])
+        return wrote
+
+    def many(self, jobs: list[Rebuild]) -> list[int | str]:
+        """Each job's bytes written, or why it failed."""
+        def guarded(job: Rebuild) -> int | str:
+            try:
+                return self.one(job)
+            except Exception as e:
+                return f"{job}: {e}"[:400]
+        with ThreadPoolExecutor(max(1, int(self.cfg.repair.threads))) as pool:
+            return list(pool.map(guarded, jobs))
+
+
+Spread = Callable[[int, list[Rebuild], Set[int]], list]  # (writer, jobs, nodes down) -> Rebuilder.many there
+
+
+def batches(jobs: list[Rebuild], max_bytes: int) -> dict[int, list[list[Rebuild]]]:
+    """Each writer's jobs in batches of about `max_bytes` of chunks (one call each)."""
+    out: dict[int, list[list[Rebuild]]] = collections.defaultdict(list)
+    size: dict[int, int] = collections.defaultdict(lambda: max_bytes)
+    for job in jobs:
+        if size[job.writer] >= max_bytes:
+            out[job.writer].append([])
+            size[job.writer] = 0
+        out[job.writer][-1].append(job)
+        size[job.writer] += job.plan.chunk.bytes
+    return out
+
+
+BATCH_BYTES = 64 << 20  # a writer's chunks per call: a lease renewal at least every few seconds
+CALL_TIMEOUT_S = 600.0   # one batch at a node, queued behind its other work; past it, rebuilt here
+
+
+def through(directory, own: int | None = None, here: Callable[[list[Rebuild], Set[int]], list] | None = None) -> Spread:
+    """Spread over the StorageNodes `directory` (a NodeDirectory) finds; node `own`'s jobs by
+    `here` in this process (a StorageNode calling itself through Ray would wait on itself)."""
+    def spread(node: int, jobs: list[Rebuild], down: Set[int]) -> list:
+        import ray
+
+        if node == own and here is not None:
+            return here(jobs, down)
+        return ray.get(directory.require(node).rebuild.remote(jobs, sorted(down)), timeout=CALL_TIMEOUT_S)
+    return spread
+
+
 def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
         waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
         only: dict[str, set[int]] | None = None, fence: tuple[int, int] | None = None,
-        names: Names | None = None) -> Outcome:
+        names: Names | None = None, spread: Spread | None = None) -> Outcome:
     """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc.
-    `fence`: (node, epoch) of the repair lease this repair runs under (the automatic leader's)."""
-    from .client import Client
-    from .read_session import ReadSession
-
+    `fence`: (node, epoch) of the repair lease this repair runs under (the automatic leader's).
+    `spread(node, jobs, down)`: has node `node` rebuild `jobs` (its StorageNode), so that a lost
+    node's data is rebuilt by every target at once; a call that fails is rebuilt here."""
     started = time.monotonic()
     ingest.collect_garbage(cfg, state, {n.index: s3.client(n.endpoint, creds) for n in state.nodes})
     listing, manifests, health, plans = _look(state, creds, lambda listing, ms: _plan(
@@ -276,76 +412,49 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     if not plans:
         out.seconds = time.monotonic() - started
         return out
-    clients = {n.index: s3.client(n.endpoint, creds, cfg.client.connect_timeout_s, cfg.client.read_timeout_s)
-               for n in state.nodes}
-    session = ReadSession(state, creds, cfg, use_cache=False, prefetch=False, mark=state.settings.fill_mark)
-    session.avoid(set(listing) - alive)
-    readers = {}
-    load = collections.Counter(n for m in manifests.values() for c in m.chunks for n in c.nodes)
-    throttle = Throttle(cfg.repair.mb_per_s * 1e6)
-    lock = threading.Lock()
-    moves: dict[str, dict[int, tuple[list[int], list[int]]]] = collections.defaultdict(dict)
+    jobs, out.failed = assign(plans, alive)
+    down = set(listing) - alive
+    local: list[Rebuilder] = []
 
-    def target(plan: _Plan, slot: int, nodes: list[int]) -> int | None:
-        """Where slot's piece goes: its own node if it answers, then its home, then the live
-        node with the fewest pieces that holds nothing of this chunk."""
-        others = set(nodes[:slot] + nodes[slot + 1:])
-        if plan.chunk.nodes[slot] in alive and plan.chunk.nodes[slot] not in others:
-            return plan.chunk.nodes[slot]
-        free = [n for n in sorted(alive) if n not in others]
-        if plan.home[slot] in free:
-            return plan.home[slot]
-        with lock:
-            best = min(free, key=lambda n: (load[n], -score(node_name(n), plan.chunk.key)), default=None)
-            if best is not None:
-                load[best] += 1
-        return best
+    def here(batch: list[Rebuild]) -> list[int | str]:
+        if not local:
+            local.append(Rebuilder(cfg, state, creds, down))
+        return local[0].many(batch)
 
-    def repair_chunk(plan: _Plan) -> None:
-        m, c = plan.manifest, plan.chunk
-        nodes = list(c.nodes)
-        slots = plan.missing + [s for s in plan.moves if s not in plan.missing]
-        for slot in slots:  # where each piece goes, before anything is read
-            node = plan.home[slot] if slot in plan.moves else target(plan, slot, nodes)
-            if node is None:
-                raise FasterFSError(f"no live node without a piece of this chunk for piece {slot}: its {len(nodes)} "
-                                    f"pieces need {len(nodes)} distinct nodes, {len(alive)} answer")
-            nodes[slot] = node
-        with lock:
-            if m.name not in readers:
-                readers[m.name] = Client(session, m)
-        data = readers[m.name].read_chunk(c.id)  # verified: checksums per piece and of the chunk
-        throttle.take(len(data))
-        bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)
-        sums = c.shards if m.layout == "ec" else [c.xxh3] * len(c.nodes)
-        wrote = 0
-        for slot in slots:
-            if erasure.checksum(bodies[slot]) != sums[slot] and m.layout == "ec":
-                raise FasterFSError(f"shard {slot} re-encoded does not match its recorded checksum")
-            key = m.pieces(c)[slot][1]
-            throttle.take(len(bodies[slot]))
-            clients[nodes[slot]].put_object(Bucket=m.bucket, Key=key, Body=bodies[slot],
-                                            Metadata={"xxh3": str(sums[slot])})
-            wrote += len(bodies[slot])
-        with lock:
-            out.pieces_written += len(slots)
-            out.moved += len(plan.moves)
-            out.bytes_written += wrote
-            if nodes != c.nodes:
-                moves[m.name][c.id] = (c.nodes, nodes)
-            out.repaired += 1
-
-    done = 0
-    with ThreadPoolExecutor(max(1, int(cfg.repair.threads))) as pool:
-        futures = {pool.submit(repair_chunk, p): p for p in plans}
-        for future, plan in futures.items():
+    def node_work(node: int, work: list[list[Rebuild]]) -> list[tuple[Rebuild, int | str]]:
+        done = []
+        for batch in work:
             try:
-                future.result()
+                results = spread(node, batch, down) if spread else here(batch)
             except Exception as e:
-                out.failed.append(f"{plan.manifest.name} chunk {plan.chunk.id} ({plan.chunk.key}): {e}"[:400])
-            done += 1
-            if progress:
-                progress(done, len(plans))
+                log.warning("node %d could not rebuild %d chunks (%s): rebuilding them here", node, len(batch), e)
+                results = here(batch)
+            done.extend(zip(batch, results))
+            with lock:
+                count[0] += len(batch)
+                if progress:
+                    progress(count[0], len(jobs))
+        return done
+
+    lock, count = threading.Lock(), [0]
+    work = batches(jobs, BATCH_BYTES)
+    if not spread:  # one writer here, batch after batch
+        work = {-1: [b for bs in work.values() for b in bs]}
+    with ThreadPoolExecutor(max(1, len(work))) as pool:
+        results = [r for rs in pool.map(node_work, work, work.values()) for r in rs]
+    moves: dict[str, dict[int, tuple[list[int], list[int]]]] = collections.defaultdict(dict)
+    for job, result in results:
+        if isinstance(result, str):
+            out.failed.append(result)
+            continue
+        c = job.plan.chunk
+        out.repaired += 1
+        out.pieces_written += len(job.slots)
+        out.moved += len(job.plan.moves)
+        out.bytes_written += result
+        out.by_node[job.writer] = out.by_node.get(job.writer, 0) + 1
+        if job.nodes != c.nodes:
+            moves[job.plan.manifest.name][c.id] = (c.nodes, job.nodes)
     moved = [(m.name, m.generation, dict(moves[m.name])) for m in manifests.values() if moves.get(m.name)]
     for at in range(0, len(moved), UPDATE_BATCH):  # a lost node's files: one transaction per batch
         applied = registry.update_chunks(state.name, moved[at:at + UPDATE_BATCH], fence)
@@ -354,4 +463,3 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
                 out.failed.append(f"{name} chunk {cid}: changed while repaired (re-ingested?); not applied")
     out.seconds = time.monotonic() - started
     return out
-

@@ -238,13 +238,22 @@ class StorageNode:
             if self._lease(3 * self.cfg.repair.check_s) != epoch:
                 raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
         return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
-                          fence=(self.index, epoch), names=self._names_now)
+                          fence=(self.index, epoch), names=self._names_now, spread=self._spread())
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
         out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad,
-                         names=self._names_now)
+                         names=self._names_now, spread=self._spread())
         self.leader.record("scrub", out)
         return out.repaired
+
+    def _spread(self) -> repair.Spread:
+        return repair.through(self.nodes, own=self.index, here=self.rebuild)
+
+    def rebuild(self, jobs: list[repair.Rebuild], down: list[int]) -> list[int | str]:
+        """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
+        survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
+        per job, or why it failed."""
+        return repair.Rebuilder(self.cfg, self._state(), self.minio.server.creds, set(down)).many(jobs)
 
     def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced

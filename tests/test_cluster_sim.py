@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pickle
 
-from fasterfs.cluster_sim import SimulatedCluster, batch_of, measure, measure_invalidation, measure_pushes
+from fasterfs.cluster_sim import (
+    SimulatedCluster,
+    batch_of,
+    measure,
+    measure_invalidation,
+    measure_pushes,
+    measure_repair,
+)
 
 NODES, ENTRIES = 16, 2_000
 
@@ -61,3 +68,17 @@ def test_each_batch_is_pushed_to_every_node_and_applied_whole(tmp_path):
     assert r["consistent"]  # each name and key travels whole
     assert r["bytes_per_node_per_batch"] >= files * (len(m.name) + len(m.chunks[0].key))
     assert r["head_bytes_per_batch"] == nodes * r["bytes_per_node_per_batch"]
+
+
+def test_a_lost_nodes_chunks_are_rebuilt_by_every_other_node_in_equal_shares():
+    """Node 0 lost: every chunk it held a copy of is degraded, none lost; the real assignment
+    gives each of the other nodes a share of the rebuild within one chunk of equal, so moving
+    the bytes takes about 1/(nodes-1) of what one leader moving everything takes."""
+    nodes, chunk_mb = 16, 4.0
+    r = measure_repair(nodes, 4_800, chunk_mb=chunk_mb, every_home=False)
+    assert r["degraded"] > 0 and r["lost"] == 0 and r["failed"] == 0
+    assert r["bytes_rebuilt"] == r["degraded"] * chunk_mb * 2**20
+    assert r["writers"] == nodes - 1
+    share = -(-r["degraded"] // (nodes - 1))  # chunks, rounded up
+    assert r["max_writer_bytes"] <= (share + 1) * 2 * chunk_mb * 2**20  # each read once and written once
+    assert r["spread_move_s"] <= r["leader_move_s"] / (nodes - 1) * 1.2

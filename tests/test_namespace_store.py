@@ -75,8 +75,10 @@ def test_repair_moves_apply_only_to_the_generation_repaired(store):
     key = store.manifest("d").chunks[0].key
     assert store.update_chunks("d", "g0", {0: ([0, 1], [0, 2])}) == []          # another generation
     assert store.expired_pieces(keep_old_s=0) == []                               # its orphans go with it
+    assert not store.manifest("d").moved
     assert store.update_chunks("d", "g1", {0: ([0, 1], [0, 2])}) == [0]
     assert store.manifest("d").chunks[0].nodes == [0, 2]
+    assert store.manifest("d").moved  # its surveys check where its pieces belong
     assert store.expired_pieces(keep_old_s=3600) == []
     assert store.expired_pieces(keep_old_s=0) == [(1, key)]                       # the copy moved away
 

@@ -45,6 +45,18 @@ def test_same_placement_in_every_process():
     assert got[0] == got[1] == place(KEYS, 3)
 
 
+def test_owners_are_the_highest_blake2b_scores():
+    """Where data already lies is fixed by the hash: with no load cap binding, each key's
+    owners are the nodes of highest blake2b-64("node-i\\0key"), as hashlib computes them."""
+    import hashlib
+
+    for nodes, replicas in ((3, 1), (16, 2), (130, 3)):
+        for key, owners in zip(KEYS, place(KEYS, nodes, replicas, load_slack=1e9)):
+            scores = {i: int.from_bytes(hashlib.blake2b(f"node-{i}\0{key}".encode(), digest_size=8).digest(), "big")
+                      for i in range(nodes)}
+            assert owners == sorted(scores, key=scores.__getitem__, reverse=True)[:replicas]
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError):
         place(KEYS, 2, replicas=3)

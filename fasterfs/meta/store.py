@@ -251,7 +251,7 @@ class NamespaceStore:
                         else:
                             retired |= {(n, k, name) for n, k in wrote - set(current.pieces(now))}
                     if chunks != current.chunks:
-                        self.engine.put(dataclasses.replace(current, chunks=chunks))
+                        self.engine.put(dataclasses.replace(current, chunks=chunks, moved=True))
                         changed.append(name)
                 if changed:
                     changes = self._logged(changed)
