@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import immutables
 
-from .bpf.events import key_hash
+from .bpf.events import key_hashes
 from .cache_entry import Place, entry_name, places
 from .erasure import shard_key
 from .manifest import ChunkInfo, Manifest
@@ -43,6 +43,12 @@ class Shard:
     slot: int
 
 
+def _requested(m: Manifest, c: ChunkInfo) -> list[str]:
+    """The keys a request for chunk `c` may name: its own, and its shards' (a shard's request
+    names its chunk too)."""
+    return list(dict.fromkeys([c.key, *m.object_keys(c)]))
+
+
 @dataclass(frozen=True)
 class NodeIndex:
     node: int
@@ -67,10 +73,13 @@ class NodeIndex:
         by_hash, by_entry, holders = self.by_hash.mutate(), self.by_entry.mutate(), self.holders.mutate()
         shards, coded, pieces = self.shards.mutate(), self.coded.mutate(), self.pieces.mutate()
         where, names = self.places.mutate(), self.names.mutate()
-        for before in (old for _, old, _ in changed if old is not None):
+        gone = [old for _, old, _ in changed if old is not None]
+        new = [now for _, _, now in changed if now is not None]
+        hashes = iter(key_hashes([f"/{m.bucket}/{k}" for m in gone + new for c in m.chunks for k in _requested(m, c)]))
+        for before in gone:
             for c in before.chunks:
-                for k in {c.key, *before.object_keys(c)}:
-                    by_hash.pop(key_hash(f"/{before.bucket}/{k}"), None)
+                for k in _requested(before, c):
+                    by_hash.pop(next(hashes), None)
                     shards.pop(k, None)
                 by_entry.pop(entry_name(c.key), None)
                 holders.pop(c.key, None)
@@ -79,11 +88,11 @@ class NodeIndex:
                 names.pop(c.key, None)
                 for _, k in before.pieces(c):
                     pieces.pop(k, None)
-        for m in (now for _, _, now in changed if now is not None):
+        for m in new:
             for c, place in zip(m.chunks, places(m)):
                 keys = m.object_keys(c)
-                for k in {c.key, *keys}:  # a shard's request names its chunk too
-                    by_hash[key_hash(f"/{m.bucket}/{k}")] = c
+                for _ in _requested(m, c):
+                    by_hash[next(hashes)] = c
                 by_entry[entry_name(c.key)] = c.key
                 holders[c.key] = c.nodes
                 names[c.key] = m.name

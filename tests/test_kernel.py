@@ -124,6 +124,8 @@ def test_get_counted_under_python_fnv1a(programs, src, dst):
     assert programs.key_count(ev.key_hash(path)) == 1
     exchange(programs, path + "?versionId=null", src=src, dst=dst)  # query not hashed
     assert programs.key_count(ev.key_hash(path)) == 2
+    batch = ev.key_hashes([path + "?versionId=null", "/other", path])  # all at once, as a node's index hashes
+    assert programs.key_count(batch[0]) == programs.key_count(batch[2]) == 2 and programs.key_count(batch[1]) == 0
     assert wait_until(lambda: [e for e in programs.got if e["path"] == path])
     hot = [e for e in programs.got if e["path"] == path]
     assert len(hot) == 1 and hot[0]["type"] == "HOT" and hot[0]["count"] == 2 and hot[0]["key"] == ev.key_hash(path)

@@ -45,6 +45,24 @@ def key_hash(path: str | bytes) -> int:
     return h
 
 
+def key_hashes(paths: list[str]) -> list[int]:
+    """`key_hash` of each path, computed for all at once (a byte position of every path per
+    step, in numpy): a StorageNode indexing a million names at its start hashes each object's
+    path, ~20 us apiece one at a time."""
+    import numpy as np
+
+    cut = [p.encode()[:MAX_PATH] for p in paths]
+    cut = [re.split(rb"[ ?]", c, maxsplit=1)[0] if b" " in c or b"?" in c else c for c in cut]
+    width = max(map(len, cut), default=0)
+    grid = np.frombuffer(b"".join(c.ljust(width, b"\0") for c in cut), dtype=np.uint8).reshape(len(cut), width).T.copy()
+    lengths = np.fromiter(map(len, cut), dtype=np.int64, count=len(cut))
+    h = np.full(len(cut), FNV_OFFSET, dtype=np.uint64)
+    prime = np.uint64(FNV_PRIME)
+    for j in range(width):  # uint64 arithmetic wraps, as the kernel's does
+        h = np.where(lengths > j, (h ^ grid[j]) * prime, h)
+    return h.tolist()
+
+
 class Config(ct.Structure):
     _fields_ = [("hot_threshold", ct.c_uint64), ("suspect_key", ct.c_uint64), ("fill_mark", ct.c_uint32),
                 ("epoch", ct.c_uint32),
