@@ -122,7 +122,9 @@ def cmd_repair(cfg) -> None:
                          spread=repair.through(NodeDirectory(state.ray_namespace)))
     console.print(f"found: {out.health.summary()}", highlight=False)
     console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
-                  f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)")
+                  f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)"
+                  + (f"; chunks rebuilt by node: {', '.join(f'{n}: {k}' for n, k in sorted(out.by_node.items()))}"
+                     if out.by_node else ""))
     _print_redundancy(repair.survey(state, creds, cfg.placement.load_slack))
     for why in out.failed:
         console.print(f"[red]not repaired[/]: {why}", highlight=False)

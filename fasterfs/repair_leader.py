@@ -155,6 +155,6 @@ class RepairLeader:
                     why, out.repaired, out.pieces_written, out.moved, len(out.failed), out.health.summary())
         self.repairs.append({"why": why, "time": time.time(), "repaired": out.repaired,
                              "pieces_written": out.pieces_written, "moved": out.moved,
-                             "bytes_written": out.bytes_written, "seconds": out.seconds,
+                             "bytes_written": out.bytes_written, "seconds": out.seconds, "by_node": out.by_node,
                              "failed": out.failed[:10], "found": out.health.to_dict()})
         del self.repairs[:-HISTORY]
