@@ -121,10 +121,10 @@ def cmd_repair(cfg) -> None:
         out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total),
                          spread=repair.through(NodeDirectory(state.ray_namespace)))
     console.print(f"found: {out.health.summary()}", highlight=False)
+    by = ", ".join(f"{n}: {k}" for n, k in sorted(out.by_node.items(), key=str))
     console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
                   f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)"
-                  + (f"; chunks rebuilt by node: {', '.join(f'{n}: {k}' for n, k in sorted(out.by_node.items()))}"
-                     if out.by_node else ""))
+                  + (f"; chunks rebuilt by node: {by}" if by else ""))
     _print_redundancy(repair.survey(state, creds, cfg.placement.load_slack))
     for why in out.failed:
         console.print(f"[red]not repaired[/]: {why}", highlight=False)

@@ -347,7 +347,8 @@ def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb:
     ids = list(range(nodes))
     state = cast(ClusterState, SimpleNamespace(nodes=[SimpleNamespace(index=i) for i in ids]))
     size = int(chunk_mb * 2**20)
-    manifests, listing = [], {n: set() for n in ids}
+    manifests: list[Manifest] = []
+    listing: dict[int, set[str] | None] = {n: set() for n in ids}
     for f in range(chunks // chunks_per_file):
         name = f"d{f // 1000:04d}/f{f % 1000:04d}.bin"
         placed = chunk_homes(name, chunks_per_file, ids, replicas, load_slack)
@@ -356,7 +357,7 @@ def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb:
         manifests.append(Manifest(name, "bytes", 0, 0, 0, replicas, nodes, "b", "g", cs, kind="file"))
         for c in cs:
             for n in c.nodes:
-                listing[n].add(c.key)
+                cast(set, listing[n]).add(c.key)
     listing[0] = None  # its MinIO does not answer: gone
     t = time.process_time()
     health, plans = repair._plan(manifests, state, listing, load_slack)
@@ -370,8 +371,8 @@ def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb:
     t = time.process_time()
     jobs, failed = repair.assign(plans, alive)
     assign_cpu = time.process_time() - t
-    work = Counter()  # bytes each writer reads and writes
-    served = Counter()  # bytes each survivor is read for
+    work: Counter[int] = Counter()  # bytes each writer reads and writes
+    served: Counter[int] = Counter()  # bytes each survivor is read for
     for job in jobs:
         work[job.writer] += job.plan.chunk.bytes * (1 + len(job.slots))
         served[next(n for n in job.plan.chunk.nodes if n in alive)] += job.plan.chunk.bytes

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import urllib3
 
@@ -31,6 +32,9 @@ from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
 from .placement import chunk_homes, node_name, score
 from .state import ClusterState
+
+if TYPE_CHECKING:
+    from .client import Client
 
 log = logging.getLogger("fasterfs.repair")
 
@@ -175,16 +179,16 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
                        if s not in present and (slots[s][0] in alive or slots[s][0] not in waiting)]
             if (missing or m.moved) and home is None:  # else every piece is where ingest put it
                 home = homes(m, state, load_slack)
-            moves = [s for s in present if home[c.id][s] != c.nodes[s] and home[c.id][s] in alive
-                     and home[c.id][s] not in c.nodes] if m.moved else []
+            at = home[c.id] if home is not None else []
+            moves = [s for s in present if at[s] != c.nodes[s] and at[s] in alive and at[s] not in c.nodes
+                     ] if m.moved else []
             health.misplaced += len(moves)
             if len(present) < len(slots):
                 health.degraded.setdefault(m.name, []).append(c.id)
             if len(present) < needed(m):
                 health.lost.setdefault(m.name, []).append(c.id)
             elif missing or moves:
-                assert home is not None
-                plans.append(_Plan(m, c, missing, moves, home[c.id]))
+                plans.append(_Plan(m, c, missing, moves, at))
             stored_on.update(c.nodes)
     # a node the data was stored on that is not part of the cluster now: down, as a machine that is
     health.nodes_down = sorted(set(health.nodes_down) | (stored_on - {n.index for n in state.nodes}))
@@ -255,7 +259,7 @@ class Outcome:
     bytes_written: int = 0
     seconds: float = 0.0
     failed: list[str] = field(default_factory=list)   # chunks a repair could not finish, and why
-    by_node: dict[int, int] = field(default_factory=dict)  # node -> chunks it rebuilt
+    by_node: dict[int | str, int] = field(default_factory=dict)  # node (or "here": the repair itself) -> chunks
 
     @property
     def mb_per_s(self) -> float:
@@ -285,13 +289,15 @@ def assign(plans: Iterable[_Plan], alive: Set[int]) -> tuple[list[Rebuild], list
     repair has given the fewest pieces (ties by the chunk's rendezvous score): a lost node's
     pieces spread evenly over every other, so that each rebuilds an equal share. Also the
     chunks with no such node, and why."""
-    jobs, failed = [], []
+    jobs: list[Rebuild] = []
+    failed: list[str] = []
     given: collections.Counter = collections.Counter()
     for plan in plans:
         nodes = list(plan.chunk.nodes)
         slots = plan.missing + [s for s in plan.moves if s not in plan.missing]
         for slot in slots:
             others = set(nodes[:slot] + nodes[slot + 1:])
+            node: int | None
             if slot in plan.moves:
                 node = plan.home[slot]
             elif plan.chunk.nodes[slot] in alive and plan.chunk.nodes[slot] not in others:
@@ -326,7 +332,7 @@ class Rebuilder:
         self.session = ReadSession(state, creds, cfg, use_cache=False, prefetch=False, mark=state.settings.fill_mark)
         self.session.avoid(set(avoid))
         self.throttle = Throttle(cfg.repair.mb_per_s * 1e6)
-        self.readers: dict[tuple[str, str], object] = {}
+        self.readers: dict[tuple[str, str], Client] = {}
         self.lock = threading.Lock()
 
     def one(self, job: Rebuild) -> int:
@@ -421,15 +427,16 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
             local.append(Rebuilder(cfg, state, creds, down))
         return local[0].many(batch)
 
-    def node_work(node: int, work: list[list[Rebuild]]) -> list[tuple[Rebuild, int | str]]:
-        done = []
+    def node_work(node: int, work: list[list[Rebuild]]) -> list[tuple[Rebuild, int | str, int | str]]:
+        done: list[tuple[Rebuild, int | str, int | str]] = []
         for batch in work:
+            by: int | str = node if spread else "here"
             try:
                 results = spread(node, batch, down) if spread else here(batch)
             except Exception as e:
                 log.warning("node %d could not rebuild %d chunks (%s): rebuilding them here", node, len(batch), e)
-                results = here(batch)
-            done.extend(zip(batch, results))
+                results, by = here(batch), "here"
+            done.extend((job, result, by) for job, result in zip(batch, results))
             with lock:
                 count[0] += len(batch)
                 if progress:
@@ -443,7 +450,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     with ThreadPoolExecutor(max(1, len(work))) as pool:
         results = [r for rs in pool.map(node_work, work, work.values()) for r in rs]
     moves: dict[str, dict[int, tuple[list[int], list[int]]]] = collections.defaultdict(dict)
-    for job, result in results:
+    for job, result, by in results:
         if isinstance(result, str):
             out.failed.append(result)
             continue
@@ -452,7 +459,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         out.pieces_written += len(job.slots)
         out.moved += len(job.plan.moves)
         out.bytes_written += result
-        out.by_node[job.writer] = out.by_node.get(job.writer, 0) + 1
+        out.by_node[by] = out.by_node.get(by, 0) + 1
         if job.nodes != c.nodes:
             moves[job.plan.manifest.name][c.id] = (c.nodes, job.nodes)
     moved = [(m.name, m.generation, dict(moves[m.name])) for m in manifests.values() if moves.get(m.name)]

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from . import heatmap, identity, reader_stats, registry, repair, s3, tls
@@ -249,7 +249,7 @@ class StorageNode:
     def _spread(self) -> repair.Spread:
         return repair.through(self.nodes, own=self.index, here=self.rebuild)
 
-    def rebuild(self, jobs: list[repair.Rebuild], down: list[int]) -> list[int | str]:
+    def rebuild(self, jobs: list[repair.Rebuild], down: Iterable[int]) -> list[int | str]:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
         survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
         per job, or why it failed."""
