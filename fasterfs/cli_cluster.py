@@ -121,7 +121,7 @@ def cmd_repair(cfg) -> None:
         out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total),
                          spread=repair.through(NodeDirectory(state.ray_namespace)))
     console.print(f"found: {out.health.summary()}", highlight=False)
-    by = ", ".join(f"{n}: {k}" for n, k in sorted(out.by_node.items(), key=str))
+    by = ", ".join(f"{n}: {k}" for n, k in sorted(out.by_node.items()))
     console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
                   f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)"
                   + (f"; chunks rebuilt by node: {by}" if by else ""))

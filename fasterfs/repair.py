@@ -259,7 +259,7 @@ class Outcome:
     bytes_written: int = 0
     seconds: float = 0.0
     failed: list[str] = field(default_factory=list)   # chunks a repair could not finish, and why
-    by_node: dict[int | str, int] = field(default_factory=dict)  # node (or "here": the repair itself) -> chunks
+    by_node: dict[str, int] = field(default_factory=dict)  # node (or "here": the repair itself) -> chunks
 
     @property
     def mb_per_s(self) -> float:
@@ -427,10 +427,10 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
             local.append(Rebuilder(cfg, state, creds, down))
         return local[0].many(batch)
 
-    def node_work(node: int, work: list[list[Rebuild]]) -> list[tuple[Rebuild, int | str, int | str]]:
-        done: list[tuple[Rebuild, int | str, int | str]] = []
+    def node_work(node: int, work: list[list[Rebuild]]) -> list[tuple[Rebuild, int | str, str]]:
+        done: list[tuple[Rebuild, int | str, str]] = []
         for batch in work:
-            by: int | str = node if spread else "here"
+            by = str(node) if spread else "here"
             try:
                 results = spread(node, batch, down) if spread else here(batch)
             except Exception as e:
