@@ -332,18 +332,10 @@ class Rebuilder:
         self.session = ReadSession(state, creds, cfg, use_cache=False, prefetch=False, mark=state.settings.fill_mark)
         self.session.avoid(set(avoid))
         self.throttle = Throttle(cfg.repair.mb_per_s * 1e6)
-        self.readers: dict[tuple[str, str], Client] = {}
-        self.lock = threading.Lock()
 
-    def one(self, job: Rebuild) -> int:
-        """Bytes written."""
-        from .client import Client
-
+    def one(self, job: Rebuild, reader: Client) -> int:
+        """Bytes written (`reader`: a Client of the job's manifest)."""
         m, c = job.plan.manifest, job.plan.chunk
-        with self.lock:
-            reader = self.readers.get((m.name, m.generation))
-            if reader is None:
-                reader = self.readers[m.name, m.generation] = Client(self.session, m)
         data = reader.read_chunk(c.id)  # verified: checksums per piece and of the chunk
         self.throttle.take(len(data))
         bodies = erasure.encode(data, m.ec_data, m.ec_parity) if m.layout == "ec" else [data] * len(c.nodes)
@@ -359,10 +351,21 @@ class Rebuilder:
         return wrote
 
     def many(self, jobs: list[Rebuild]) -> list[int | str]:
-        """Each job's bytes written, or why it failed."""
+        """Each job's bytes written, or why it failed. A Client per file of these jobs alone (a
+        Rebuilder outlives its calls; what it reads must not pile up)."""
+        from .client import Client
+
+        readers: dict[tuple[str, str], Client] = {}
+        lock = threading.Lock()
+
         def guarded(job: Rebuild) -> int | str:
+            m = job.plan.manifest
             try:
-                return self.one(job)
+                with lock:
+                    reader = readers.get((m.name, m.generation))
+                    if reader is None:
+                        reader = readers[m.name, m.generation] = Client(self.session, m)
+                return self.one(job, reader)
             except Exception as e:
                 return f"{job}: {e}"[:400]
         with ThreadPoolExecutor(max(1, int(self.cfg.repair.threads))) as pool:

@@ -130,6 +130,8 @@ class StorageNode:
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
+        self._rebuilder: tuple[ClusterState, frozenset[int], repair.Rebuilder] | None = None  # (for, avoiding, it)
+        self._rebuilder_lock = threading.Lock()
         self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
         revalidate(self.cache, self.ns_index, self.bucket,
                    {n.index: n.endpoint for n in self._state().nodes}, server.creds)
@@ -253,7 +255,12 @@ class StorageNode:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
         survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
         per job, or why it failed."""
-        return repair.Rebuilder(self.cfg, self._state(), self.minio.server.creds, set(down)).many(jobs)
+        state, avoid = self._state(), frozenset(down)
+        with self._rebuilder_lock:  # kept across a repair's calls: its clients are one per node to make
+            if self._rebuilder is None or self._rebuilder[0] is not state or self._rebuilder[1] != avoid:
+                self._rebuilder = (state, avoid, repair.Rebuilder(self.cfg, state, self.minio.server.creds, avoid))
+            rebuilder = self._rebuilder[2]
+        return rebuilder.many(jobs)
 
     def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced
