@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
+from . import gc_pause
 from .erasure import shard_key
 from .errors import FasterFSError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChunkInfo:
     id: int
     key: str            # object key in every holding node's bucket
@@ -28,8 +30,11 @@ class ChunkInfo:
     xxh3: int           # xxh3_64 of the chunk's bytes (also in its object's metadata)
     shards: list[int] = field(default_factory=list)  # ec: xxh3_64 of each shard, in shard order
 
+    def __reduce__(self) -> tuple:
+        return ChunkInfo, _chunk_state(self)
 
-@dataclass
+
+@dataclass(slots=True)
 class Manifest:
     dataset: str        # its name in the namespace: a dataset's name, or a file's path
     format: str         # csv | arrow (LOBSTER datasets) | bytes (files)
@@ -51,6 +56,9 @@ class Manifest:
     @property
     def name(self) -> str:
         return self.dataset
+
+    def __reduce__(self) -> tuple:
+        return Manifest, _manifest_state(self)
 
     def redundancy(self) -> str:
         """The layout as a user names it: replicas=2, or ec=4+2."""
@@ -92,7 +100,8 @@ class Manifest:
 
     def to_dict(self) -> dict:
         """As JSON keeps it (asdict's deep copies cost 5x more per chunk)."""
-        return dict(vars(self), chunks=[dict(vars(c)) for c in self.chunks])
+        return dict(zip(_MANIFEST_FIELDS, _manifest_state(self)),
+                    chunks=[dict(zip(_CHUNK_FIELDS, _chunk_state(c))) for c in self.chunks])
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
@@ -109,3 +118,28 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:
         return cls.from_dict(json.loads(text), where)
+
+
+def decode_many(texts: list[str], where: str) -> list[Manifest]:
+    """Manifests from their JSON texts, as one JSON array (one call into the C decoder instead of
+    one per text) with the cycle collector paused."""
+    with gc_pause.paused():
+        try:
+            data = json.loads("[" + ",".join(texts) + "]")
+        except ValueError:
+            for text in texts:
+                try:
+                    json.loads(text)
+                except ValueError as e:
+                    raise FasterFSError(f"a manifest in {where} is not JSON ({e}): {text[:80]!r}") from None
+            raise
+        return [Manifest.from_dict(d, f"{d.get('dataset')!r} in {where}") for d in data]
+
+
+# Both classes have slots (a fifth less memory: a StorageNode keeps every name's manifest) and
+# pickle as their fields in order, rebuilt by the constructor (1.6x faster to unpickle than
+# slots' default, measured at 1M manifests).
+_CHUNK_FIELDS = [f.name for f in fields(ChunkInfo)]
+_MANIFEST_FIELDS = [f.name for f in fields(Manifest)]
+_chunk_state = attrgetter(*_CHUNK_FIELDS)
+_manifest_state = attrgetter(*_MANIFEST_FIELDS)

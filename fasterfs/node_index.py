@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import immutables
 
+from . import gc_pause
 from .bpf.events import key_hashes
 from .cache_entry import Place, entry_name, places
 from .erasure import shard_key
@@ -63,8 +64,9 @@ class NodeIndex:
 
     @classmethod
     def build(cls, manifests: Mapping[str, Manifest], node: int) -> NodeIndex:
-        return cls(node, *(immutables.Map() for _ in range(8))).updated(
-            [(m.name, None, m) for m in manifests.values()])
+        with gc_pause.paused():  # at 1M names: 12 s instead of 40 (gc_pause)
+            return cls(node, *(immutables.Map() for _ in range(8))).updated(
+                [(m.name, None, m) for m in manifests.values()])
 
     def updated(self, changed: list[tuple[str, Manifest | None, Manifest | None]]) -> NodeIndex:
         """A new index with these names changed, (name, before, now): persistent maps (HAMTs),

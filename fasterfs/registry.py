@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 from . import credentials, tls
@@ -28,6 +29,7 @@ from .fsutil import atomic_write
 from .lease import Lease
 from .manifest import Manifest
 from .meta import AttrsListing, Changes, Listing, Moves, NamespaceStore, Resolved, legacy, open_engine
+from .meta.store import whole
 from .node_directory import NodeDirectory
 from .state import ClusterState, host_id, join, ray_namespace
 
@@ -80,8 +82,8 @@ class Registry:
     def manifest(self, name: str | None = None) -> Manifest | None:
         return self.names.manifest(name)
 
-    def manifests(self) -> tuple[int, dict[str, Manifest]]:
-        return self.names.manifests()
+    def manifest_page(self, cursor: str) -> tuple[list[str], str | None]:
+        return self.names.page(cursor)
 
     def manifests_of(self, names: list[str]) -> dict[str, Manifest]:
         return self.names.manifests_of(names)
@@ -257,7 +259,10 @@ def fetch_manifest(cluster_name: str, name: str | None = None) -> Manifest | Non
 
 
 def fetch_manifests(cluster_name: str) -> tuple[int, dict[str, Manifest]]:
-    return _ask(cluster_name, "manifests")
+    """The whole namespace, decoded by the caller from pages of texts (a StorageNode starting at a
+    million names: the head serves rows, it does not parse or pickle a million manifests)."""
+    return whole(partial(namespace_version, cluster_name), partial(_ask, cluster_name, "manifest_page"),
+                 partial(fetch_changes, cluster_name))
 
 
 def fetch_manifests_of(cluster_name: str, names: list[str]) -> dict[str, Manifest]:

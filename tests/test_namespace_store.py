@@ -3,15 +3,17 @@ directory: no Ray, no MinIO. Pushes to the StorageNodes are recorded instead of 
 import dataclasses
 import json
 import os
+import pickle
 import time
 
 import pytest
 
 from fasterfs import process
 from fasterfs.errors import FasterFSError
-from fasterfs.manifest import ChunkInfo, Manifest
+from fasterfs.manifest import ChunkInfo, Manifest, decode_many
 from fasterfs.meta import ENGINES, NamespaceStore, open_engine
 from fasterfs.meta.redis_server import RedisServer
+from fasterfs.meta.store import whole
 
 pytestmark = pytest.mark.unit
 
@@ -242,6 +244,38 @@ def test_changes_since_a_version_name_only_what_changed_and_a_log_past_its_reach
     store.publish(manifest("d/3", "g1"), "x/")
     assert store.changes(v0 + 1) is None          # the log no longer reaches back: reload
     assert set(store.changes(store.version - 1).names) == {"d/3"}
+
+
+def test_the_whole_namespace_is_read_in_pages_at_one_version_while_changes_go_on(store, monkeypatch):
+    """Pages of 3 names; between two pages a name is replaced, one removed and one added: the
+    result is each name as published last, at the version after those changes."""
+    from fasterfs.meta import engine as engines
+
+    monkeypatch.setattr(engines, "PAGE", 3)
+    store.publish_batch([(manifest(f"d/{i:02d}", "g1"), "x/") for i in range(10)])
+    pages = []
+
+    def page(cursor):
+        pages.append(cursor)
+        if len(pages) == 2:  # mid-read: a change to a name already read, one not yet, a new one
+            store.publish(manifest("d/00", "g2"), "x/")
+            store.remove("d/09")
+            store.publish(manifest("d/10", "g1"), "x/")
+        return store.page(cursor)
+
+    version, manifests = whole(lambda: store.version, page, store.changes)
+    assert len(pages) >= 2 and version == store.version  # Redis pages as HSCAN will: COUNT is a hint
+    expected = {f"d/{i:02d}": "g1" for i in range(11) if i != 9} | {"d/00": "g2"}
+    assert {n: m.generation for n, m in manifests.items()} == expected
+    assert all(m == store.manifest(n) for n, m in manifests.items())
+
+
+def test_manifests_survive_pickling_and_a_text_that_is_not_json_is_named():
+    m = manifest("d/x", "g1")
+    assert pickle.loads(pickle.dumps(m)) == m and pickle.loads(pickle.dumps(m.chunks[0])) == m.chunks[0]
+    assert decode_many([m.to_json(), m.to_json()], "here") == [m, m]
+    with pytest.raises(FasterFSError, match=r"a manifest in the test store is not JSON .*'\{broken'"):
+        decode_many([m.to_json(), "{broken"], "the test store")
 
 
 def test_a_write_never_published_is_collected_and_one_collected_cannot_publish(store):

@@ -200,9 +200,10 @@ def test_a_check_of_changed_names_asks_minio_for_just_their_pieces(live_cluster,
 def test_a_nodes_survey_fetches_not_the_whole_namespace(live_cluster, overrides, tmp_path):
     """A StorageNode's survey plans against its own copy of the namespace, caught up from the
     store's log: Ray records a call of the Registry's `changes` (what changed since that copy)
-    while node 0 surveys, and none of its `manifests` (every name: a million, at a team's size)."""
+    while node 0 surveys, and none of its `manifest_page` (the whole namespace: a million names, at a
+    team's size)."""
     # by name: a filter the GCS applies itself (the session's cluster records tens of thousands of tasks)
-    whole, delta = ([("name", "=", f"Registry.{m}")] for m in ("manifests", "changes"))
+    whole, delta = ([("name", "=", f"Registry.{m}")] for m in ("manifest_page", "changes"))
     (tmp_path / "b").write_bytes(os.urandom(2**20))
     m = put(config.load(overrides + ["files.chunk_mb=1"]), tmp_path / "b", "repair/survey.bin")
     earlier_whole, earlier_delta = task_ids(live_cluster, whole), task_ids(live_cluster, delta)

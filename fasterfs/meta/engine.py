@@ -8,13 +8,13 @@ the changes since a version; nothing scans or rewrites the whole namespace.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 from ..manifest import Manifest
 
 LOG_KEEP = 100_000  # versions the log reaches back; a consumer further behind reloads everything
+PAGE = 20_000  # names a page of the whole namespace holds (~8 MB of JSON for files of one chunk)
 
 
 def parent_of(path: str) -> str:
@@ -73,8 +73,12 @@ class Engine(ABC):
     def latest_dataset(self) -> Manifest | None: ...
 
     @abstractmethod
-    def scan(self) -> Iterator[Manifest]:
-        """Every name's manifest: for a consumer starting from nothing or too far behind the log."""
+    def page(self, cursor: str) -> tuple[list[str], str | None]:
+        """For a consumer starting from nothing or too far behind the log: some names' manifests
+        as JSON texts, from `cursor` ("" first), and the cursor of the next page (None: that was
+        the last). Texts, not manifests: whoever reads a whole namespace decodes it, not the head
+        (`manifest.decode_many`). A name changed meanwhile may be in any state or page; the log
+        since a version read before the first page says which (store.whole)."""
 
     @abstractmethod
     def count(self) -> int: ...

@@ -164,9 +164,10 @@ class RedisEngine(Engine):
         newest = self.r.zrange(self._k("datasets"), -1, -1)
         return self.get(newest[0]) if newest else None
 
-    def scan(self) -> Iterator[Manifest]:
-        for name, text in self.r.hscan_iter(self._k("names"), count=1000):
-            yield Manifest.from_json(text, f"{name!r} in Redis at {self.where}")
+    def page(self, cursor: str) -> tuple[list[str], str | None]:
+        # HSCAN's cursor: every name present throughout is returned at least once
+        after, found = self.r.hscan(self._k("names"), int(cursor or 0), count=engine.PAGE)
+        return list(found.values()), str(after) if after else None
 
     def count(self) -> int:
         return int(self.r.hlen(self._k("names")))

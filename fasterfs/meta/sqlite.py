@@ -144,9 +144,10 @@ class SQLiteEngine(Engine):
                               "ORDER BY created DESC LIMIT 1").fetchone()
         return None if row is None else Manifest.from_json(row[1], f"{row[0]!r} in {self.file}")
 
-    def scan(self) -> Iterator[Manifest]:
-        for name, text in self.db.execute("SELECT name, manifest FROM names").fetchall():
-            yield Manifest.from_json(text, f"{name!r} in {self.file}")
+    def page(self, cursor: str) -> tuple[list[str], str | None]:
+        rows = self.db.execute("SELECT name, manifest FROM names WHERE name > ? ORDER BY name LIMIT ?",
+                               (cursor, engine.PAGE)).fetchall()
+        return [text for _, text in rows], rows[-1][0] if len(rows) == engine.PAGE else None
 
     def count(self) -> int:
         return self._one("SELECT count(*) FROM names")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import stamp
 from ..errors import FasterFSError
-from ..manifest import Manifest
+from ..manifest import Manifest, decode_many
 from .engine import Attrs, Engine
 
 Moves = dict[int, tuple[list[int], list[int]]]  # chunk id -> (its nodes before a repair, after)
@@ -55,6 +55,31 @@ class AttrsListing:
     names: list[Attrs]
 
 
+def whole(version: Callable[[], int], page: Callable[[str], tuple[list[str], str | None]],
+          changes: Callable[[int], Changes | None]) -> tuple[int, dict[str, Manifest]]:
+    """Every name's manifest at one version, read a page at a time (the store's lock is not
+    held across a whole namespace: changes go on meanwhile) and decoded here, not by the store.
+    A name changed while the pages were read is taken as the log says it is after them."""
+    while True:
+        since, cursor = version(), ""
+        manifests: dict[str, Manifest] = {}
+        while True:
+            texts, more = page(cursor)
+            manifests.update((m.name, m) for m in decode_many(texts, "the namespace store"))
+            if more is None:
+                break
+            cursor = more
+        after = changes(since)
+        if after is not None:  # else the log moved past `since` while reading: again
+            break
+    for name, m in after.names.items():
+        if m is None:
+            manifests.pop(name, None)
+        else:
+            manifests[name] = m
+    return after.version, manifests
+
+
 class NamespaceStore:
     def __init__(self, engine: Engine, cluster_name: str, push: Push):
         self.engine, self.cluster_name, self.push = engine, cluster_name, push
@@ -78,8 +103,12 @@ class NamespaceStore:
 
     def manifests(self) -> tuple[int, dict[str, Manifest]]:
         """The whole namespace and its version: for a consumer that has nothing yet."""
+        return whole(lambda: self.version, self.page, self.changes)
+
+    def page(self, cursor: str) -> tuple[list[str], str | None]:
+        """A page of the whole namespace, as texts (`Engine.page`); `whole` reads them all."""
         with self._lock:
-            return self.engine.version(), {m.name: m for m in self.engine.scan()}
+            return self.engine.page(cursor)
 
     def changes(self, since: int, manifests: bool = True) -> Changes | None:
         """The names changed after version `since`, as they are now (without `manifests`: each
