@@ -61,7 +61,11 @@ def one_size(work: Path, files: int, where: list[str]) -> dict:
     up_s = time.perf_counter() - t
     try:
         cfg = config.load(own)
-        state, statuses = cluster.status(cfg)
+        deadline = time.monotonic() + 300
+        while True:  # a node busy surveying a million names may miss status's 30 s: ask again
+            state, statuses = cluster.status(cfg)
+            if all("actor_pid" in s for s in statuses) or time.monotonic() > deadline:
+                break
         counted = registry.names_count(state.name)
         t = time.perf_counter()
         _, manifests = registry.fetch_manifests(state.name)

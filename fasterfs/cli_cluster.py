@@ -15,6 +15,8 @@ from .errors import FasterFSError, UsageError
 from .mount_supervisor import mount_counts
 from .node_directory import NodeDirectory
 
+SURVEY_WAIT_S = 10  # `up` and `status` wait this long for the survey (a million names' takes about a minute)
+
 console = report.console()
 
 
@@ -99,7 +101,12 @@ def _print_survey(state, rows: list[dict]) -> None:
     if leader is None:
         console.print("Redundancy: [red]unknown: no node's MinIO answers[/]")
         return
-    found = ray.get(NodeDirectory(state.ray_namespace).require(leader).survey.remote(), timeout=120)
+    ref = NodeDirectory(state.ray_namespace).require(leader).survey.remote()
+    if not ray.wait([ref], timeout=SURVEY_WAIT_S)[0]:  # it goes on: its result is what the dashboard shows
+        console.print(f"Redundancy: still being surveyed by node {leader}, the repair leader, after {SURVEY_WAIT_S} s "
+                      "(a large namespace); the dashboard shows it once done", highlight=False)
+        return
+    found = ray.get(ref)
     colour = "red" if found["lost"] else "yellow" if found["degraded"] else "green"
     console.print(f"Redundancy: [{colour}]{found['summary']}[/] (surveyed now by node {leader}, the repair leader; "
                   "the dashboard shows this survey)", highlight=False)

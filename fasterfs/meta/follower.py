@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from .. import gc_pause
 from ..manifest import Manifest
 from .store import Changes
 
@@ -57,16 +58,17 @@ class Follower:
     def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> bool:
         """`whole`: every name was fetched (on_change hears it even if nothing changed: a
         consumer holds its own state to the whole namespace then)."""
-        changed = []
-        for name, now in names.items():
-            before = self.manifests.get(name)
-            if now is None:
-                self.manifests.pop(name, None)
-            else:
-                self.manifests[name] = now
-            if before is not now and before != now:
-                changed.append((name, before, now))
-        self.version = version
-        if changed or whole:
-            self.on_change(changed, whole)
-        return bool(changed)
+        with gc_pause.paused():  # a whole namespace: a million changes at once
+            changed = []
+            for name, now in names.items():
+                before = self.manifests.get(name)
+                if now is None:
+                    self.manifests.pop(name, None)
+                else:
+                    self.manifests[name] = now
+                if before is not now and before != now:
+                    changed.append((name, before, now))
+            self.version = version
+            if changed or whole:
+                self.on_change(changed, whole)
+            return bool(changed)

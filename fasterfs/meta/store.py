@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import stamp
+from .. import gc_pause, stamp
 from ..errors import FasterFSError
 from ..manifest import Manifest, decode_many
 from .engine import Attrs, Engine
@@ -63,12 +63,13 @@ def whole(version: Callable[[], int], page: Callable[[str], tuple[list[str], str
     while True:
         since, cursor = version(), ""
         manifests: dict[str, Manifest] = {}
-        while True:
-            texts, more = page(cursor)
-            manifests.update((m.name, m) for m in decode_many(texts, "the namespace store"))
-            if more is None:
-                break
-            cursor = more
+        with gc_pause.paused():  # the pages' rows are garbage the collector would walk the manifests for
+            while True:
+                texts, more = page(cursor)
+                manifests.update((m.name, m) for m in decode_many(texts, "the namespace store"))
+                if more is None:
+                    break
+                cursor = more
         after = changes(since)
         if after is not None:  # else the log moved past `since` while reading: again
             break
