@@ -20,6 +20,7 @@ without MinIO: `tick(now)` is one round.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +72,9 @@ class RepairLeader:
         self._surveyed = float("-inf")
         self._took = 0.0  # seconds the last survey (or repair) took
         self._version: tuple[int, float] | None = None  # the namespace's version, and when first seen
+        self._survey_lock = threading.Lock()
+        self._survey_began = float("-inf")  # when the last survey began,
+        self._surveyed_health: dict = {}       # and what it found
 
     def tick(self, now: float | None = None) -> str:
         """One round; returns what it did: follow (another node leads), wait (nothing changed),
@@ -95,7 +99,7 @@ class RepairLeader:
         if self.timing.auto and self.health is None:
             # new to leading: learn the nodes the data names that are no longer part of the
             # cluster (a host left out at `up`), which no probe sees, so they wait like any down one
-            self.health = self.survey().to_dict()
+            self.survey_now()
         for n in set((self.health or {}).get("nodes_down", ())) - set(nodes):
             self._down_since.setdefault(n, now)
         # a node is gone only after after_s down; one that answered the probe but not the
@@ -117,13 +121,13 @@ class RepairLeader:
         self._seen, self._surveyed, began = seen, now, time.monotonic()
         try:
             if not self.timing.auto:
-                self.health = self.survey().to_dict()
+                self.survey_now()
                 return "survey"
             out = self.repair(waiting, epoch)
             self.health = out.health.to_dict()
             if out.repaired or out.failed:
                 self.record("auto", out)
-                self.health = self.survey().to_dict()
+                self.survey_now()
             return "repair"
         finally:
             self._took = time.monotonic() - began
@@ -146,9 +150,16 @@ class RepairLeader:
         return True
 
     def survey_now(self) -> dict:
-        """A survey now, kept as this node's latest (what `status` and the dashboard show)."""
-        self.health = self.survey().to_dict()
-        return self.health
+        """The result of a survey begun after this call, kept as this node's latest (what `status`
+        and the dashboard show). Callers at once share one: a million names' survey takes about a
+        minute, and `up`, a `status` and the leader's own round need not each run it."""
+        asked = time.monotonic()
+        with self._survey_lock:
+            if self._survey_began < asked:  # else one began after the ask and has just ended
+                self._survey_began = time.monotonic()
+                self._surveyed_health = self.survey().to_dict()
+            self.health = self._surveyed_health
+            return self._surveyed_health
 
     def record(self, why: str, out: Outcome) -> None:
         log.warning("%s repair: %d chunks repaired, %d pieces written (%d moved home), %d failed; found %s",

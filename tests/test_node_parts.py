@@ -444,6 +444,36 @@ def test_a_survey_that_takes_long_comes_less_often():
     assert leader.tick(0.3 / SURVEY_SHARE + 1) == "repair"
 
 
+def test_surveys_asked_for_while_one_runs_share_the_next():
+    """A survey under way when `status` asks again began before the ask: it is not the answer.
+    Three callers waiting behind it get one new survey between them (not three), and a caller
+    after that gets a new one again."""
+    running, release, calls = threading.Event(), threading.Event(), []
+
+    def survey() -> Health:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            running.set()
+            release.wait(10)
+        return Health(chunks=len(calls))
+    leader = RepairLeader(0, Timing(check_s=1, after_s=10, survey_s=100, auto=True), lambda: ([0], {0}),
+                          lambda: 0, survey, lambda since: None, lambda waiting, epoch: Outcome(Health()),
+                          lambda ttl_s: 1)
+    got: list[dict] = []
+    first = threading.Thread(target=lambda: got.append(leader.survey_now()))
+    first.start()
+    assert running.wait(10)
+    waiting = [threading.Thread(target=lambda: got.append(leader.survey_now())) for _ in range(3)]
+    for t in waiting:
+        t.start()
+    time.sleep(0.2)  # all three asked while the first ran
+    release.set()
+    for t in [first, *waiting]:
+        t.join(10)
+    assert len(calls) == 2 and sorted(g["chunks"] for g in got) == [1, 2, 2, 2]
+    assert leader.survey_now()["chunks"] == 3 and leader.health["chunks"] == 3
+
+
 def test_one_leader_across_a_partition_and_a_new_epoch_after_it():
     """Nodes 0 and 1 cut from each other: each sees itself as the lowest answering node, but only
     the lease's holder leads; when it stops renewing (cut off from the Registry), node 1 takes
