@@ -5,8 +5,9 @@
    MinIO servers: files/s, and the cost per file of the first and the last tenth.
 2. What one more file costs as the namespace grows: a `put`, a reader's `Namespace()` and a
    lookup, the Registry's and each StorageNode's memory, the store's disk, at the start
-   (the namespace as found), right after the load, and once node 0's repair leader has
-   checked the load (its check of every new file competes with the put).
+   (the namespace as found), right after the load, once node 0's repair leader has checked
+   the load (its check of every new file competes with the put), and once its survey that
+   follows (a listing of every object) has ended: the target is taken there, all three shown.
 3. Through the mount (node 0), started anew with a namespace of ~1,000 files (one directory
    stored before the load) and again after the load: its start, `stat` of paths not seen
    before, `ls -l` of a 1,000-entry directory, `find` over every entry against a local
@@ -97,14 +98,16 @@ def costs(cfg, state, argv: list[str], tag: str, work: Path) -> dict:
             "storage_node_rss": actor_rss(state, "StorageNode")}
 
 
-def leader_caught_up(state, version: int, since: float, timeout: float) -> float | None:
+def leader_caught_up(state, version: int | None, since: float, timeout: float) -> float | None:
     """Seconds until node 0's repair leader has looked at the namespace at `version` (checked the
-    changes, or surveyed after `since`); None: not within `timeout`. One more put measured before
-    that competes with the leader's check of every file just loaded."""
+    changes, or surveyed after `since`; version None: surveyed after `since`); None: not within
+    `timeout`. One more put measured before that competes with the leader's check of every file
+    just loaded; before its survey that follows, with the listing of every object."""
     began = time.monotonic()
     while time.monotonic() - began < timeout:
         r = ray.get(cluster.storage_nodes(state)[0].status.remote(max_age_s=60))["redundancy"] or {}
-        if (r.get("changes_checked") or {}).get("version", 0) >= version or r.get("time", 0) > since:
+        checked = version is not None and (r.get("changes_checked") or {}).get("version", 0) >= version
+        if checked or r.get("time", 0) > since:
             return time.monotonic() - began
         time.sleep(2)
     return None
@@ -277,6 +280,8 @@ def main(argv: list[str]) -> dict:
         result["after_right_away"] = costs(cfg, state, argv, f"{dest}-right-away", work)
         result["leader_checked_load_s"] = leader_caught_up(state, version, loaded, timeout=1200)
         result["after"] = costs(cfg, state, argv, f"{dest}-after", work)
+        result["leader_surveyed_s"] = leader_caught_up(state, None, time.time(), timeout=1800)
+        result["settled"] = costs(cfg, state, argv, f"{dest}-settled", work)
         grown = result["after"]["names"] - result["before"]["names"]
         result["per_file"] = {
             "store_disk_bytes": (result["after"]["store_disk_bytes"] - result["before"]["store_disk_bytes"]) / grown,
@@ -289,11 +294,12 @@ def main(argv: list[str]) -> dict:
         growth = result["put_r"]["last_tenth_ms_per_file"] / result["put_r"]["first_tenth_ms_per_file"]
         result["targets"][f"put -r >= 0.5x boto3 ({ratio:.2f}x)"] = ratio >= 0.5
         result["targets"][f"last tenth <= 1.2x the first per file ({growth:.2f}x)"] = growth <= 1.2
-        put_growth = result["after"]["put_s"] / result["before"]["put_s"]
-        result["targets"][f"one more put at {result['after']['names']} names <= 1.2x at "
-                          f"{result['before']['names']} ({put_growth:.2f}x; "
-                          f"{result['after_right_away']['put_s'] / result['before']['put_s']:.2f}x while the leader "
-                          f"still checked the load)"] = put_growth <= 1.2
+        put_growth = result["settled"]["put_s"] / result["before"]["put_s"]
+        result["targets"][f"one more put at {result['settled']['names']} names <= 1.2x at "
+                          f"{result['before']['names']} once the leader has surveyed the load ({put_growth:.2f}x; "
+                          f"{result['after_right_away']['put_s'] / result['before']['put_s']:.2f}x while it still "
+                          f"checked the load, {result['after']['put_s'] / result['before']['put_s']:.2f}x after "
+                          "its check, before its survey)"] = put_growth <= 1.2
         connect = result["after"]["namespace_connect_s"]
         result["targets"][f"Namespace() <= 0.2 s ({connect:.3f} s)"] = connect <= 0.2
 
