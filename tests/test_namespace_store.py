@@ -370,3 +370,23 @@ def test_an_unreadable_file_of_an_earlier_namespace_is_named_and_nothing_adopted
     with pytest.raises(FasterFSError, match=f"manifest {bad} .*cannot be read"):
         legacy.adopt(store, tmp_path)
     assert store.count() == 0 and (tmp_path / "namespace" / "d.json").exists()
+
+
+def test_a_pause_of_the_collector_nests_and_a_freezing_one_keeps_what_it_built():
+    import gc
+
+    from fasterfs import gc_pause
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        with gc_pause.paused():
+            with gc_pause.paused(freeze=True):
+                built = [[i] for i in range(1000)]
+            assert not gc.isenabled()  # the outer pause still holds
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(built)
+        with gc_pause.paused():
+            pass
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()

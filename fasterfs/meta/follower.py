@@ -49,16 +49,17 @@ class Follower:
         with self._lock:
             changes = self.fetch_changes(self.version) if self.version >= 0 else None
             if changes is None:
-                version, manifests = self.fetch_all()
-                self.reloads += 1
-                names = {n: manifests.get(n) for n in set(manifests) | set(self.manifests)}
-                return self._apply(names, version, whole=True)
+                with gc_pause.paused(freeze=True):  # from the first page to the index built on them
+                    version, manifests = self.fetch_all()
+                    self.reloads += 1
+                    names = {n: manifests.get(n) for n in set(manifests) | set(self.manifests)}
+                    return self._apply(names, version, whole=True)
             return self._apply(changes.names, changes.version)
 
     def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> bool:
         """`whole`: every name was fetched (on_change hears it even if nothing changed: a
         consumer holds its own state to the whole namespace then)."""
-        with gc_pause.paused():  # a whole namespace: a million changes at once
+        with gc_pause.paused(freeze=whole):  # a whole namespace: a million changes at once, kept
             changed = []
             for name, now in names.items():
                 before = self.manifests.get(name)
