@@ -94,6 +94,7 @@ def main(argv: list[str]) -> dict:
         f"`fasterfs up` at {large['files']:,} names within the default cluster.start_timeout_s "
         f"({large['up_s']:.0f} s)": large["up_s"] <= cfg.cluster.start_timeout_s}}
     out = report.write_json(report.run_dir(cfg, "bench-node-start"), "node_start.json", result)
+
     def row(label: str, a: float, b: float, fmt: str = ",.2f") -> None:
         print(f"{label:<34} {a:>12{fmt}} {b:>12{fmt}}")
 

@@ -59,7 +59,7 @@ class Follower:
     def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> bool:
         """`whole`: every name was fetched (on_change hears it even if nothing changed: a
         consumer holds its own state to the whole namespace then)."""
-        with gc_pause.paused(freeze=whole):  # a whole namespace: a million changes at once, kept
+        with gc_pause.paused():  # a whole namespace is a million changes at once (catch_up freezes it)
             changed = []
             for name, now in names.items():
                 before = self.manifests.get(name)
