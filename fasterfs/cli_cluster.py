@@ -12,6 +12,7 @@ from rich.table import Table
 
 from . import auth, cluster, config, registry, repair, report
 from .errors import FasterFSError, UsageError
+from .minio_supervisor import COUNT_WAIT_S
 from .mount_supervisor import mount_counts
 from .node_directory import NodeDirectory
 
@@ -28,6 +29,17 @@ def cmd_up(cfg) -> None:
     cmd_status(cfg)
 
 
+def _objects(row: dict) -> str:
+    """A node's object count, with its age once it is not from now (a million objects list in
+    about a minute: `status` waits for a few seconds, then shows the last count)."""
+    if row.get("error") or not row.get("healthy"):
+        return "-"
+    if row.get("objects") is None:
+        return "counting"
+    age = row.get("objects_age_s") or 0
+    return f"{row['objects']:,}" + (f" ({age:.0f} s ago)" if age > 1 + COUNT_WAIT_S else "")
+
+
 def cmd_status(cfg) -> None:
     state, rows = cluster.status(cfg)
     table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
@@ -38,7 +50,7 @@ def cmd_status(cfg) -> None:
         if r.get("error"):
             health = f"[red]{r['error']}[/]"
         table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
-                      str(r.get("objects", "-")), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
+                      _objects(r), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
     console.print(table)
     _print_survey(state, rows)
     console.print(f"Ray dashboard: {state.dashboard_url}"

@@ -39,6 +39,8 @@ from .storage_node import StorageNode
 
 log = logging.getLogger("fasterfs.cluster")
 
+STATUS_TIMEOUT_S = 30  # for every node's status together (each waits for its object count 5 s at most)
+
 
 # -- up -------------------------------------------------------------------------------
 
@@ -376,10 +378,12 @@ def status(cfg) -> tuple[ClusterState, list[dict]]:
     state = registry.find(cfg)
     import ray
 
+    refs = [actor.status.remote() for actor in storage_nodes(state)]  # asked at once, answered within one wait
+    ray.wait(refs, num_returns=len(refs), timeout=STATUS_TIMEOUT_S)
     rows = []
-    for node, actor in zip(state.nodes, storage_nodes(state)):
+    for node, ref in zip(state.nodes, refs):
         try:
-            rows.append(ray.get(actor.status.remote(), timeout=30))
+            rows.append(ray.get(ref, timeout=0))
         except Exception as e:
             rows.append({"index": node.index, "address": node.address, "node_id": node.ray_node_id,
                          "endpoint": node.endpoint, "healthy": False, "error": f"{type(e).__name__}: {e}"[:200]})

@@ -19,6 +19,7 @@ log = logging.getLogger("fasterfs.minio_supervisor")
 
 
 COUNT_SHARE = 0.02  # of a node's time its object count may take, asked as often as it may be
+COUNT_WAIT_S = 5.0  # a count asked for now waits this long for its listing (a million objects take a minute)
 
 
 class MinioSupervisor:
@@ -29,6 +30,7 @@ class MinioSupervisor:
         self._lock = threading.Lock()  # one start or stop at a time; status never sees half a restart
         self._counted = (float("-inf"), 0, 0, 0.0)  # (when, objects, bytes, seconds it took) of the last listing
         self._listing: threading.Thread | None = None  # the count being taken in the background
+        self._listing_lock = threading.Lock()  # one listing at a time
 
     def start(self) -> None:
         with self._lock:
@@ -72,19 +74,23 @@ class MinioSupervisor:
         with self._lock:
             return self.server.healthy(), self.server.pid, self.restarts, self.held
 
-    def count(self, lister, max_age_s: float) -> tuple[int | None, int | None, float | None]:
+    def count(self, lister, max_age_s: float, wait_s: float = COUNT_WAIT_S) -> tuple[int | None, int | None, float | None]:
         """Objects and bytes in the bucket, from a listing (`lister.list(bucket)`: (key, bytes)
-        pairs), and the listing's age. max_age_s 0: listed now. Otherwise the last listing
-        (None before the first), one listed anew in the background once it is older than
-        max_age_s, or than the spacing that keeps listing under COUNT_SHARE of the time: a
-        million objects list in tens of seconds, which the caller (the StorageNode, whose
-        namespace pushes wait behind it) must not wait for, nor MinIO spend its time on."""
-        if max_age_s <= 0:
-            self._list(lister)
-        at, objects, size, took = self._counted
-        if time.monotonic() - at >= max(max_age_s, took / COUNT_SHARE) and self._listing is None:
-            self._listing = threading.Thread(target=self._list, args=(lister,), daemon=True, name="minio-count")
-            self._listing.start()
+        pairs), and the listing's age (None, None, None before the first has ended). Listed in the
+        background, since a million objects take about a minute, which the caller (a StorageNode,
+        whose namespace pushes wait behind it) must not wait for: max_age_s 0 begins a listing
+        (or joins the one running) and waits for it wait_s at most, then answers with the last
+        count and its age; otherwise a listing begins once the last is older than max_age_s and
+        than the spacing that keeps listing under COUNT_SHARE of the time, and is not waited for."""
+        at, _, _, took = self._counted
+        with self._listing_lock:
+            if self._listing is None and (max_age_s <= 0 or time.monotonic() - at >= max(max_age_s, took / COUNT_SHARE)):
+                self._listing = threading.Thread(target=self._list, args=(lister,), daemon=True, name="minio-count")
+                self._listing.start()
+            listing = self._listing
+        if max_age_s <= 0 and listing is not None:
+            listing.join(wait_s)
+        at, objects, size, _ = self._counted
         if at == float("-inf"):
             return None, None, None
         return objects, size, time.monotonic() - at
@@ -98,7 +104,7 @@ class MinioSupervisor:
         except Exception as e:  # MinIO down meanwhile: the count stays as it was, and says its age
             log.warning("counting the objects of bucket %s on %s failed: %s", self.bucket, self.server.endpoint, e)
         finally:
-            if threading.current_thread() is self._listing:
+            with self._listing_lock:
                 self._listing = None
 
     def stop(self) -> None:

@@ -102,3 +102,35 @@ def test_the_object_count_lists_at_most_a_share_of_the_time(supervisor):
     assert len(listings) == 2
     assert sup.count(Counted(), 0)[0] == 201 and len(listings) == 3  # `fasterfs status`: listed now
     getter.close()
+
+
+def test_a_count_asked_for_now_waits_a_bounded_time_then_answers_with_the_last(supervisor):
+    """A listing slower than the wait (a million objects take about a minute): asked with
+    max_age_s=0, the answer comes after wait_s with no count yet rather than blocking the node;
+    asked again meanwhile, the same listing is joined, not a second begun; once it ends, its
+    count is what MinIO holds (each key stored by boto3, counted by the listing)."""
+    import threading
+
+    from fasterfs import s3
+
+    sup, keys = supervisor
+    admin = s3.client(sup.server.endpoint, keys.admin)
+    for i in range(20):
+        admin.put_object(Bucket="bkt", Key=f"k/{i}", Body=b"x")
+    getter = s3.MarkedGetter(sup.server.endpoint, keys.reader, 0)
+    go, listings = threading.Event(), []
+
+    class Slow:  # the real listing, held back until the test lets it go
+        def list(self, bucket):
+            listings.append(bucket)
+            go.wait(30)
+            return getter.list(bucket)
+
+    began = time.monotonic()
+    assert sup.count(Slow(), 0, wait_s=0.5) == (None, None, None)
+    assert 0.4 < time.monotonic() - began < 5
+    assert sup.count(Slow(), 0, wait_s=0.1)[0] is None and len(listings) == 1
+    go.set()
+    objects, size, age = sup.count(Slow(), 0, wait_s=10)  # a listing of its own, waited for
+    assert (objects, size) == (20, 20) and age < 1
+    getter.close()
