@@ -74,7 +74,8 @@ class MinioSupervisor:
         with self._lock:
             return self.server.healthy(), self.server.pid, self.restarts, self.held
 
-    def count(self, lister, max_age_s: float, wait_s: float = COUNT_WAIT_S) -> tuple[int | None, int | None, float | None]:
+    def count(self, lister, max_age_s: float,
+              wait_s: float = COUNT_WAIT_S) -> tuple[int | None, int | None, float | None]:
         """Objects and bytes in the bucket, from a listing (`lister.list(bucket)`: (key, bytes)
         pairs), and the listing's age (None, None, None before the first has ended). Listed in the
         background, since a million objects take about a minute, which the caller (a StorageNode,
@@ -83,8 +84,9 @@ class MinioSupervisor:
         count and its age; otherwise a listing begins once the last is older than max_age_s and
         than the spacing that keeps listing under COUNT_SHARE of the time, and is not waited for."""
         at, _, _, took = self._counted
+        due = max_age_s <= 0 or time.monotonic() - at >= max(max_age_s, took / COUNT_SHARE)
         with self._listing_lock:
-            if self._listing is None and (max_age_s <= 0 or time.monotonic() - at >= max(max_age_s, took / COUNT_SHARE)):
+            if self._listing is None and due:
                 self._listing = threading.Thread(target=self._list, args=(lister,), daemon=True, name="minio-count")
                 self._listing.start()
             listing = self._listing
