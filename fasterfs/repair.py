@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import urllib3
 
-from . import erasure, ingest, registry, s3
+from . import bucket_walk, erasure, ingest, registry, s3
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
 from .placement import chunk_homes, node_name, score
@@ -71,9 +71,11 @@ def _per_node(state: ClusterState, creds, timeout: float,
         return dict(zip((n.index for n in state.nodes), pool.map(one, state.nodes)))
 
 
-def listings(state: ClusterState, creds, timeout: float = 2.0) -> dict[int, set[str] | None]:
-    """Every node's object keys; None for a node whose MinIO does not answer."""
-    return _per_node(state, creds, timeout, lambda node, lister: {key for key, _ in lister.list(state.settings.bucket)})
+def listings(state: ClusterState, creds, timeout: float = 2.0, share: float = 1.0) -> dict[int, set[str] | None]:
+    """Every node's object keys, each bucket walked with at most `share` of the time
+    (bucket_walk); None for a node whose MinIO does not answer."""
+    return _per_node(state, creds, timeout,
+                     lambda node, lister: {key for key, _ in bucket_walk.walk(lister, state.settings.bucket, share)})
 
 
 def holdings(state: ClusterState, creds, pieces: Iterable[tuple[int, str]],
@@ -202,7 +204,8 @@ def _registrys(state: ClusterState) -> Names:
     return lambda: registry.fetch_manifests(state.name)[1]
 
 
-def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health, list[_Plan]]], names: Names):
+def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health, list[_Plan]]], names: Names,
+          share: float = 1.0):
     """The nodes' listings and the manifests (`names()`: a StorageNode's own copy, caught up,
     else fetched whole from the Registry), planned by `plan(listing, manifests)`, so that a
     piece another writer moves meanwhile (a concurrent repair, a refill) is not taken for
@@ -210,12 +213,12 @@ def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health,
     when that finds anything to do, listed again after, so a piece written since counts too,
     and a node is up or down by its later answer (a host back from a power cut mid-survey);
     a piece still missing from both is asked of its node."""
-    first = listings(state, creds)
+    first = listings(state, creds, share=share)
     manifests = names()
     health, plans = plan(first, manifests)
     if not plans and not health.nodes_down:
         return first, manifests, health, plans
-    again = listings(state, creds)
+    again = listings(state, creds, share=share)
     merged = {n: None if keys is None else keys | (first.get(n) or set()) for n, keys in again.items()}
     # a listing may come from MinIO's metacache, a little behind: what it misses is asked by HEAD
     _, plans = plan(merged, manifests)
@@ -228,9 +231,11 @@ def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health,
     return (merged, manifests, *plan(merged, manifests))
 
 
-def survey(state: ClusterState, creds, load_slack: float, names: Names | None = None) -> Health:
+def survey(state: ClusterState, creds, load_slack: float, names: Names | None = None, share: float = 1.0) -> Health:
+    """The namespace's redundancy as the nodes' listings show it; `share`: of the time the
+    listings may take (bucket_walk; the StorageNodes' own surveys are paced, a user's are not)."""
     return _look(state, creds, lambda listing, ms: _plan(ms.values(), state, listing, load_slack),
-                 names or _registrys(state))[2]
+                 names or _registrys(state), share)[2]
 
 
 class Throttle:
@@ -407,7 +412,7 @@ def through(directory, own: int | None = None, here: Callable[[list[Rebuild], Se
 def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
         waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
         only: dict[str, set[int]] | None = None, fence: tuple[int, int] | None = None,
-        names: Names | None = None, spread: Spread | None = None) -> Outcome:
+        names: Names | None = None, spread: Spread | None = None, share: float = 1.0) -> Outcome:
     """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc.
     `fence`: (node, epoch) of the repair lease this repair runs under (the automatic leader's).
     `spread(node, jobs, down)`: has node `node` rebuild `jobs` (its StorageNode), so that a lost
@@ -415,7 +420,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     started = time.monotonic()
     ingest.collect_garbage(cfg, state, {n.index: s3.client(n.endpoint, creds) for n in state.nodes})
     listing, manifests, health, plans = _look(state, creds, lambda listing, ms: _plan(
-        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only), names or _registrys(state))
+        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only), names or _registrys(state), share)
     alive = {n for n, keys in listing.items() if keys is not None}
     out = Outcome(health)
     if not plans:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from . import heatmap, identity, reader_stats, registry, repair, s3, tls
+from . import bucket_walk, heatmap, identity, reader_stats, registry, repair, s3, tls
 from .bpf.events import key_hash
 from .cache import ChunkCache, keep_capacity, kept_capacity
 from .cache_filler import CacheFiller
@@ -214,7 +214,8 @@ class StorageNode:
                           self.minio.server.creds, keep_unverified=False)
 
     def _survey(self) -> repair.Health:
-        return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack, self._names_now)
+        return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack, self._names_now,
+                             self.cfg.minio.list_share)
 
     def _names_now(self) -> dict[str, Manifest]:
         """Every name's manifest as the Registry has it now: this node's copy, caught up by the
@@ -240,11 +241,12 @@ class StorageNode:
             if self._lease(3 * self.cfg.repair.check_s) != epoch:
                 raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
         return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
-                          fence=(self.index, epoch), names=self._names_now, spread=self._spread())
+                          fence=(self.index, epoch), names=self._names_now, spread=self._spread(),
+                          share=self.cfg.minio.list_share)
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
         out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad,
-                         names=self._names_now, spread=self._spread())
+                         names=self._names_now, spread=self._spread(), share=self.cfg.minio.list_share)
         self.leader.record("scrub", out)
         return out.repaired
 
@@ -344,7 +346,8 @@ class StorageNode:
         healthy, pid, restarts, held = self.minio.health()
         chunks = size = age = None
         if healthy:
-            chunks, size, age = self.minio.count(self.marked(self.index), max_age_s)
+            chunks, size, age = self.minio.count(bucket_walk.Paced(self.marked(self.index), self.cfg.minio.list_share),
+                                                 max_age_s)
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.server.endpoint, "healthy": healthy, "held": held,

@@ -1,5 +1,6 @@
 """MinioSupervisor with a real MinIO and no Ray: a killed server comes back ready for readers
-(its bucket and its read-only user, even from a wiped disk); a held one stays down."""
+(its bucket and its read-only user, even from a wiped disk); a held one stays down; its bucket
+counted, and listed in paced slices (bucket_walk)."""
 import os
 import shutil
 import signal
@@ -133,4 +134,33 @@ def test_a_count_asked_for_now_waits_a_bounded_time_then_answers_with_the_last(s
     go.set()
     objects, size, age = sup.count(Slow(), 0, wait_s=10)  # a listing of its own, waited for
     assert (objects, size) == (20, 20) and age < 1
+    getter.close()
+
+
+def test_a_paced_walk_lists_every_object_slice_by_slice(supervisor):
+    """bucket_walk over a bucket holding objects at its top, under datasets' prefixes and under
+    files' hashed prefixes (ingest.object_prefix): the same (key, size) pairs as boto3's own
+    paginated listing; one rest after each slice (every top-level prefix, files/ by each of 16
+    first digits), each as long as the slice took times (1 / share - 1)."""
+    import pytest
+
+    from fasterfs import bucket_walk, ingest, s3
+
+    sup, keys = supervisor
+    admin = s3.client(sup.server.endpoint, keys.admin)
+    stored = {"top.bin": 3, "ds/part-00000": 5, "ds/part-00001": 7, "other/x/y": 1}
+    stored |= {f"{ingest.object_prefix(f'team/day-{i}.parquet', 'file')}g/part-00000": i for i in range(60)}
+    for key, size in stored.items():
+        admin.put_object(Bucket="bkt", Key=key, Body=b"x" * size)
+    listed = {o["Key"]: o["Size"] for page in admin.get_paginator("list_objects_v2").paginate(Bucket="bkt")
+              for o in page.get("Contents", [])}
+    assert listed == stored
+    getter = s3.MarkedGetter(sup.server.endpoint, keys.reader, 0)
+    rests: list[float] = []
+    walked = list(bucket_walk.walk(getter, "bkt", share=0.25, rest=rests.append))
+    assert dict(walked) == listed and len(walked) == len(listed)  # each once
+    assert len(rests) == 16 + 2 and all(r > 0 for r in rests)
+    assert dict(bucket_walk.walk(getter, "bkt")) == listed  # share 1: never rests
+    with pytest.raises(ValueError, match="share"):
+        list(bucket_walk.walk(getter, "bkt", share=0))
     getter.close()
