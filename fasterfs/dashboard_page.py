@@ -114,6 +114,8 @@ def _redundancy(snap: dict) -> str:
     down = f'; nodes down: {e(", ".join(map(str, r["nodes_down"])))}' if r["nodes_down"] else ""
     lost = "".join(f"; <b>LOST</b> {e(name)}: chunks {e(', '.join(map(str, ids)))}"
                    for name, ids in r["lost_chunks"].items())
+    more = r.get("lost_names", 0) - len(r["lost_chunks"])
+    lost += f"; and {more:,} more names with lost chunks" if more > 0 else ""
     cls = "bad" if r["lost"] else "warn" if r["degraded"] else "ok"
     return (f'<p>Redundancy: <span class="{cls}">{r["chunks"] - r["degraded"]:,} of {r["chunks"]:,} chunks at full '
             f'redundancy, {r["degraded"]:,} degraded</span>{lost}{down} '

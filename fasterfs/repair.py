@@ -17,6 +17,7 @@ surviving pieces may yet be joined by a host that comes back).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -114,6 +115,8 @@ def answering(state: ClusterState, getter: Callable[[int], s3.MarkedGetter], tim
         return {n.index for n, ok in zip(state.nodes, pool.map(lambda n: getter(n.index).answers(bucket, timeout),
                                                                 state.nodes)) if ok}
 
+LOST_SHOWN = 20  # lost names a summary, `status` or the dashboard names (a lost disk may hold a million)
+
 
 @dataclass
 class Health:
@@ -134,7 +137,14 @@ class Health:
         return sum(map(len, self.lost.values()))
 
     def lost_names(self) -> str:
-        return "; ".join(f"{name}: chunks {', '.join(map(str, ids))}" for name, ids in self.lost.items())
+        """The first LOST_SHOWN lost names and their chunks, and how many more."""
+        shown = self.lost_shown()
+        more = len(self.lost) - len(shown)
+        return ("; ".join(f"{name}: chunks {', '.join(map(str, ids))}" for name, ids in shown.items())
+                + (f"; and {more:,} more names" if more else ""))
+
+    def lost_shown(self) -> dict[str, list[int]]:
+        return dict(itertools.islice(self.lost.items(), LOST_SHOWN))
 
     def summary(self) -> str:
         down = f"; nodes down: {', '.join(map(str, self.nodes_down))}" if self.nodes_down else ""
@@ -144,7 +154,8 @@ class Health:
 
     def to_dict(self) -> dict:
         return {"chunks": self.chunks, "degraded": self.degraded_count, "lost": self.lost_count,
-                "lost_chunks": self.lost, "misplaced": self.misplaced, "nodes_down": self.nodes_down,
+                "lost_chunks": self.lost_shown(), "lost_names": len(self.lost), "misplaced": self.misplaced,
+                "nodes_down": self.nodes_down,
                 "time": self.time, "summary": self.summary()}
 
 

@@ -109,7 +109,11 @@ class RepairLeader:
         seen = (frozenset(alive), frozenset(waiting), self.version())
         if self._version is None or self._version[0] != seen[2]:
             self._version = (seen[2], now)
-        settled = self.health is not None and not self.health["degraded"] and not self.health["misplaced"]
+        # nothing a repair can do: no piece to move, and every degraded chunk lost (too few pieces
+        # to rebuild it from until a node comes back, which is a change of the nodes). Lost chunks
+        # kept the leader listing every bucket every round (at a million objects, for ever).
+        settled = (self.health is not None and self.health["degraded"] == self.health["lost"]
+                   and not self.health["misplaced"])
         # the periodic survey, spaced so that it takes at most SURVEY_SHARE of the time (a million
         # objects list in tens of seconds), once the namespace rests
         spacing, since = max(self.timing.survey_s, self._took / SURVEY_SHARE), now - self._surveyed

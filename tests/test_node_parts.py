@@ -315,6 +315,7 @@ class Cluster:
     def __init__(self, degraded: bool = False):
         self.alive, self.version, self.repairs, self.surveys = {0, 1, 2}, 1, [], 0
         self.degraded = degraded
+        self.lost = False  # the degraded chunk has too few pieces left to rebuild it
         self.left: list[int] = []  # nodes the data names that are not part of the cluster
         self.now = 0.0
         self.lease = Lease(lambda: self.now)  # the Registry's, on a clock of the test's
@@ -325,7 +326,8 @@ class Cluster:
         self.log_reaches = True        # the store's log still reaches back to the last look
 
     def health(self) -> Health:
-        return Health(chunks=4, degraded={"d": [0]} if self.degraded else {}, nodes_down=list(self.left))
+        return Health(chunks=4, degraded={"d": [0]} if self.degraded else {}, lost={"d": [0]} if self.lost else {},
+                      nodes_down=list(self.left))
 
     def leader(self, node: int, auto: bool = True) -> RepairLeader:
         def survey() -> Health:
@@ -389,6 +391,19 @@ def test_a_leader_surveys_again_on_nodes_changing_on_findings_and_when_due():
     assert leader.tick(151) == "repair"  # not settled: it keeps going while there is work
     c.degraded = False
     assert leader.tick(152) == "repair" and leader.tick(153) == "wait"
+
+
+def test_lost_chunks_alone_do_not_keep_the_leader_surveying():
+    """A chunk with too few pieces to rebuild is left as it is: the leader looks again when the
+    nodes change (one coming back may hold its pieces) or a survey is due, not every round."""
+    c = Cluster(degraded=True)
+    c.lost = True
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair"
+    assert leader.tick(1) == "wait" and leader.tick(50) == "wait" and len(c.repairs) == 1
+    c.alive = {0, 1}
+    assert leader.tick(51) == "repair"
+    assert leader.tick(52) == "wait"
 
 
 def test_a_change_of_the_namespace_alone_is_checked_not_surveyed():
@@ -670,3 +685,19 @@ def test_a_rotten_copy_is_refused_and_the_next_one_filled():
     copies[0] = b"short"
     with pytest.raises(FasterFSError, match="no copy of k"):
         getter.get("b", "k")
+
+
+def test_a_health_with_many_lost_names_names_a_few_and_counts_the_rest():
+    """A lost disk may hold a million names: what `status`, the dashboard and the logs carry
+    names the first LOST_SHOWN and counts the others, not every name (7 MB a status at 131,000)."""
+    from fasterfs.repair import LOST_SHOWN
+
+    lost = {f"team/day-{i:05d}.parquet": [0] for i in range(5000)}
+    h = Health(chunks=10_000, degraded=dict(lost), lost=lost)
+    d = h.to_dict()
+    assert (d["lost"], d["lost_names"], len(d["lost_chunks"])) == (5000, 5000, LOST_SHOWN)
+    assert "team/day-00000.parquet: chunks 0" in d["summary"]
+    assert f"and {5000 - LOST_SHOWN:,} more names" in d["summary"]
+    assert len(d["summary"]) < 100 * LOST_SHOWN
+    few = Health(chunks=3, degraded={"a": [1]}, lost={"a": [1]}).to_dict()
+    assert few["lost_chunks"] == {"a": [1]} and "more names" not in few["summary"]
