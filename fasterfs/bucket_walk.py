@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from .pace import Pacer
+
 HASHED = "files/"  # a file's objects: HASHED + the 16 hex digits of a hash of its path + "/"
 DIGITS = "0123456789abcdef"
 
@@ -25,18 +27,14 @@ def slices(prefixes: list[str]) -> list[str]:
 
 def walk(getter, bucket: str, share: float = 1.0,
          rest: Callable[[float], None] = time.sleep) -> Iterator[tuple[str, int]]:
-    """(key, size) of every object in `bucket` (`getter`: an s3.MarkedGetter), slice by slice;
-    after each slice, rests so that listing is at most `share` (0 < share <= 1) of the time
-    since it began."""
-    if not 0 < share <= 1:
-        raise ValueError(f"a listing's share of the time must be in (0, 1], not {share}")
+    """(key, size) of every object in `bucket` (`getter`: an s3.MarkedGetter), slice by slice,
+    the slices taking at most `share` of the time (pace.Pacer)."""
+    pacer = Pacer(share, rest)
     prefixes, top = getter.top(bucket)
     yield from top
     for part in slices(prefixes):
-        began = time.monotonic()
-        yield from getter.list(bucket, part)
-        if share < 1:
-            rest((time.monotonic() - began) * (1 / share - 1))
+        with pacer.step():
+            yield from getter.list(bucket, part)
 
 
 class Paced:

@@ -182,9 +182,10 @@ def validate(cfg: DictConfig) -> None:
     q = cfg.repair.quiet_s
     if not isinstance(q, (int, float)) or isinstance(q, bool) or q < 0:
         bad("repair.quiet_s", "must be a number of seconds >= 0")
-    share = cfg.minio.list_share
-    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
-        bad("minio.list_share", "must be a share of the time in (0, 1] (1: listings never rest)")
+    for opt in ("minio.list_share", "scrub.share"):
+        share = OmegaConf.select(cfg, opt)
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+            bad(opt, "must be a share of the time in (0, 1] (1: never rests)")
     if not isinstance(cfg.repair.threads, int) or cfg.repair.threads < 1:
         bad("repair.threads", "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:

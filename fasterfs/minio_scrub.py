@@ -14,7 +14,7 @@ from typing import Protocol
 
 from . import erasure
 from .node_index import Piece
-from .repair import Throttle
+from .pace import Pacer, Throttle
 from .s3 import ServerError
 
 log = logging.getLogger("fasterfs.minio_scrub")
@@ -27,17 +27,18 @@ class Getter(Protocol):
 
 class MinioScrub:
     """`open_getter()` -> a Getter of this node's MinIO; `rebuild(bad_pieces, bad_chunks)` ->
-    chunks repaired."""
+    chunks repaired. Bounded in bytes (mb_per_s) and in time (its GETs at most `share` of it: a
+    million small objects are a million GETs, each costing MinIO more than its bytes)."""
 
-    def __init__(self, node: int, bucket: str, mb_per_s: float, open_getter: Callable[[], Getter],
+    def __init__(self, node: int, bucket: str, mb_per_s: float, share: float, open_getter: Callable[[], Getter],
                  rebuild: Callable[[set[tuple[int, str]], dict[str, set[int]]], int]):
-        self.node, self.bucket, self.mb_per_s = node, bucket, mb_per_s
+        self.node, self.bucket, self.mb_per_s, self.share = node, bucket, mb_per_s, share
         self.open_getter, self.rebuild = open_getter, rebuild
         self.totals: dict = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
 
     def scrub(self, pieces: Mapping[str, Piece], stopping: threading.Event | None = None) -> dict:
         """One pass over `pieces` (this node's objects); returns its figures."""
-        throttle = Throttle(self.mb_per_s * 1e6)
+        throttle, pacer = Throttle(self.mb_per_s * 1e6), Pacer(self.share)
         getter = self.open_getter()
         checked = nbytes = 0
         bad: dict[str, set[int]] = {}
@@ -47,7 +48,8 @@ class MinioScrub:
                 if stopping is not None and stopping.is_set():
                     break
                 try:
-                    data, headers = getter.get_object(self.bucket, key)
+                    with pacer.step():
+                        data, headers = getter.get_object(self.bucket, key)
                 except KeyError:
                     continue  # missing: the survey sees it, and repair puts it back
                 except ServerError as e:

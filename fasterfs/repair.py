@@ -31,6 +31,7 @@ import urllib3
 from . import bucket_walk, erasure, ingest, registry, s3
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
+from .pace import Throttle
 from .placement import chunk_homes, node_name, score
 from .state import ClusterState
 
@@ -247,23 +248,6 @@ def survey(state: ClusterState, creds, load_slack: float, names: Names | None = 
     listings may take (bucket_walk; the StorageNodes' own surveys are paced, a user's are not)."""
     return _look(state, creds, lambda listing, ms: _plan(ms.values(), state, listing, load_slack),
                  names or _registrys(state), share)[2]
-
-
-class Throttle:
-    """At most `rate` bytes per second, over the whole run (0: unbounded)."""
-
-    def __init__(self, rate: float):
-        self.rate, self.next, self.lock = rate, time.monotonic(), threading.Lock()
-
-    def take(self, n: int) -> None:
-        if self.rate <= 0:
-            return
-        with self.lock:
-            now = time.monotonic()
-            self.next = max(self.next, now) + n / self.rate
-            wait = self.next - now - n / self.rate
-        if wait > 0:
-            time.sleep(wait)
 
 
 @dataclass

@@ -126,7 +126,7 @@ class StorageNode:
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
                                    self._check_changes, self._repair, self._lease)
-        self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
+        self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s, cfg.scrub.share,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe

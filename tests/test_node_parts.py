@@ -552,7 +552,7 @@ def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
     def rebuild(pieces, chunks):
         asked.append((pieces, chunks))
         return len(chunks)
-    scrub = MinioScrub(0, BUCKET, 0, lambda: store, rebuild)
+    scrub = MinioScrub(0, BUCKET, 0, 1.0, lambda: store, rebuild)
     pieces = {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, xxhash.xxh3_64_intdigest(shard)),
               "gone/0": Piece("gone", 0, None)}
     out = scrub.scrub(pieces)
@@ -565,8 +565,41 @@ def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
 def test_minio_scrub_stops_when_asked():
     stopping = threading.Event()
     stopping.set()
-    scrub = MinioScrub(0, BUCKET, 0, lambda: Store({"k": (b"x", {})}), lambda p, c: 0)
+    scrub = MinioScrub(0, BUCKET, 0, 1.0, lambda: Store({"k": (b"x", {})}), lambda p, c: 0)
     assert scrub.scrub({"k": Piece("n", 0, None)}, stopping)["checked"] == 0
+
+
+def test_minio_scrub_takes_at_most_its_share_of_the_time():
+    """Each GET (here 20 ms, as a busy MinIO's) is followed by a rest: five at share 0.25 take
+    at least 5 x 20 ms / 0.25 of wall-clock time, by the monotonic clock."""
+    class Slow(Store):
+        def get_object(self, bucket, key):
+            time.sleep(0.02)
+            return super().get_object(bucket, key)
+    keys = [f"k{i}" for i in range(5)]
+    scrub = MinioScrub(0, BUCKET, 0, 0.25, lambda: Slow({k: (b"x", {}) for k in keys}), lambda p, c: 0)
+    began = time.monotonic()
+    assert scrub.scrub({k: Piece("n", 0, None) for k in keys})["checked"] == 5
+    assert time.monotonic() - began >= 5 * 0.02 / 0.25
+
+
+def test_a_pacer_rests_in_proportion_to_each_step():
+    from fasterfs.pace import Pacer
+
+    rests: list[float] = []
+    pacer = Pacer(0.25, rests.append)
+    for _ in range(3):
+        began = time.monotonic()
+        with pacer.step():
+            time.sleep(0.01)
+        took = time.monotonic() - began
+        assert took * 3 * 0.9 <= rests[-1] <= took * 3 * 1.1  # 1 / 0.25 - 1
+    with Pacer(1.0, rests.append).step():
+        pass
+    assert len(rests) == 3  # share 1: never rests
+    for share in (0, 1.5, -1):
+        with pytest.raises(ValueError, match="share"):
+            Pacer(share)
 
 
 # -- NodeDirectory --------------------------------------------------------------------------

@@ -219,6 +219,7 @@ def test_repair_options_checked():
     for option, why in (("repair.threads=0", "repair.threads"), ("repair.mb_per_s=-1", "repair.mb_per_s"),
                         ("scrub.interval_s=x", "scrub.interval_s"), ("repair.check_s=0", "repair.check_s"),
                         ("repair.survey_s=-1", "repair.survey_s"), ("repair.quiet_s=-1", "repair.quiet_s"),
-                        ("minio.list_share=0", "minio.list_share"), ("minio.list_share=1.5", "minio.list_share")):
+                        ("minio.list_share=0", "minio.list_share"), ("minio.list_share=1.5", "minio.list_share"),
+                        ("scrub.share=0", "scrub.share")):
         with pytest.raises(FasterFSError, match=why):
             config.load([option])
