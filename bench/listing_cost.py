@@ -1,13 +1,15 @@
 """What listing every bucket costs the users beside it, on a running cluster at whatever size
 its namespace has: one more `put` of a 4 KiB file (median of bench.listing_puts) alone, then
-while every bucket is listed at once as fast as MinIO lists (what the repair leader's survey and
-each node's object count did), then while they are walked as the StorageNodes now walk them
-(bucket_walk: in slices, resting so that listing takes at most minio.list_share of the time).
+while every bucket is listed whole at once (one ListObjectsV2 listing each, as the repair
+leader's survey and each node's object count did), then while they are walked as the
+StorageNodes now walk them (bucket_walk: in slices, resting so that listing takes at most
+minio.list_share of the time). Start the cluster with a small minio.list_share (0.01) so that its
+own listings stay out of the figures, and give this bench the share to measure.
 For each listing: its seconds and keys, and its MinIOs' CPU seconds during it and in the 30 s
 after it (MinIO's own walk runs on past a listing's last page), read from /proc, so run it on
 the host of the MinIOs (a one-host cluster).
 
-    python bench/listing_cost.py [cluster.root=...] [bench.listing_puts=20] [bench.listing_max_s=900]
+    python bench/listing_cost.py [cluster.root=...] [minio.list_share=0.25] [bench.listing_puts=20]
 
 Leaves the files it stored under bench-listing-<time>/ (`fasterfs rm` or `fasterfs down`).
 Writes listing_cost.json to <output_dir>/bench-listing-<time>/ and prints a table.
@@ -41,8 +43,8 @@ def minio_cpu_s(pids: list[int]) -> float:
     return total / ticks
 
 
-def listing(state, creds, share: float, max_s: float) -> dict:
-    """Every node's bucket walked at once (share 1: no rest, as fast as MinIO lists); keys
+def listing(state, creds, share: float | None, max_s: float) -> dict:
+    """Every node's bucket listed at once, whole (share None) or walked (bucket_walk); keys
     counted, stopped after max_s."""
     keys, stopped = {}, threading.Event()
     deadline = time.monotonic() + max_s
@@ -51,7 +53,8 @@ def listing(state, creds, share: float, max_s: float) -> dict:
         getter = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark, timeout=60.0)
         n = 0
         try:
-            for _ in bucket_walk.walk(getter, state.settings.bucket, share):
+            bucket = state.settings.bucket
+            for _ in getter.list(bucket) if share is None else bucket_walk.walk(getter, bucket, share):
                 n += 1
                 if time.monotonic() > deadline:
                     stopped.set()
@@ -91,14 +94,14 @@ def main(argv: list[str]) -> dict:
         one = Path(work) / "one.bin"
         one.write_bytes(os.urandom(4096))
         ingest.put(cfg, one, f"{tag}/warm-up")  # the first connects to Ray
-        for name, how in (("alone", None), ("listed at full speed", 1.0), (f"walked, list_share {share:g}", share)):
+        for name, how in (("alone", "alone"), ("listed whole", None), (f"walked, list_share {share:g}", share)):
             cpu0 = minio_cpu_s(pids)
-            if how is None:
+            if how == "alone":
                 took = puts(cfg, one, f"{tag}/alone", n)
                 row = {"cpu_s": minio_cpu_s(pids) - cpu0}
             else:
                 run = listing(state, creds, how, max_s)
-                took = puts(cfg, one, f"{tag}/{how:g}", n,
+                took = puts(cfg, one, f"{tag}/{how or 'whole'}", n,
                             until=lambda threads=run["threads"]: not any(t.is_alive() for t in threads))
                 for t in run["threads"]:
                     t.join()
@@ -114,7 +117,7 @@ def main(argv: list[str]) -> dict:
             print(f"{name}: put {row['put_ms']:.1f} ms (p90 {row['put_p90_ms']:.1f}) over {len(took)}; "
                   + (f"{row['keys']:,} keys in {row['seconds']:.0f} s, MinIOs' CPU {row['cpu_s']:.0f} s "
                      f"({row['cpu_share']:.2f} cores) and {row['cpu_s_after']:.0f} s in the {AFTER_S} s after"
-                     if how is not None else f"MinIOs' CPU {row['cpu_s']:.1f} s"), flush=True)
+                     if how != "alone" else f"MinIOs' CPU {row['cpu_s']:.1f} s"), flush=True)
     alone = result["conditions"]["alone"]["put_ms"]
     for row in result["conditions"].values():
         row["put_vs_alone"] = row["put_ms"] / alone
