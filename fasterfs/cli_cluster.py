@@ -14,7 +14,7 @@ from . import auth, cluster, config, registry, repair, report
 from .errors import FasterFSError, UsageError
 from .minio_supervisor import COUNT_WAIT_S
 from .mount_supervisor import mount_counts
-from .node_directory import NodeDirectory
+from .node_directory import LONG, NodeDirectory
 
 SURVEY_WAIT_S = 10  # `up` and `status` wait this long for the survey (a million names' takes about a minute)
 
@@ -113,7 +113,7 @@ def _print_survey(state, rows: list[dict]) -> None:
     if leader is None:
         console.print("Redundancy: [red]unknown: no node's MinIO answers[/]")
         return
-    ref = NodeDirectory(state.ray_namespace).require(leader).survey.remote()
+    ref = NodeDirectory(state.ray_namespace).require(leader).survey.options(concurrency_group=LONG).remote()
     if not ray.wait([ref], timeout=SURVEY_WAIT_S)[0]:  # it goes on: its result is what the dashboard shows
         console.print(f"Redundancy: still being surveyed by node {leader}, the repair leader, after {SURVEY_WAIT_S} s "
                       "(a large namespace); the dashboard shows it once done", highlight=False)

@@ -27,18 +27,19 @@ class Getter(Protocol):
 
 class MinioScrub:
     """`open_getter()` -> a Getter of this node's MinIO; `rebuild(bad_pieces, bad_chunks)` ->
-    chunks repaired. Bounded in bytes (mb_per_s) and in time (its GETs at most `share` of it: a
-    million small objects are a million GETs, each costing MinIO more than its bytes)."""
+    chunks repaired."""
 
-    def __init__(self, node: int, bucket: str, mb_per_s: float, share: float, open_getter: Callable[[], Getter],
+    def __init__(self, node: int, bucket: str, mb_per_s: float, open_getter: Callable[[], Getter],
                  rebuild: Callable[[set[tuple[int, str]], dict[str, set[int]]], int]):
-        self.node, self.bucket, self.mb_per_s, self.share = node, bucket, mb_per_s, share
+        self.node, self.bucket, self.mb_per_s = node, bucket, mb_per_s
         self.open_getter, self.rebuild = open_getter, rebuild
         self.totals: dict = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
 
-    def scrub(self, pieces: Mapping[str, Piece], stopping: threading.Event | None = None) -> dict:
-        """One pass over `pieces` (this node's objects); returns its figures."""
-        throttle, pacer = Throttle(self.mb_per_s * 1e6), Pacer(self.share)
+    def scrub(self, pieces: Mapping[str, Piece], stopping: threading.Event | None = None, share: float = 1.0) -> dict:
+        """One pass over `pieces` (this node's objects); returns its figures. Bounded in bytes
+        (mb_per_s) and in time: its GETs take at most `share` of it (a million small objects are
+        a million GETs, each costing MinIO more than its bytes)."""
+        throttle, pacer = Throttle(self.mb_per_s * 1e6), Pacer(share)
         getter = self.open_getter()
         checked = nbytes = 0
         bad: dict[str, set[int]] = {}

@@ -11,6 +11,13 @@ from collections.abc import Callable
 
 from .errors import FasterFSError
 
+# Ray concurrency group of the StorageNode calls that may take minutes (a survey at a million
+# objects, a rebuild, a scrub): on threads of their own, so that status, stop and the namespace's
+# pushes never wait behind them on the actor's one thread. Callers pick it:
+# `.options(concurrency_group=LONG)`.
+LONG = "long"
+LONG_THREADS = 2
+
 Lookup = Callable[[str, str], object | None]  # (actor name, Ray namespace) -> handle, None if not running
 
 

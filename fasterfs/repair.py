@@ -31,6 +31,7 @@ import urllib3
 from . import bucket_walk, erasure, ingest, registry, s3
 from .errors import FasterFSError
 from .manifest import ChunkInfo, Manifest
+from .node_directory import LONG
 from .pace import Throttle
 from .placement import chunk_homes, node_name, score
 from .state import ClusterState
@@ -400,7 +401,8 @@ def through(directory, own: int | None = None, here: Callable[[list[Rebuild], Se
 
         if node == own and here is not None:
             return here(jobs, down)
-        return ray.get(directory.require(node).rebuild.remote(jobs, sorted(down)), timeout=CALL_TIMEOUT_S)
+        return ray.get(directory.require(node).rebuild.options(concurrency_group=LONG).remote(jobs, sorted(down)),
+                       timeout=CALL_TIMEOUT_S)
     return spread
 
 

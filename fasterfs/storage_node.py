@@ -126,7 +126,7 @@ class StorageNode:
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
                                    self._check_changes, self._repair, self._lease)
-        self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s, cfg.scrub.share,
+        self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
@@ -150,7 +150,7 @@ class StorageNode:
         every(cfg.cache.scrub_interval_s,
               partial(self.cache.scrub, int(cfg.cache.scrub_interval_s * cfg.cache.scrub_mb_per_s * 1e6)),
               self._stopping, "cache-scrub")
-        every(cfg.scrub.interval_s, self.scrub_minio, self._stopping, "minio-scrub")
+        every(cfg.scrub.interval_s, partial(self.scrub_minio, cfg.scrub.share), self._stopping, "minio-scrub")
         every(cfg.minio.supervise_interval_s, self.minio.tick, self._stopping, "minio-supervisor")
         every(cfg.minio.supervise_interval_s, self.mounts.supervise, self._stopping, "mount-supervisor")
         self.started["total_s"] = time.monotonic() - began
@@ -325,9 +325,10 @@ class StorageNode:
         """The namespace's redundancy surveyed now (Health.to_dict), kept as this node's latest."""
         return self.leader.survey_now()
 
-    def scrub_minio(self) -> dict:
-        """One pass of the MinIO scrub over this node's objects now; returns its figures."""
-        return self.scrubber.scrub(self.ns_index.pieces, self._stopping)
+    def scrub_minio(self, share: float = 1.0) -> dict:
+        """One pass of the MinIO scrub over this node's objects now, its GETs taking at most
+        `share` of the time (the periodic pass: scrub.share); returns its figures."""
+        return self.scrubber.scrub(self.ns_index.pieces, self._stopping, share)
 
     # -- status ---------------------------------------------------------------------------
 

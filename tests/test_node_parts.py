@@ -552,7 +552,7 @@ def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
     def rebuild(pieces, chunks):
         asked.append((pieces, chunks))
         return len(chunks)
-    scrub = MinioScrub(0, BUCKET, 0, 1.0, lambda: store, rebuild)
+    scrub = MinioScrub(0, BUCKET, 0, lambda: store, rebuild)
     pieces = {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, xxhash.xxh3_64_intdigest(shard)),
               "gone/0": Piece("gone", 0, None)}
     out = scrub.scrub(pieces)
@@ -565,7 +565,7 @@ def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
 def test_minio_scrub_stops_when_asked():
     stopping = threading.Event()
     stopping.set()
-    scrub = MinioScrub(0, BUCKET, 0, 1.0, lambda: Store({"k": (b"x", {})}), lambda p, c: 0)
+    scrub = MinioScrub(0, BUCKET, 0, lambda: Store({"k": (b"x", {})}), lambda p, c: 0)
     assert scrub.scrub({"k": Piece("n", 0, None)}, stopping)["checked"] == 0
 
 
@@ -577,9 +577,9 @@ def test_minio_scrub_takes_at_most_its_share_of_the_time():
             time.sleep(0.02)
             return super().get_object(bucket, key)
     keys = [f"k{i}" for i in range(5)]
-    scrub = MinioScrub(0, BUCKET, 0, 0.25, lambda: Slow({k: (b"x", {}) for k in keys}), lambda p, c: 0)
+    scrub = MinioScrub(0, BUCKET, 0, lambda: Slow({k: (b"x", {}) for k in keys}), lambda p, c: 0)
     began = time.monotonic()
-    assert scrub.scrub({k: Piece("n", 0, None) for k in keys})["checked"] == 5
+    assert scrub.scrub({k: Piece("n", 0, None) for k in keys}, share=0.25)["checked"] == 5
     assert time.monotonic() - began >= 5 * 0.02 / 0.25
 
 

@@ -14,7 +14,7 @@ import fasterfs
 from fasterfs import cli, cluster, config, registry, repair, s3
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import put
-from fasterfs.node_directory import actor_name
+from fasterfs.node_directory import LONG, actor_name
 
 
 def _read_all(root, name) -> bytes:
@@ -138,6 +138,30 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
         _read_all(cluster_root, "repair/one.bin")
     for name in ("repair/two.bin", "repair/one.bin"):
         registry.remove(live_cluster.name, name)
+
+
+def test_a_long_call_on_a_node_holds_up_none_of_its_other_calls(live_cluster, overrides, tmp_path):
+    """A scrub paced to take several seconds, called in the StorageNode's concurrency group for
+    long calls (as a survey at a million objects, a rebuild): while it runs, the same actor's
+    cache_status answers at once (on the actor's one thread it waited for the scrub's end), and
+    the scrub then ends with the file's pieces on that node checked."""
+    (tmp_path / "b").write_bytes(os.urandom(8 * 2**20))
+    m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/long.bin")
+    state = registry.find_in_ray(live_cluster.name)
+    actor = ray.get_actor(actor_name(0), namespace=state.ray_namespace)
+    try:
+        held = sum(node == 0 for n in registry.fetch_manifests(state.name)[1].values() for c in n.chunks
+                   for node, _ in n.pieces(c))  # what node 0's scrub GETs
+        share = held * 0.0005 / 3  # at >= 0.5 ms a GET (loopback): >= 3 s
+        scrub = actor.scrub_minio.options(concurrency_group=LONG).remote(share)
+        time.sleep(0.5)
+        asked = time.monotonic()
+        ray.get(actor.cache_status.remote(), timeout=30)
+        answered = time.monotonic()
+        assert not ray.wait([scrub], timeout=0)[0] and answered - asked < 2, (answered - asked, held)
+        assert ray.get(scrub, timeout=120)["checked"] >= len(m)
+    finally:
+        registry.remove(live_cluster.name, "repair/long.bin")
 
 
 def test_a_node_whose_listing_failed_is_waited_for(live_cluster, overrides, tmp_path):
