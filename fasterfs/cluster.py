@@ -162,12 +162,12 @@ def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys
     import ray
 
     nodes = state.nodes if nodes is None else nodes
-    actor_cls = ray.remote(concurrency_groups={LONG: LONG_THREADS})(StorageNode)
+    actor_cls = ray.remote(concurrency_groups={LONG: LONG_THREADS})(StorageNode)  # type: ignore[call-overload]
     actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.ray_namespace, lifetime="detached",
         max_restarts=-1, max_task_retries=3, num_cpus=0, **on_node(node),
     ).remote(node.index, node.address, state.config, keys) for node in nodes}
-    refs = {i: a.ready.remote() for i, a in actors.items()}  # type: ignore[attr-defined]  # Ray's typing of actor methods
+    refs = {i: a.ready.remote() for i, a in actors.items()}
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
     for node in nodes:
         ref = refs[node.index]

@@ -68,6 +68,8 @@ def is_missing(error: BaseException) -> bool:
 
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"  # S3's XML namespace
+Listed = list[tuple[str, int]]  # (key, size) of objects; named here, where `list` is not MarkedGetter.list
+Prefixes = list[str]
 
 
 class MarkedGetter:
@@ -147,16 +149,17 @@ class MarkedGetter:
         for root in self._pages(bucket, prefix):
             yield from self._objects(root)
 
-    def top(self, bucket: str) -> tuple[list[str], list[tuple[str, int]]]:
+    def top(self, bucket: str) -> tuple[Prefixes, Listed]:
         """The bucket's top-level prefixes ("name/") and the (key, size) of the objects beside them."""
-        prefixes, objects = [], []
+        prefixes: Prefixes = []
+        objects: Listed = []
         for root in self._pages(bucket, "", "/"):
             prefixes += [p.findtext(f"{_NS}Prefix") for p in root.iter(f"{_NS}CommonPrefixes")]
             objects += self._objects(root)
         return prefixes, objects
 
     @staticmethod
-    def _objects(root) -> list[tuple[str, int]]:
+    def _objects(root) -> Listed:
         return [(item.findtext(f"{_NS}Key"), int(item.findtext(f"{_NS}Size") or 0))
                 for item in root.iter(f"{_NS}Contents")]
 
