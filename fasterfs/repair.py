@@ -117,6 +117,7 @@ def answering(state: ClusterState, getter: Callable[[int], s3.MarkedGetter], tim
         return {n.index for n, ok in zip(state.nodes, pool.map(lambda n: getter(n.index).answers(bucket, timeout),
                                                                 state.nodes)) if ok}
 
+
 LOST_SHOWN = 20  # lost names a summary, `status` or the dashboard names (a lost disk may hold a million)
 
 

@@ -115,7 +115,7 @@ class RepairLeader:
         settled = (self.health is not None and self.health["degraded"] == self.health["lost"]
                    and not self.health["misplaced"])
         # the periodic survey, spaced so that it takes at most SURVEY_SHARE of the time (a million
-        # objects list in tens of seconds), once the namespace rests
+        # objects take minutes, paced: bucket_walk), once the namespace rests
         spacing, since = max(self.timing.survey_s, self._took / SURVEY_SHARE), now - self._surveyed
         due = since >= spacing and (now - self._version[1] >= self.timing.quiet_s or since >= DEFER_MAX * spacing)
         if seen == self._seen and settled and not due:
