@@ -16,7 +16,7 @@ from .minio_supervisor import COUNT_WAIT_S
 from .mount_supervisor import mount_counts
 from .node_directory import LONG, NodeDirectory
 
-SURVEY_WAIT_S = 10  # `up` and `status` wait this long for the survey (a million names' takes about a minute)
+SURVEY_WAIT_S = 10  # `up` and `status` wait this long for the survey (a million names' takes minutes)
 
 console = report.console()
 

@@ -155,8 +155,8 @@ class RepairLeader:
 
     def survey_now(self) -> dict:
         """The result of a survey begun after this call, kept as this node's latest (what `status`
-        and the dashboard show). Callers at once share one: a million names' survey takes about a
-        minute, and `up`, a `status` and the leader's own round need not each run it."""
+        and the dashboard show). Callers at once share one: a million names' survey takes
+        minutes, and `up`, a `status` and the leader's own round need not each run it."""
         asked = time.monotonic()
         with self._survey_lock:
             if self._survey_began < asked:  # else one began after the ask and has just ended
