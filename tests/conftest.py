@@ -208,7 +208,13 @@ def another_clusters_token_at_the_default_root() -> str:
 def cluster_root():
     root = Path(tempfile.mkdtemp(prefix="ffs-test-"))  # its own root, never the default one
     yield root
+    # a mount the session's cluster left (a teardown that failed part-way) is unmounted before the
+    # root goes, where rmtree would skip it and leave it behind, and fails the session
+    left = mounts_under(root)
+    for point in reversed(left):
+        subprocess.run(["umount", point], capture_output=True)
     shutil.rmtree(root, ignore_errors=True)
+    assert not left, f"the session's cluster left mounts under its root: {left}"
 
 
 @pytest.fixture(scope="session")
