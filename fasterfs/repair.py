@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,10 +58,24 @@ def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]
     return chunk_homes(m.name, len(m), nodes, width, load_slack)
 
 
+class _Trusted(frozenset[str]):
+    """A node's holdings taken from the namespace, not listed: every piece placed there is there."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def __or__(self, other):  # what a later listing adds to a believed node's: nothing
+        return self
+
+
+TRUSTED = _Trusted()
+Listing = dict[int, Set[str] | None]  # node -> the keys it holds (TRUSTED: believed); None: no answer
+
+
 def _per_node(state: ClusterState, creds, timeout: float,
-              ask: Callable[[int, s3.MarkedGetter], set[str] | None]) -> dict[int, set[str] | None]:
+              ask: Callable[[int, s3.MarkedGetter], Set[str] | None]) -> Listing:
     """`ask(node, its MinIO)` of every node at once; None for a node whose MinIO does not answer."""
-    def one(node) -> set[str] | None:
+    def one(node) -> Set[str] | None:
         getter = s3.MarkedGetter(node.endpoint, creds, state.settings.fill_mark,  # the kernel skips it
                                  urllib3.Timeout(connect=timeout, read=30.0))
         try:
@@ -74,15 +88,20 @@ def _per_node(state: ClusterState, creds, timeout: float,
         return dict(zip((n.index for n in state.nodes), pool.map(one, state.nodes)))
 
 
-def listings(state: ClusterState, creds, timeout: float = 2.0, share: float = 1.0) -> dict[int, set[str] | None]:
+def listings(state: ClusterState, creds, timeout: float = 2.0, share: float = 1.0,
+             trusted: Set[int] = frozenset()) -> Listing:
     """Every node's object keys, each bucket walked with at most `share` of the time
-    (bucket_walk); None for a node whose MinIO does not answer."""
-    return _per_node(state, creds, timeout,
-                     lambda node, lister: {key for key, _ in bucket_walk.walk(lister, state.settings.bucket, share)})
+    (bucket_walk); None for a node whose MinIO does not answer. A `trusted` node that answers
+    is not listed: it holds what the namespace places on it (TRUSTED)."""
+    def keys(node: int, lister: s3.MarkedGetter) -> Set[str] | None:
+        if node in trusted:
+            return TRUSTED if lister.answers(state.settings.bucket, timeout) else None
+        return {key for key, _ in bucket_walk.walk(lister, state.settings.bucket, share)}
+    return _per_node(state, creds, timeout, keys)
 
 
 def holdings(state: ClusterState, creds, pieces: Iterable[tuple[int, str]],
-             timeout: float = 2.0) -> dict[int, set[str] | None]:
+             timeout: float = 2.0) -> Listing:
     """Of `pieces` (node, key), those each node holds, asked one HEAD each (a listing's shape,
     of just these keys); None for a node whose MinIO does not answer. A node asked for
     nothing is probed."""
@@ -92,7 +111,7 @@ def holdings(state: ClusterState, creds, pieces: Iterable[tuple[int, str]],
             wanted[node].append(key)
     bucket = state.settings.bucket
 
-    def held(node: int, asker: s3.MarkedGetter) -> set[str] | None:
+    def held(node: int, asker: s3.MarkedGetter) -> Set[str] | None:
         if not wanted[node]:
             return set() if asker.answers(bucket, timeout) else None
         with ThreadPoolExecutor(8) as pool:
@@ -171,14 +190,15 @@ class _Plan:
     home: list[int]
 
 
-def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, load_slack: float,
+def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: Mapping[int, Set[str] | None], load_slack: float,
           waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
           only: dict[str, set[int]] | None = None) -> tuple[Health, list[_Plan]]:
     """What is missing or away from home. Pieces on a `waiting` node whose listing failed
     (down, not for long; or a listing that failed on a node up again) are left alone: rebuilt
     elsewhere, they would only move back. `bad` pieces (node, key) count as missing (the
     scrub found them wrong)."""
-    alive = {n for n, keys in listing.items() if keys is not None}
+    held = {n: keys for n, keys in listing.items() if keys is not None}
+    alive = set(held)
     health = Health(nodes_down=sorted(set(listing) - alive))
     plans = []
     stored_on: set[int] = set()
@@ -190,7 +210,7 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: dict, loa
             health.chunks += 1
             slots = m.pieces(c)
             present = [s for s, (node, key) in enumerate(slots)
-                       if node in alive and key in listing[node] and (node, key) not in bad]
+                       if node in alive and key in held[node] and (node, key) not in bad]
             missing = [s for s in range(len(slots))
                        if s not in present and (slots[s][0] in alive or slots[s][0] not in waiting)]
             if (missing or m.moved) and home is None:  # else every piece is where ingest put it
@@ -219,20 +239,20 @@ def _registrys(state: ClusterState) -> Names:
 
 
 def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health, list[_Plan]]], names: Names,
-          share: float = 1.0):
+          share: float = 1.0, trusted: Set[int] = frozenset()):
     """The nodes' listings and the manifests (`names()`: a StorageNode's own copy, caught up,
     else fetched whole from the Registry), planned by `plan(listing, manifests)`, so that a
     piece another writer moves meanwhile (a concurrent repair, a refill) is not taken for
     missing. Listed before the manifests are fetched, so a piece retired since still counts;
     when that finds anything to do, listed again after, so a piece written since counts too,
     and a node is up or down by its later answer (a host back from a power cut mid-survey);
-    a piece still missing from both is asked of its node."""
-    first = listings(state, creds, share=share)
+    a piece still missing from both is asked of its node. `trusted` nodes are not listed (listings)."""
+    first = listings(state, creds, share=share, trusted=trusted)
     manifests = names()
     health, plans = plan(first, manifests)
     if not plans and not health.nodes_down:
         return first, manifests, health, plans
-    again = listings(state, creds, share=share)
+    again = listings(state, creds, share=share, trusted=trusted)
     merged = {n: None if keys is None else keys | (first.get(n) or set()) for n, keys in again.items()}
     # a listing may come from MinIO's metacache, a little behind: what it misses is asked by HEAD
     _, plans = plan(merged, manifests)
@@ -245,11 +265,13 @@ def _look(state: ClusterState, creds, plan: Callable[[dict, dict], tuple[Health,
     return (merged, manifests, *plan(merged, manifests))
 
 
-def survey(state: ClusterState, creds, load_slack: float, names: Names | None = None, share: float = 1.0) -> Health:
+def survey(state: ClusterState, creds, load_slack: float, names: Names | None = None, share: float = 1.0,
+           trusted: Set[int] = frozenset()) -> Health:
     """The namespace's redundancy as the nodes' listings show it; `share`: of the time the
-    listings may take (bucket_walk; the StorageNodes' own surveys are paced, a user's are not)."""
+    listings may take (bucket_walk; the StorageNodes' own surveys are paced, a user's are not);
+    `trusted` nodes are believed, not listed (listings)."""
     return _look(state, creds, lambda listing, ms: _plan(ms.values(), state, listing, load_slack),
-                 names or _registrys(state), share)[2]
+                 names or _registrys(state), share, trusted)[2]
 
 
 @dataclass
@@ -410,15 +432,19 @@ def through(directory, own: int | None = None, here: Callable[[list[Rebuild], Se
 def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | None = None,
         waiting: Set[int] = frozenset(), bad: Set[tuple[int, str]] = frozenset(),
         only: dict[str, set[int]] | None = None, fence: tuple[int, int] | None = None,
-        names: Names | None = None, spread: Spread | None = None, share: float = 1.0) -> Outcome:
+        names: Names | None = None, spread: Spread | None = None, share: float = 1.0,
+        trusted: Set[int] = frozenset()) -> Outcome:
     """Repair the namespace (or the chunks in `only`: {name: ids}); see the module's doc.
     `fence`: (node, epoch) of the repair lease this repair runs under (the automatic leader's).
     `spread(node, jobs, down)`: has node `node` rebuild `jobs` (its StorageNode), so that a lost
-    node's data is rebuilt by every target at once; a call that fails is rebuilt here."""
+    node's data is rebuilt by every target at once; a call that fails is rebuilt here.
+    `trusted`: nodes believed to hold what the namespace places on them, not listed (the
+    leader's repair after a change of the nodes: what a lost node held is in the manifests)."""
     started = time.monotonic()
     ingest.collect_garbage(cfg, state, {n.index: s3.client(n.endpoint, creds) for n in state.nodes})
     listing, manifests, health, plans = _look(state, creds, lambda listing, ms: _plan(
-        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only), names or _registrys(state), share)
+        ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only), names or _registrys(state), share,
+        trusted)
     alive = {n for n, keys in listing.items() if keys is not None}
     out = Outcome(health)
     if not plans:

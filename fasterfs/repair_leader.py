@@ -13,6 +13,11 @@ waits for `repair.quiet_s` without a change, DEFER_MAX times its spacing at most
 namespace alone is checked, not surveyed: only the pieces of the names that changed, so a load of
 a million files costs per batch what the batch holds, not what is stored already; what the check
 finds wrong is repaired by a survey.
+A change of the nodes alone (one down, one back) is looked at by what the namespace places on
+them: nodes listed whole by an earlier look and answering every probe since are believed, not
+listed again, so a lost node's chunks are rebuilt as soon as it is gone, not after minutes of
+listing what the others hold; a node back is listed (it may have come back empty). What the
+believed nodes may have lost meanwhile behind MinIO's back is the periodic survey's.
 
 The probes, the survey and the repair come in as functions, so the decisions are testable
 without MinIO: `tick(now)` is one round.
@@ -50,18 +55,19 @@ class Timing:
 
 class RepairLeader:
     """`probe()` -> (every node of the cluster, those whose MinIO answers now); `version()` -> the
-    namespace's version; `survey()` -> its Health; `check(since)` -> (the namespace's version,
+    namespace's version; `survey(trusted)` -> its Health, the nodes in `trusted` believed to hold
+    what the namespace places on them (not listed); `check(since)` -> (the namespace's version,
     the Health of just the names changed since version `since`), or None when that cannot be
-    told (the store's log no longer reaches back); `repair(waiting, epoch)` -> the Outcome of a
-    repair that leaves the pieces of the nodes in `waiting` alone, fenced by the lease's epoch;
+    told (the store's log no longer reaches back); `repair(waiting, epoch, trusted)` -> the Outcome
+    of a repair that leaves the pieces of the nodes in `waiting` alone, fenced by the lease's epoch;
     `lease(ttl_s)` -> the repair lease's epoch for this node (granted or renewed), or None: held by
     another, or the granter unreachable. The lowest answering node asks for it; only its holder
     leads, so two sides of a partition never both repair."""
 
     def __init__(self, node: int, timing: Timing, probe: Callable[[], tuple[list[int], set[int]]],
-                 version: Callable[[], int], survey: Callable[[], Health],
+                 version: Callable[[], int], survey: Callable[[frozenset[int]], Health],
                  check: Callable[[int], tuple[int, Health] | None],
-                 repair: Callable[[set[int], int], Outcome], lease: Callable[[float], int | None]):
+                 repair: Callable[[set[int], int, frozenset[int]], Outcome], lease: Callable[[float], int | None]):
         self.node, self.timing = node, timing
         self.probe, self.version, self.survey, self.check = probe, version, survey, check
         self.repair, self.lease = repair, lease
@@ -69,6 +75,7 @@ class RepairLeader:
         self.repairs: list[dict] = []    # what this node's own repairs did, latest last
         self._down_since: dict[int, float] = {}
         self._seen: tuple | None = None  # what the last survey saw
+        self._listed: set[int] = set()  # nodes listed whole by a look, answering every probe since
         self._surveyed = float("-inf")
         self._took = 0.0  # seconds the last survey (or repair) took
         self._version: tuple[int, float] | None = None  # the namespace's version, and when first seen
@@ -87,6 +94,7 @@ class RepairLeader:
                 self._down_since.pop(n, None)
             else:
                 self._down_since.setdefault(n, now)
+        self._listed &= alive
         epoch = None  # the repair lease's, when this node holds it
         if alive and min(alive) == self.node:
             try:  # a few checks' worth: a leader that stops renewing is replaced soon after
@@ -99,7 +107,7 @@ class RepairLeader:
         if self.timing.auto and self.health is None:
             # new to leading: learn the nodes the data names that are no longer part of the
             # cluster (a host left out at `up`), which no probe sees, so they wait like any down one
-            self.survey_now()
+            self._looked(alive, self.survey_now())
         for n in set((self.health or {}).get("nodes_down", ())) - set(nodes):
             self._down_since.setdefault(n, now)
         # a node is gone only after after_s down; one that answered the probe but not the
@@ -122,19 +130,33 @@ class RepairLeader:
             return "wait"
         if settled and not due and self._seen is not None and seen[:2] == self._seen[:2] and self._checked(seen):
             return "check"
-        self._seen, self._surveyed, began = seen, now, time.monotonic()
+        trusted: frozenset[int] = frozenset()
+        if settled and not due and self._seen is not None and seen[:2] != self._seen[:2]:
+            # the nodes changed, nothing else is due: believe those listed before (the module's
+            # doc); the names changed meanwhile are still checked, from the version seen before
+            trusted = frozenset(self._listed & alive)
+            seen = (*seen[:2], self._seen[2])
+        self._seen, began = seen, time.monotonic()
+        if not trusted:
+            self._surveyed = now
         try:
             if not self.timing.auto:
-                self.survey_now()
+                self._looked(alive, self.survey_now(trusted))
                 return "survey"
-            out = self.repair(waiting, epoch)
+            out = self.repair(waiting, epoch, trusted)
             self.health = out.health.to_dict()
             if out.repaired or out.failed:
                 self.record("auto", out)
-                self.survey_now()
+                self.survey_now(frozenset() if out.failed else trusted)  # a failure may be a belief wrong
+            self._looked(alive, self.health)
             return "repair"
         finally:
-            self._took = time.monotonic() - began
+            if not trusted:
+                self._took = time.monotonic() - began
+
+    def _looked(self, alive: set[int], health: dict) -> None:
+        """After a look: every node that answered it was listed whole, or believed as listed before."""
+        self._listed = set(alive) - set(health["nodes_down"])
 
     def _checked(self, seen: tuple) -> bool:
         """The names changed since the last look checked, and nothing found to do (else a
@@ -153,15 +175,19 @@ class RepairLeader:
                                                           "time": found.time}}
         return True
 
-    def survey_now(self) -> dict:
+    def survey_now(self, trusted: frozenset[int] = frozenset()) -> dict:
         """The result of a survey begun after this call, kept as this node's latest (what `status`
         and the dashboard show). Callers at once share one: a million names' survey takes
-        minutes, and `up`, a `status` and the leader's own round need not each run it."""
+        minutes, and `up`, a `status` and the leader's own round need not each run it. One that
+        believes `trusted` nodes lists only the others, and is not shared."""
+        if trusted:
+            self.health = self.survey(trusted).to_dict()
+            return self.health
         asked = time.monotonic()
         with self._survey_lock:
             if self._survey_began < asked:  # else one began after the ask and has just ended
                 self._survey_began = time.monotonic()
-                self._surveyed_health = self.survey().to_dict()
+                self._surveyed_health = self.survey(frozenset()).to_dict()
             self.health = self._surveyed_health
             return self._surveyed_health
 

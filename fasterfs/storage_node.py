@@ -213,9 +213,9 @@ class StorageNode:
         return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
                           self.minio.server.creds, keep_unverified=False)
 
-    def _survey(self) -> repair.Health:
+    def _survey(self, trusted: frozenset[int]) -> repair.Health:
         return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack, self._names_now,
-                             self.cfg.minio.list_share)
+                             self.cfg.minio.list_share, trusted)
 
     def _names_now(self) -> dict[str, Manifest]:
         """Every name's manifest as the Registry has it now: this node's copy, caught up by the
@@ -234,7 +234,7 @@ class StorageNode:
     def _lease(self, ttl_s: float) -> int | None:
         return registry.lease_repair(self.cfg.cluster.name, self.index, ttl_s)
 
-    def _repair(self, waiting: set[int], epoch: int) -> repair.Outcome:
+    def _repair(self, waiting: set[int], epoch: int, trusted: frozenset[int]) -> repair.Outcome:
         """The leader's repair, fenced by its lease, which each chunk done renews (a long repair
         keeps it; a leader cut off from the Registry loses it, and its repair is not applied)."""
         def renew(done: int, total: int) -> None:
@@ -242,7 +242,7 @@ class StorageNode:
                 raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
         return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
                           fence=(self.index, epoch), names=self._names_now, spread=self._spread(),
-                          share=self.cfg.minio.list_share)
+                          share=self.cfg.minio.list_share, trusted=trusted)
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
         out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad,

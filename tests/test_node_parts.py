@@ -314,6 +314,7 @@ class Cluster:
 
     def __init__(self, degraded: bool = False):
         self.alive, self.version, self.repairs, self.surveys = {0, 1, 2}, 1, [], 0
+        self.trusted: list[set[int]] = []  # the nodes each look believed, not listed
         self.degraded = degraded
         self.lost = False  # the degraded chunk has too few pieces left to rebuild it
         self.left: list[int] = []  # nodes the data names that are not part of the cluster
@@ -327,15 +328,17 @@ class Cluster:
 
     def health(self) -> Health:
         return Health(chunks=4, degraded={"d": [0]} if self.degraded else {}, lost={"d": [0]} if self.lost else {},
-                      nodes_down=list(self.left))
+                      nodes_down=sorted(set(self.left) | ({0, 1, 2} - self.alive)))
 
     def leader(self, node: int, auto: bool = True) -> RepairLeader:
-        def survey() -> Health:
+        def survey(trusted: frozenset[int]) -> Health:
             self.surveys += 1
+            self.trusted.append(set(trusted))
             return self.health()
 
-        def repair(waiting: set[int], epoch: int) -> Outcome:
+        def repair(waiting: set[int], epoch: int, trusted: frozenset[int]) -> Outcome:
             self.repairs.append(set(waiting))
+            self.trusted.append(set(trusted))
             self.epochs.append(epoch)
             return Outcome(self.health())
         def check(since: int) -> tuple[int, Health] | None:
@@ -393,6 +396,40 @@ def test_a_leader_surveys_again_on_nodes_changing_on_findings_and_when_due():
     assert leader.tick(152) == "repair" and leader.tick(153) == "wait"
 
 
+def test_a_change_of_the_nodes_alone_believes_the_nodes_listed_before():
+    """A node lost (then gone after after_s) is repaired by what the namespace places on it:
+    the nodes listed by the first look and answering since are believed, not listed; a node
+    back is listed (it may be empty), the others still believed; a look due, or a repair that
+    failed, lists every node again; and names changed meanwhile are still checked."""
+    c = Cluster()
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair" and c.trusted == [set(), set()]      # the first looks list all
+    c.alive = {0, 1}
+    assert leader.tick(1) == "repair" and c.trusted[-1] == {0, 1}          # node 2 down: waited for
+    assert leader.tick(12) == "repair" and c.repairs[-1] == {0, 1} and c.trusted[-1] == {0, 1}  # gone
+    c.alive = {0, 1, 2}
+    assert leader.tick(13) == "repair" and c.trusted[-1] == {0, 1}         # back: listed, 0 and 1 not
+    c.alive = {0, 2}
+    assert leader.tick(14) == "repair" and c.trusted[-1] == {0, 2}         # 2 was listed when it came back
+    c.version = 2  # a name changed while node 1 was down: checked from the version seen before it
+    c.alive = {0, 1, 2}
+    assert leader.tick(15) == "repair" and c.trusted[-1] == {0, 2}
+    assert leader.tick(16) == "check" and c.checks == [1]
+    assert leader.tick(150) == "repair" and c.trusted[-1] == set()         # the periodic survey lists all
+
+
+def test_a_repair_that_believed_nodes_and_failed_is_surveyed_whole():
+    c = Cluster()
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair"
+    c.alive = {0, 1}
+    outcomes = [Outcome(c.health(), failed=["d chunk 0: no replica readable"])]
+    real = leader.repair
+    leader.repair = lambda waiting, epoch, trusted: outcomes.pop() if outcomes else real(waiting, epoch, trusted)
+    assert leader.tick(1) == "repair" and c.trusted[-1] == set() and c.surveys == 2  # the survey after: whole
+    assert leader.repairs[-1]["failed"]
+
+
 def test_lost_chunks_alone_do_not_keep_the_leader_surveying():
     """A chunk with too few pieces to rebuild is left as it is: the leader looks again when the
     nodes change (one coming back may hold its pieces) or a survey is due, not every round."""
@@ -447,11 +484,12 @@ def test_a_survey_that_takes_long_comes_less_often():
     a survey of 0.3 s (6 s at the share) waits past survey_s=0.1's due."""
     c = Cluster()
 
-    def slow_repair(waiting: set[int], epoch: int) -> Outcome:
+    def slow_repair(waiting: set[int], epoch: int, trusted: frozenset[int]) -> Outcome:
         time.sleep(0.3)  # on the real clock: what the leader measures
         return Outcome(c.health())
     leader = RepairLeader(0, Timing(check_s=1, after_s=10, survey_s=0.1, auto=True, quiet_s=0),
-                          lambda: ([0, 1, 2], set(c.alive)), lambda: c.version, c.health, lambda since: None,
+                          lambda: ([0, 1, 2], set(c.alive)), lambda: c.version, lambda trusted: c.health(),
+                          lambda since: None,
                           slow_repair, lambda ttl_s: c.lease.acquire(0, ttl_s))
     assert leader.tick(0) == "repair"
     assert 0.3 / SURVEY_SHARE > 1.0  # the share's spacing, past survey_s and the next tick
@@ -472,7 +510,8 @@ def test_surveys_asked_for_while_one_runs_share_the_next():
             release.wait(10)
         return Health(chunks=len(calls))
     leader = RepairLeader(0, Timing(check_s=1, after_s=10, survey_s=100, auto=True), lambda: ([0], {0}),
-                          lambda: 0, survey, lambda since: None, lambda waiting, epoch: Outcome(Health()),
+                          lambda: 0, lambda trusted: survey(), lambda since: None,
+                          lambda waiting, epoch, trusted: Outcome(Health()),
                           lambda ttl_s: 1)
     got: list[dict] = []
     first = threading.Thread(target=lambda: got.append(leader.survey_now()))
