@@ -84,12 +84,13 @@ def main(argv: list[str]) -> dict:
               f"{r['head_cpu_s_per_batch']:>10.3f} {r['apply_cpu_s_per_batch']:>11.4f}")
     print(f"\nrepair after node 0's loss, {int(b.sim_repair_chunks):,} chunks, moving at {cfg.repair.mb_per_s} MB/s "
           "a node (modelled):")
-    print(f"{'nodes':>5} {'rebuilt GB':>10} {'plan s':>7} {'plan all s':>10} {'assign s':>8} {'writers':>7} "
-          f"{'leader s':>9} {'spread s':>9}")
+    print(f"{'nodes':>5} {'rebuilt GB':>10} {'plan s':>7} {'plan all s':>10} {'believed s':>10} {'same':>5} "
+          f"{'assign s':>8} {'writers':>7} {'leader s':>9} {'spread s':>9} {'believed s':>10}")
     for r in repairs:
         print(f"{r['nodes']:>5} {r['bytes_rebuilt'] / 1e9:>10.1f} {r['plan_cpu_s']:>7.1f} "
-              f"{r['plan_every_home_cpu_s']:>10.1f} {r['assign_cpu_s']:>8.2f} {r['writers']:>7} "
-              f"{r['leader_total_s']:>9.0f} {r['spread_total_s']:>9.0f}")
+              f"{r['plan_every_home_cpu_s']:>10.1f} {r['plan_believed_cpu_s']:>10.2f} {r['believed_same_plan']!s:>5} "
+              f"{r['assign_cpu_s']:>8.2f} {r['writers']:>7} "
+              f"{r['leader_total_s']:>9.0f} {r['spread_total_s']:>9.0f} {r['believed_total_s']:>10.0f}")
     print(json.dumps(targets, indent=1))
     print(f"report: {out}")
     return result

@@ -340,10 +340,11 @@ def measure_pushes(nodes: int, batch_files: int, batches: int, observers: int, w
 def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb: float = 4.0, replicas: int = 2,
                    mb_per_s: float = 200.0, load_slack: float = 0.1, every_home: bool = True) -> dict:
     """Node 0 lost from `nodes` holding `chunks` chunks (files of `chunks_per_file`, `replicas`
-    copies): the planner's and assignment's CPU seconds, and the seconds to move the bytes at
-    `mb_per_s` per node (reads and writes) with one leader against every target rebuilding.
-    `every_home`: also the planner's CPU placing every chunk again (as before manifests said
-    which a repair had moved)."""
+    copies): the planner's CPU seconds (every node listed; and the others believed, as the
+    leader's look after a change of the nodes plans, which must plan the same), the
+    assignment's, and the seconds to move the bytes at `mb_per_s` per node (reads and writes)
+    with one leader against every target rebuilding. `every_home`: also the planner's CPU placing
+    every chunk again (as before manifests said which a repair had moved)."""
     ids = list(range(nodes))
     state = cast(ClusterState, SimpleNamespace(nodes=[SimpleNamespace(index=i) for i in ids]))
     size = int(chunk_mb * 2**20)
@@ -362,6 +363,13 @@ def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb:
     t = time.process_time()
     health, plans = repair._plan(manifests, state, listing, load_slack)
     plan_cpu = time.process_time() - t
+    t = time.process_time()  # the leader's look after a loss: the nodes listed before believed
+    believed_health, believed_plans = repair._plan(
+        manifests, state, {n: repair.TRUSTED if keys is not None else None for n, keys in listing.items()}, load_slack)
+    believed_cpu = time.process_time() - t
+    same = (believed_health.degraded == health.degraded and believed_health.chunks == health.chunks
+            and [(p.manifest.name, p.chunk.id, p.missing) for p in believed_plans]
+            == [(p.manifest.name, p.chunk.id, p.missing) for p in plans])
     every_cpu = None
     if every_home:
         t = time.process_time()
@@ -382,8 +390,10 @@ def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb:
             "degraded": health.degraded_count, "lost": health.lost_count, "failed": len(failed),
             "bytes_rebuilt": sum(j.plan.chunk.bytes for j in jobs),
             "plan_cpu_s": plan_cpu, "plan_every_home_cpu_s": every_cpu, "assign_cpu_s": assign_cpu,
+            "plan_believed_cpu_s": believed_cpu, "believed_same_plan": same,
             "writers": len(work), "max_writer_bytes": max(work.values(), default=0),
             "max_served_bytes": max(served.values(), default=0),
             "leader_move_s": moved / rate, "spread_move_s": max(work.values(), default=0) / rate,
             "leader_total_s": plan_cpu + assign_cpu + moved / rate,
-            "spread_total_s": plan_cpu + assign_cpu + max(work.values(), default=0) / rate}
+            "spread_total_s": plan_cpu + assign_cpu + max(work.values(), default=0) / rate,
+            "believed_total_s": believed_cpu + assign_cpu + max(work.values(), default=0) / rate}
