@@ -40,17 +40,25 @@ def _objects(row: dict) -> str:
     return f"{row['objects']:,}" + (f" ({age:.0f} s ago)" if age > 1 + COUNT_WAIT_S else "")
 
 
+def _placed(count: int | None) -> str:
+    return "-" if count is None else f"{count:,}"
+
+
 def cmd_status(cfg) -> None:
     state, rows = cluster.status(cfg)
     table = Table(title=f"FasterFS cluster '{state.name}' ({state.root})")
-    for col in ("node", "address", "Ray node id", "MinIO endpoint", "health", "objects", "bytes", "restarts"):
+    # objects and bytes: what the namespace places on the node, current; listed: what its MinIO held
+    # when last listed (seldom, paced: a million objects take minutes), pieces awaiting deletion too
+    for col in ("node", "address", "Ray node id", "MinIO endpoint", "health", "objects", "bytes", "listed in MinIO",
+                "restarts"):
         table.add_column(col)
     for r in rows:
         health = "[green]healthy[/]" if r.get("healthy") else ("[yellow]held[/]" if r.get("held") else "[red]down[/]")
         if r.get("error"):
             health = f"[red]{r['error']}[/]"
         table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
-                      _objects(r), report.fmt_bytes(r.get("bytes")), str(r.get("minio_restarts", "-")))
+                      _placed(r.get("placed_objects")), report.fmt_bytes(r.get("placed_bytes")),
+                      _objects(r), str(r.get("minio_restarts", "-")))
     console.print(table)
     _print_survey(state, rows)
     console.print(f"Ray dashboard: {state.dashboard_url}"

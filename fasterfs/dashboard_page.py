@@ -88,11 +88,11 @@ def _nodes(snap: dict) -> str:
         mode: dict[str | None, str] = {"real": '<span class="ok">real eBPF</span>',
                                        "simulated": '<span class="bad">SIMULATED</span>'}
         rows.append([str(n["index"]), e(n["address"] + (f" ({n['netns']})" if n.get("netns") else "")),
-                     e(n["endpoint"]), health, _num(st.get("objects")) + _age(st.get("objects_age_s")),
-                     e(fmt_bytes(st.get("bytes"))),
+                     e(n["endpoint"]), health, _num(st.get("placed_objects")), e(fmt_bytes(st.get("placed_bytes"))),
+                     _num(st.get("objects")) + _age(st.get("objects_age_s")),
                      _num(st.get("minio_restarts")), mode.get(k.get("mode"), "-"), _mounts(st.get("mounts"))])
-    return _table(["node", "address", "MinIO", "health", "objects", "stored", "MinIO restarts", "kernel",
-                   "FUSE mounts"], rows, 4)
+    return _table(["node", "address", "MinIO", "health", "objects", "stored", "listed in MinIO", "MinIO restarts",
+                   "kernel", "FUSE mounts"], rows, 4)
 
 
 def _mounts(mounts: list[dict] | None) -> str:

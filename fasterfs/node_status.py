@@ -20,6 +20,8 @@ class NodeStatus(TypedDict):
     objects: int | None      # None: not counted (MinIO down): unknown, never 0
     bytes: int | None
     objects_age_s: float | None  # how old that count is (a listing of many objects is made seldom)
+    placed_objects: int      # the objects the namespace places on this node (its index: current, nothing listed)
+    placed_bytes: int
     kernel_mode: str
     redundancy: dict | None  # repair.Health.to_dict() of this node's latest survey (the leader's), or None
     repairs: list[dict]      # this node's latest repairs

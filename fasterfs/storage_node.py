@@ -353,7 +353,8 @@ class StorageNode:
                 "actor_pid": os.getpid(),
                 "endpoint": self.minio.server.endpoint, "healthy": healthy, "held": held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
-                "objects_age_s": age,
+                "objects_age_s": age, "placed_objects": len(self.ns_index.pieces),
+                "placed_bytes": self.ns_index.placed_bytes,
                 "kernel_mode": self.kernel.mode, "redundancy": self.leader.health, "repairs": self.leader.repairs[-5:],
                 "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status()}
 

@@ -327,6 +327,30 @@ def test_a_cluster_without_registry_is_a_clear_error(live_cluster):
         registry.find_in_ray("nosuch")
 
 
+def test_status_counts_what_the_namespace_places_on_each_node(live_cluster, overrides, tmp_path):
+    """`status`'s objects and bytes per node are what the namespace places there, kept by each
+    change (nothing listed): a file put with 2 replicas and one erasure-coded (1+1) add to each
+    node exactly the objects and bytes its MinIO then lists under their generations (boto3),
+    and removing them takes as much away again."""
+    def placed() -> dict[int, tuple[int, int]]:
+        return {r["index"]: (r["placed_objects"], r["placed_bytes"]) for r in statuses(live_cluster)}
+    before = placed()
+    (tmp_path / "f").write_bytes(os.urandom(3 * 2**20 + 5))
+    added = [put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "f", "status/placed.bin"),
+             put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
+                 tmp_path / "f", "status/placed-ec.bin")]
+    try:
+        stored = [minio_holdings(live_cluster, m) for m in added]  # pushed to every node before put returns
+        now = placed()
+        for node, (objects, size) in before.items():
+            held = [o for listing in stored for o in listing[node]]
+            assert now[node] == (objects + len(held), size + sum(o["Size"] for o in held)), node
+    finally:
+        for m in added:
+            registry.remove(live_cluster.name, m.name)
+    wait_until(lambda: placed() == before, 30, what="the removal's push to every node")
+
+
 def test_new_manifest_reaches_every_storage_node(ingest_as, live_cluster):
     old = ingest_as("csv", reuse=True)
     manifest = ingest_as("csv")  # a new generation, pushed by the Registry before ingest returns

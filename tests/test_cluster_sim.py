@@ -77,6 +77,7 @@ def test_a_lost_nodes_chunks_are_rebuilt_by_every_other_node_in_equal_shares():
     nodes, chunk_mb = 16, 4.0
     r = measure_repair(nodes, 4_800, chunk_mb=chunk_mb, every_home=False)
     assert r["degraded"] > 0 and r["lost"] == 0 and r["failed"] == 0
+    assert r["believed_same_plan"]  # the leader's look after a loss, the others believed: the same plan
     assert r["bytes_rebuilt"] == r["degraded"] * chunk_mb * 2**20
     assert r["writers"] == nodes - 1
     share = -(-r["degraded"] // (nodes - 1))  # chunks, rounded up

@@ -92,6 +92,8 @@ def test_node_index_updated_by_changes_equals_one_built_anew(namespace):
     assert maps(index) == kept
     final = {"rep": rep2, "file": namespace["file"], "file2": file2}
     assert maps(now) == maps(NodeIndex.build(final, node=0))
+    # the bytes node 0's objects hold, summed here from the final manifests' chunks on node 0
+    assert now.placed_bytes == sum(c.bytes for m in final.values() for c in m.chunks if 0 in c.nodes) > 0
 
 
 def test_the_heatmap_past_its_cells_shows_what_is_read_then_what_is_cached(namespace):
