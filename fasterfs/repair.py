@@ -206,7 +206,7 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: Mapping[i
     plans = []
     stored_on: set[int] = set()
     for m in manifests:
-        if believed and not m.moved and all(n in believed for c in m.chunks for n in c.nodes):
+        if believed and not m.moved and believed.issuperset(itertools.chain.from_iterable(c.nodes for c in m.chunks)):
             health.chunks += len(m.chunks)
             continue
         # placing a chunk ranks every node: only for a name whose pieces repair moved (else every
