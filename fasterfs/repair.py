@@ -147,7 +147,9 @@ class Health:
     degraded: dict[str, list[int]] = field(default_factory=dict)  # name -> chunks with a piece missing
     lost: dict[str, list[int]] = field(default_factory=dict)      # name -> chunks too few pieces rebuild
     misplaced: int = 0      # pieces away from a home that answers (a returned host, to refill)
+    repairable: int = 0     # chunks a repair would rebuild or move now (not those waiting for a node)
     nodes_down: list[int] = field(default_factory=list)
+    believed: list[int] = field(default_factory=list)  # nodes not listed: they hold what the namespace says
     time: float = field(default_factory=time.time)
 
     @property
@@ -177,7 +179,8 @@ class Health:
     def to_dict(self) -> dict:
         return {"chunks": self.chunks, "degraded": self.degraded_count, "lost": self.lost_count,
                 "lost_chunks": self.lost_shown(), "lost_names": len(self.lost), "misplaced": self.misplaced,
-                "nodes_down": self.nodes_down,
+                "repairable": self.repairable,
+                "nodes_down": self.nodes_down, "believed": self.believed,
                 "time": self.time, "summary": self.summary()}
 
 
@@ -201,8 +204,9 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: Mapping[i
     changed nodes held, not every chunk."""
     held = {n: keys for n, keys in listing.items() if keys is not None}
     alive = set(held)
-    believed = {n for n, keys in held.items() if keys is TRUSTED} if only is None and not bad else set()
-    health = Health(nodes_down=sorted(set(listing) - alive))
+    health = Health(nodes_down=sorted(set(listing) - alive),
+                    believed=sorted(n for n, keys in held.items() if keys is TRUSTED))
+    believed = set(health.believed) if only is None and not bad else set()
     plans = []
     stored_on: set[int] = set()
     for m in manifests:
@@ -234,6 +238,7 @@ def _plan(manifests: Iterable[Manifest], state: ClusterState, listing: Mapping[i
                 health.lost.setdefault(m.name, []).append(c.id)
             elif missing or moves:
                 plans.append(_Plan(m, c, missing, moves, at))
+                health.repairable += 1
             stored_on.update(c.nodes)
     # a node the data was stored on that is not part of the cluster now: down, as a machine that is
     health.nodes_down = sorted(set(health.nodes_down) | (stored_on - {n.index for n in state.nodes}))

@@ -117,11 +117,11 @@ class RepairLeader:
         seen = (frozenset(alive), frozenset(waiting), self.version())
         if self._version is None or self._version[0] != seen[2]:
             self._version = (seen[2], now)
-        # nothing a repair can do: no piece to move, and every degraded chunk lost (too few pieces
-        # to rebuild it from until a node comes back, which is a change of the nodes). Lost chunks
+        # nothing a repair can do now: no piece to move, and every degraded chunk lost (too few
+        # pieces to rebuild it from) or missing only pieces of a node waited for, either of which
+        # waits for a change of the nodes. Lost chunks, and a node down for less than after_s,
         # kept the leader listing every bucket every round (at a million objects, for ever).
-        settled = (self.health is not None and self.health["degraded"] == self.health["lost"]
-                   and not self.health["misplaced"])
+        settled = self.health is not None and not self.health.get("repairable")
         # the periodic survey, spaced so that it takes at most SURVEY_SHARE of the time (a million
         # objects take minutes, paced: bucket_walk), once the namespace rests
         spacing, since = max(self.timing.survey_s, self._took / SURVEY_SHARE), now - self._surveyed

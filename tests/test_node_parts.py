@@ -319,6 +319,7 @@ class Cluster:
         self.trusted: list[set[int]] = []  # the nodes each look believed, not listed
         self.degraded = degraded
         self.lost = False  # the degraded chunk has too few pieces left to rebuild it
+        self.waits = False  # the degraded chunk misses only a piece of a node waited for
         self.left: list[int] = []  # nodes the data names that are not part of the cluster
         self.now = 0.0
         self.lease = Lease(lambda: self.now)  # the Registry's, on a clock of the test's
@@ -330,6 +331,7 @@ class Cluster:
 
     def health(self) -> Health:
         return Health(chunks=4, degraded={"d": [0]} if self.degraded else {}, lost={"d": [0]} if self.lost else {},
+                      repairable=int(self.degraded and not self.lost and not self.waits),
                       nodes_down=sorted(set(self.left) | ({0, 1, 2} - self.alive)))
 
     def leader(self, node: int, auto: bool = True) -> RepairLeader:
@@ -430,6 +432,19 @@ def test_a_repair_that_believed_nodes_and_failed_is_surveyed_whole():
     leader.repair = lambda waiting, epoch, trusted: outcomes.pop() if outcomes else real(waiting, epoch, trusted)
     assert leader.tick(1) == "repair" and c.trusted[-1] == set() and c.surveys == 2  # the survey after: whole
     assert leader.repairs[-1]["failed"]
+
+
+def test_a_node_waited_for_does_not_keep_the_leader_looking():
+    """A node down for less than after_s leaves its chunks degraded, with nothing a repair may do
+    until it is back or gone: the leader looks once, then waits for that change."""
+    c = Cluster()
+    leader = c.leader(0)
+    assert leader.tick(0) == "repair"
+    c.alive, c.degraded, c.waits = {0, 1}, True, True
+    assert leader.tick(1) == "repair" and leader.tick(2) == "wait" and leader.tick(5) == "wait"
+    assert len(c.repairs) == 2
+    c.waits = False  # gone after after_s: its pieces are rebuilt elsewhere
+    assert leader.tick(12) == "repair" and c.repairs[-1] == {0, 1}
 
 
 def test_lost_chunks_alone_do_not_keep_the_leader_surveying():
