@@ -73,7 +73,8 @@ def test_the_object_count_lists_at_most_a_share_of_the_time(supervisor):
     """Counted by listing MinIO: what boto3 stored, listed in the caller when asked with
     max_age_s=0; asked again at once with any age allowed, the last count (listing more often
     would take over COUNT_SHARE of the time), with its age; once that spacing has passed, the
-    last count at once while a listing runs in the background, and the new count after it."""
+    last count at once while a listing runs in the background, and the new count after it;
+    asked with no bound on its age (the dashboard), the last count however old."""
     from conftest import wait_until
 
     from fasterfs import s3
@@ -102,6 +103,8 @@ def test_the_object_count_lists_at_most_a_share_of_the_time(supervisor):
     wait_until(lambda: sup.count(Counted(), 3600)[0] == 201, 10, "the count listed in the background")
     assert len(listings) == 2
     assert sup.count(Counted(), 0)[0] == 201 and len(listings) == 3  # `fasterfs status`: listed now
+    time.sleep(3 * spacing)
+    assert sup.count(Counted(), float("inf"))[0] == 201 and len(listings) == 3  # the dashboard's: never again
     getter.close()
 
 
