@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put
 from fasterfs.minio_server import MinioServer, _cmdline
+from fasterfs.storage_node import NAMESPACE_POLL_S
 
 
 def statuses(state):
@@ -334,6 +336,12 @@ def test_status_counts_what_the_namespace_places_on_each_node(live_cluster, over
     and removing them takes as much away again."""
     def placed() -> dict[int, tuple[int, int]]:
         return {r["index"]: (r["placed_objects"], r["placed_bytes"]) for r in statuses(live_cluster)}
+
+    def at_rest() -> bool:  # a node behind (an earlier test restarted the Registry) catches up by polling
+        first = placed()
+        time.sleep(NAMESPACE_POLL_S + 1)
+        return placed() == first
+    wait_until(at_rest, timeout=120, what="every node's namespace at rest")
     before = placed()
     (tmp_path / "f").write_bytes(os.urandom(3 * 2**20 + 5))
     added = [put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "f", "status/placed.bin"),
