@@ -1,5 +1,6 @@
 """Unmodified readers on hot data, side by side in one run: per-file open().read() of every chunk
-file of the dataset ingested last, through the mount (passthrough for hot files), with the
+file of the dataset ingested last, through the mount (passthrough for hot files; its requests
+over io_uring where the kernel has it, beside a second mount with mount.uring=false), with the
 client's `read_chunk`, from MinIO direct, and from a local copy of the same bytes (the floor).
 Every chunk is in the caches (`cache warm`) and read through each path twice before the timed
 rounds; rounds interleave the paths so the machine's drift falls on all of them.
@@ -40,8 +41,10 @@ def main(argv: list[str]) -> dict:
     copies.mkdir(parents=True)
     for i, name in zip(ids, names):
         (copies / name).write_bytes(cold.read_chunk(i))
-    overrides = [f"cluster.name={state.name}", f"cluster.root={state.root}", f"cluster.ray_address={state.ray_address}"]
-    mount = mounts.fasterfs(work / "mnt", overrides)
+    overrides = [f"cluster.name={state.name}", f"cluster.root={state.root}", f"cluster.ray_address={state.ray_address}",
+                 *argv]  # mount.* overrides reach the mounts
+    mount = mounts.fasterfs(work / "mnt", overrides)  # requests over io_uring where the kernel has it
+    dev_fuse = mounts.fasterfs(work / "mnt-dev-fuse", [*overrides, "mount.uring=false"])
     try:
         def reader(directory: Path):
             files = [directory / m.name / "chunks" / name for name in names]
@@ -51,6 +54,7 @@ def main(argv: list[str]) -> dict:
                     return f.read()
             return read
         paths = {"local copy": reader(local), "native mount": reader(mount.point),
+                 "native, /dev/fuse": reader(dev_fuse.point),
                  "client read_chunk": lambda k: client.read_chunk(ids[k]),
                  "MinIO direct": lambda k: cold.read_chunk(ids[k])}
         for name, read in paths.items():  # twice each: the native mount declares files hot at the first
@@ -62,9 +66,11 @@ def main(argv: list[str]) -> dict:
             for name, read in paths.items():
                 lat[name] += report.timed(read, range(len(ids)))
         time.sleep(2)  # the agent writes its daemon's counters every second
-        counts = {"native": json.loads(Path(f"{mount.point}.stats.json").read_text())}
+        counts = {"native": json.loads(Path(f"{mount.point}.stats.json").read_text()),
+                  "/dev/fuse": json.loads(Path(f"{dev_fuse.point}.stats.json").read_text())}
     finally:
         mount.stop()
+        dev_fuse.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
     stats = {name: report.quantiles(xs) for name, xs in lat.items()}
     floor = stats["local copy"]["p50_ms"]
@@ -72,15 +78,17 @@ def main(argv: list[str]) -> dict:
     result = {"dataset": m.name, "files": len(ids), "file_bytes_avg": m.total_bytes / len(ids), "rounds": rounds,
               "paths": stats, "p50_vs_local": vs_local,
               "native_vs_minio_x_faster": stats["MinIO direct"]["p50_ms"] / stats["native mount"]["p50_ms"],
-              "native_daemon": counts.get("native")}
+              "native_daemon": counts.get("native"), "dev_fuse_daemon": counts.get("/dev/fuse")}
     console = report.console()
     console.print(f"per-file open().read(), hot, {len(ids)} files of {report.fmt_bytes(result['file_bytes_avg'])}, "
                   f"{rounds} rounds")
     for name, s in stats.items():
         console.print(f"  {name:18s} p50 {s['p50_ms']:7.3f} ms  p95 {s['p95_ms']:7.3f} ms  "
                       f"{vs_local[name]:5.2f}x local")
+    uring = {name: c["uring"] for name, c in counts.items()}
     console.print(f"  native mount vs MinIO direct: {result['native_vs_minio_x_faster']:.1f}x faster; "
-                  f"native daemon: {counts.get('native')}")
+                  f"requests through io_uring: {uring}")
+    console.print(f"  native daemon: {counts.get('native')}")
     out = report.run_dir(cfg, "bench_mount")
     report.write_json(out, "mount.json", result)
     console.print(f"output: {out}")

@@ -1,6 +1,7 @@
 """Unmodified programs reading FasterFS, side by side in one run (issues 28 and 46): through
-FasterFS's mount, the same mount with every miss read by its agent (mount.native_fetch=false:
-the path before the daemon fetched misses itself), s3fs-fuse (`-o use_cache`) and rclone
+FasterFS's mount (its requests over io_uring where the kernel has it), the same mount through
+/dev/fuse (mount.uring=false), the same mount with every miss read by its agent
+(mount.native_fetch=false: the path before the daemon fetched misses itself), s3fs-fuse (`-o use_cache`) and rclone
 (`mount --vfs-cache-mode full`) mounts of the same bytes in the same MinIO (node 0's), and from a
 local copy on this disk.
 
@@ -52,6 +53,7 @@ FIO_RANDOM_BYTES = 64 << 20  # ... and in bytes
 PEER_BUCKET = "ffs-bench-peers"
 SMALL = "BENCH_SMALL"
 AGENT_READS = "fasterfs, agent reads"
+DEV_FUSE = "fasterfs, /dev/fuse"
 ROW_BYTES = 290        # a synthetic LOBSTER row (message + 10-level book) in CSV, about
 
 
@@ -98,8 +100,10 @@ class Run:
     def start_mounts(self) -> None:
         own = [f"cluster.name={self.state.name}", f"cluster.root={self.state.root}",
                f"cluster.ray_address={self.state.ray_address}"]
-        # the same mount with every miss read by its agent (the path before the daemon fetched)
-        self.own = {"fasterfs": own, AGENT_READS: own + ["mount.native_fetch=false"]}
+        # the same mount with every miss read by its agent (the path before the daemon fetched), and
+        # with its requests through /dev/fuse instead of io_uring
+        self.own = {"fasterfs": own, AGENT_READS: own + ["mount.native_fetch=false"],
+                    DEV_FUSE: own + ["mount.uring=false"]}
         for name, overrides in self.own.items():
             self.mounts[name] = mounts.fasterfs(self.work / name.replace(", ", "-").replace(" ", "-"), overrides)
         peer = (self.endpoint, PEER_BUCKET, self.keys.access_key, self.keys.secret_key, self.work)

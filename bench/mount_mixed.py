@@ -6,9 +6,10 @@ read an open + read + close of one of them, timed:
 2. beside 4 readers (dd, 1 MiB reads) streaming a local file of bench.file_mb from disk, the
    page cache dropped first: the CPU and disk contention alone (the control);
 3. beside 4 readers streaming a cold file of the same size through the mount (a quarter
-   each; a new file for each mount, so never cached), with the mount as it is configured,
-   with 8 FUSE threads (mount.threads=8), and with mount.native_fetch=false (every miss read
-   by the agent: the path before the daemon fetched).
+   each; a new file for each mount, so never cached), with the mount as it is configured
+   (requests over io_uring where the kernel has it), with requests through /dev/fuse
+   (mount.uring=false), and with mount.native_fetch=false (every miss read by the agent: the
+   path before the daemon fetched).
 
 p50, p99 and max of bench.hot_reads reads per phase, and the ratio of each p99 to the control's.
 
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> dict:
             for _ in range(size // 2**20):
                 f.write(rng.bytes(2**20))
         views["native"] = mounts.fasterfs(work / "native", own)
-        views["native, 8 FUSE threads"] = mounts.fasterfs(work / "native8", own + ["mount.threads=8"])
+        views["native, /dev/fuse"] = mounts.fasterfs(work / "dev-fuse", own + ["mount.uring=false"])
         views["agent reads"] = mounts.fasterfs(work / "agent", own + ["mount.native_fetch=false"])
         for m in hot_names:  # each cached at its home: opened by passthrough from the first open
             ray.get(actors[m.chunks[0].nodes[0]].cache_warm.remote([c.key for c in m.chunks]))

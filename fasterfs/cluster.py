@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import auth, credentials, identity, notebook, process, ray_nodes, registry, tls
+from . import auth, credentials, fuse_uring, identity, notebook, process, ray_nodes, registry, tls
 from .bpf.pinned import unmount_bpffs
 from .cgroup import ProjectCgroup
 from .config import Layout, Paths, as_cfg, minio_binary, to_dict
@@ -307,6 +307,7 @@ def teardown(state: ClusterState) -> dict:
         process.terminate(state.namespace_pid)
         report["namespace_store_stopped"] = True
     report["bpffs_unmounted"] = unmount_bpffs(Paths(Path(state.root)).bpffs)  # one-machine clusters share it
+    fuse_uring.release()  # mounts killed with the cgroup: the kernel's io_uring switch as it was once none is left
     if state.tls_ca:
         tls.forget(state.tls_ca)  # this host's copy of the CA certificate clients verified with
     if state.lab:  # namespaces, links and their qdiscs; only once no process holds a namespace

@@ -1,5 +1,6 @@
 """MinioScrub: re-read every object this node stores, at a bounded rate, and check it as a reader
-would; bad ones are rebuilt from the chunk's other pieces.
+would; bad ones, and ones missing (lost behind MinIO's back), are rebuilt from the chunk's other
+pieces.
 
 A shard is checked against the manifest's checksum; a replica against the one stored with it
 (an object another tool rewrote is served as it now is). The reads carry the filler's mark, so
@@ -33,10 +34,14 @@ class MinioScrub:
                  rebuild: Callable[[set[tuple[int, str]], dict[str, set[int]]], int]):
         self.node, self.bucket, self.mb_per_s = node, bucket, mb_per_s
         self.open_getter, self.rebuild = open_getter, rebuild
-        self.totals: dict = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "repaired": 0, "last_bad": []}
+        self.totals: dict = {"passes": 0, "objects": 0, "bytes": 0, "bad": 0, "missing": 0, "repaired": 0,
+                             "last_bad": []}
 
-    def scrub(self, pieces: Mapping[str, Piece], stopping: threading.Event | None = None, share: float = 1.0) -> dict:
-        """One pass over `pieces` (this node's objects); returns its figures. Bounded in bytes
+    def scrub(self, pieces: Mapping[str, Piece], stopping: threading.Event | None = None, share: float = 1.0,
+              current: Callable[[], Mapping[str, Piece]] | None = None) -> dict:
+        """One pass over `pieces` (this node's objects when it began; `current()`: now, so that a
+        piece replaced or removed during a long pass, then deleted, is not taken for one lost);
+        returns its figures. Bounded in bytes
         (mb_per_s) and in time: its GETs take at most `share` of it (a million small objects are
         a million GETs, each costing MinIO more than its bytes)."""
         throttle, pacer = Throttle(self.mb_per_s * 1e6), Pacer(share)
@@ -44,6 +49,7 @@ class MinioScrub:
         checked = nbytes = 0
         bad: dict[str, set[int]] = {}
         bad_pieces: set[tuple[int, str]] = set()
+        missing: list[str] = []
         try:
             for key, piece in list(pieces.items()):
                 if stopping is not None and stopping.is_set():
@@ -51,8 +57,14 @@ class MinioScrub:
                 try:
                     with pacer.step():
                         data, headers = getter.get_object(self.bucket, key)
-                except KeyError:
-                    continue  # missing: the survey sees it, and repair puts it back
+                except KeyError:  # lost behind MinIO's back: put back now, not at the next survey
+                    if current is not None and key not in current():
+                        continue  # no longer this node's: replaced or removed since the pass began
+                    log.warning("scrub: %s on node %d is missing", key, self.node)
+                    missing.append(key)
+                    bad.setdefault(piece.name, set()).add(piece.chunk_id)
+                    bad_pieces.add((self.node, key))
+                    continue
                 except ServerError as e:
                     if e.status < 500:
                         raise
@@ -72,8 +84,9 @@ class MinioScrub:
         finally:
             getter.close()
         repaired = self.rebuild(bad_pieces, bad) if bad else 0
-        names = sorted(k for _, k in bad_pieces)
+        names = sorted({k for _, k in bad_pieces} - set(missing))
         t = self.totals
         t.update(passes=t["passes"] + 1, objects=t["objects"] + checked, bytes=t["bytes"] + nbytes,
-                 bad=t["bad"] + len(bad_pieces), repaired=t["repaired"] + repaired, last_bad=names[:20])
-        return {"checked": checked, "bytes": nbytes, "bad": names, "repaired": repaired}
+                 bad=t["bad"] + len(names), missing=t["missing"] + len(missing), repaired=t["repaired"] + repaired,
+                 last_bad=(names + sorted(missing))[:20])
+        return {"checked": checked, "bytes": nbytes, "bad": names, "missing": sorted(missing), "repaired": repaired}

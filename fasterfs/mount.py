@@ -46,7 +46,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import config
+from . import config, fuse_uring
 from .errors import FasterFSError
 from .fsutil import atomic_write_json
 from .manifest import Manifest
@@ -464,15 +464,17 @@ class Agent:
                 log.exception("namespace refresh failed; the daemon keeps the last tree")
 
 
-def daemon_args(cfg) -> list[str]:
-    """The daemon's options from config `mount.*`: its FUSE threads, its bound, who may read, and
-    what it keeps for random readers (an unnamed file under the cluster's root, slots of a file's
-    chunk, fetched uncounted like a fill)."""
+def daemon_args(cfg, uring: bool = False) -> list[str]:
+    """The daemon's options from config `mount.*`: its FUSE threads, its bound, who may read,
+    whether it asks for FUSE over io_uring (`uring`: the kernel's side is on), and what it keeps
+    for random readers (an unnamed file under the cluster's root, slots of a file's chunk,
+    fetched uncounted like a fill)."""
     m = cfg.mount
     return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)),
             "--uid", str(m.uid), "--gid", str(m.gid),
             "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
             *(["--allow-other"] if m.allow_other else []),
+            *(["--uring"] if uring else []),
             *(["--kept-dir", str(cfg.cluster.root), "--kept-mb", str(int(m.kept_mb)),
                "--kept-slot-mb", str(int(cfg.files.chunk_mb)), "--fill-mark", str(int(cfg.kernel.fill_mark))]
               if int(m.kept_mb) > 0 else [])]
@@ -490,8 +492,9 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
     ns = Namespace(cfg)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     agent = Agent(ns, ours, native_fetch=bool(cfg.mount.native_fetch))
+    uring = bool(cfg.mount.uring) and fuse_uring.enable()  # before the daemon's INIT
     daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno()),
-                               *daemon_args(cfg)],
+                               *daemon_args(cfg, uring)],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
     agent.start_tree()  # the daemon mounts once it has the first tree
@@ -511,6 +514,8 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
         if daemon.poll() is None:
             daemon.terminate()
         daemon.wait(timeout=30)
+        if uring:
+            fuse_uring.release(os.getpid())
         leave()  # the unmount waits for this process
 
 

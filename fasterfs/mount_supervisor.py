@@ -226,7 +226,8 @@ def mount_counts(daemon: dict | None) -> str:
     return (f"opens by passthrough {daemon['passthrough_opens']:,} (their reads unseen by any counter), "
             f"through the agent {daemon['agent_opens']:,} ({daemon['reads_forwarded']:,} reads forwarded, "
             f"{daemon.get('reads_cached', 0):,} read from the cache and "
-            f"{daemon.get('fetch', {}).get('reads', 0):,} from MinIO by the daemon){why}")
+            f"{daemon.get('fetch', {}).get('reads', 0):,} from MinIO by the daemon); requests through "
+            f"{'io_uring, a queue per CPU' if daemon.get('uring') else '/dev/fuse'}{why}")
 
 
 def daemon_overrides(cfg) -> list[str]:

@@ -17,7 +17,8 @@ A change of the nodes alone (one down, one back) is looked at by what the namesp
 them: nodes listed whole by an earlier look and answering every probe since are believed, not
 listed again, so a lost node's chunks are rebuilt as soon as it is gone, not after minutes of
 listing what the others hold; a node back is listed (it may have come back empty). What the
-believed nodes may have lost meanwhile behind MinIO's back is the periodic survey's.
+believed nodes may have lost meanwhile behind MinIO's back is each node's scrub's (by what its
+index places there) and the periodic survey's.
 
 The probes, the survey and the repair come in as functions, so the decisions are testable
 without MinIO: `tick(now)` is one round.

@@ -328,7 +328,7 @@ class StorageNode:
     def scrub_minio(self, share: float = 1.0) -> dict:
         """One pass of the MinIO scrub over this node's objects now, its GETs taking at most
         `share` of the time (the periodic pass: scrub.share); returns its figures."""
-        return self.scrubber.scrub(self.ns_index.pieces, self._stopping, share)
+        return self.scrubber.scrub(self.ns_index.pieces, self._stopping, share, current=lambda: self.ns_index.pieces)
 
     # -- status ---------------------------------------------------------------------------
 

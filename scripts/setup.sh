@@ -105,10 +105,25 @@ else
   echo "$JUPYTERLAB_VERSION" > "$LAB/.version"
 fi
 # 6. The native FUSE daemon (native/ffs-mount: Rust on the fuser crate, no libfuse) ---------
-# Rebuilt when its sources are newer than the binary; crates pinned by Cargo.lock.
+# Rebuilt when its sources are newer than the binary; crates pinned by Cargo.lock. fuser 0.18
+# has no FUSE-over-io_uring transport (its issue #380): the crate, checked by its crates.io
+# digest, gets native/ffs-mount/fuser-uring.patch (a queue per CPU) under native/ffs-mount/vendor.
 NATIVE="$ROOT/native/ffs-mount"
 FFS_MOUNT="$NATIVE/target/release/ffs-mount"
-if [ -x "$FFS_MOUNT" ] && [ -z "$(find "$NATIVE/src" "$NATIVE/Cargo.toml" "$NATIVE/Cargo.lock" -newer "$FFS_MOUNT")" ]; then
+FUSER="$NATIVE/vendor/fuser-0.18.0"
+FUSER_SHA256=b82b6597d216503555ead6b358f341ef748869bf5c6fbae6a0cb9dd231baecfd
+if [ ! -f "$FUSER/.patched" ] || [ "$NATIVE/fuser-uring.patch" -nt "$FUSER/.patched" ]; then
+  say "fuser 0.18.0 from crates.io, with native/ffs-mount/fuser-uring.patch"
+  rm -rf "$FUSER" "$FUSER.crate" && mkdir -p "$NATIVE/vendor"
+  "$PY" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+    https://static.crates.io/crates/fuser/fuser-0.18.0.crate "$FUSER.crate"
+  echo "$FUSER_SHA256  $FUSER.crate" | sha256sum -c --quiet - \
+    || { echo "setup: fuser-0.18.0.crate does not have the digest crates.io lists" >&2; exit 1; }
+  tar -xzf "$FUSER.crate" -C "$NATIVE/vendor" && rm "$FUSER.crate"
+  git -C "$FUSER" init -q && git -C "$FUSER" apply "$NATIVE/fuser-uring.patch"
+  touch "$FUSER/.patched"
+fi
+if [ -x "$FFS_MOUNT" ] && [ -z "$(find "$NATIVE/src" "$NATIVE/Cargo.toml" "$NATIVE/Cargo.lock" "$FUSER/.patched" -newer "$FFS_MOUNT")" ]; then
   say "FUSE daemon native/ffs-mount up to date"
 else
   CARGO=$(command -v cargo || true)

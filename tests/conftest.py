@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import tempfile
@@ -131,8 +132,10 @@ def minio_requests(endpoint: str, creds, api: str) -> int:
 
 
 def minio_holdings(state, manifest) -> dict[int, list[dict]]:
-    """Node index -> the objects of `manifest`'s generation in that node's MinIO."""
-    return minio_listing(state, f"{manifest.dataset}/{manifest.generation}/")
+    """Node index -> the objects of `manifest`'s generation in that node's MinIO: everything
+    under its chunks' directory (a dataset's `<name>/<generation>/`, a put file's under a hash
+    of its path)."""
+    return minio_listing(state, posixpath.dirname(manifest.chunks[0].key) + "/")
 
 
 def mounts_under(root) -> list[str]:

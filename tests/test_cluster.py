@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from fasterfs.cgroup import cgroup2_mount
 from fasterfs.errors import FasterFSError
 from fasterfs.ingest import ingest, put
 from fasterfs.minio_server import MinioServer, _cmdline
+from fasterfs.storage_node import NAMESPACE_POLL_S
 
 
 def statuses(state):
@@ -325,6 +327,36 @@ def test_a_cluster_without_registry_is_a_clear_error(live_cluster):
     cluster.connect_ray(live_cluster)
     with pytest.raises(FasterFSError, match="no FasterFS registry for cluster 'nosuch'"):
         registry.find_in_ray("nosuch")
+
+
+def test_status_counts_what_the_namespace_places_on_each_node(live_cluster, overrides, tmp_path):
+    """`status`'s objects and bytes per node are what the namespace places there, kept by each
+    change (nothing listed): a file put with 2 replicas and one erasure-coded (1+1) add to each
+    node exactly the objects and bytes its MinIO then lists under their generations (boto3),
+    and removing them takes as much away again."""
+    def placed() -> dict[int, tuple[int, int]]:
+        return {r["index"]: (r["placed_objects"], r["placed_bytes"]) for r in statuses(live_cluster)}
+
+    def at_rest() -> bool:  # a node behind (an earlier test restarted the Registry) catches up by polling
+        first = placed()
+        time.sleep(NAMESPACE_POLL_S + 1)
+        return placed() == first
+    wait_until(at_rest, timeout=120, what="every node's namespace at rest")
+    before = placed()
+    (tmp_path / "f").write_bytes(os.urandom(3 * 2**20 + 5))
+    added = [put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "f", "status/placed.bin"),
+             put(config.load(overrides + ["layout=ec", "ec.data=1", "ec.parity=1", "files.chunk_mb=1"]),
+                 tmp_path / "f", "status/placed-ec.bin")]
+    try:
+        stored = [minio_holdings(live_cluster, m) for m in added]  # pushed to every node before put returns
+        now = placed()
+        for node, (objects, size) in before.items():
+            held = [o for listing in stored for o in listing[node]]
+            assert now[node] == (objects + len(held), size + sum(o["Size"] for o in held)), node
+    finally:
+        for m in added:
+            registry.remove(live_cluster.name, m.name)
+    wait_until(lambda: placed() == before, 30, what="the removal's push to every node")
 
 
 def test_new_manifest_reaches_every_storage_node(ingest_as, live_cluster):

@@ -18,10 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import ray
 from conftest import mounts_under, source_csv, wait_until
 
-from fasterfs import bulk_load, cluster, config, credentials, registry, s3
+from fasterfs import bulk_load, cluster, config, credentials, fuse_uring, registry, s3
 from fasterfs.config import Paths
 from fasterfs.ingest import put, remove
 from fasterfs.mount_supervisor import Mounts
@@ -417,6 +418,66 @@ def test_a_mount_holds_at_most_its_bound_and_still_serves_every_name(live_cluste
                    what="the daemon back within its bound")
     finally:
         agent.stop(cluster_root)
+
+
+def io_uring_completions(daemon: int) -> dict[int, int]:
+    """Each io_uring the daemon holds, by fd: the completions the kernel has posted to it
+    (`CqTail` in /proc/<pid>/fdinfo; a FUSE request served through a ring is one)."""
+    out = {}
+    for fd in Path(f"/proc/{daemon}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == "anon_inode:[io_uring]":
+                info = Path(f"/proc/{daemon}/fdinfo/{fd.name}").read_text()
+                out[int(fd.name)] = int(next(line.split()[1] for line in info.splitlines()
+                                             if line.startswith("CqTail:")))
+    return out
+
+
+@pytest.mark.parametrize("uring", [True, False])
+def test_requests_come_through_a_ring_per_cpu_or_dev_fuse(live_cluster, overrides, cluster_root, tmp_path, uring):
+    """mount.uring=true: the daemon holds one io_uring per CPU the kernel keeps a queue for, its
+    thread for queue q pinned to CPU q (the kernel's affinity list), and files opened and read
+    through the mount are served through them: the kernel's completion counts grow by at least
+    the opens, and every read gives the source's bytes. The kernel's switch is on while the
+    mount's agent says it needs it, and its word is gone when it stops. mount.uring=false: no
+    io_uring at all, the same bytes through /dev/fuse."""
+    data = os.urandom(300_000)
+    (tmp_path / "f.bin").write_bytes(data)
+    put(config.load(overrides), tmp_path / "f.bin", f"uring-{uring}/f.bin")
+    point = cluster_root / f"mnt-uring-{uring}"
+    point.mkdir(exist_ok=True)
+    agent = AgentProcess(point, [*overrides, f"mount.uring={str(uring).lower()}"], tmp_path)
+    try:
+        wait_until(lambda: str(point) in mounts_under(cluster_root), timeout=30, what="the mount")
+        children = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/children").read_text().split()
+        daemon = next(int(c) for c in children if Path(f"/proc/{c}/exe").resolve().name == "ffs-mount")
+        f = point / f"uring-{uring}" / "f.bin"
+        wait_until(f.exists, timeout=10, what="the file in the mount")
+        before = io_uring_completions(daemon)
+        for _ in range(20):
+            assert f.read_bytes() == data
+        after = io_uring_completions(daemon)
+        marker = fuse_uring.USERS / str(agent.proc.pid)
+        if not uring:
+            assert before == after == {} and not marker.exists()
+            return
+        # the kernel keeps a queue per possible CPU (its list, e.g. "0-1")
+        possible = Path("/sys/devices/system/cpu/possible").read_text().strip()
+        last = max(int(n) for part in possible.split(",") for n in part.split("-"))
+        assert len(after) == last + 1, (possible, after)
+        assert sum(after.values()) - sum(before.values()) >= 20, (before, after)
+        pinned = {}
+        for task in Path(f"/proc/{daemon}/task").iterdir():
+            name = (task / "comm").read_text().strip()
+            if name.startswith("fuser-uring-"):
+                status = (task / "status").read_text()
+                pinned[int(name.rsplit("-", 1)[1])] = next(line.split()[1] for line in status.splitlines()
+                                                           if line.startswith("Cpus_allowed_list:"))
+        assert pinned == {q: str(q) for q in range(len(after))}, pinned
+        assert marker.exists() and fuse_uring.PARAM.read_text().strip() == "Y"
+    finally:
+        agent.stop(cluster_root)
+    assert not marker.exists()
 
 
 def test_a_hung_mount_is_replaced_and_reads_again(live_cluster, overrides, cluster_root, tmp_path):

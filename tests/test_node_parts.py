@@ -596,7 +596,7 @@ class Store:
         self.closed = True
 
 
-def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
+def test_minio_scrub_finds_rotten_bytes_and_missing_objects_and_asks_for_a_rebuild():
     good, shard = b"a" * 1000, b"b" * 500
     rotten = bytearray(shard)
     rotten[7] ^= 1
@@ -612,10 +612,15 @@ def test_minio_scrub_finds_rotten_bytes_and_asks_for_a_rebuild():
     pieces = {"rep/0": Piece("rep", 0, None), "ec/0.s1": Piece("ec", 0, xxhash.xxh3_64_intdigest(shard)),
               "gone/0": Piece("gone", 0, None)}
     out = scrub.scrub(pieces)
-    assert out == {"checked": 2, "bytes": 1500, "bad": ["ec/0.s1"], "repaired": 1}
-    assert asked == [({(0, "ec/0.s1")}, {"ec": {0}})]
-    assert store.closed and scrub.totals["passes"] == 1 and scrub.totals["bad"] == 1
+    assert out == {"checked": 2, "bytes": 1500, "bad": ["ec/0.s1"], "missing": ["gone/0"], "repaired": 2}
+    assert asked == [({(0, "ec/0.s1"), (0, "gone/0")}, {"ec": {0}, "gone": {0}})]
+    assert store.closed and scrub.totals["passes"] == 1 and (scrub.totals["bad"], scrub.totals["missing"]) == (1, 1)
     assert sorted(store.asked) == sorted(pieces)  # every piece of this node asked for once, the missing one too
+    # "gone/0" no longer the node's by the time it is found missing (its name removed meanwhile):
+    # not taken for a loss, nothing rebuilt for it
+    now = {k: p for k, p in pieces.items() if k != "gone/0"}
+    out = scrub.scrub(pieces, current=lambda: now)
+    assert out["missing"] == [] and asked[-1] == ({(0, "ec/0.s1")}, {"ec": {0}})
 
 
 def test_minio_scrub_stops_when_asked():

@@ -117,6 +117,9 @@ def test_each_node_rebuilds_the_pieces_it_takes(live_cluster, overrides, tmp_pat
 
 
 def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, cluster_root, tmp_path):
+    """A node's scrub finds the garbage written over two of its objects and the replica deleted
+    behind MinIO's back: the replica and the garbage over a copy with a good twin are put back
+    (boto3 then reads the bytes put), the single copy has nothing to rebuild from."""
     blob = os.urandom(2 * 2**20)
     (tmp_path / "b").write_bytes(blob)
     two = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/two.bin")
@@ -127,12 +130,15 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
     garbage = {"Body": os.urandom(1000), "Metadata": {"xxh3": "1"}}
     s3.client(state.node(node).endpoint, creds).put_object(Bucket=two.bucket, Key=two.chunks[1].key, **garbage)
     s3.client(state.node(node).endpoint, creds).put_object(Bucket=one.bucket, Key=one_bad.key, **garbage)
+    s3.client(state.node(node).endpoint, creds).delete_object(Bucket=two.bucket, Key=two.chunks[0].key)
 
     found = ray.get(ray.get_actor(actor_name(node), namespace=state.ray_namespace).scrub_minio.remote())
     assert sorted(found["bad"]) == sorted([two.chunks[1].key, one_bad.key])
-    assert found["repaired"] == 1  # the copy with a good twin; the single copy has nothing to rebuild from
-    body = s3.client(state.node(node).endpoint, creds).get_object(Bucket=two.bucket, Key=two.chunks[1].key)
-    assert body["Body"].read() == blob[2**20:]  # the bytes put, from the good twin
+    assert found["missing"] == [two.chunks[0].key]
+    assert found["repaired"] == 2  # the copies with a good twin; the single copy has nothing to rebuild from
+    for chunk, expected in ((two.chunks[0], blob[:2**20]), (two.chunks[1], blob[2**20:])):
+        body = s3.client(state.node(node).endpoint, creds).get_object(Bucket=two.bucket, Key=chunk.key)
+        assert body["Body"].read() == expected  # the bytes put, from the good twin
     assert _read_all(cluster_root, "repair/two.bin") == blob
     with pytest.raises(FasterFSError, match="does not match its stored checksum"):
         _read_all(cluster_root, "repair/one.bin")

@@ -86,6 +86,8 @@ pub struct Shared {
     pins: Pins,
     passthrough_ok: AtomicBool,
     opens: Mutex<Opens>,
+    /// Ask for FUSE over io_uring in init (the kernel may not offer it).
+    pub uring: bool,
 }
 
 impl Shared {
@@ -103,6 +105,7 @@ impl Shared {
             pins: Pins::default(),
             passthrough_ok: AtomicBool::new(false),
             opens: Mutex::new(Opens::default()),
+            uring: false,
         }
     }
 
@@ -268,6 +271,103 @@ impl Shared {
         marks.is_some_and(|m| self.pins.stale(&m))
     }
 
+    /// An open the agent answers (the file is not hot here, or its inode has such opens):
+    /// the agent's handle, and what of the file is cached or where to fetch it from.
+    #[allow(clippy::too_many_arguments)]
+    fn agent_open(
+        self: &Arc<Self>,
+        ino: u64,
+        path: String,
+        gen: String,
+        size: u64,
+        version: u64,
+        oflags: FopenFlags,
+        reply: ReplyOpen,
+    ) {
+        let s = self;
+        // The reply's "hot" is recorded by the reader thread, in stream order
+        // with "hot" messages, exactly as a "hot" message would be.
+        let hook: Hook = {
+            let (s, path) = (s.clone(), path.clone());
+            Box::new(move |v: &Value| {
+                if let Some(h) = v.get("hot").and_then(Hot::from_msg) {
+                    s.hot.lock().unwrap().insert(path, h);
+                }
+            })
+        };
+        let req = json!({"op": "open", "path": path, "gen": gen});
+        let r = match s.agent.call_with(req, Some(hook), false) {
+            Ok(r) => r,
+            Err(e) => {
+                let mut st = s.opens.lock().unwrap();
+                if let Some(io) = st.inodes.get_mut(&ino) {
+                    io.agent_count -= 1;
+                }
+                st.gc(ino);
+                drop(st);
+                return reply.error(err(e));
+            }
+        };
+        let h = r.v.get("handle").cloned().unwrap_or(Value::Null);
+        if r.v.get("hot").is_some_and(Value::is_object) {
+            if let Some((fh, b)) = s.promote(ino, &path, version, size, &reply) {
+                s.stats.passthrough_opens.fetch_add(1, Relaxed);
+                s.stats.hot_from_open_reply.fetch_add(1, Relaxed);
+                reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
+                // The agent's handle was never used; the kernel is answered first.
+                let _ = s.agent.call(json!({"op": "release", "handle": h}));
+                return;
+            }
+        }
+        let cached =
+            r.v.get("cached")
+                .and_then(|c| Cached::from_msg(c, &s.pins))
+                .map(Arc::new);
+        let remote =
+            r.v.get("fetch")
+                .and_then(|f| Remote::from_msg(f, size))
+                .map(Arc::new);
+        let handle = Handle::Agent {
+            ino,
+            h,
+            size,
+            cached,
+            remote,
+        };
+        let fh = s.opens.lock().unwrap().add_handle(handle);
+        s.stats.agent_opens.fetch_add(1, Relaxed);
+        // Without KEEP_CACHE the kernel drops the file's cached pages at this
+        // open; with it the agent vouches that they are still right. Never on
+        // a passthrough open (above): the kernel fails that combination.
+        let keep = r.v.get("keep_cache").and_then(Value::as_bool) == Some(true);
+        let flags = match keep {
+            true => oflags | FopenFlags::FOPEN_KEEP_CACHE,
+            false => oflags,
+        };
+        reply.opened(FileHandle(fh), flags);
+    }
+
+    /// Run `f` on a thread of its own when requests come through io_uring: each CPU's queue has
+    /// one thread, and a call to the agent there would hold up every request of that CPU (through
+    /// /dev/fuse, the other threads go on). Inline when MAX_WORKERS run already.
+    fn off_queue(self: Arc<Self>, f: impl FnOnce() + Send + 'static) {
+        match self
+            .stats
+            .uring
+            .load(Relaxed)
+            .then(|| self.fetcher.worker())
+            .flatten()
+        {
+            Some(w) => {
+                std::thread::spawn(move || {
+                    let _w = w;
+                    f()
+                });
+            }
+            None => f(),
+        }
+    }
+
     /// An open reply declared `path` hot: make that open (still counted in
     /// agent_count) passthrough, if no other open holds the inode.
     fn promote(
@@ -366,6 +466,17 @@ impl Filesystem for FuseFs {
         // whose dentries would cost the kernel ~5 us an entry for nothing.
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // Read-only: no write is larger than a read, and each ring entry's payload is sized
+        // for the largest of either.
+        let _ = config.set_max_write(1 << 20);
+        let uring = self.0.uring
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok();
+        self.0.stats.uring.store(uring, Relaxed);
+        if self.0.uring && !uring {
+            eprintln!("ffs-mount: the kernel offers no FUSE over io_uring (fuse.enable_uring); requests go through /dev/fuse");
+        }
         Ok(())
     }
 
@@ -567,66 +678,11 @@ impl Filesystem for FuseFs {
             st.inodes.entry(ino).or_default().agent_count += 1;
             break;
         }
-        // The reply's "hot" is recorded by the reader thread, in stream order
-        // with "hot" messages, exactly as a "hot" message would be.
-        let hook: Hook = {
-            let (s, path) = (s.clone(), node.path.clone());
-            Box::new(move |v: &Value| {
-                if let Some(h) = v.get("hot").and_then(Hot::from_msg) {
-                    s.hot.lock().unwrap().insert(path, h);
-                }
-            })
-        };
-        let req = json!({"op": "open", "path": node.path, "gen": node.gen});
-        let r = match s.agent.call_with(req, Some(hook), false) {
-            Ok(r) => r,
-            Err(e) => {
-                let mut st = s.opens.lock().unwrap();
-                if let Some(io) = st.inodes.get_mut(&ino) {
-                    io.agent_count -= 1;
-                }
-                st.gc(ino);
-                drop(st);
-                return reply.error(err(e));
-            }
-        };
-        let h = r.v.get("handle").cloned().unwrap_or(Value::Null);
-        if r.v.get("hot").is_some_and(Value::is_object) {
-            if let Some((fh, b)) = s.promote(ino, &node.path, t.version, node.size, &reply) {
-                s.stats.passthrough_opens.fetch_add(1, Relaxed);
-                s.stats.hot_from_open_reply.fetch_add(1, Relaxed);
-                reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
-                // The agent's handle was never used; the kernel is answered first.
-                let _ = s.agent.call(json!({"op": "release", "handle": h}));
-                return;
-            }
-        }
-        let cached =
-            r.v.get("cached")
-                .and_then(|c| Cached::from_msg(c, &s.pins))
-                .map(Arc::new);
-        let remote =
-            r.v.get("fetch")
-                .and_then(|f| Remote::from_msg(f, node.size))
-                .map(Arc::new);
-        let handle = Handle::Agent {
-            ino,
-            h,
-            size: node.size,
-            cached,
-            remote,
-        };
-        let fh = s.opens.lock().unwrap().add_handle(handle);
-        s.stats.agent_opens.fetch_add(1, Relaxed);
-        // Without KEEP_CACHE the kernel drops the file's cached pages at this
-        // open; with it the agent vouches that they are still right. Never on
-        // a passthrough open (above): the kernel fails that combination.
-        let keep = r.v.get("keep_cache").and_then(Value::as_bool) == Some(true);
-        let flags = match keep {
-            true => oflags | FopenFlags::FOPEN_KEEP_CACHE,
-            false => oflags,
-        };
-        reply.opened(FileHandle(fh), flags);
+        let (path, gen, size, version) =
+            (node.path.clone(), node.gen.clone(), node.size, t.version);
+        let s = s.clone();
+        s.clone()
+            .off_queue(move || s.agent_open(ino, path, gen, size, version, oflags, reply));
     }
 
     fn read(
@@ -765,7 +821,10 @@ impl Filesystem for FuseFs {
         s.stats.releases.fetch_add(1, Relaxed);
         reply.ok(); // the kernel does not wait on the agent's bookkeeping
         if let Some(h) = agent_h {
-            let _ = s.agent.call(json!({"op": "release", "handle": h}));
+            let a = s.clone();
+            s.clone().off_queue(move || {
+                let _ = a.agent.call(json!({"op": "release", "handle": h}));
+            });
         }
     }
 

@@ -2,7 +2,13 @@
 //!
 //! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]
 //!        [--max-entries 0] [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4]
-//!        [--fill-mark 0]
+//!        [--fill-mark 0] [--uring]
+//!
+//! --uring: ask for FUSE over io_uring at INIT (the kernel offers it while the
+//! fuse module's enable_uring is set): requests then come through a ring per
+//! CPU, each served by a thread pinned to that CPU (fuser-uring.patch); the
+//! --threads threads keep reading /dev/fuse (FORGET, INTERRUPT, and whatever
+//! comes before the rings are registered).
 //!
 //! --kept-mb M > 0: whole chunks fetched for random readers are kept in an
 //! unnamed file of M MiB under DIR, in slots of the largest chunk (kept.rs);
@@ -157,8 +163,9 @@
 //!
 //! Every request must be answered: the FUSE thread that sent it waits for
 //! the reply (for a release, after answering the kernel), so up to
-//! --threads requests are outstanding at once; after 60 s it gives up (EIO)
-//! and drops the reply when it comes. Reply in any order.
+//! --threads requests (and one per CPU's ring with --uring) are outstanding
+//! at once; after 60 s it gives up (EIO) and drops the reply when it comes.
+//! Reply in any order.
 //! {"id":N,"errno":E} fails any request with errno E (E > 0, else EIO).
 //!
 //! {"op":"open","path":P,"gen":G,"id":N} (read-only opens only)
@@ -294,13 +301,15 @@ struct Args {
     kept_slot_mb: u64,
     /// The nodes' SO_MARK, on the sockets that fetch chunks to keep them.
     fill_mark: u32,
+    /// Ask for FUSE over io_uring (a queue per CPU) when the kernel offers it.
+    uring: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2] \
          [--max-entries 0] [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other] \
-         [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4 --fill-mark 0]"
+         [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4 --fill-mark 0] [--uring]"
     );
     std::process::exit(2);
 }
@@ -309,7 +318,7 @@ fn parse_args() -> Args {
     let mut mountpoint = None;
     let (mut agent_fd, mut ttl_ms, mut threads, mut max_entries) = (None, 60_000u64, 2usize, 0);
     let mut access = tree::Access::default();
-    let mut allow_other = false;
+    let (mut allow_other, mut uring) = (false, false);
     let (mut kept_dir, mut kept_mb, mut kept_slot_mb, mut fill_mark) = (None, 0, 4, 0);
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
@@ -328,6 +337,7 @@ fn parse_args() -> Args {
             Some("--file-mode") => access.file_mode = (num() & 0o777) as u16,
             Some("--dir-mode") => access.dir_mode = (num() & 0o777) as u16,
             Some("--allow-other") => allow_other = true,
+            Some("--uring") => uring = true,
             Some("--kept-mb") => kept_mb = num(),
             Some("--kept-slot-mb") => kept_slot_mb = num().max(1),
             Some("--fill-mark") => fill_mark = num() as u32,
@@ -348,6 +358,7 @@ fn parse_args() -> Args {
             max_entries,
             access,
             allow_other,
+            uring,
             kept_dir,
             kept_mb,
             kept_slot_mb,
@@ -635,6 +646,7 @@ fn main() {
         Duration::from_millis(args.ttl_ms),
     );
     shared.max_entries = args.max_entries;
+    shared.uring = args.uring;
     if let (Some(dir), true) = (&args.kept_dir, args.kept_mb > 0) {
         match kept::Kept::open(dir, args.kept_mb << 20, args.kept_slot_mb << 20) {
             Ok(k) => {

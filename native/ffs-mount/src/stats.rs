@@ -33,6 +33,8 @@ pub struct Stats {
     pub releases: AtomicU64,
     /// Whether the kernel took FUSE_PASSTHROUGH at INIT (else every open goes to the agent).
     pub passthrough_enabled: AtomicBool,
+    /// Requests come through io_uring queues (one per CPU), not /dev/fuse.
+    pub uring: AtomicBool,
 }
 
 impl Stats {
@@ -57,6 +59,7 @@ impl Stats {
             "evicted": self.evicted.load(Relaxed),
             "releases": self.releases.load(Relaxed),
             "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
+            "uring": self.uring.load(Relaxed),
         })
     }
 }
