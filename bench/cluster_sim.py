@@ -66,11 +66,11 @@ def main(argv: list[str]) -> dict:
     result = {"rows": rows, "invalidation": invalidation, "pushes": pushes, "repairs": repairs, "targets": targets}
     out = report.write_json(report.run_dir(cfg, "bench-cluster-sim"), "cluster_sim.json", result)
     print(f"{'nodes':>5} {'design':>6} {'changes/s':>9} {'msgs/s':>7} {'bytes/s':>12} {'CPU s/s':>8} "
-          f"{'index MB':>9} consistent")
+          f"{'index MB':>9} {'false +':>7} consistent")
     for r in rows:
         print(f"{r['nodes']:>5} {'deltas' if r['deltas'] else 'whole':>6} {r['churn_per_node_s']:>9} "
               f"{r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} {r['cpu_s_per_node_s']:>8.4f} "
-              f"{r['index_bytes_per_node'] / 1e6:>9.1f} {r['consistent']}")
+              f"{r['index_bytes_per_node'] / 1e6:>9.1f} {r['false_positives']:>7.2%} {r['consistent']}")
     print(f"\ninvalidation, {writes} writes a second at each node:")
     print(f"{'nodes':>5} {'msgs/s':>7} {'bytes/s':>12} {'applied/s':>10} {'CPU s/s':>8}")
     for r in invalidation:

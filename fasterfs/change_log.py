@@ -22,15 +22,20 @@ class ChangeLog:
         self._log.append((self.version, name, present))
 
     def since(self, version: int) -> tuple[int, list[str], list[str]] | None:
-        """(version now, names present since `version`, names gone since), or None when the log no
-        longer reaches back that far (or `version` is not this incarnation's): take a snapshot."""
+        """(version now, names present now and not at `version`, names present then and not now),
+        or None when the log no longer reaches back that far (or `version` is not this
+        incarnation's): take a snapshot. A name that came and went (or went and came back) since is
+        in neither: its owner records each name's changes alternately, so its state at `version` is
+        the opposite of its first change since."""
         if version > self.version or (version < self.version and
                                       (not self._log or self._log[0][0] > version + 1)):
             return None
+        first: dict[str, bool] = {}
         last: dict[str, bool] = {}
         for v, name, present in reversed(self._log):
             if v <= version:
                 break
             last.setdefault(name, present)
-        return (self.version, sorted(n for n, p in last.items() if p),
-                sorted(n for n, p in last.items() if not p))
+            first[name] = present
+        return (self.version, sorted(n for n, p in last.items() if p and first[n]),
+                sorted(n for n, p in last.items() if not p and not first[n]))

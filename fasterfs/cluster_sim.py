@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -206,15 +205,25 @@ class SimulatedCluster:
         self.net.drain()
 
     def consistent(self) -> bool:
-        """Whether every observer's view of every peer is that peer's cache, name for name."""
-        return all(self.tiers[o].peers.get(p, ("", 0, None))[2] == self.caches[p].names
-                   for o in self.observers for p in range(self.n) if p != o)
+        """Whether every observer's view of every peer holds that peer's cache: every name it
+        holds found, and as many names counted."""
+        for o in self.observers:
+            for p in range(self.n):
+                view = self.tiers[o].peers.get(p, ("", 0, None))[2] if p != o else None
+                names = self.caches[p].names
+                if p != o and (view is None or view.count != len(names) or view.found(names) != len(names)):
+                    return False
+        return True
+
+    def false_positives(self, node: int, tries: int = 10_000) -> float:
+        """The share of names no cache ever held that node `node`'s view of a peer says it holds."""
+        peer = next(p for p in range(self.n) if p != node)
+        never = [f"never{i:032x}.chunk" for i in range(tries)]
+        return self.tiers[node].peers[peer][2].found(never) / tries
 
     def index_bytes(self, node: int) -> int:
-        """What node `node` holds of its peers' names, in bytes of Python objects (each name counted
-        as its own string, as in a process of its own)."""
-        return sum(sys.getsizeof(names) + sum(sys.getsizeof(x) for x in names)
-                   for _, _, names in self.tiers[node].peers.values())
+        """What node `node` holds of its peers' names: their filters' counters, in bytes."""
+        return sum(names.nbytes for _, _, names in self.tiers[node].peers.values())
 
 
 def measure(nodes: int, entries: int, churn_per_node: int, seconds: int, deltas: bool = True,
@@ -238,6 +247,7 @@ def measure(nodes: int, entries: int, churn_per_node: int, seconds: int, deltas:
             "messages_per_node_s": per(c.messages), "bytes_per_node_s": per(c.bytes),
             "cpu_s_per_node_s": max(c.cpu_s[o] for o in watched) / seconds,
             "index_bytes_per_node": sim.index_bytes(min(watched)),
+            "false_positives": sim.false_positives(min(watched)),
             "consistent": sim.consistent(), "wall_s": wall}
 
 

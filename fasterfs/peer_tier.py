@@ -1,11 +1,13 @@
 """PeerTier: the nodes' caches as one more copy of the data.
 
 Each node tells the others what its cache gained and lost since it last told them (the cache's
-change log), so every node keeps the whole index and a reader whose chunk's holders are all
-down asks one node where a cached copy is. What crosses grows with the changes, not with what
-the caches hold: nothing at all while they do not change. A node tells everything (a snapshot)
-only to a peer that asks: one that started, or heard a change that does not follow the last it
-has (a message lost, or the teller restarted: its cache's epoch is new).
+change log), so every node keeps the whole index, each peer's as a counting Bloom filter (~10
+bytes a name: a set of names took ~128), and a reader whose chunk's holders are all down asks one
+node where a cached copy is (rarely, a peer named then has no copy: the reader goes on). What
+crosses grows with the changes, not with what the caches hold: nothing at all while they do not
+change. A node tells everything (a snapshot) only to a peer that asks: one that started, heard a
+change that does not follow the last it has (a message lost, or the teller restarted: its
+cache's epoch is new), or outgrew the filter it keeps for the teller.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .cache_entry import entry_name
+from .counting_bloom import CountingBloom
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class PeerTier:
                  reconnect: Callable[[], None] = lambda: None, reconnect_s: float = 30.0):
         self.node, self.cache, self.tell, self.ask = node, cache, tell, ask
         self.reconnect, self.reconnect_s = reconnect, reconnect_s
-        self.peers: dict[int, tuple[str, int, set[str]]] = {}  # node -> its cache's epoch, version, names
+        self.peers: dict[int, tuple[str, int, CountingBloom]] = {}  # node -> its cache's epoch, version, names
         self._sent: int | None = None  # the version the others were told of
         self._reconnected: float | None = None
 
@@ -87,15 +90,19 @@ class PeerTier:
 
     def heard(self, news: CacheNews) -> None:
         if news.since is None:
-            self.peers[news.node] = (news.epoch, news.version, set(news.added))
+            self.peers[news.node] = (news.epoch, news.version, CountingBloom.sized_for(news.added))
             return
-        epoch, version, names = self.peers.get(news.node, ("", -1, set()))
-        if (epoch, version) != (news.epoch, news.since):  # missed some, or a new incarnation
+        known = self.peers.get(news.node)
+        if known is None or known[:2] != (news.epoch, news.since):  # missed some, or a new incarnation
             self.ask(news.node)
             return
-        names -= news.removed
-        names |= news.added
-        self.peers[news.node] = (epoch, news.version, names)
+        names = known[2]
+        was_full = names.full()
+        names.remove(news.removed)
+        names.add(news.added)
+        self.peers[news.node] = (news.epoch, news.version, names)
+        if names.full() and not was_full:  # grown past its filter's size: everything again, into a bigger one
+            self.ask(news.node)
 
     def holders(self, key: str) -> list[int]:
         """The nodes whose caches hold `key`, this one first if it does."""

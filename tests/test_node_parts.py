@@ -269,9 +269,28 @@ def test_peer_tier_tells_what_changed_and_nothing_while_nothing_does(tmp_path):
     peer = PeerTier(1, ChunkCache(tmp_path / "peer", capacity=10_000), lambda news, to: None)
     for news, _ in told:
         peer.heard(news)
-    assert peer.peers[0][2] == {n for n in os.listdir(tmp_path) if n.endswith(cache_entry.SUFFIX)}
+    on_disk = {n for n in os.listdir(tmp_path) if n.endswith(cache_entry.SUFFIX)}
+    view = peer.peers[0][2]
+    assert view.count == len(on_disk) == 2 and view.found(on_disk) == 2 and entry_name("b") not in view
     assert [len(n.added) + len(n.removed) for n, _ in told[1:]] == [3, 1]  # the changes, not the cache
     assert tier.share(now=40.0) is False and reconnects == [1, 1]  # handles looked up again, nothing sent
+
+
+def test_a_delta_names_only_what_changed_across_it(tmp_path):
+    """An entry filled and dropped between two shares is in neither list (a peer's filter would
+    otherwise take away a name it never had), nor is one dropped and filled again."""
+    c = ChunkCache(tmp_path, capacity=10_000)
+    c.put("kept", b"1" * 10)
+    c.put("refilled", b"1" * 10)
+    version = c.changes_since(0)[0]
+    c.put("came-and-went", b"1" * 10)
+    c.remove("came-and-went")
+    c.remove("refilled")
+    c.put("refilled", b"2" * 10)
+    c.remove("kept")
+    c.put("new", b"1" * 10)
+    _, added, removed = c.changes_since(version)
+    assert added == [entry_name("new")] and removed == [entry_name("kept")]
 
 
 def test_a_peer_that_missed_news_or_restarted_asks_for_everything(tmp_path):
@@ -296,6 +315,21 @@ def test_a_peer_that_missed_news_or_restarted_asks_for_everything(tmp_path):
     restarted.share(now=0.0)  # a new incarnation's first news is everything
     peer.heard(told[-1])
     assert peer.holders("c") == [0] and asked == [0]
+
+
+def test_a_peers_view_that_outgrows_its_filter_asks_for_everything(tmp_path):
+    asked = []
+    tier = PeerTier(1, ChunkCache(tmp_path, capacity=10_000), lambda news, to: None, asked.append)
+    tier.heard(CacheNews(0, "e0", None, 1, frozenset()))
+    small = tier.peers[0][2]
+    names = frozenset(f"{i:032x}.chunk" for i in range(small.capacity + 1))
+    tier.heard(CacheNews(0, "e0", 1, 2, names))
+    assert asked == [0] and small.found(names) == len(names)  # still right meanwhile, just less sharp
+    tier.heard(CacheNews(0, "e0", 2, 3, frozenset({"one-more.chunk"})))
+    assert asked == [0]  # asked once
+    tier.heard(CacheNews(0, "e0", None, 3, names | {"one-more.chunk"}))
+    grown = tier.peers[0][2]
+    assert grown.capacity > small.capacity and not grown.full() and grown.count == len(names) + 1
 
 
 def test_peer_tier_knows_where_a_key_is_cached(tmp_path):

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::http::{connect, exchange, Url};
+use crate::http::{connect, exchange, Answer, Url};
 use crate::kept::{Id, Kept};
 
 /// Chunks fetched ahead of a sequential reader, per handle.
@@ -486,12 +486,12 @@ impl Fetcher {
         }
         for u in &c.urls {
             match self.get_as(u, None, c.bytes, marked) {
-                Ok(body) if body.len() as u64 == c.bytes && xxh3_64(&body) == c.xxh3 => {
+                Ok(a) if a.body.len() as u64 == c.bytes && a.xxh3 == Some(c.xxh3) => {
                     self.stats.gets.fetch_add(1, Relaxed);
                     self.stats.get_bytes.fetch_add(c.bytes, Relaxed);
-                    return Some(body);
+                    return Some(a.body);
                 }
-                Ok(body) => {
+                Ok(Answer { body, .. }) => {
                     self.stats.bad_checksum.fetch_add(1, Relaxed);
                     eprintln!(
                         "ffs-mount: {} sent {} bytes that do not match the manifest's checksum: next holder",
@@ -544,7 +544,7 @@ impl Fetcher {
     fn shard(&self, s: &Shard, marked: bool) -> Option<Vec<u8>> {
         let u = s.urls.first()?;
         match self.get_as(u, None, s.bytes, marked) {
-            Ok(body) if xxh3_64(&body) == s.xxh3 => Some(body),
+            Ok(a) if a.xxh3 == Some(s.xxh3) => Some(a.body),
             Ok(_) => {
                 self.stats.bad_checksum.fetch_add(1, Relaxed);
                 eprintln!(
@@ -567,11 +567,11 @@ impl Fetcher {
     fn range(&self, c: &Chunk, from: u64, to: u64) -> Option<Vec<u8>> {
         for u in &c.urls {
             match self.get(u, Some((from, to)), to - from) {
-                Ok(body) if body.len() as u64 == to - from => {
+                Ok(Answer { body, .. }) if body.len() as u64 == to - from => {
                     self.stats.ranged.fetch_add(1, Relaxed);
                     return Some(body);
                 }
-                Ok(body) => eprintln!(
+                Ok(Answer { body, .. }) => eprintln!(
                     "ffs-mount: {} sent {} bytes for a range of {}",
                     u.shown(),
                     body.len(),
@@ -588,7 +588,7 @@ impl Fetcher {
 
     /// One GET (of bytes [a, b) if `range`) over a kept-alive connection (a
     /// fresh one if the kept one was closed under it).
-    fn get(&self, u: &Url, range: Option<(u64, u64)>, expect: u64) -> io::Result<Vec<u8>> {
+    fn get(&self, u: &Url, range: Option<(u64, u64)>, expect: u64) -> io::Result<Answer> {
         self.get_as(u, range, expect, false)
     }
 
@@ -599,14 +599,14 @@ impl Fetcher {
         range: Option<(u64, u64)>,
         expect: u64,
         marked: bool,
-    ) -> io::Result<Vec<u8>> {
+    ) -> io::Result<Answer> {
         let pool = (u.host.clone(), marked && self.mark != 0);
         let kept = self.idle.lock().unwrap().get_mut(&pool).and_then(Vec::pop);
         if let Some(mut conn) = kept {
             match exchange(&mut conn, u, range, expect) {
-                Ok((body, keep)) => {
-                    self.put_back(pool, conn, keep);
-                    return Ok(body);
+                Ok(a) => {
+                    self.put_back(pool, conn, a.keep);
+                    return Ok(a);
                 }
                 Err(e) if e.kind() != io::ErrorKind::InvalidData => {} // closed while idle: anew
                 Err(e) => return Err(e),
@@ -614,9 +614,9 @@ impl Fetcher {
         }
         let mark = if pool.1 { self.mark } else { 0 };
         let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host, mark)?);
-        let (body, keep) = exchange(&mut conn, u, range, expect)?;
-        self.put_back(pool, conn, keep);
-        Ok(body)
+        let a = exchange(&mut conn, u, range, expect)?;
+        self.put_back(pool, conn, a.keep);
+        Ok(a)
     }
 
     fn put_back(&self, pool: (String, bool), conn: BufReader<TcpStream>, keep: bool) {
