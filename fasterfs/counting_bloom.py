@@ -1,5 +1,5 @@
 """CountingBloom: a set of names that can only err towards "present", in COUNTERS_PER_NAME bytes
-a name (a Python set of cache entry names costs ~128).
+a name of its capacity (a Python set of cache entry names costs ~128 a name).
 
 What a node keeps of each peer's cache. A name added is always found (no false negatives, as long
 as every name removed was added: the change log tells transitions only); a name never added is

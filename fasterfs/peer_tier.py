@@ -1,11 +1,11 @@
 """PeerTier: the nodes' caches as one more copy of the data.
 
 Each node tells the others what its cache gained and lost since it last told them (the cache's
-change log), so every node keeps the whole index, each peer's as a counting Bloom filter (~10
-bytes a name: a set of names took ~128), and a reader whose chunk's holders are all down asks one
-node where a cached copy is (rarely, a peer named then has no copy: the reader goes on). What
-crosses grows with the changes, not with what the caches hold: nothing at all while they do not
-change. A node tells everything (a snapshot) only to a peer that asks: one that started, heard a
+change log), so every node keeps the whole index, each peer's as a counting Bloom filter (~12
+bytes a name, room included: a set of names took ~128), and a reader whose chunk's holders are
+all down asks one node where a cached copy is (rarely, a peer named then has no copy: the reader
+goes on). What crosses grows with the changes, not with what the caches hold: nothing at all
+while they do not change. A node tells everything (a snapshot) only to a peer that asks: one that started, heard a
 change that does not follow the last it has (a message lost, or the teller restarted: its
 cache's epoch is new), or outgrew the filter it keeps for the teller.
 """

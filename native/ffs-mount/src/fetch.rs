@@ -747,6 +747,26 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_hashed_piece_by_piece_as_it_arrives_is_checked_whole() {
+        // over several of the pieces it is hashed in, and not a whole number of them
+        let good: Vec<u8> = (0..300 * 1024 + 7).map(|i| (i * 31 % 251) as u8).collect();
+        let mut late = good.clone();
+        *late.last_mut().unwrap() ^= 1; // a byte of its last piece flipped
+        let bodies = HashMap::from([
+            ("/bk/good".to_string(), good.clone()),
+            ("/bk/late".to_string(), late),
+        ]);
+        let (host, _server) = serve(bodies);
+        let f = Arc::new(Fetcher::new(0, None, 0));
+        let r = Arc::new(remote(&host, &[&good], &["/bk/good"]));
+        let n = good.len() as u32;
+        assert_eq!(r.read(&f, 0, n).unwrap().bytes(), &good[..]);
+        let wrong = Arc::new(remote(&host, &[&good], &["/bk/late"]));
+        assert!(wrong.read(&f, 0, n).is_none());
+        assert_eq!(f.stats.bad_checksum.load(Relaxed), 1);
+    }
+
+    #[test]
     fn a_random_readers_chunk_is_kept_and_its_next_reads_are_local() {
         let (a, b) = (
             vec![3u8; 1000],
