@@ -8,7 +8,9 @@ Today's design (each change told as a delta) at every size of bench.sim_nodes; t
 node per second: messages and bytes sent, CPU seconds in the PeerTier (sending, and hearing on
 bench.sim_observers nodes that keep what they hear: memory bounds how many can), and the bytes a
 node keeps of its peers' names. Then invalidation: every node's kernel seeing bench.sim_writes
-writes a second, told to every peer (messages, bytes, writes each node applies, its CPU). Then the
+writes a second (a tenth of them of keys another node caches), told to every peer as before and to
+the nodes whose caches may hold each key (WriteRouter) now: messages, bytes, writes each node
+applies and of them needlessly (a filter's false positives), CPU routing and applying. Then the
 namespace's pushes: batches of 1,000 one-chunk files published by a real store and pushed to every
 node (the head's bytes and CPU per batch, pickled once as the Registry does and once per node as
 before; a node's CPU applying one). Then repair after node 0's loss, with bench.sim_repair_chunks
@@ -53,7 +55,8 @@ def main(argv: list[str]) -> dict:
             targets[f"{r['nodes']} nodes, {entries:,} entries each, no reads: "
                     f"{r['bytes_per_node_s']:,.0f} B/s per node <= {TARGET_BYTES_S:,}"] = ok
     writes = int(b.sim_writes)
-    invalidation = [measure_invalidation(nodes, writes, seconds) for nodes in [int(n) for n in b.sim_nodes]]
+    invalidation = [measure_invalidation(nodes, writes, seconds, targeted=targeted)
+                    for nodes in [int(n) for n in b.sim_nodes] for targeted in (False, True)]
     with tempfile.TemporaryDirectory(dir="/var/tmp") as work:
         pushes = [measure_pushes(nodes, 1000, int(b.sim_batches), observers, Path(work) / f"{nodes}-{once}", once)
                   for nodes in [int(n) for n in b.sim_nodes] for once in (True, False)]
@@ -71,11 +74,13 @@ def main(argv: list[str]) -> dict:
         print(f"{r['nodes']:>5} {'deltas' if r['deltas'] else 'whole':>6} {r['churn_per_node_s']:>9} "
               f"{r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} {r['cpu_s_per_node_s']:>8.4f} "
               f"{r['index_bytes_per_node'] / 1e6:>9.1f} {r['false_positives']:>7.2%} {r['consistent']}")
-    print(f"\ninvalidation, {writes} writes a second at each node:")
-    print(f"{'nodes':>5} {'msgs/s':>7} {'bytes/s':>12} {'applied/s':>10} {'CPU s/s':>8}")
+    print(f"\ninvalidation, {writes} writes a second at each node, "
+          f"{invalidation[0]['cached_share']:.0%} of keys another node caches:")
+    print(f"{'nodes':>5} {'told':>9} {'msgs/s':>7} {'bytes/s':>12} {'applied/s':>10} {'needless/s':>10} {'CPU s/s':>8}")
     for r in invalidation:
-        print(f"{r['nodes']:>5} {r['messages_per_node_s']:>7.1f} {r['bytes_per_node_s']:>12,.0f} "
-              f"{r['applied_per_node_s']:>10,.0f} {r['cpu_s_per_node_s']:>8.4f}")
+        print(f"{r['nodes']:>5} {'holders' if r['targeted'] else 'everyone':>9} {r['messages_per_node_s']:>7.1f} "
+              f"{r['bytes_per_node_s']:>12,.0f} {r['applied_per_node_s']:>10,.0f} "
+              f"{r['needless_per_node_s']:>10,.1f} {r['cpu_s_per_node_s']:>8.4f}")
     print("\nthe namespace's pushes, a batch of 1,000 files:")
     print(f"{'nodes':>5} {'pickled':>8} {'KB/node':>8} {'head MB':>8} {'head CPU s':>10} {'apply CPU s':>11}")
     for r in pushes:

@@ -10,9 +10,10 @@ call carries, less Ray's framing). Memory bounds the receivers: `observers` node
 are told (as every node does), the rest count it unread; each node sends as a real one would.
 
 Invalidation (`measure_invalidation`): each node's real Invalidations queues the writes its
-kernel saw and tells every peer in one batch a second, as a StorageNode does; each peer applies
-the batch with its own Invalidations, over the simulated kernel's maps (a real kernel's map
-updates are system calls: the CPU figure is Python's share alone).
+kernel saw and tells them in one batch a second, as a StorageNode does: to the peers its real
+WriteRouter picks by its views of their caches, or (the design before) to every peer; each peer
+applies the batch with its own Invalidations, over the simulated kernel's maps (a real kernel's
+map updates are system calls: the CPU figure is Python's share alone).
 
 The namespace's pushes (`measure_pushes`): a real NamespaceStore (SQLite, in a temporary
 directory) publishes batches of one-chunk files as `put -r` makes them, and pushes each batch's
@@ -42,7 +43,7 @@ from .bpf.simulated import SimulatedPrograms
 from .cache import ChunkCache
 from .cache_entry import entry_name
 from .change_log import LOG_MAX, ChangeLog
-from .invalidation import Invalidations
+from .invalidation import Invalidations, WriteRouter
 from .manifest import ChunkInfo, Manifest
 from .meta import NamespaceStore
 from .meta.follower import Follower
@@ -251,36 +252,73 @@ def measure(nodes: int, entries: int, churn_per_node: int, seconds: int, deltas:
             "consistent": sim.consistent(), "wall_s": wall}
 
 
-def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket: str = "b") -> dict:
-    """Each simulated second every node's kernel sees `writes_per_node` writes of keys never seen
-    before; each node tells its peers, each peer applies what it is told. Per node per second:
-    messages and bytes sent, writes applied as told, CPU seconds applying them."""
+def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket: str = "b",
+                         targeted: bool = True, entries: int = 1_000, cached_share: float = 0.1,
+                         seed: int = 0) -> dict:
+    """Each simulated second every node's kernel sees `writes_per_node` writes: a `cached_share`
+    of them of a key another node (at random) caches, the rest of keys never seen before. Each node
+    tells them in one batch: `targeted`, to the nodes its WriteRouter picks (its views of every
+    peer's cache of `entries` names, real filters, one per peer shared by every viewer since the
+    caches do not change meanwhile), else to every peer (the design before). Each peer applies what
+    it is told with its own Invalidations. Per node per second: messages and bytes sent, writes
+    applied as told and of them to keys the node did not cache (a filter's false positives), CPU
+    seconds routing and applying."""
+    import random
+
     net = Network(nodes)
-    applied = [0] * nodes
+    applied, needless = [0] * nodes, [0] * nodes
     invs: list[Invalidations] = []
+    rng = random.Random(seed)
+
+    def key_of(node: int, j: int) -> str:
+        return f"files/{node:04x}{j:012x}/g/000000"
+
+    caches = [RecordingCache() for _ in range(nodes)]
+    for i, cache in enumerate(caches):
+        for j in range(entries):
+            cache.fill(entry_name(key_of(i, j)))
+    routers = [WriteRouter(PeerTier(i, caches[i], lambda news, to: None), window_s=60.0) for i in range(nodes)]
+    if targeted:
+        for p in range(nodes):
+            version, names = caches[p].snapshot()
+            routers[0 if p else 1].heard(CacheNews(p, caches[p].epoch, None, version, names), now=0.0)
+            view = routers[0 if p else 1].peers.peers[p]
+            for i in range(nodes):
+                routers[i].peers.peers[p] = view
+    now = [0.0]
 
     def tell(i: int):
-        def to_peers(batch: list) -> None:  # StorageNode._tell_writes: every other node
-            for j in range(nodes):
-                if j != i:
-                    net.send(i, j, lambda b, j=j: hear(j, b), batch)
+        others = [j for j in range(nodes) if j != i]
+
+        def to_peers(batch: list) -> None:  # StorageNode._tell_writes
+            t = time.process_time()
+            routes = routers[i].route(batch, others, now[0]) if targeted else {j: batch for j in others}
+            net.counts.cpu_s[i] += time.process_time() - t
+            for j, writes in routes.items():
+                net.send(i, j, lambda b, j=j: hear(j, b), writes)
         return to_peers
 
     def hear(j: int, batch: list) -> None:
+        needless[j] += sum(1 for _, key in batch if not caches[j].contains(key))  # before it drops them
         t = time.process_time()
         invs[j].invalidate(batch)
         net.counts.cpu_s[j] += time.process_time() - t
         applied[j] += len(batch)
 
     for i in range(nodes):
-        cache = cast(ChunkCache, RecordingCache())  # what Invalidations asks of a cache: contains, clear
-        invs.append(Invalidations(i, bucket, SimulatedPrograms(hot_threshold=2), cache, NoFills(), False,
-                                  lambda key, why: None, tell(i), lambda from_peer: None))
+        invs.append(Invalidations(i, bucket, SimulatedPrograms(hot_threshold=2), cast(ChunkCache, caches[i]),
+                                  NoFills(), False, lambda key, why: None, tell(i), lambda from_peer: None))
+    cached = round(writes_per_node * cached_share)
     t = time.perf_counter()
     for s in range(seconds):
+        now[0] = float(s)
         for i in range(nodes):
             for w in range(writes_per_node):
-                key = f"files/{i:04x}{s:06x}{w:06x}/g/000000"
+                if w < cached:
+                    p = rng.choice([j for j in range(nodes) if j != i])
+                    key = key_of(p, rng.randrange(entries))
+                else:
+                    key = f"files/new-{i:04x}{s:06x}{w:06x}/g/000000"
                 invs[i].queue((key_hash(f"/{bucket}/{key}"), key))
             invs[i].send(wait_s=0)
         net.drain()
@@ -289,9 +327,11 @@ def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket:
 
     def per(xs: list) -> float:
         return sum(xs) / len(xs) / seconds
-    return {"nodes": nodes, "writes_per_node_s": writes_per_node, "seconds": seconds,
+    return {"nodes": nodes, "writes_per_node_s": writes_per_node, "seconds": seconds, "targeted": targeted,
+            "entries": entries, "cached_share": cached_share,
             "messages_per_node_s": per(c.messages), "bytes_per_node_s": per(c.bytes),
-            "applied_per_node_s": per(applied), "cpu_s_per_node_s": max(c.cpu_s) / seconds, "wall_s": wall}
+            "applied_per_node_s": per(applied), "needless_per_node_s": per(needless),
+            "cpu_s_per_node_s": max(c.cpu_s) / seconds, "wall_s": wall}
 
 
 def batch_of(files: int, first: int, nodes: int, bucket: str = "b") -> list[tuple[Manifest, str]]:

@@ -25,6 +25,12 @@ MASK64 = (1 << 64) - 1
 STEPS = range(HASHES)
 
 
+def digest(name: str) -> tuple[int, int]:
+    """The two 64-bit halves of `name`'s xxh3-128 that place its counters in any filter."""
+    d = xxhash.xxh3_128_digest(name)
+    return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little") | 1
+
+
 class CountingBloom:
     def __init__(self, capacity: int, names: Iterable[str] = ()):
         self.capacity = max(int(capacity), MIN_CAPACITY)
@@ -52,8 +58,7 @@ class CountingBloom:
 
     def _positions_of(self, name: str) -> list[int]:
         """_positions of one name in plain integers: a delta's few names cost less so."""
-        d = xxhash.xxh3_128_digest(name)
-        a, b = int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little") | 1
+        a, b = digest(name)
         m = len(self._bytes)
         return [((a + i * b) & MASK64) % m for i in STEPS]
 
@@ -79,8 +84,23 @@ class CountingBloom:
         self._change(names, -1)
 
     def __contains__(self, name: str) -> bool:
-        c = self._bytes
-        return all(c[p] for p in self._positions_of(name))
+        return self.holds(digest(name))
+
+    def holds(self, hashed: tuple[int, int], at: dict[int, list[int]] | None = None) -> bool:
+        """Whether the name whose `digest` is `hashed` looks present. A name asked of many filters
+        is hashed once, its positions worked out once per size (`at`: size -> positions, filled
+        here), and one absent stops at its first empty counter."""
+        c, m = self._bytes, len(self._bytes)
+        where = at.get(m) if at is not None else None
+        if where is None:
+            a, b = hashed
+            where = [((a + i * b) & MASK64) % m for i in STEPS]
+            if at is not None:
+                at[m] = where
+        for p in where:
+            if not c[p]:
+                return False
+        return True
 
     def found(self, names: Iterable[str]) -> int:
         """How many of `names` it would say are present."""

@@ -61,3 +61,4 @@ class CacheStatus(TypedDict):
     fills_pending: int
     last_invalidation: float | None  # when this host last learnt of a write (its kernel or a peer's)
     suspect_checks: dict  # MarkKeeper: checks of every entry after writes nobody could name, entries dropped
+    writes_told: dict[str, int]  # WriteRouter: writes this node's kernel saw, peers told of them (late: after a fill)

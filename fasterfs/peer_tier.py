@@ -12,12 +12,12 @@ cache's epoch is new), or outgrew the filter it keeps for the teller.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from .cache_entry import entry_name
-from .counting_bloom import CountingBloom
+from .counting_bloom import CountingBloom, digest
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class PeerTier:
         self.node, self.cache, self.tell, self.ask = node, cache, tell, ask
         self.reconnect, self.reconnect_s = reconnect, reconnect_s
         self.peers: dict[int, tuple[str, int, CountingBloom]] = {}  # node -> its cache's epoch, version, names
+        self._behind: set[int] = set()  # peers whose news did not follow their view: asked, not yet told all
         self._sent: int | None = None  # the version the others were told of
         self._reconnected: float | None = None
 
@@ -91,9 +92,11 @@ class PeerTier:
     def heard(self, news: CacheNews) -> None:
         if news.since is None:
             self.peers[news.node] = (news.epoch, news.version, CountingBloom.sized_for(news.added))
+            self._behind.discard(news.node)
             return
         known = self.peers.get(news.node)
         if known is None or known[:2] != (news.epoch, news.since):  # missed some, or a new incarnation
+            self._behind.add(news.node)
             self.ask(news.node)
             return
         names = known[2]
@@ -109,6 +112,17 @@ class PeerTier:
         name = entry_name(key)
         here = [self.node] if self.cache.holds(name) else []
         return here + sorted(n for n, (_, _, names) in self.peers.items() if name in names)
+
+    def may_hold(self, name: str, nodes: Iterable[int]) -> list[int]:
+        """Those of `nodes` whose caches may hold entry `name`: their views say so (or err so), or
+        there is no view to trust (never told everything, or news missed since)."""
+        hashed, at = digest(name), {}
+        out = []
+        for n in nodes:
+            view = self.peers.get(n)
+            if view is None or n in self._behind or view[2].holds(hashed, at):
+                out.append(n)
+        return out
 
     def read(self, key: str) -> bytes | None:
         """`key`'s bytes from this node's cache (checked), None if not cached."""

@@ -29,7 +29,7 @@ from .credentials import ClusterKeys
 from .errors import FasterFSError
 from .fill_router import FillRouter
 from .fill_sources import FillSources
-from .invalidation import Invalidations, Write, revalidate
+from .invalidation import Invalidations, Write, WriteRouter, revalidate
 from .manifest import Manifest
 from .mark_keeper import MarkKeeper
 from .meta import Changes
@@ -123,6 +123,7 @@ class StorageNode:
                                            cfg.kernel.watch == "any", self.router.fill, self._tell_writes,
                                            self.mark_keeper.suspect)
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_news, self._ask_cache_news, self._reconnect)
+        self.write_router = WriteRouter(self.peer_tier, cfg.kernel.mark_keep_s)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self._survey,
                                    self._check_changes, self._repair, self._lease)
@@ -176,8 +177,13 @@ class StorageNode:
         return self.minio.server.endpoint if node == self.index else self._state().node(node).endpoint
 
     def _tell_writes(self, batch: list[Write]) -> None:
-        for peer in self._others():
-            peer.invalidate.remote(batch)  # fire and forget: a dead peer has no cache to serve
+        others = [n.index for n in self._state().nodes if n.index != self.index]
+        for node, writes in self.write_router.route(batch, others).items():
+            self._tell_node(node, writes)
+
+    def _tell_node(self, node: int, writes: list[Write]) -> None:
+        for peer in self._peers(node):
+            peer.invalidate.remote(writes)  # fire and forget: a dead peer has no cache to serve
 
     def _peers(self, node: int | None) -> list:
         """Node `node`'s actor (none if it is not running), or every other node's."""
@@ -302,7 +308,9 @@ class StorageNode:
 
     def peer_cache(self, news: CacheNews) -> None:
         """What another node's cache gained and lost (or holds: a snapshot)."""
-        self.peer_tier.heard(news)
+        late = self.write_router.heard(news)
+        if late:  # it gained keys written since, perhaps filled from before the write
+            self._tell_node(news.node, late)
 
     def tell_cache_index(self, node: int) -> None:
         """Node `node` asks for everything this node's cache holds."""
@@ -415,7 +423,8 @@ class StorageNode:
                 "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
                 "filler": {**self.filler.counters, "rotten_copies_refused": self.sources.rotten_refused},
                 "fills_pending": self.filler.pending(),
-                "last_invalidation": self.invalidations.last, "suspect_checks": self.mark_keeper.stats()}
+                "last_invalidation": self.invalidations.last, "suspect_checks": self.mark_keeper.stats(),
+                "writes_told": dict(self.write_router.counters)}
 
     def cache_contains(self, key: str) -> bool:
         return self.cache.contains(key)

@@ -13,6 +13,7 @@ from fasterfs.cluster_sim import (
     measure_pushes,
     measure_repair,
 )
+from fasterfs.counting_bloom import FALSE_POSITIVE
 
 NODES, ENTRIES = 16, 2_000
 
@@ -47,15 +48,22 @@ def test_a_node_that_missed_changes_catches_up():
     assert sim.consistent()
 
 
-def test_every_write_is_told_to_every_peer_once_a_second():
-    """Broadcast invalidation: each node's writes go to every peer in one batch a second, so each
-    node applies every other node's writes (the work grows with the cluster's writes, not its own)."""
-    nodes, writes = 8, 25
-    r = measure_invalidation(nodes, writes, 2)
-    assert r["messages_per_node_s"] == nodes - 1
-    assert r["applied_per_node_s"] == (nodes - 1) * writes
+def test_writes_reach_every_node_caching_their_keys_and_few_others():
+    """Broadcast (before): each node's writes go to every peer in one batch a second, so each node
+    applies every other node's writes. Targeted (WriteRouter): each write of a key another node
+    caches reaches that node, every one of them (the workload says which), and besides it only
+    the nodes a filter errs on; writes of new keys reach nobody."""
+    nodes, writes, share = 16, 50, 0.2
+    before = measure_invalidation(nodes, writes, 2, targeted=False, cached_share=share)
+    assert before["messages_per_node_s"] == nodes - 1
+    assert before["applied_per_node_s"] == (nodes - 1) * writes
     key = len("files/" + "0" * 16 + "/g/000000")  # each write's key travels whole, its hash beside it
-    assert (nodes - 1) * writes * (key + 8) <= r["bytes_per_node_s"] <= (nodes - 1) * writes * (key + 8) * 2
+    assert (nodes - 1) * writes * (key + 8) <= before["bytes_per_node_s"] <= (nodes - 1) * writes * (key + 8) * 2
+    now = measure_invalidation(nodes, writes, 2, targeted=True, cached_share=share)
+    cached = round(writes * share)  # writes a second per node of a key one other node caches
+    assert now["applied_per_node_s"] - now["needless_per_node_s"] == cached
+    assert now["needless_per_node_s"] <= 3 * FALSE_POSITIVE * (nodes - 1) * writes
+    assert now["bytes_per_node_s"] * 10 < before["bytes_per_node_s"]
 
 
 def test_each_batch_is_pushed_to_every_node_and_applied_whole(tmp_path):

@@ -17,7 +17,7 @@ from fasterfs.cache_entry import entry_name
 from fasterfs.cache_filler import CacheFiller
 from fasterfs.errors import FasterFSError
 from fasterfs.fill_router import FillRouter
-from fasterfs.invalidation import Invalidations
+from fasterfs.invalidation import UNNAMED, Invalidations, WriteRouter
 from fasterfs.lease import Lease
 from fasterfs.manifest import ChunkInfo, Manifest
 from fasterfs.minio_scrub import MinioScrub
@@ -330,6 +330,90 @@ def test_a_peers_view_that_outgrows_its_filter_asks_for_everything(tmp_path):
     tier.heard(CacheNews(0, "e0", None, 3, names | {"one-more.chunk"}))
     grown = tier.peers[0][2]
     assert grown.capacity > small.capacity and not grown.full() and grown.count == len(names) + 1
+
+
+def _peers_of(tmp_path, holding: dict[int, list[str]]) -> tuple[list[ChunkCache], list[PeerTier]]:
+    """Real caches at nodes 1..n holding the given keys, their tiers' first news heard by node 0's."""
+    caches = {n: ChunkCache(tmp_path / f"n{n}", capacity=100_000) for n in holding}
+    news = []
+    tiers = {n: PeerTier(n, c, lambda m, to: news.append(m)) for n, c in caches.items()}
+    for n, keys in holding.items():
+        for k in keys:
+            caches[n].put(k, b"1" * 10)
+        tiers[n].share(now=0.0)
+    return caches, tiers, news
+
+
+def test_a_write_is_told_only_to_the_nodes_whose_caches_may_hold_its_key(tmp_path):
+    """A write of a key cached at node 1 goes to node 1; of a key no cache holds, to nobody but a
+    node whose cache this one was never told of (node 3); a write nobody could name, to every node.
+    Who holds what is read from the caches' directories with os.listdir."""
+    caches, _, news = _peers_of(tmp_path, {1: ["held"], 2: ["other"]})
+    router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None), window_s=60)
+    for m in news:
+        assert router.heard(m, now=0.0) == []
+    held = {n: set(os.listdir(c.dir)) for n, c in caches.items()}
+    assert [n for n in (1, 2) if entry_name("held") in held[n]] == [1]
+    writes = [(key_hash("/b/held"), "held"), (key_hash("/b/new"), "new"), (7, None)]
+    got = router.route(writes, [1, 2, 3], now=1.0)
+    assert got == {1: [writes[0], writes[2]], 2: [writes[2]], 3: writes}
+    assert router.counters == {"writes": 3, "told": 6, "told_late": 0, "to_every_node": 1}
+
+
+def test_a_fill_heard_of_after_its_keys_write_is_told_of_it_once(tmp_path):
+    """Node 1 fills "k" (its GET may have begun before the write) but tells its peers only at its
+    next share, after node 0 routed the write: hearing it, node 0 tells node 1 of the write then,
+    once; a fill heard of after `window_s` is not told (its kernel has let the mark go as well)."""
+    caches, tiers, news = _peers_of(tmp_path, {1: []})
+    router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None), window_s=60)
+    router.heard(news.pop(), now=0.0)
+    write, late_write = (key_hash("/b/k"), "k"), (key_hash("/b/late"), "late")
+    assert router.route([write], [1], now=1.0) == {}
+    router.route([late_write], [1], now=2.0)
+    caches[1].put("k", b"1" * 10)
+    tiers[1].share(now=1.5)
+    assert router.heard(news.pop(), now=1.6) == [write]
+    caches[1].remove("k")
+    caches[1].put("k", b"2" * 10)  # filled again after being told: fresh
+    tiers[1].tell_all(0)
+    assert router.heard(news.pop(), now=1.7) == []
+    caches[1].put("late", b"1" * 10)
+    tiers[1].share(now=70.0)
+    assert router.heard(news.pop(), now=70.0) == [] and router.counters["told_late"] == 1
+
+
+def test_a_peer_whose_news_has_a_gap_hears_every_write_until_told_everything(tmp_path):
+    caches, tiers, news = _peers_of(tmp_path, {1: []})
+    asked = []
+    router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None, asked.append),
+                         window_s=60)
+    router.heard(news.pop(), now=0.0)
+    write = (key_hash("/b/k"), "k")
+    assert router.route([write], [1], now=0.5) == {}
+    caches[1].put("k", b"1" * 10)
+    tiers[1].share(now=1.0)
+    news.pop()  # lost
+    caches[1].put("j", b"1" * 10)
+    tiers[1].share(now=2.0)
+    assert router.heard(news.pop(), now=2.0) == [] and asked == [1]  # a gap: nothing of it believed
+    assert router.route([write], [1], now=2.5) == {1: [write]}  # so node 1 may hold anything
+    tiers[1].tell_all(0)
+    assert router.heard(news.pop(), now=3.0) == []  # told already, in the route above
+    assert router.route([(key_hash("/b/x"), "x")], [1], now=3.5) == {}
+
+
+def test_writes_past_what_the_router_keeps_have_gainers_check_everything(tmp_path):
+    caches, tiers, news = _peers_of(tmp_path, {1: []})
+    router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None),
+                         window_s=60, max_kept=2)
+    router.heard(news.pop(), now=0.0)
+    router.route([(key_hash(f"/b/{k}"), k) for k in "abc"], [1], now=1.0)  # "a" let go
+    caches[1].put("z", b"1" * 10)
+    tiers[1].share(now=2.0)
+    assert router.heard(news.pop(), now=2.0) == [UNNAMED]  # gained something: "a" cannot be ruled out
+    caches[1].put("y", b"1" * 10)
+    tiers[1].share(now=62.0)
+    assert router.heard(news.pop(), now=62.0) == []
 
 
 def test_peer_tier_knows_where_a_key_is_cached(tmp_path):
