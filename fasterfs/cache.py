@@ -38,6 +38,7 @@ from .cache_entry import (
     Place,
     entry_name,
     entry_path,
+    fetched_ns,
     read_entry,
     read_slot,
     remove_file,
@@ -125,6 +126,11 @@ class ChunkCache:
 
     def path(self, key: str) -> Path:
         return entry_path(self.dir, key, self._layout.get(key))
+
+    def fetched_ns(self, key: str) -> int | None:
+        """When the key's cached bytes were fetched (cache_entry.fetched_ns)."""
+        place = self._layout.get(key)
+        return fetched_ns(entry_path(self.dir, key, place), place)
 
     def read(self, key: str, verify: bool = True) -> bytes | str | None:
         """The key's cached bytes, as read_entry gives them (not touched: the owner is no reader)."""

@@ -152,6 +152,17 @@ def _open(path: Path, place: Place | None) -> tuple[int, os.stat_result, Header 
     return fd, st, slot[0] if st.st_size == place.file_size else None
 
 
+def fetched_ns(path: Path, place: Place | None) -> int | None:
+    """When the chunk's bytes at `path` were fetched (CLOCK_MONOTONIC, this boot's); None if there
+    is no entry, or it is of another boot."""
+    got = _open(path, place)
+    if got is None:
+        return None
+    os.close(got[0])
+    header = got[2]
+    return header.fetched_ns if header is not None and header.boot == BOOT else None
+
+
 def filled(path, places: list[Place]) -> tuple[int, list[Header | None]] | None:
     """The inode of the file entry at `path` and, for each of `places` (chunks of its file),
     the header of its filled slot of this boot (None: not filled); None if there is no entry,

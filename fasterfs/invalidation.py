@@ -93,13 +93,18 @@ class Invalidations:
         self.kernel.reset_key(hashed)
         self.last = time.time()
 
-    def invalidate(self, batch: list[Write]) -> None:
+    def invalidate(self, batch: list[Write], ages_s: list[float] | None = None) -> None:
         """Other hosts' kernels saw these written (key None: a write they could not name, so
-        every entry here is checked): mark them stale here too and drop the copies."""
-        for hashed, key in batch:
+        every entry here is checked): mark them stale here too and drop the copies. With
+        `ages_s` (told after this node's cache gained them: WriteRouter.heard), each write was
+        seen at least that long ago, and an entry fetched since is newer than it: kept."""
+        now_ns = time.monotonic_ns()  # the clock of fills' fetched_ns; only durations cross hosts
+        for i, (hashed, key) in enumerate(batch):
             if key is None:
                 self.suspect(True)
                 self.last = time.time()
+                continue
+            if ages_s is not None and (self.cache.fetched_ns(key) or -1) >= now_ns - int(ages_s[i] * 1e9):
                 continue
             self.kernel.mark_stale(hashed)
             self.forget(hashed, key)
@@ -247,9 +252,11 @@ class WriteRouter:
     A view hears of a fill up to a share (~1 s) after it landed, so a fill that began before the
     write may be in no view when the write is routed. Each write is kept `window_s` (as long as
     the kernels keep their stale marks), and news that a peer gained a key written meanwhile has
-    that peer told of the write then, once: told after its fill began, the peer's mark is newer
-    than the fill's copy, which is never served. Past `max_kept` writes the oldest are let go, and
-    for `window_s` a peer gaining anything is told a write nobody could name (every entry checked)."""
+    that peer told of the write then, once, with how long ago it was routed: the peer drops a copy
+    fetched before that (in its own clock: only the duration crosses hosts) and keeps one fetched
+    after (a dataset read right after its ingest is not filled twice). Past `max_kept` writes the
+    oldest are let go, and for `window_s` a peer gaining anything is told a write nobody could name
+    (every entry checked)."""
 
     def __init__(self, peers: PeerTier, window_s: float, max_kept: int = RECENT_MAX):
         self.peers, self.window_s, self.max_kept = peers, window_s, max_kept
@@ -279,9 +286,10 @@ class WriteRouter:
             self.counters["told"] += sum(map(len, out.values()))
         return out
 
-    def heard(self, news: CacheNews, now: float | None = None) -> list[Write]:
-        """Takes a peer's news into its view; returns the writes that peer must be told of now:
-        those of keys it gained since they were written and was not told of."""
+    def heard(self, news: CacheNews, now: float | None = None) -> list[tuple[Write, float]]:
+        """Takes a peer's news into its view; returns the writes that peer must be told of now,
+        each with how long ago it was routed (so at least since it was written): those of keys it
+        gained since and was not told of."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self.peers.heard(news)
@@ -289,21 +297,21 @@ class WriteRouter:
             if not news.added:
                 return []
             if now < self._forgot_until:
-                late = [UNNAMED]
+                late = [(UNNAMED, 0.0)]
             else:
                 few, many = sorted((news.added, self._kept.keys()), key=len)
                 late = []
                 for name in few:
                     if name in many:
-                        _, write, told = self._kept[name]
+                        when, write, told = self._kept[name]
                         if news.node not in told:
                             told.add(news.node)
-                            late.append(write)
+                            late.append((write, now - when))
             self.counters["told_late"] += len(late)
         return late
 
     def _keep(self, name: str, write: Write, told: list[int], now: float) -> None:
-        kept = self._kept.pop(name, None)
+        self._kept.pop(name, None)  # to the end: kept in the order written
         self._kept[name] = (now, write, set(told))  # a write again: told anew, kept from now
         while len(self._kept) > self.max_kept:
             self._kept.popitem(last=False)

@@ -116,7 +116,8 @@ class PeerTier:
     def may_hold(self, name: str, nodes: Iterable[int]) -> list[int]:
         """Those of `nodes` whose caches may hold entry `name`: their views say so (or err so), or
         there is no view to trust (never told everything, or news missed since)."""
-        hashed, at = digest(name), {}
+        hashed = digest(name)
+        at: dict[int, list[int]] = {}  # a filter's size -> the name's counters in it
         out = []
         for n in nodes:
             view = self.peers.get(n)

@@ -181,9 +181,9 @@ class StorageNode:
         for node, writes in self.write_router.route(batch, others).items():
             self._tell_node(node, writes)
 
-    def _tell_node(self, node: int, writes: list[Write]) -> None:
+    def _tell_node(self, node: int, writes: list[Write], ages_s: list[float] | None = None) -> None:
         for peer in self._peers(node):
-            peer.invalidate.remote(writes)  # fire and forget: a dead peer has no cache to serve
+            peer.invalidate.remote(writes, ages_s)  # fire and forget: a dead peer has no cache to serve
 
     def _peers(self, node: int | None) -> list:
         """Node `node`'s actor (none if it is not running), or every other node's."""
@@ -297,9 +297,10 @@ class StorageNode:
         self.namespace.apply(changes)
         return self.namespace.version
 
-    def invalidate(self, batch: list[Write]) -> None:
-        """Other hosts' kernels saw these keys written (None: a write they could not name)."""
-        self.invalidations.invalidate(batch)
+    def invalidate(self, batch: list[Write], ages_s: list[float] | None = None) -> None:
+        """Other hosts' kernels saw these keys written (None: a write they could not name), each
+        at least `ages_s` ago if given (Invalidations.invalidate)."""
+        self.invalidations.invalidate(batch, ages_s)
 
     def fill(self, key: str, reason: str) -> None:
         """Another node asks for a fill of a chunk whose file is at home here (reason: its
@@ -310,7 +311,7 @@ class StorageNode:
         """What another node's cache gained and lost (or holds: a snapshot)."""
         late = self.write_router.heard(news)
         if late:  # it gained keys written since, perhaps filled from before the write
-            self._tell_node(news.node, late)
+            self._tell_node(news.node, [w for w, _ in late], [age for _, age in late])
 
     def tell_cache_index(self, node: int) -> None:
         """Node `node` asks for everything this node's cache holds."""

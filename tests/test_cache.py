@@ -272,6 +272,46 @@ def test_entry_fetched_before_a_write_is_never_served(fresh, cluster_root, live_
     assert not entry.exists()
 
 
+def test_a_write_is_told_only_to_the_nodes_caching_its_key(fresh, cluster_root, live_cluster):
+    """Chunk i cached on the node that is not its home, chunk j on its home only; both overwritten
+    at the home's MinIO behind FasterFS's back, j first: the home's kernel sees both, and Ray's
+    records of StorageNode.invalidate show one call, to the node caching i (before, every write
+    went to every node: the ingest's too). The other node's copy, filled after the ingest's write
+    of i, was kept until then; afterwards i's new bytes are read."""
+    from conftest import task_ids, tasks_ray_recorded
+
+    manifest, actors = fresh
+    client = fasterfs.connect(cluster_root, NO_PREFETCH)
+    home = client.sources(0)[0]
+    i, j = [c.id for c in manifest.chunks if client.sources(c.id)[0] == home][1:3]
+    other = next(n.index for n in live_cluster.nodes if n.index != home)
+    ray.get(actors[other].cache_warm.remote([manifest.chunk(i).key]))
+    ray.get(actors[home].cache_warm.remote([manifest.chunk(j).key]))
+    wait_until(lambda: ray.get(actors[home].cached_on.remote(manifest.chunk(i).key)) == [other], 10,
+               "the home's view of the other node's cache")
+    filters = [("func_or_class_name", "=", "StorageNode.invalidate")]
+    time.sleep(3)  # the ingest's writes, told to the other node as it gained i: recorded by now
+    before = task_ids(live_cluster, filters)
+    creds = credentials.load(Paths(cluster_root).credentials_file).admin
+    at_home = s3.client(live_cluster.nodes[home].endpoint, creds)
+    at_home.put_object(Bucket=manifest.bucket, Key=manifest.chunk(j).key, Body=b"new j\n")
+    time.sleep(2.5)  # past the outbox's batch (1 s): j's write has been routed
+    new = b"new i\n" * 100
+    at_home.put_object(Bucket=manifest.bucket, Key=manifest.chunk(i).key, Body=new)
+    try:
+        tasks_ray_recorded(live_cluster, filters, excluding=before)  # i's, once recorded ...
+    except AssertionError as e:  # what the nodes say they told and heard, to tell a lost record from no call
+        rows = ray.get([a.cache_status.remote() for a in actors])
+        raise AssertionError(f"{e}; {[(r['writes_told'], r['last_invalidation']) for r in rows]}") from None
+    time.sleep(2)  # ... and any other call's record by now
+    told = tasks_ray_recorded(live_cluster, filters, excluding=before)
+    nodes = {n.ray_node_id: n.index for n in live_cluster.nodes}
+    assert [nodes.get(t.node_id, t.node_id) for t in told] == [other]
+    wait_until(lambda: not ray.get(actors[other].cache_contains.remote(manifest.chunk(i).key)), 10,
+               "the other node to drop i")
+    assert client.read_chunk(i) == new
+
+
 def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, live_cluster):
     manifest, actors = cold
     client = fasterfs.connect(cluster_root, NO_PREFETCH)

@@ -141,6 +141,10 @@ def test_a_write_from_anywhere_invalidates_every_host(lab3):
     for n in state.nodes:
         ray.get(read_ids.options(**cluster.on_node(n)).remote(state.root, [x.id, x.id], manifest.name))
     wait_until(lambda: all(ray.get(a.cache_contains.remote(x.key)) for a in actors), 30, "X cached on 3 hosts")
+    # a write goes to the hosts caching its key as the writer's host last heard (a second after
+    # a fill), or once it hears of it: here each heard already, so each is told within a second
+    wait_until(lambda: all(sorted(ray.get(a.cached_on.remote(x.key))) == [0, 1, 2] for a in actors), 10,
+               "each host's view of the others' caches")
     creds = registry.fetch_credentials(state.name, "admin")
     new = b"new bytes of chunk X\n" * 1000
     holder = s3.client(state.node(x.nodes[0]).endpoint, creds)

@@ -228,6 +228,19 @@ def test_a_peers_write_is_dropped_here_and_not_told_back(tmp_path, namespace):
     assert n.inv.send(wait_s=0) == 0
 
 
+def test_a_write_told_late_drops_a_copy_fetched_before_it_and_keeps_one_fetched_after(tmp_path, namespace):
+    """Told of writes seen at least 5 s ago (a peer heard of this node's fills after routing
+    them): rep/0's copy, whose GET began 10 s ago, may be older than its write and goes; rep/1's,
+    begun 1 s ago, is newer and stays."""
+    n = Node(tmp_path, namespace)
+    now = time.monotonic_ns()
+    n.cache.put("rep/0", b"y" * 100, fetched_ns=now - 10_000_000_000)
+    n.cache.put("rep/1", b"z" * 100, fetched_ns=now - 1_000_000_000)
+    n.inv.invalidate([(key_hash(f"/{BUCKET}/rep/0"), "rep/0"), (key_hash(f"/{BUCKET}/rep/1"), "rep/1")],
+                     ages_s=[5.0, 5.0])
+    assert not n.cache.contains("rep/0") and n.cache.read("rep/1") == b"z" * 100
+
+
 def test_an_evicted_shard_chunk_can_become_hot_again(tmp_path, namespace):
     n = Node(tmp_path, namespace)
     for s in range(3):
@@ -332,8 +345,8 @@ def test_a_peers_view_that_outgrows_its_filter_asks_for_everything(tmp_path):
     assert grown.capacity > small.capacity and not grown.full() and grown.count == len(names) + 1
 
 
-def _peers_of(tmp_path, holding: dict[int, list[str]]) -> tuple[list[ChunkCache], list[PeerTier]]:
-    """Real caches at nodes 1..n holding the given keys, their tiers' first news heard by node 0's."""
+def _peers_of(tmp_path, holding: dict[int, list[str]]) -> tuple[dict, dict, list]:
+    """Real caches at the given nodes holding the given keys; their PeerTiers; the news those told."""
     caches = {n: ChunkCache(tmp_path / f"n{n}", capacity=100_000) for n in holding}
     news = []
     tiers = {n: PeerTier(n, c, lambda m, to: news.append(m)) for n, c in caches.items()}
@@ -363,7 +376,8 @@ def test_a_write_is_told_only_to_the_nodes_whose_caches_may_hold_its_key(tmp_pat
 def test_a_fill_heard_of_after_its_keys_write_is_told_of_it_once(tmp_path):
     """Node 1 fills "k" (its GET may have begun before the write) but tells its peers only at its
     next share, after node 0 routed the write: hearing it, node 0 tells node 1 of the write then,
-    once; a fill heard of after `window_s` is not told (its kernel has let the mark go as well)."""
+    once, with how long ago it routed the write; a fill heard of after `window_s` is not told (its
+    kernel has let the mark go as well)."""
     caches, tiers, news = _peers_of(tmp_path, {1: []})
     router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None), window_s=60)
     router.heard(news.pop(), now=0.0)
@@ -372,7 +386,7 @@ def test_a_fill_heard_of_after_its_keys_write_is_told_of_it_once(tmp_path):
     router.route([late_write], [1], now=2.0)
     caches[1].put("k", b"1" * 10)
     tiers[1].share(now=1.5)
-    assert router.heard(news.pop(), now=1.6) == [write]
+    assert router.heard(news.pop(), now=1.5) == [(write, 0.5)]  # routed half a second before
     caches[1].remove("k")
     caches[1].put("k", b"2" * 10)  # filled again after being told: fresh
     tiers[1].tell_all(0)
@@ -410,7 +424,7 @@ def test_writes_past_what_the_router_keeps_have_gainers_check_everything(tmp_pat
     router.route([(key_hash(f"/b/{k}"), k) for k in "abc"], [1], now=1.0)  # "a" let go
     caches[1].put("z", b"1" * 10)
     tiers[1].share(now=2.0)
-    assert router.heard(news.pop(), now=2.0) == [UNNAMED]  # gained something: "a" cannot be ruled out
+    assert router.heard(news.pop(), now=2.0) == [(UNNAMED, 0.0)]  # gained something: "a" cannot be ruled out
     caches[1].put("y", b"1" * 10)
     tiers[1].share(now=62.0)
     assert router.heard(news.pop(), now=62.0) == []
