@@ -246,7 +246,8 @@ def cmd_cache_status(cfg) -> None:
     rows = ray.get([a.cache_status.remote() for a in cluster.storage_nodes(state)], timeout=60)
     table = Table(title="FasterFS node caches")
     for col in ("node", "mode", "entries", "size", "capacity", "hits", "misses", "from cache", "from MinIO",
-                "fills (hot/prefetch/warm)", "evictions", "prefetch shed", "damaged dropped"):
+                "fills (hot/prefetch/warm)", "evictions", "prefetch shed", "damaged dropped",
+                "writes seen / peers told (late)"):
         table.add_column(col)
     for r in rows:
         f, rd = r["filler"], r["readers"]
@@ -256,7 +257,7 @@ def cmd_cache_status(cfg) -> None:
                       report.fmt_bytes(rd["bytes_from_cache"]), report.fmt_bytes(rd["bytes_from_minio"]),
                       f"{f.get('hot_fills', 0)}/{f.get('prefetch_fills', 0)}/{f.get('warm_fills', 0)}",
                       str(r["evictions"]), str(f.get("prefetch_shed", 0)),
-                      str(rd["damaged_dropped"] + r["scrub_dropped"]))
+                      str(rd["damaged_dropped"] + r["scrub_dropped"]), report.fmt_writes_told(r["writes_told"]))
     console.print(table)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .monitor import RATES, Monitor
 from .mount_supervisor import mount_counts
-from .report import fmt_bytes
+from .report import fmt_bytes, fmt_writes_told
 
 COLORS = ("#0b6bcb", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207", "#4d7c0f")
 
@@ -171,9 +171,10 @@ def _cache(snap: dict) -> str:
                      _num(rd["misses"]), _num(rd["hits"] / reads if reads else None, "{:.1%}"),
                      _num(n.get("rates", {}).get("cache_hits"), "{:.1f}"), e(fmt_bytes(rd["bytes_from_cache"])),
                      _num(f.get("hot_fills", 0)), _num(f.get("prefetch_fills", 0)), _num(c["evictions"]),
-                     _num(c["fills_pending"])])
+                     _num(c["fills_pending"]), e(fmt_writes_told(c["writes_told"]))])
     return _table(["node", "entries", "size", "capacity", "used", "hits", "misses", "hit ratio", "hits/s",
-                   "served from cache", "kernel-triggered fills", "prefetch fills", "evictions", "fills pending"], rows)
+                   "served from cache", "kernel-triggered fills", "prefetch fills", "evictions", "fills pending",
+                   "writes seen / peers told (late)"], rows)
 
 
 def _events(snap: dict, limit: int = 12) -> str:

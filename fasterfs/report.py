@@ -19,6 +19,12 @@ def console():
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
+def fmt_writes_told(w: dict[str, int]) -> str:
+    """A node's WriteRouter counters: writes its kernel saw / tells to peers they took (of them
+    after a peer gained the key)."""
+    return f"{w['writes']:,} / {w['told']:,} ({w['told_late']:,})"
+
+
 def fmt_bytes(n) -> str:
     if n is None:
         return "-"
