@@ -255,13 +255,14 @@ class WriteRouter:
     that peer told of the write then, once, with how long ago it was routed: the peer drops a copy
     fetched before that (in its own clock: only the duration crosses hosts) and keeps one fetched
     after (a dataset read right after its ingest is not filled twice). Past `max_kept` writes the
-    oldest are let go, and for `window_s` a peer gaining anything is told a write nobody could name
-    (every entry checked)."""
+    oldest are let go, and for `window_s` a peer gaining anything is told, once, a write nobody
+    could name (what it fetched before hearing it is checked, entry by entry)."""
 
     def __init__(self, peers: PeerTier, window_s: float, max_kept: int = RECENT_MAX):
         self.peers, self.window_s, self.max_kept = peers, window_s, max_kept
         self._kept: OrderedDict[str, tuple[float, Write, set[int]]] = OrderedDict()  # entry -> when, write, told
-        self._forgot_until = float("-inf")
+        self._forgot_at = float("-inf")  # when writes were last let go unexpired
+        self._unnamed_told: dict[int, float] = {}  # node -> when it was last told a write nobody could name
         self._lock = threading.Lock()  # a route and a hearing see each other's whole effect
         self.counters = {"writes": 0, "told": 0, "told_late": 0, "to_every_node": 0}
 
@@ -296,17 +297,17 @@ class WriteRouter:
             self._expire(now)
             if not news.added:
                 return []
-            if now < self._forgot_until:
-                late = [(UNNAMED, 0.0)]
-            else:
-                few, many = sorted((news.added, self._kept.keys()), key=len)
-                late = []
-                for name in few:
-                    if name in many:
-                        when, write, told = self._kept[name]
-                        if news.node not in told:
-                            told.add(news.node)
-                            late.append((write, now - when))
+            late = []
+            if now - self._forgot_at < self.window_s and self._unnamed_told.get(news.node, -1.0) < self._forgot_at:
+                late.append((UNNAMED, 0.0))  # once: what it fetched before hearing it is checked
+                self._unnamed_told[news.node] = now
+            few, many = sorted((news.added, self._kept.keys()), key=len)
+            for name in few:
+                if name in many:
+                    when, write, told = self._kept[name]
+                    if news.node not in told:
+                        told.add(news.node)
+                        late.append((write, now - when))
             self.counters["told_late"] += len(late)
         return late
 
@@ -315,7 +316,7 @@ class WriteRouter:
         self._kept[name] = (now, write, set(told))  # a write again: told anew, kept from now
         while len(self._kept) > self.max_kept:
             self._kept.popitem(last=False)
-            self._forgot_until = now + self.window_s
+            self._forgot_at = now
 
     def _expire(self, now: float) -> None:
         while self._kept and next(iter(self._kept.values()))[0] < now - self.window_s:

@@ -425,9 +425,16 @@ def test_writes_past_what_the_router_keeps_have_gainers_check_everything(tmp_pat
     caches[1].put("z", b"1" * 10)
     tiers[1].share(now=2.0)
     assert router.heard(news.pop(), now=2.0) == [(UNNAMED, 0.0)]  # gained something: "a" cannot be ruled out
+    caches[1].put("x", b"1" * 10)
+    tiers[1].share(now=3.0)
+    assert router.heard(news.pop(), now=3.0) == []  # told once: what it fetched before then is checked
+    router.route([(key_hash("/b/d"), "d")], [1], now=4.0)  # "b" let go
+    caches[1].put("w", b"1" * 10)
+    tiers[1].share(now=5.0)
+    assert router.heard(news.pop(), now=5.0) == [(UNNAMED, 0.0)]
     caches[1].put("y", b"1" * 10)
-    tiers[1].share(now=62.0)
-    assert router.heard(news.pop(), now=62.0) == []
+    tiers[1].share(now=65.0)
+    assert router.heard(news.pop(), now=65.0) == []
 
 
 def test_peer_tier_knows_where_a_key_is_cached(tmp_path):
