@@ -30,6 +30,7 @@ log = logging.getLogger("fasterfs.invalidation")
 
 Write = tuple[int, str | None]  # (hash of /bucket/key, the key; None: a write nobody could name)
 UNNAMED: Write = (0, None)     # told where the writes a peer must hear can no longer be named
+NOBODY: frozenset[int] = frozenset()
 RECENT_MAX = 100_000
 GONE = "(none: deleted)"  # what revalidate finds where every holder answers that the object is gone
 
@@ -260,7 +261,8 @@ class WriteRouter:
 
     def __init__(self, peers: PeerTier, window_s: float, max_kept: int = RECENT_MAX):
         self.peers, self.window_s, self.max_kept = peers, window_s, max_kept
-        self._kept: OrderedDict[str, tuple[float, Write, set[int]]] = OrderedDict()  # entry -> when, write, told
+        # entry -> when routed, the write, the nodes told of it (most: none, shared)
+        self._kept: OrderedDict[str, tuple[float, Write, frozenset[int]]] = OrderedDict()
         self._forgot_at = float("-inf")  # when writes were last let go unexpired
         self._unnamed_told: dict[int, float] = {}  # node -> when it was last told a write nobody could name
         self._lock = threading.Lock()  # a route and a hearing see each other's whole effect
@@ -306,14 +308,14 @@ class WriteRouter:
                 if name in many:
                     when, write, told = self._kept[name]
                     if news.node not in told:
-                        told.add(news.node)
+                        self._kept[name] = (when, write, told | {news.node})  # its place kept
                         late.append((write, now - when))
             self.counters["told_late"] += len(late)
         return late
 
     def _keep(self, name: str, write: Write, told: list[int], now: float) -> None:
         self._kept.pop(name, None)  # to the end: kept in the order written
-        self._kept[name] = (now, write, set(told))  # a write again: told anew, kept from now
+        self._kept[name] = (now, write, frozenset(told) if told else NOBODY)  # a write again: told anew
         while len(self._kept) > self.max_kept:
             self._kept.popitem(last=False)
             self._forgot_at = now
