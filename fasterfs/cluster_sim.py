@@ -281,8 +281,9 @@ def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket:
     if targeted:
         for p in range(nodes):
             version, names = caches[p].snapshot()
-            routers[0 if p else 1].heard(CacheNews(p, caches[p].epoch, None, version, names), now=0.0)
-            view = routers[0 if p else 1].peers.peers[p]
+            hearer = routers[0 if p else 1]  # any node but p itself builds p's view, shared by all
+            hearer.heard(CacheNews(p, caches[p].epoch, None, version, names), now=0.0)
+            view = hearer.peers.peers[p]
             for i in range(nodes):
                 routers[i].peers.peers[p] = view
     now = [0.0]
@@ -290,9 +291,9 @@ def measure_invalidation(nodes: int, writes_per_node: int, seconds: int, bucket:
     def tell(i: int):
         others = [j for j in range(nodes) if j != i]
 
-        def to_peers(batch: list) -> None:  # StorageNode._tell_writes
+        def to_peers(batch: list, seen: list[float]) -> None:  # StorageNode._tell_writes
             t = time.process_time()
-            routes = routers[i].route(batch, others, now[0]) if targeted else {j: batch for j in others}
+            routes = routers[i].route(batch, others, [now[0]] * len(batch)) if targeted else {j: batch for j in others}
             net.counts.cpu_s[i] += time.process_time() - t
             for j, writes in routes.items():
                 net.send(i, j, lambda b, j=j: hear(j, b), writes)

@@ -37,18 +37,19 @@ GONE = "(none: deleted)"  # what revalidate finds where every holder answers tha
 
 class Invalidations:
     """`kernel` is either kernel backend; `filler` is what cancels queued fills of a key that
-    changed; `fill(key, reason)` asks for a fill at the chunk's home; `tell(batch)` sends writes
-    to the other nodes (fire and forget: a dead peer has no cache to serve); `suspect(from_peer)`
+    changed; `fill(key, reason)` asks for a fill at the chunk's home; `tell(batch, seen)` sends
+    writes, each last seen at `seen` (time.monotonic), to the other nodes (fire and forget: a dead
+    peer has no cache to serve); `suspect(from_peer)`
     has every entry checked before it is served again (MarkKeeper)."""
 
     def __init__(self, node: int, bucket: str, kernel: KernelBackend, cache: ChunkCache, filler, watch_any: bool,
-                 fill: Callable[[str, str], None], tell: Callable[[list[Write]], None],
+                 fill: Callable[[str, str], None], tell: Callable[[list[Write], list[float]], None],
                  suspect: Callable[[bool], None]):
         self.node, self.bucket, self.kernel, self.cache, self.filler = node, bucket, kernel, cache, filler
         self.watch_any, self.fill, self.tell, self.suspect = watch_any, fill, tell, suspect
         self.last: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
         self.recent: dict[str, int] = {}  # entry -> heatmap.EVICTED or STALE, oldest first (bounded)
-        self._outbox: dict[Write, None] = {}
+        self._outbox: dict[Write, float] = {}  # write -> when last seen (time.monotonic)
         self._lock = threading.Lock()
         self._ready = threading.Event()
 
@@ -83,7 +84,7 @@ class Invalidations:
     def queue(self, write: Write) -> None:
         """For the other nodes, at the next `send`."""
         with self._lock:
-            self._outbox[write] = None
+            self._outbox[write] = time.monotonic()  # its last event: a commit comes after the request line
         self._ready.set()
 
     def forget(self, hashed: int, key: str) -> None:
@@ -116,10 +117,10 @@ class Invalidations:
         if not self._ready.wait(wait_s):
             return 0
         with self._lock:
-            batch, self._outbox = list(self._outbox), {}
+            outbox, self._outbox = self._outbox, {}
             self._ready.clear()
-        self.tell(batch)
-        return len(batch)
+        self.tell(list(outbox), list(outbox.values()))
+        return len(outbox)
 
     def run(self, stopping: threading.Event) -> None:
         while not stopping.is_set():
@@ -253,9 +254,10 @@ class WriteRouter:
     A view hears of a fill up to a share (~1 s) after it landed, so a fill that began before the
     write may be in no view when the write is routed. Each write is kept `window_s` (as long as
     the kernels keep their stale marks), and news that a peer gained a key written meanwhile has
-    that peer told of the write then, once, with how long ago it was routed: the peer drops a copy
-    fetched before that (in its own clock: only the duration crosses hosts) and keeps one fetched
-    after (a dataset read right after its ingest is not filled twice). Past `max_kept` writes the
+    that peer told of the write then, once, with how long ago this node's kernel last saw it: the
+    peer drops a copy fetched before that (in its own clock: only the duration crosses hosts, so
+    the tell's way there counts as before, erring towards dropping) and keeps one fetched after (a
+    dataset read right after its ingest is not filled twice). Past `max_kept` writes the
     oldest are let go, and for `window_s` a peer gaining anything is told, once, a write nobody
     could name (what it fetched before hearing it is checked, entry by entry)."""
 
@@ -268,21 +270,21 @@ class WriteRouter:
         self._lock = threading.Lock()  # a route and a hearing see each other's whole effect
         self.counters = {"writes": 0, "told": 0, "told_late": 0, "to_every_node": 0}
 
-    def route(self, batch: list[Write], nodes: Iterable[int], now: float | None = None) -> dict[int, list[Write]]:
-        """The writes each of `nodes` must be told of (a node absent: none)."""
-        now = time.monotonic() if now is None else now
+    def route(self, batch: list[Write], nodes: Iterable[int], seen: list[float]) -> dict[int, list[Write]]:
+        """The writes each of `nodes` must be told of (a node absent: none); `seen`: when this
+        node's kernel last saw each (time.monotonic), what a late tell's age counts from."""
         nodes = list(nodes)
         out: dict[int, list[Write]] = {}
         with self._lock:
-            self._expire(now)
-            for write in batch:
+            self._expire(max(seen, default=float("-inf")))
+            for write, when in zip(batch, seen):
                 if write[1] is None:
                     told = nodes
                     self.counters["to_every_node"] += 1
                 else:
                     name = entry_name(write[1])
                     told = self.peers.may_hold(name, nodes)
-                    self._keep(name, write, told, now)
+                    self._keep(name, write, told, when)
                 for n in told:
                     out.setdefault(n, []).append(write)
             self.counters["writes"] += len(batch)
@@ -291,8 +293,8 @@ class WriteRouter:
 
     def heard(self, news: CacheNews, now: float | None = None) -> list[tuple[Write, float]]:
         """Takes a peer's news into its view; returns the writes that peer must be told of now,
-        each with how long ago it was routed (so at least since it was written): those of keys it
-        gained since and was not told of."""
+        each with how long ago this node's kernel last saw it (so at least since it was written):
+        those of keys it gained since and was not told of."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self.peers.heard(news)
@@ -313,12 +315,12 @@ class WriteRouter:
             self.counters["told_late"] += len(late)
         return late
 
-    def _keep(self, name: str, write: Write, told: list[int], now: float) -> None:
-        self._kept.pop(name, None)  # to the end: kept in the order written
-        self._kept[name] = (now, write, frozenset(told) if told else NOBODY)  # a write again: told anew
+    def _keep(self, name: str, write: Write, told: list[int], seen: float) -> None:
+        self._kept.pop(name, None)  # to the end: kept in the order seen
+        self._kept[name] = (seen, write, frozenset(told) if told else NOBODY)  # a write again: told anew
         while len(self._kept) > self.max_kept:
             self._kept.popitem(last=False)
-            self._forgot_at = now
+            self._forgot_at = seen
 
     def _expire(self, now: float) -> None:
         while self._kept and next(iter(self._kept.values()))[0] < now - self.window_s:

@@ -176,9 +176,9 @@ class StorageNode:
     def _endpoint(self, node: int) -> str:
         return self.minio.server.endpoint if node == self.index else self._state().node(node).endpoint
 
-    def _tell_writes(self, batch: list[Write]) -> None:
+    def _tell_writes(self, batch: list[Write], seen: list[float]) -> None:
         others = [n.index for n in self._state().nodes if n.index != self.index]
-        for node, writes in self.write_router.route(batch, others).items():
+        for node, writes in self.write_router.route(batch, others, seen).items():
             self._tell_node(node, writes)
 
     def _tell_node(self, node: int, writes: list[Write], ages_s: list[float] | None = None) -> None:

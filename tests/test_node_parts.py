@@ -141,10 +141,12 @@ class Node:
         self.filler = CacheFiller(self.cache, lambda key: None, BUCKET, threads=1)
         self.fills: list[tuple[str, str]] = []
         self.told: list[list] = []
+        self.seen: list[list[float]] = []  # when each told write was last seen (time.monotonic)
         self.suspected: list[bool] = []  # from_peer of each call for a check of every entry
         self.index = NodeIndex.build(namespace, node)
         self.inv = Invalidations(node, BUCKET, self.kernel, self.cache, self.filler, watch_any,
-                                 lambda key, why: self.fills.append((key, why)), self.told.append,
+                                 lambda key, why: self.fills.append((key, why)),
+                                 lambda batch, seen: (self.told.append(batch), self.seen.append(seen)),
                                  self.suspected.append)
 
     def event(self, type_: str, method: str, path: str) -> None:
@@ -175,12 +177,15 @@ def test_a_write_drops_the_entry_resets_its_count_and_is_told_once(tmp_path, nam
     n.kernel.count_reported("GET", path, 9000)
     assert n.kernel.key_count(key_hash(path)) == 1
     n.event("STALE", "PUT", path)
-    n.event("STALE", "PUT", path)
+    time.sleep(0.01)
+    last = time.monotonic()
+    n.event("STALE", "PUT", path)  # the commit, say, after the request line
     assert not n.cache.contains("rep/0")
     assert n.kernel.key_count(key_hash(path)) == 0
     assert n.inv.recent == {entry_name("rep/0"): heatmap.STALE}
     assert n.inv.send(wait_s=0) == 1  # two writes of one key: one entry in one batch
     assert n.told == [[(key_hash(path), "rep/0")]]
+    assert last <= n.seen[0][0] <= time.monotonic()  # its last event's time: a late tell's age counts from it
     assert n.inv.send(wait_s=0) == 0 and len(n.told) == 1
 
 
@@ -368,7 +373,7 @@ def test_a_write_is_told_only_to_the_nodes_whose_caches_may_hold_its_key(tmp_pat
     held = {n: set(os.listdir(c.dir)) for n, c in caches.items()}
     assert [n for n in (1, 2) if entry_name("held") in held[n]] == [1]
     writes = [(key_hash("/b/held"), "held"), (key_hash("/b/new"), "new"), (7, None)]
-    got = router.route(writes, [1, 2, 3], now=1.0)
+    got = router.route(writes, [1, 2, 3], seen=[1.0] * 3)
     assert got == {1: [writes[0], writes[2]], 2: [writes[2]], 3: writes}
     assert router.counters == {"writes": 3, "told": 6, "told_late": 0, "to_every_node": 1}
 
@@ -382,11 +387,11 @@ def test_a_fill_heard_of_after_its_keys_write_is_told_of_it_once(tmp_path):
     router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None), window_s=60)
     router.heard(news.pop(), now=0.0)
     write, late_write = (key_hash("/b/k"), "k"), (key_hash("/b/late"), "late")
-    assert router.route([write], [1], now=1.0) == {}
-    router.route([late_write], [1], now=2.0)
+    assert router.route([write], [1], seen=[1.0]) == {}
+    router.route([late_write], [1], seen=[2.0])
     caches[1].put("k", b"1" * 10)
     tiers[1].share(now=1.5)
-    assert router.heard(news.pop(), now=1.5) == [(write, 0.5)]  # routed half a second before
+    assert router.heard(news.pop(), now=1.5) == [(write, 0.5)]  # seen half a second before
     caches[1].remove("k")
     caches[1].put("k", b"2" * 10)  # filled again after being told: fresh
     tiers[1].tell_all(0)
@@ -403,17 +408,17 @@ def test_a_peer_whose_news_has_a_gap_hears_every_write_until_told_everything(tmp
                          window_s=60)
     router.heard(news.pop(), now=0.0)
     write = (key_hash("/b/k"), "k")
-    assert router.route([write], [1], now=0.5) == {}
+    assert router.route([write], [1], seen=[0.5]) == {}
     caches[1].put("k", b"1" * 10)
     tiers[1].share(now=1.0)
     news.pop()  # lost
     caches[1].put("j", b"1" * 10)
     tiers[1].share(now=2.0)
     assert router.heard(news.pop(), now=2.0) == [] and asked == [1]  # a gap: nothing of it believed
-    assert router.route([write], [1], now=2.5) == {1: [write]}  # so node 1 may hold anything
+    assert router.route([write], [1], seen=[2.5]) == {1: [write]}  # so node 1 may hold anything
     tiers[1].tell_all(0)
     assert router.heard(news.pop(), now=3.0) == []  # told already, in the route above
-    assert router.route([(key_hash("/b/x"), "x")], [1], now=3.5) == {}
+    assert router.route([(key_hash("/b/x"), "x")], [1], seen=[3.5]) == {}
 
 
 def test_writes_past_what_the_router_keeps_have_gainers_check_everything(tmp_path):
@@ -421,14 +426,14 @@ def test_writes_past_what_the_router_keeps_have_gainers_check_everything(tmp_pat
     router = WriteRouter(PeerTier(0, ChunkCache(tmp_path / "n0", capacity=100), lambda m, to: None),
                          window_s=60, max_kept=2)
     router.heard(news.pop(), now=0.0)
-    router.route([(key_hash(f"/b/{k}"), k) for k in "abc"], [1], now=1.0)  # "a" let go
+    router.route([(key_hash(f"/b/{k}"), k) for k in "abc"], [1], seen=[1.0] * 3)  # "a" let go
     caches[1].put("z", b"1" * 10)
     tiers[1].share(now=2.0)
     assert router.heard(news.pop(), now=2.0) == [(UNNAMED, 0.0)]  # gained something: "a" cannot be ruled out
     caches[1].put("x", b"1" * 10)
     tiers[1].share(now=3.0)
     assert router.heard(news.pop(), now=3.0) == []  # told once: what it fetched before then is checked
-    router.route([(key_hash("/b/d"), "d")], [1], now=4.0)  # "b" let go
+    router.route([(key_hash("/b/d"), "d")], [1], seen=[4.0])  # "b" let go
     caches[1].put("w", b"1" * 10)
     tiers[1].share(now=5.0)
     assert router.heard(news.pop(), now=5.0) == [(UNNAMED, 0.0)]
