@@ -367,10 +367,12 @@ class ChunkCache:
             if not self._writing:
                 (self.dir / CLEAN).touch()
 
-    def etags(self) -> dict[str, str]:
-        """Entry name -> the ETag of the object it was filled from, for every entry on disk."""
+    def etags(self, only: Iterable[str] | None = None) -> dict[str, str]:
+        """Entry name -> the ETag of the object it was filled from, for every entry on disk (or
+        those of `only` that are)."""
         with self._lock:
-            names = [(n, self._file(n), self._places.get(n)) for n in self._sizes if n not in self._writing]
+            wanted = self._sizes if only is None else [n for n in only if n in self._sizes]
+            names = [(n, self._file(n), self._places.get(n)) for n in wanted if n not in self._writing]
         out = {}
         for name, path, place in names:
             try:

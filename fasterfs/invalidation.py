@@ -40,13 +40,14 @@ class Invalidations:
     changed; `fill(key, reason)` asks for a fill at the chunk's home; `tell(batch, seen)` sends
     writes, each last seen at `seen` (time.monotonic), to the other nodes (fire and forget: a dead
     peer has no cache to serve); `suspect(from_peer)`
-    has every entry checked before it is served again (MarkKeeper)."""
+    has every entry checked before it is served again (MarkKeeper); `verify(keys)` checks those
+    keys' entries against their holders' ETags, dropping what changed or cannot be vouched for."""
 
     def __init__(self, node: int, bucket: str, kernel: KernelBackend, cache: ChunkCache, filler, watch_any: bool,
                  fill: Callable[[str, str], None], tell: Callable[[list[Write], list[float]], None],
-                 suspect: Callable[[bool], None]):
+                 suspect: Callable[[bool], None], verify: Callable[[list[str]], object] = lambda keys: None):
         self.node, self.bucket, self.kernel, self.cache, self.filler = node, bucket, kernel, cache, filler
-        self.watch_any, self.fill, self.tell, self.suspect = watch_any, fill, tell, suspect
+        self.watch_any, self.fill, self.tell, self.suspect, self.verify = watch_any, fill, tell, suspect, verify
         self.last: float | None = None  # when this host last learnt of a write (own kernel or a peer's)
         self.recent: dict[str, int] = {}  # entry -> heatmap.EVICTED or STALE, oldest first (bounded)
         self._outbox: dict[Write, float] = {}  # write -> when last seen (time.monotonic)
@@ -98,18 +99,26 @@ class Invalidations:
     def invalidate(self, batch: list[Write], ages_s: list[float] | None = None) -> None:
         """Other hosts' kernels saw these written (key None: a write they could not name, so
         every entry here is checked): mark them stale here too and drop the copies. With
-        `ages_s` (told after this node's cache gained them: WriteRouter.heard), each write was
-        seen at least that long ago, and an entry fetched since is newer than it: kept."""
+        `ages_s` (told after this node's cache gained them: WriteRouter.heard) each write was
+        seen at most that long ago: an entry fetched since is newer and kept; one fetched before
+        may be older or newer (the time the word took on the way is not known), so it is checked
+        against its holders' ETag (`verify`) rather than dropped."""
         now_ns = time.monotonic_ns()  # the clock of fills' fetched_ns; only durations cross hosts
+        check = []
         for i, (hashed, key) in enumerate(batch):
             if key is None:
                 self.suspect(True)
                 self.last = time.time()
                 continue
-            if ages_s is not None and (self.cache.fetched_ns(key) or -1) >= now_ns - int(ages_s[i] * 1e9):
+            if ages_s is not None:
+                if (self.cache.fetched_ns(key) or now_ns) < now_ns - int(ages_s[i] * 1e9):
+                    check.append(key)
                 continue
             self.kernel.mark_stale(hashed)
             self.forget(hashed, key)
+        if check:
+            self.verify(check)
+            self.last = time.time()
 
     def send(self, wait_s: float = 1.0) -> int:
         """Tell the other nodes every write queued since the last call, in one batch (an ingest of
@@ -161,7 +170,8 @@ class Invalidations:
 
 
 def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict[int, str], creds,
-               held_by: set[int] | None = None, keep_unverified: bool = True) -> int:
+               held_by: set[int] | None = None, keep_unverified: bool = True,
+               only: list[str] | None = None) -> int:
     """Drop cached entries whose object changed or is gone from every holder while no
     invalidation could reach this node: it was not running, or (`held_by`: only entries of chunks
     those nodes hold) those nodes were cut off from it and are back (or the directory holds
@@ -171,13 +181,16 @@ def revalidate(cache: ChunkCache, index: NodeIndex, bucket: str, endpoints: dict
     they are entries come from one listing of that prefix on their first holder; the others, and
     what a listing lacks, by a HEAD each, holder after holder. An entry no holder can vouch for is
     kept (it may be the only copy readable) and logged, unless keep_unverified=False. Returns how
-    many were dropped."""
-    etags = cache.etags()
+    many were dropped. `only`: just the entries of these keys (a peer's late word of writes)."""
+    etags = cache.etags(None if only is None else [entry_name(k) for k in only])
     if held_by is not None:
         etags = {name: etag for name, etag in etags.items()
                  if set(index.holders.get(index.by_entry.get(name, ""), ())) & held_by}
     if not etags:
         return 0
+    if only is not None:  # a few keys: clients of their holders alone
+        holders = {n for k in only for n in index.holders.get(k, ())}
+        endpoints = {n: e for n, e in endpoints.items() if n in holders}
     clients = {n: s3.client(endpoint, creds, 1.0, 5.0) for n, endpoint in endpoints.items()}
     listed = _listed_etags(clients, bucket, index, [index.by_entry.get(n) for n in etags])
 
@@ -255,9 +268,9 @@ class WriteRouter:
     write may be in no view when the write is routed. Each write is kept `window_s` (as long as
     the kernels keep their stale marks), and news that a peer gained a key written meanwhile has
     that peer told of the write then, once, with how long ago this node's kernel last saw it: the
-    peer drops a copy fetched before that (in its own clock: only the duration crosses hosts, so
-    the tell's way there counts as before, erring towards dropping) and keeps one fetched after (a
-    dataset read right after its ingest is not filled twice). Past `max_kept` writes the
+    peer keeps a copy fetched since (in its own clock: only the duration crosses hosts) and checks
+    one fetched before against the holders' ETag (the tell's time on the way is unknown, so it may
+    be newer), so a dataset read right after its ingest is not filled twice. Past `max_kept` writes the
     oldest are let go, and for `window_s` a peer gaining anything is told, once, a write nobody
     could name (what it fetched before hearing it is checked, entry by entry)."""
 
