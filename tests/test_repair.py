@@ -122,8 +122,12 @@ def test_scrub_finds_a_bad_object_and_rewrites_it(live_cluster, overrides, clust
     (boto3 then reads the bytes put), the single copy has nothing to rebuild from."""
     blob = os.urandom(2 * 2**20)
     (tmp_path / "b").write_bytes(blob)
-    two = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/two.bin")
-    one = put(config.load(overrides + ["replicas=1", "files.chunk_mb=1"]), tmp_path / "b", "repair/one.bin")
+    # each put waited for the repair leader's look at it: it would otherwise put the deleted
+    # replica back before the scrub reaches it (the leader checks what changed every check_s)
+    two = put_then_leader_looked(live_cluster, config.load(overrides + ["replicas=2", "files.chunk_mb=1"]),
+                                 tmp_path / "b", "repair/two.bin")
+    one = put_then_leader_looked(live_cluster, config.load(overrides + ["replicas=1", "files.chunk_mb=1"]),
+                                 tmp_path / "b", "repair/one.bin")
     state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
     one_bad = one.chunks[0]
     node = one_bad.nodes[0]  # replicas=2 on 2 nodes: every chunk has a copy there too
