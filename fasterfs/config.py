@@ -209,7 +209,7 @@ def validate(cfg: DictConfig) -> None:
             bad(opt, 'must be an octal mode in quotes, 0000 to 0777 (e.g. "0440")')
     for opt, low in (("kernel.stale_marks", 16), ("kernel.ring_pages", 1), ("kernel.count_keys", 64),
                      ("mount.warm_entries", 0),
-                     ("mount.max_entries", 0)):
+                     ("mount.max_entries", 0), ("mount.sweep_mb", 0)):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             bad(opt, f"must be a whole number >= {low}")

@@ -466,18 +466,14 @@ class Agent:
 
 def daemon_args(cfg, uring: bool = False) -> list[str]:
     """The daemon's options from config `mount.*`: its FUSE threads, its bound, who may read,
-    whether it asks for FUSE over io_uring (`uring`: the kernel's side is on), and what it keeps
-    for random readers (an unnamed file under the cluster's root, slots of a file's chunk,
-    fetched uncounted like a fill)."""
+    whether it asks for FUSE over io_uring (`uring`: the kernel's side is on), and the memory
+    it may hold of files swept whole for random readers."""
     m = cfg.mount
     return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)),
             "--uid", str(m.uid), "--gid", str(m.gid),
             "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
             *(["--allow-other"] if m.allow_other else []),
-            *(["--uring"] if uring else []),
-            *(["--kept-dir", str(cfg.cluster.root), "--kept-mb", str(int(m.kept_mb)),
-               "--kept-slot-mb", str(int(cfg.files.chunk_mb)), "--fill-mark", str(int(cfg.kernel.fill_mark))]
-              if int(m.kept_mb) > 0 else [])]
+            *(["--uring"] if uring else []), "--sweep-mb", str(int(m.sweep_mb))]
 
 
 def warm_bound(m) -> int:

@@ -242,4 +242,4 @@ def daemon_overrides(cfg) -> list[str]:
             f"mount.allow_other={str(m.allow_other).lower()}", f"mount.uid={m.uid}", f"mount.gid={m.gid}",
             f"mount.file_mode='{m.file_mode}'", f"mount.dir_mode='{m.dir_mode}'",
             f"mount.warm_entries={int(m.warm_entries)}", f"mount.max_entries={int(m.max_entries)}",
-            f"mount.kept_mb={int(m.kept_mb)}"]
+            f"mount.sweep_mb={int(m.sweep_mb)}"]

@@ -11,6 +11,7 @@ import ctypes
 import json
 import mmap
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -189,29 +190,38 @@ def test_the_cached_parts_of_a_file_are_read_by_the_daemon(mounted, live_cluster
         remove(cfg, "native/part.bin")
 
 
-def test_a_random_readers_chunks_are_kept_by_the_daemon(mounted, live_cluster, overrides, tmp_path):
-    """A random 4 KiB read of a chunk cached nowhere is one ranged GET; the daemon fetches the
-    chunk whole meanwhile and keeps it, so the next random reads there cost no GET and ask
-    nothing of the agent. Bytes are the source's."""
+def test_a_random_readers_file_is_swept_whole_by_the_daemon(mounted, live_cluster, overrides, tmp_path):
+    """Small reads at random in a file of 8 chunks cached nowhere: the first ones, in chunks 5, 2
+    and 7, are a ranged GET each; the fourth chunk touched (3) makes the daemon sweep the whole
+    file into its memory, so MinIO is asked for each chunk whole once — as its kernel counted:
+    2 GETs of chunks 5, 2 and 7, 1 of every other — and the reads after ask MinIO nothing (the
+    counts stay) and the agent nothing. Bytes are the source's, read with the standard library."""
     point, actor = mounted
-    data = os.urandom(4 * 2**20)
+    data = os.urandom(8 * 2**20 - 4321)
     (tmp_path / "random.bin").write_bytes(data)
-    cfg = config.load(overrides + ["files.chunk_mb=1"])
-    put(cfg, tmp_path / "random.bin", "native/random.bin")
+    cfg = config.load(overrides + ["files.chunk_mb=1", "replicas=1"])
+    m = put(cfg, tmp_path / "random.bin", "native/random.bin")
+    actors = cluster.storage_nodes(live_cluster)
+
+    def counts() -> list[int]:
+        return [ray.get(actors[c.nodes[0]].kernel_key_count.remote(f"/{m.bucket}/{c.key}")) for c in m.chunks]
+
     try:
+        assert len(m.chunks) == 8 and counts() == [0] * 8
         with random_reads(point / "native" / "random.bin") as fd:
             before = daemon_counts(actor, point, time.time())
-            at = 2 * 2**20 + 300_001  # in chunk 2
-            assert os.pread(fd, 4096, at) == data[at:at + 4096]
-            wait_until(lambda: daemon_counts(actor, point, time.time())["fetch"]["kept"]["kept"]
-                       > before["fetch"]["kept"]["kept"], 15, "chunk 2 kept")
-            mid = daemon_counts(actor, point, time.time())
-            for at in (2 * 2**20 + 5, 3 * 2**20 - 4096, 2 * 2**20 + 777_777):  # chunk 2 again
+            for i in (5, 2, 7, 3):
+                at = i * 2**20 + 12_345
                 assert os.pread(fd, 4096, at) == data[at:at + 4096]
+            expected = [2 if i in (5, 2, 7) else 1 for i in range(8)]
+            wait_until(lambda: counts() == expected, 15, f"the kernel to count {expected} GETs")
+            rng = random.Random(7)
+            for _ in range(200):
+                at = rng.randrange(len(data))
+                assert os.pread(fd, 4096, at) == data[at:at + 4096]
+            assert counts() == expected
             after = daemon_counts(actor, point, time.time())
-            assert after["fetch"]["ranged"] - before["fetch"]["ranged"] == 1, (before, after)
-            assert after["fetch"]["gets"] == mid["fetch"]["gets"], (mid, after)
-            assert after["fetch"]["kept"]["hits"] - mid["fetch"]["kept"]["hits"] == 3, (mid, after)
+            assert after["fetch"]["sweeps"] - before["fetch"]["sweeps"] == 1, (before, after)
             assert after["reads_forwarded"] == before["reads_forwarded"], (before, after)
     finally:
         remove(cfg, "native/random.bin")

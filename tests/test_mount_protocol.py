@@ -33,7 +33,7 @@ def spec_names(daemon_side: bool) -> set[str]:
     names |= {f for fields in p["objects"].values() for f in fields}
     names |= set(p["stats_reply"]["fields"])
     if daemon_side:
-        names |= set(p["stats_reply"]["stats"]) | set(p["stats_reply"]["fetch"]) | set(p["stats_reply"]["kept"])
+        names |= set(p["stats_reply"]["stats"]) | set(p["stats_reply"]["fetch"])
     return names
 
 

@@ -10,8 +10,11 @@
 //! its last read ended gets the next chunks fetched ahead, while fewer than
 //! `MAX_AHEAD_FETCHES` such fetches run daemon-wide (more would only take
 //! the cores and the link from the reads that wait). A random reader's
-//! small reads are ranged GETs while the chunk itself is fetched in the
-//! background and kept (kept.rs), so its next reads there are local.
+//! first small reads are ranged GETs; once they have touched `SWEEP_AFTER`
+//! chunks, the whole file is swept into the handle's memory in the
+//! background (within the daemon's `--sweep-mb`), as s3fs reads whole parts:
+//! a ranged GET costs MinIO about what a whole 4 MiB chunk does, so a
+//! reader that touches every chunk is served soonest by fetching each once.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, BufReader};
@@ -24,7 +27,6 @@ use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::http::{connect, exchange, Answer, Url};
-use crate::kept::{Id, Kept};
 
 /// Chunks fetched ahead of a sequential reader, per handle.
 pub const AHEAD: usize = 2;
@@ -44,8 +46,14 @@ const WINDOW: usize = AHEAD + 2;
 /// the Python agent for nothing, a fifth of the mount's CPU per GB).
 const ASK_CACHED: Duration = Duration::from_millis(25);
 const ASK_CACHED_MAX: Duration = Duration::from_secs(1);
-/// Chunks fetched in the background for random readers at once, daemon-wide.
-const MAX_KEEP_FETCHES: usize = 4;
+/// Distinct chunks a handle's small reads elsewhere than where the last read
+/// ended must touch before its file is swept whole (a reader of a footer and
+/// a few columns is not; one reading at random all over the file is).
+const SWEEP_AFTER: usize = 4;
+/// Threads sweeping one file (more measured no faster on 2 cores: MinIO and
+/// the checks take the CPUs), and sweeping daemon-wide at most.
+const SWEEPERS: usize = 2;
+const MAX_SWEEPERS: usize = 8;
 /// Reads waiting on MinIO on threads of their own, at most.
 const MAX_WORKERS: usize = 64;
 /// Idle kept-alive connections per MinIO.
@@ -83,12 +91,6 @@ fn urls(v: &Value) -> Vec<Url> {
         .collect()
 }
 
-impl Chunk {
-    fn id(&self) -> Id {
-        (self.xxh3, self.bytes)
-    }
-}
-
 /// Where an agent-opened file's bytes are: its chunks in file order, each
 /// with its holders' presigned URLs, preferred first (the "fetch" object of
 /// an open reply).
@@ -100,6 +102,9 @@ pub struct Remote {
     asked: Mutex<(Option<Instant>, Duration)>,
     window: Mutex<Window>,
     landed: Condvar,
+    /// The daemon's sweep budget this handle holds (its file's size) while
+    /// its file is swept; given back when the handle goes.
+    swept: Mutex<Option<Arc<AtomicU64>>>,
 }
 
 #[derive(Default)]
@@ -107,6 +112,11 @@ struct Window {
     have: HashMap<usize, Arc<Vec<u8>>>,
     order: VecDeque<usize>,
     fetching: HashSet<usize>,
+    /// Chunks small reads elsewhere than where the last read ended touched
+    /// while not at hand (up to SWEEP_AFTER), and whether the file is swept:
+    /// then every chunk landed is kept until the handle goes.
+    touched: HashSet<usize>,
+    sweeping: bool,
     /// Where the last read ended: a read starting near it is sequential (so
     /// is a first read from the start).
     next: Option<u64>,
@@ -123,6 +133,9 @@ pub struct FetchStats {
     pub bad_checksum: AtomicU64,
     pub failed_gets: AtomicU64,
     pub fallbacks: AtomicU64,
+    /// Files swept whole for random readers, and sweeps the budget refused.
+    pub sweeps: AtomicU64,
+    pub sweeps_refused: AtomicU64,
 }
 
 impl FetchStats {
@@ -132,26 +145,23 @@ impl FetchStats {
             "reads": g(&self.reads), "bytes": g(&self.bytes), "gets": g(&self.gets),
             "get_bytes": g(&self.get_bytes), "ahead": g(&self.ahead), "ranged": g(&self.ranged),
             "bad_checksum": g(&self.bad_checksum), "failed_gets": g(&self.failed_gets),
-            "fallbacks": g(&self.fallbacks),
+            "fallbacks": g(&self.fallbacks), "sweeps": g(&self.sweeps),
+            "sweeps_refused": g(&self.sweeps_refused),
         })
     }
 }
 
 /// Kept-alive connections to the MinIO servers, shared by every handle.
 pub struct Fetcher {
-    /// Kept-alive connections by (host, marked: carrying `mark`).
-    idle: Mutex<HashMap<(String, bool), Vec<BufReader<TcpStream>>>>,
-    /// The nodes' own SO_MARK (the kernel counts no GET on such a socket): a
-    /// chunk fetched to keep it is the daemon's fill, not a reader's GET.
-    mark: u32,
+    /// Kept-alive connections by host.
+    idle: Mutex<HashMap<String, Vec<BufReader<TcpStream>>>>,
     ahead: usize,
     ahead_running: AtomicUsize,
     workers: Arc<AtomicUsize>,
     pub stats: FetchStats,
-    /// Whole chunks kept for random readers (None: not asked for), and
-    /// those being fetched for it.
-    pub kept: Option<Kept>,
-    keeping: Mutex<HashSet<Id>>,
+    /// Bytes of memory left for swept files (--sweep-mb), and threads sweeping.
+    sweep_free: Arc<AtomicU64>,
+    sweepers: Arc<AtomicUsize>,
 }
 
 /// Bytes a read gets: a slice of a chunk at hand, or bytes of their own.
@@ -220,6 +230,7 @@ impl Remote {
             asked: Mutex::new((None, ASK_CACHED)),
             window: Mutex::new(Window::default()),
             landed: Condvar::new(),
+            swept: Mutex::new(None),
         })
     }
 
@@ -242,16 +253,10 @@ impl Remote {
             .chunks
             .partition_point(|c| c.start <= offset)
             .saturating_sub(1);
-        if end - offset <= SMALL_READ && self.away(k, end) {
+        // a small read of a chunk not here: its range, unless a random reader's file is swept
+        if end - offset <= SMALL_READ && self.away(k, end) && (sequential || !self.swept(f, k)) {
             let c = &self.chunks[k];
-            let (from, to) = (offset - c.start, end - c.start);
-            if let Some(out) = f.kept.as_ref().and_then(|kept| kept.read(c.id(), from, to)) {
-                return Some(f.served(Got::Owned(out)));
-            }
-            if let Some(out) = f.range(c, from, to) {
-                if !sequential {
-                    self.keep(f, k);
-                }
+            if let Some(out) = f.range(c, offset - c.start, end - c.start) {
                 return Some(f.served(Got::Owned(out)));
             }
         }
@@ -313,9 +318,9 @@ impl Remote {
         };
     }
 
-    /// Whether every chunk of bytes [offset, offset+size) is in the window,
-    /// or a small read's chunk is kept (a read then waits on nothing).
-    pub fn at_hand(&self, f: &Fetcher, offset: u64, size: u32) -> bool {
+    /// Whether every chunk of bytes [offset, offset+size) is in the window
+    /// (a read then waits on nothing).
+    pub fn at_hand(&self, offset: u64, size: u32) -> bool {
         let end = (offset + size as u64).min(self.size);
         let first = self
             .chunks
@@ -325,14 +330,8 @@ impl Remote {
             .chunks
             .partition_point(|c| c.start < end)
             .saturating_sub(1);
-        let kept = || {
-            let c = &self.chunks[first];
-            first == last
-                && end - offset <= SMALL_READ
-                && f.kept.as_ref().is_some_and(|k| k.has(c.id()))
-        };
         let w = self.window.lock().unwrap();
-        offset >= end || (first..=last).all(|k| w.have.contains_key(&k)) || kept()
+        offset >= end || (first..=last).all(|k| w.have.contains_key(&k))
     }
 
     /// Whether bytes up to `end` lie in chunk k, and it is neither at hand nor
@@ -358,38 +357,80 @@ impl Remote {
         }
         w.fetching.insert(k);
         drop(w);
-        let c = &self.chunks[k];
-        let kept = f
-            .kept
-            .as_ref()
-            .and_then(|kept| kept.read(c.id(), 0, c.bytes));
-        let got = kept.or_else(|| f.chunk(c)).map(Arc::new);
+        let got = f.chunk(&self.chunks[k]).map(Arc::new);
         self.land(k, got.clone());
         got
     }
 
-    /// Fetch chunk k whole on a thread of its own and keep it for this random
-    /// reader's next reads, unless it is kept or on its way, or the daemon's
-    /// budget for such fetches is spent.
-    fn keep(self: &Arc<Self>, f: &Arc<Fetcher>, k: usize) {
-        let Some(kept) = f.kept.as_ref() else {
-            return;
-        };
-        let id = self.chunks[k].id();
+    /// Whether this file is swept, once a random reader's small read of chunk
+    /// k (not at hand) is counted: the SWEEP_AFTER-th such chunk starts the
+    /// sweep, if the daemon's budget holds the file and its sweepers are not
+    /// all busy. A read of a swept file fetches its chunk whole (the sweep
+    /// will not GET it again: a ranged GET now would make it hot by itself).
+    fn swept(self: &Arc<Self>, f: &Arc<Fetcher>, k: usize) -> bool {
         {
-            let mut keeping = f.keeping.lock().unwrap();
-            if keeping.len() >= MAX_KEEP_FETCHES || keeping.contains(&id) || kept.has(id) {
-                return;
+            let mut w = self.window.lock().unwrap();
+            if w.sweeping {
+                return true;
             }
-            keeping.insert(id);
+            w.touched.insert(k);
+            if w.touched.len() < SWEEP_AFTER {
+                return false;
+            }
         }
-        let (r, f) = (self.clone(), f.clone());
-        std::thread::spawn(move || {
-            if let Some(data) = f.chunk_as(&r.chunks[k], true) {
-                f.kept.as_ref().expect("checked above").put(id, &data);
+        let fits = f
+            .sweep_free
+            .fetch_update(Relaxed, Relaxed, |free| free.checked_sub(self.size))
+            .is_ok();
+        let threads = fits
+            && f.sweepers
+                .fetch_update(Relaxed, Relaxed, |n| {
+                    (n + SWEEPERS <= MAX_SWEEPERS).then_some(n + SWEEPERS)
+                })
+                .is_ok();
+        if !threads {
+            if fits {
+                f.sweep_free.fetch_add(self.size, Relaxed);
             }
-            f.keeping.lock().unwrap().remove(&id);
-        });
+            f.stats.sweeps_refused.fetch_add(1, Relaxed);
+            self.window.lock().unwrap().touched.clear(); // asked again after as many
+            return false;
+        }
+        {
+            let mut w = self.window.lock().unwrap();
+            if w.sweeping {
+                // another read started it meanwhile: this one's share goes back
+                f.sweep_free.fetch_add(self.size, Relaxed);
+                f.sweepers.fetch_sub(SWEEPERS, Relaxed);
+                return true;
+            }
+            w.sweeping = true;
+        }
+        *self.swept.lock().unwrap() = Some(f.sweep_free.clone());
+        f.stats.sweeps.fetch_add(1, Relaxed);
+        let next = Arc::new(AtomicUsize::new(0));
+        for _ in 0..SWEEPERS {
+            let (r, f, next) = (Arc::downgrade(self), f.clone(), next.clone());
+            spawn_anywhere(move || {
+                // the handle's release ends the sweep: a sweeper holds it only while fetching
+                while let Some(r) = r.upgrade() {
+                    let k = next.fetch_add(1, Relaxed);
+                    if k >= r.chunks.len() {
+                        break;
+                    }
+                    {
+                        let mut w = r.window.lock().unwrap();
+                        if w.have.contains_key(&k) || !w.fetching.insert(k) {
+                            continue;
+                        }
+                    }
+                    let got = f.chunk(&r.chunks[k]).map(Arc::new);
+                    r.land(k, got);
+                }
+                f.sweepers.fetch_sub(1, Relaxed);
+            });
+        }
+        true
     }
 
     /// Start fetching chunk k on a thread of its own, unless it is here, on
@@ -408,7 +449,7 @@ impl Remote {
         }
         f.stats.ahead.fetch_add(1, Relaxed);
         let (r, f) = (self.clone(), f.clone());
-        std::thread::spawn(move || {
+        spawn_anywhere(move || {
             let got = f.chunk(&r.chunks[k]).map(Arc::new);
             f.ahead_running.fetch_sub(1, Relaxed);
             r.land(k, got);
@@ -421,13 +462,41 @@ impl Remote {
         if let Some(d) = got {
             w.have.insert(k, d);
             w.order.push_back(k);
-            while w.order.len() > WINDOW {
+            while !w.sweeping && w.order.len() > WINDOW {
                 let old = w.order.pop_front().expect("longer than the window");
                 w.have.remove(&old);
             }
         }
         self.landed.notify_all();
     }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        if let Some(free) = self.swept.get_mut().unwrap().take() {
+            free.fetch_add(self.size, Relaxed);
+        }
+    }
+}
+
+/// A thread free to run on any of the daemon's CPUs. A thread inherits its
+/// creator's affinity, and a request over io_uring is handled on its CPU's
+/// queue thread, pinned there: a read's worker, its fetches and a sweep
+/// started from it would all share that one CPU with the reader, leaving the
+/// other idle (measured: a quarter of the machine idle through a random
+/// pass). They take the main thread's affinity, which nothing pins.
+pub fn spawn_anywhere<F: FnOnce() + Send + 'static>(f: F) {
+    std::thread::spawn(move || {
+        // SAFETY: a cpu_set_t of the size given, read then applied to this thread alone.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            if libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0 {
+                libc::sched_setaffinity(0, size, &set);
+            }
+        }
+        f()
+    });
 }
 
 /// A read's own thread, counted while it lives.
@@ -458,34 +527,28 @@ impl Fetcher {
         got
     }
 
-    /// `ahead`: chunks fetched ahead of a sequential reader; `kept`: where
-    /// chunks are kept for random readers.
-    pub fn new(ahead: usize, kept: Option<Kept>, mark: u32) -> Fetcher {
+    /// `ahead`: chunks fetched ahead of a sequential reader; `sweep_bytes`:
+    /// memory for files swept whole for random readers (0: none is).
+    pub fn new(ahead: usize, sweep_bytes: u64) -> Fetcher {
         Fetcher {
             idle: Mutex::default(),
-            mark,
             ahead,
             ahead_running: AtomicUsize::new(0),
             workers: Arc::default(),
             stats: FetchStats::default(),
-            kept,
-            keeping: Mutex::default(),
+            sweep_free: Arc::new(AtomicU64::new(sweep_bytes)),
+            sweepers: Arc::default(),
         }
     }
 
     /// A chunk's bytes from the first holder whose copy matches its xxh3
     /// (an erasure-coded one's from its data shards).
     fn chunk(&self, c: &Chunk) -> Option<Vec<u8>> {
-        self.chunk_as(c, false)
-    }
-
-    /// `chunk`, over sockets carrying the nodes' mark if `marked` (uncounted).
-    fn chunk_as(&self, c: &Chunk, marked: bool) -> Option<Vec<u8>> {
         if !c.shards.is_empty() {
-            return self.coded(c, marked);
+            return self.coded(c);
         }
         for u in &c.urls {
-            match self.get_as(u, None, c.bytes, marked) {
+            match self.get(u, None, c.bytes) {
                 Ok(a) if a.body.len() as u64 == c.bytes && a.xxh3 == Some(c.xxh3) => {
                     self.stats.gets.fetch_add(1, Relaxed);
                     self.stats.get_bytes.fetch_add(c.bytes, Relaxed);
@@ -511,12 +574,12 @@ impl Fetcher {
     /// An erasure-coded chunk from its data shards, fetched at once, each
     /// checked against its xxh3, their payloads joined and the whole checked
     /// against the chunk's; None if any of that fails.
-    fn coded(&self, c: &Chunk, marked: bool) -> Option<Vec<u8>> {
+    fn coded(&self, c: &Chunk) -> Option<Vec<u8>> {
         let parts: Vec<Option<Vec<u8>>> = std::thread::scope(|scope| {
             let running: Vec<_> = c
                 .shards
                 .iter()
-                .map(|s| scope.spawn(move || self.shard(s, marked)))
+                .map(|s| scope.spawn(move || self.shard(s)))
                 .collect();
             running
                 .into_iter()
@@ -541,9 +604,9 @@ impl Fetcher {
     }
 
     /// One shard whole, from its node, if it matches its xxh3.
-    fn shard(&self, s: &Shard, marked: bool) -> Option<Vec<u8>> {
+    fn shard(&self, s: &Shard) -> Option<Vec<u8>> {
         let u = s.urls.first()?;
-        match self.get_as(u, None, s.bytes, marked) {
+        match self.get(u, None, s.bytes) {
             Ok(a) if a.xxh3 == Some(s.xxh3) => Some(a.body),
             Ok(_) => {
                 self.stats.bad_checksum.fetch_add(1, Relaxed);
@@ -589,40 +652,32 @@ impl Fetcher {
     /// One GET (of bytes [a, b) if `range`) over a kept-alive connection (a
     /// fresh one if the kept one was closed under it).
     fn get(&self, u: &Url, range: Option<(u64, u64)>, expect: u64) -> io::Result<Answer> {
-        self.get_as(u, range, expect, false)
-    }
-
-    /// `get`, over a socket carrying the nodes' mark if `marked` (and a mark is known).
-    fn get_as(
-        &self,
-        u: &Url,
-        range: Option<(u64, u64)>,
-        expect: u64,
-        marked: bool,
-    ) -> io::Result<Answer> {
-        let pool = (u.host.clone(), marked && self.mark != 0);
-        let kept = self.idle.lock().unwrap().get_mut(&pool).and_then(Vec::pop);
+        let kept = self
+            .idle
+            .lock()
+            .unwrap()
+            .get_mut(&u.host)
+            .and_then(Vec::pop);
         if let Some(mut conn) = kept {
             match exchange(&mut conn, u, range, expect) {
                 Ok(a) => {
-                    self.put_back(pool, conn, a.keep);
+                    self.put_back(&u.host, conn, a.keep);
                     return Ok(a);
                 }
                 Err(e) if e.kind() != io::ErrorKind::InvalidData => {} // closed while idle: anew
                 Err(e) => return Err(e),
             }
         }
-        let mark = if pool.1 { self.mark } else { 0 };
-        let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host, mark)?);
+        let mut conn = BufReader::with_capacity(1 << 16, connect(&u.host)?);
         let a = exchange(&mut conn, u, range, expect)?;
-        self.put_back(pool, conn, a.keep);
+        self.put_back(&u.host, conn, a.keep);
         Ok(a)
     }
 
-    fn put_back(&self, pool: (String, bool), conn: BufReader<TcpStream>, keep: bool) {
+    fn put_back(&self, host: &str, conn: BufReader<TcpStream>, keep: bool) {
         if keep {
             let mut idle = self.idle.lock().unwrap();
-            let list = idle.entry(pool).or_default();
+            let list = idle.entry(host.to_string()).or_default();
             if list.len() < IDLE_MAX {
                 list.push(conn);
             }
@@ -636,7 +691,48 @@ mod tests {
     use std::io::{BufRead, Write};
     use std::net::TcpListener;
 
-    /// A one-connection HTTP server answering each GET with `bodies[path]`.
+    /// Answers one GET on `r` with `bodies[path]` (its range if asked);
+    /// its path, or None once the client closed.
+    fn answer(r: &mut BufReader<TcpStream>, bodies: &HashMap<String, Vec<u8>>) -> Option<String> {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let path = line
+            .split_whitespace()
+            .nth(1)?
+            .split('?')
+            .next()?
+            .to_string();
+        let mut range = None;
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).ok()?;
+            if h.trim().is_empty() {
+                break;
+            }
+            if let Some(v) = h.trim().strip_prefix("Range: bytes=") {
+                let (a, b) = v.split_once('-').unwrap();
+                range = Some((a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap() + 1));
+            }
+        }
+        let (status, body) = match (bodies.get(&path), range) {
+            (Some(b), None) => ("200 OK", b.clone()),
+            (Some(b), Some((x, y))) => ("206 Partial Content", b[x..y].to_vec()),
+            (None, _) => ("404 Not Found", b"<Error/>".to_vec()),
+        };
+        // "/huge" claims a terabyte and sends nothing
+        let claimed = if path == "/huge" { 1 << 40 } else { body.len() };
+        let body = if path == "/huge" { vec![] } else { body };
+        let head = format!("HTTP/1.1 {status}\r\nContent-Length: {claimed}\r\n\r\n");
+        let s = r.get_mut();
+        s.write_all(head.as_bytes()).ok()?;
+        s.write_all(&body).ok()?;
+        Some(path)
+    }
+
+    /// A one-connection-at-a-time HTTP server of `bodies`; the thread ends
+    /// with the GETs served once "/last" is asked for.
     fn serve(bodies: HashMap<String, Vec<u8>>) -> (String, std::thread::JoinHandle<usize>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let host = l.local_addr().unwrap().to_string();
@@ -644,46 +740,7 @@ mod tests {
             let mut served = 0;
             while let Ok((s, _)) = l.accept() {
                 let mut r = BufReader::new(s);
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 {
-                        break;
-                    }
-                    let path = line
-                        .split_whitespace()
-                        .nth(1)
-                        .unwrap()
-                        .split('?')
-                        .next()
-                        .unwrap()
-                        .to_string();
-                    let mut range = None;
-                    loop {
-                        let mut h = String::new();
-                        r.read_line(&mut h).unwrap();
-                        if h.trim().is_empty() {
-                            break;
-                        }
-                        if let Some(v) = h.trim().strip_prefix("Range: bytes=") {
-                            let (a, b) = v.split_once('-').unwrap();
-                            range = Some((
-                                a.parse::<usize>().unwrap(),
-                                b.parse::<usize>().unwrap() + 1,
-                            ));
-                        }
-                    }
-                    let (status, body) = match (bodies.get(&path), range) {
-                        (Some(b), None) => ("200 OK", b.clone()),
-                        (Some(b), Some((x, y))) => ("206 Partial Content", b[x..y].to_vec()),
-                        (None, _) => ("404 Not Found", b"<Error/>".to_vec()),
-                    };
-                    // "/huge" claims a terabyte and sends nothing
-                    let claimed = if path == "/huge" { 1 << 40 } else { body.len() };
-                    let body = if path == "/huge" { vec![] } else { body };
-                    let head = format!("HTTP/1.1 {status}\r\nContent-Length: {claimed}\r\n\r\n");
-                    let s = r.get_mut();
-                    s.write_all(head.as_bytes()).unwrap();
-                    s.write_all(&body).unwrap();
+                while let Some(path) = answer(&mut r, &bodies) {
                     served += 1;
                     if path == "/last" {
                         return served;
@@ -693,6 +750,29 @@ mod tests {
             served
         });
         (host, h)
+    }
+
+    /// An HTTP server of `bodies` with a thread per connection, counting the
+    /// GETs of each path.
+    fn serve_concurrently(
+        bodies: HashMap<String, Vec<u8>>,
+    ) -> (String, Arc<Mutex<HashMap<String, usize>>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = l.local_addr().unwrap().to_string();
+        let (counts, bodies) = (Arc::new(Mutex::new(HashMap::new())), Arc::new(bodies));
+        let c = counts.clone();
+        std::thread::spawn(move || {
+            while let Ok((s, _)) = l.accept() {
+                let (c, bodies) = (c.clone(), bodies.clone());
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(s);
+                    while let Some(path) = answer(&mut r, &bodies) {
+                        *c.lock().unwrap().entry(path).or_insert(0) += 1;
+                    }
+                });
+            }
+        });
+        (host, counts)
     }
 
     fn remote(host: &str, parts: &[&[u8]], urls: &[&str]) -> Remote {
@@ -720,7 +800,7 @@ mod tests {
             ("/last".to_string(), vec![]),
         ]);
         let (host, server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0, None, 0)); // no read-ahead: one connection, GETs counted
+        let f = Arc::new(Fetcher::new(0, 0)); // no read-ahead: one connection, GETs counted
         let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
         let got = r.read(&f, 900, 200).unwrap().bytes().to_vec();
         assert_eq!(got, [&a[900..], &b[..100]].concat());
@@ -757,7 +837,7 @@ mod tests {
             ("/bk/late".to_string(), late),
         ]);
         let (host, _server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0, None, 0));
+        let f = Arc::new(Fetcher::new(0, 0));
         let r = Arc::new(remote(&host, &[&good], &["/bk/good"]));
         let n = good.len() as u32;
         assert_eq!(r.read(&f, 0, n).unwrap().bytes(), &good[..]);
@@ -766,47 +846,72 @@ mod tests {
         assert_eq!(f.stats.bad_checksum.load(Relaxed), 1);
     }
 
-    #[test]
-    fn a_random_readers_chunk_is_kept_and_its_next_reads_are_local() {
-        let (a, b) = (
-            vec![3u8; 1000],
-            (0..700u32).map(|i| i as u8).collect::<Vec<u8>>(),
-        );
-        let bodies = HashMap::from([
-            ("/bk/a".to_string(), a.clone()),
-            ("/bk/b".to_string(), b.clone()),
-            ("/last".to_string(), vec![]),
-        ]);
-        let (host, server) = serve(bodies);
-        let kept = Kept::open(&std::env::temp_dir(), 4096, 1024).unwrap();
-        let f = Arc::new(Fetcher::new(0, Some(kept), 0));
-        let r = Arc::new(remote(&host, &[&a, &b], &["/bk/a", "/bk/b"]));
-        assert!(!r.at_hand(&f, 1500, 10));
-        // not from the start: a random read, its range now and chunk b kept meanwhile
-        assert_eq!(r.read(&f, 1200, 10).unwrap().bytes(), &b[200..210]);
-        let k = f.kept.as_ref().unwrap();
+    /// Polls `done` for up to 5 s.
+    fn eventually(what: &str, done: impl Fn() -> bool) {
         let t = Instant::now();
-        while !k.has((xxh3_64(&b), 700)) {
-            assert!(t.elapsed() < Duration::from_secs(5), "chunk b kept");
+        while !done() {
+            assert!(t.elapsed() < Duration::from_secs(5), "{what}");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(r.at_hand(&f, 1500, 10) && !r.at_hand(&f, 900, 200)); // kept; across chunks: not
-        assert_eq!(r.read(&f, 1500, 10).unwrap().bytes(), &b[500..510]);
-        assert_eq!(
-            (f.stats.ranged.load(Relaxed), f.stats.gets.load(Relaxed)),
-            (1, 1)
-        );
-        assert_eq!(k.hits.load(Relaxed), 1);
-        let _ = f.get(
-            &Url::parse(&format!("http://{host}/last")).unwrap(),
-            None,
-            0,
-        );
-        assert_eq!(server.join().unwrap(), 3, "the range, chunk b whole, /last");
     }
 
-    /// A shard as pyeclib makes it: an 80-byte header naming its payload's
-    /// length at 4 (the rest of the header is not read), then the payload.
+    #[test]
+    fn a_random_readers_file_is_swept_whole_within_the_budget() {
+        // chunks of 1 MiB: a read more than NEAR from the last one's end is not sequential
+        const P: u64 = 1 << 20;
+        let parts: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; P as usize]).collect();
+        let paths: Vec<String> = (0..6).map(|i| format!("/bk/{i}")).collect();
+        let (host, gets) =
+            serve_concurrently(paths.iter().cloned().zip(parts.iter().cloned()).collect());
+        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let urls: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let budget = 10 * P;
+        let f = Arc::new(Fetcher::new(0, budget));
+        let r = Arc::new(remote(&host, &refs, &urls));
+        let byte = |at: u64| parts[(at / P) as usize][0];
+        // small reads at random in chunks 4, 1, 3: a ranged GET each
+        for at in [4 * P + 100, P + 200, 3 * P + 900] {
+            assert_eq!(r.read(&f, at, 10).unwrap().bytes(), &[byte(at); 10]);
+        }
+        assert_eq!(
+            (f.stats.ranged.load(Relaxed), f.stats.sweeps.load(Relaxed)),
+            (3, 0)
+        );
+        // the fourth chunk touched: the file is swept, this read's chunk fetched whole
+        assert_eq!(r.read(&f, 5 * P + 500, 10).unwrap().bytes(), &[5; 10]);
+        eventually("every chunk at hand", || {
+            (0..6).all(|k| r.at_hand(k * P, P as u32))
+        });
+        assert_eq!(f.stats.sweeps.load(Relaxed), 1);
+        assert_eq!(f.sweep_free.load(Relaxed), budget - 6 * P);
+        for at in [2 * P + 345, 5, 5 * P - 1, 3 * P] {
+            assert_eq!(r.read(&f, at, 1).unwrap().bytes(), &[byte(at)]);
+        }
+        // each chunk GET whole once, besides the three ranges: nothing read twice
+        let got: Vec<usize> = paths.iter().map(|p| gets.lock().unwrap()[p]).collect();
+        assert_eq!(got, [1, 2, 1, 2, 2, 1]);
+        assert_eq!(f.stats.ranged.load(Relaxed), 3);
+        // the handle gone, its memory is the budget's again
+        drop(r);
+        eventually("the budget given back", || {
+            f.sweep_free.load(Relaxed) == budget
+        });
+        // a file larger than what is left is not swept: its reads stay ranged
+        let small = Arc::new(Fetcher::new(0, 6 * P - 1));
+        let r = Arc::new(remote(&host, &refs, &urls));
+        for at in [4 * P + 100, P + 200, 3 * P + 900, 5 * P + 500, 2 * P] {
+            assert_eq!(r.read(&small, at, 10).unwrap().bytes(), &[byte(at); 10]);
+        }
+        assert_eq!(small.stats.sweeps_refused.load(Relaxed), 1);
+        assert_eq!(
+            (
+                small.stats.ranged.load(Relaxed),
+                small.stats.gets.load(Relaxed)
+            ),
+            (5, 0)
+        );
+    }
+
     fn shard_of(payload: &[u8]) -> Vec<u8> {
         let mut out = vec![0u8; EC_HEADER];
         out[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -835,7 +940,7 @@ mod tests {
                               "shards": [shard(&h0, "/bk/c.s0", &s0, xxh3_64(&s0)),
                                          shard(&h1, "/bk/c.s1", &s1, x1)]}]})
         };
-        let f = Arc::new(Fetcher::new(0, None, 0));
+        let f = Arc::new(Fetcher::new(0, 0));
         let r = Arc::new(Remote::from_msg(&plan(xxh3_64(&s1)), 999).unwrap());
         assert_eq!(r.read(&f, 0, 999).unwrap().bytes(), &chunk[..]);
         assert_eq!(f.stats.gets.load(Relaxed), 2);
@@ -876,7 +981,7 @@ mod tests {
             ("/last".to_string(), vec![]),
         ]);
         let (host, server) = serve(bodies);
-        let f = Arc::new(Fetcher::new(0, None, 0));
+        let f = Arc::new(Fetcher::new(0, 0));
         let r = Arc::new(remote(&host, &[&huge], &["/huge"]));
         assert!(
             r.read(&f, 0, 10).is_none(),

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use crate::agent::{Agent, Hook};
 use crate::backing::{touch, Backing, Cached, Handle, Hot, Opens, Probe, KEPT_MAX};
-use crate::fetch::{Fetcher, Remote, AHEAD};
+use crate::fetch::{spawn_anywhere, Fetcher, Remote, AHEAD};
 use crate::marks::Pins;
 use crate::stats::Stats;
 use crate::tree::Tree;
@@ -101,7 +101,7 @@ impl Shared {
             stats: Stats::default(),
             agent,
             ttl,
-            fetcher: Arc::new(Fetcher::new(AHEAD, None, 0)),
+            fetcher: Arc::new(Fetcher::new(AHEAD, 0)),
             pins: Pins::default(),
             passthrough_ok: AtomicBool::new(false),
             opens: Mutex::new(Opens::default()),
@@ -359,7 +359,7 @@ impl Shared {
             .flatten()
         {
             Some(w) => {
-                std::thread::spawn(move || {
+                spawn_anywhere(move || {
                     let _w = w;
                     f()
                 });
@@ -730,7 +730,7 @@ impl Filesystem for FuseFs {
         let Some(r) = remote else {
             return s.forward(fh.0, agent_h, offset, size, reply);
         };
-        let at_hand = r.at_hand(&s.fetcher, offset, size);
+        let at_hand = r.at_hand(offset, size);
         let fetch = move |s: &Shared, reply: ReplyData| {
             if !at_hand && r.ask_cached() {
                 let now = s.cached_now(fh.0, &agent_h);
@@ -758,7 +758,7 @@ impl Filesystem for FuseFs {
         match s.fetcher.worker() {
             Some(w) => {
                 let s = s.clone();
-                std::thread::spawn(move || {
+                spawn_anywhere(move || {
                     let _w = w;
                     fetch(&s, reply)
                 });

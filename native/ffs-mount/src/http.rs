@@ -5,6 +5,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -19,7 +20,7 @@ pub(crate) const ERROR_BODY_MAX: usize = 64 << 10;
 /// hashed while the socket's copy of it is still in the CPU's cache (hashing
 /// a 4 MiB chunk after the fact read it back from memory: a fifth of the
 /// daemon's CPU on a cold read).
-const HASH_PIECE: u64 = 128 << 10;
+const HASH_PIECE: usize = 128 << 10;
 
 /// What a GET answered: the body, its xxh3 (whole bodies only), and whether
 /// the connection may be reused.
@@ -52,30 +53,14 @@ impl Url {
     }
 }
 
-/// A connection to `host`; with `mark` > 0 its packets carry that SO_MARK
-/// (set before the first request: the kernel's counting reads requests' marks).
-pub(crate) fn connect(host: &str, mark: u32) -> io::Result<TcpStream> {
+/// A connection to `host`. Its packets carry no mark: the kernel counts the
+/// GETs on it as a reader's.
+pub(crate) fn connect(host: &str) -> io::Result<TcpStream> {
     let addr = host
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::other(format!("{host} resolves to no address")))?;
     let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
-    if mark > 0 {
-        let v = mark as libc::c_int;
-        // SAFETY: a valid socket fd and a c_int of the size given.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&s),
-                libc::SOL_SOCKET,
-                libc::SO_MARK,
-                &v as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     s.set_nodelay(true)?;
@@ -153,26 +138,56 @@ pub(crate) fn exchange(
     if status != wanted && len > ERROR_BODY_MAX {
         return Err(bad(format!("HTTP {status} with a body of {len} bytes")));
     }
-    // into spare capacity: the body is not zeroed first
-    let mut body = Vec::with_capacity(len);
     let mut hash = (status == wanted && range.is_none()).then(Xxh3::new);
-    let mut rest = conn.by_ref().take(len as u64);
-    loop {
-        let from = body.len();
-        if rest.by_ref().take(HASH_PIECE).read_to_end(&mut body)? == 0 {
-            break;
-        }
-        if let Some(h) = hash.as_mut() {
-            h.update(&body[from..]);
-        }
-    }
-    if body.len() < len {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
+    let body = read_body(conn, len, hash.as_mut())?;
     if status != wanted {
         let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
         return Err(bad(format!("HTTP {status}: {said}")));
     }
     let xxh3 = hash.map(|h| h.digest());
     Ok(Answer { body, xxh3, keep })
+}
+
+/// `len` bytes of a body: what the reader has buffered, then the rest
+/// straight from the socket into the vector's spare capacity (not zeroed
+/// first, not copied through the reader's buffer), hashed a piece at a time
+/// while the piece is still in the CPU's cache.
+fn read_body(
+    conn: &mut BufReader<TcpStream>,
+    len: usize,
+    mut hash: Option<&mut Xxh3>,
+) -> io::Result<Vec<u8>> {
+    let mut body = Vec::with_capacity(len);
+    let n = conn.buffer().len().min(len);
+    body.extend_from_slice(&conn.buffer()[..n]);
+    conn.consume(n);
+    if let Some(h) = hash.as_mut() {
+        h.update(&body);
+    }
+    let fd = conn.get_ref().as_raw_fd();
+    while body.len() < len {
+        let from = body.len();
+        let want = (len - from).min(HASH_PIECE);
+        let spare = &mut body.spare_capacity_mut()[..want];
+        // SAFETY: recv writes at most `want` bytes into the spare capacity,
+        // and the length grows by what it wrote alone.
+        let got = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), want, libc::MSG_WAITALL) };
+        match got {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n if n < 0 => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                // SO_RCVTIMEO ran out
+                e if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(io::ErrorKind::TimedOut.into())
+                }
+                e => return Err(e),
+            },
+            // SAFETY: the bytes up to from + n were written by recv.
+            n => unsafe { body.set_len(from + n as usize) },
+        }
+        if let Some(h) = hash.as_mut() {
+            h.update(&body[from..]);
+        }
+    }
+    Ok(body)
 }

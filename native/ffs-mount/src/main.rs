@@ -1,8 +1,7 @@
 //! ffs-mount: read-only FUSE daemon for FasterFS.
 //!
 //! Usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2]
-//!        [--max-entries 0] [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4]
-//!        [--fill-mark 0] [--uring]
+//!        [--max-entries 0] [--sweep-mb 0] [--uring]
 //!
 //! --uring: ask for FUSE over io_uring at INIT (the kernel offers it while the
 //! fuse module's enable_uring is set): requests then come through a ring per
@@ -10,10 +9,8 @@
 //! --threads threads keep reading /dev/fuse (FORGET, INTERRUPT, and whatever
 //! comes before the rings are registered).
 //!
-//! --kept-mb M > 0: whole chunks fetched for random readers are kept in an
-//! unnamed file of M MiB under DIR, in slots of the largest chunk (kept.rs);
-//! those fetches carry --fill-mark (the nodes' SO_MARK): the kernel does not
-//! count them, so a chunk kept here is not also filled into the cache.
+//! --sweep-mb M: memory for files a random reader gets swept whole into its
+//! handle (fetch.rs), daemon-wide; a file larger than what is left is not.
 //!
 //! The Python agent (our parent) owns the other end of the socketpair at fd N.
 //! Metadata is served from the tree it pushes; opens of files it declared hot
@@ -134,8 +131,8 @@
 //!   get_bytes (good chunks fetched), ahead (read-ahead fetches started),
 //!   ranged (ranged GETs),
 //!   bad_checksum, failed_gets, fallbacks (reads then sent to the agent),
-//!   and with --kept-mb, kept: {chunks (kept now), slots, hits (reads served
-//!   from them), kept (chunks kept since start)}}.
+//!   sweeps (files swept whole for random readers), sweeps_refused (sweeps
+//!   --sweep-mb or the sweepers' bound did not allow)}.
 //!   agent_timeouts: requests to the agent unanswered within 60 s (each
 //!   failed with EIO, said in the daemon's log). Not counters: entries_held
 //!   (entries in the tree now, the root included), kernel_held (inodes the
@@ -254,7 +251,6 @@ mod change;
 mod fetch;
 mod fs;
 mod http;
-mod kept;
 mod marks;
 mod stats;
 mod tree;
@@ -295,12 +291,8 @@ struct Args {
     max_entries: usize,
     access: tree::Access,
     allow_other: bool,
-    /// Where and how much to keep of chunks fetched for random readers.
-    kept_dir: Option<PathBuf>,
-    kept_mb: u64,
-    kept_slot_mb: u64,
-    /// The nodes' SO_MARK, on the sockets that fetch chunks to keep them.
-    fill_mark: u32,
+    /// Memory for files swept whole for random readers, MiB.
+    sweep_mb: u64,
     /// Ask for FUSE over io_uring (a queue per CPU) when the kernel offers it.
     uring: bool,
 }
@@ -309,7 +301,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: ffs-mount MOUNTPOINT --agent-fd N [--attr-ttl-ms 60000] [--threads 2] \
          [--max-entries 0] [--uid 0] [--gid 0] [--file-mode 288] [--dir-mode 360] [--allow-other] \
-         [--kept-dir DIR --kept-mb 0 --kept-slot-mb 4 --fill-mark 0] [--uring]"
+         [--sweep-mb 0] [--uring]"
     );
     std::process::exit(2);
 }
@@ -319,7 +311,7 @@ fn parse_args() -> Args {
     let (mut agent_fd, mut ttl_ms, mut threads, mut max_entries) = (None, 60_000u64, 2usize, 0);
     let mut access = tree::Access::default();
     let (mut allow_other, mut uring) = (false, false);
-    let (mut kept_dir, mut kept_mb, mut kept_slot_mb, mut fill_mark) = (None, 0, 4, 0);
+    let mut sweep_mb = 0;
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> u64 {
@@ -338,12 +330,7 @@ fn parse_args() -> Args {
             Some("--dir-mode") => access.dir_mode = (num() & 0o777) as u16,
             Some("--allow-other") => allow_other = true,
             Some("--uring") => uring = true,
-            Some("--kept-mb") => kept_mb = num(),
-            Some("--kept-slot-mb") => kept_slot_mb = num().max(1),
-            Some("--fill-mark") => fill_mark = num() as u32,
-            Some("--kept-dir") => {
-                kept_dir = Some(PathBuf::from(it.next().unwrap_or_else(|| usage())))
-            }
+            Some("--sweep-mb") => sweep_mb = num(),
             Some(s) if s.starts_with("--") => usage(),
             _ if mountpoint.is_none() => mountpoint = Some(PathBuf::from(a)),
             _ => usage(),
@@ -359,10 +346,7 @@ fn parse_args() -> Args {
             access,
             allow_other,
             uring,
-            kept_dir,
-            kept_mb,
-            kept_slot_mb,
-            fill_mark,
+            sweep_mb,
         },
         _ => usage(),
     }
@@ -479,9 +463,6 @@ fn applier(
             Apply::Msg(v) if v.get("op").and_then(Value::as_str) == Some("stats") => {
                 let mut stats = s.stats.json();
                 stats["fetch"] = s.fetcher.stats.json();
-                if let Some(k) = &s.fetcher.kept {
-                    stats["fetch"]["kept"] = k.json();
-                }
                 stats["agent_timeouts"] =
                     json!(s.agent.timeouts.load(std::sync::atomic::Ordering::Relaxed));
                 stats["entries_held"] = json!(s.tree().len());
@@ -647,19 +628,7 @@ fn main() {
     );
     shared.max_entries = args.max_entries;
     shared.uring = args.uring;
-    if let (Some(dir), true) = (&args.kept_dir, args.kept_mb > 0) {
-        match kept::Kept::open(dir, args.kept_mb << 20, args.kept_slot_mb << 20) {
-            Ok(k) => {
-                shared.fetcher =
-                    Arc::new(fetch::Fetcher::new(fetch::AHEAD, Some(k), args.fill_mark))
-            }
-            // a filesystem without O_TMPFILE: random reads stay ranged GETs (the stats lack "kept")
-            Err(e) => eprintln!(
-                "ffs-mount: --kept-dir {}: {e}; chunks are not kept for random readers",
-                dir.display()
-            ),
-        }
-    }
+    shared.fetcher = Arc::new(fetch::Fetcher::new(fetch::AHEAD, args.sweep_mb << 20));
     let shared = Arc::new(shared);
     // Entries and attributes are cached by the kernel for --attr-ttl-ms; what a
     // new tree changes is invalidated at once, once the session can notify.
