@@ -105,6 +105,10 @@ pub struct Remote {
     /// The daemon's sweep budget this handle holds (its file's size) while
     /// its file is swept; given back when the handle goes.
     swept: Mutex<Option<Arc<AtomicU64>>>,
+    /// Chunks in this host's cache when the file was opened: a sweep leaves
+    /// them (their reads are served from the cache entry, and a GET would
+    /// count them again).
+    here: Vec<bool>,
 }
 
 #[derive(Default)]
@@ -231,7 +235,22 @@ impl Remote {
             window: Mutex::new(Window::default()),
             landed: Condvar::new(),
             swept: Mutex::new(None),
+            here: Vec::new(),
         })
+    }
+
+    /// Marks the chunks that lie wholly in `ranges` ([start, end) byte
+    /// ranges of the file in this host's cache): no sweep fetches them.
+    pub fn cached_here(mut self, ranges: &[(u64, u64)]) -> Remote {
+        self.here = self
+            .chunks
+            .iter()
+            .map(|c| {
+                let end = c.start + c.bytes;
+                ranges.iter().any(|&(a, b)| a <= c.start && end <= b)
+            })
+            .collect();
+        self
     }
 
     /// Bytes [offset, offset+size) (fewer at the end of the file); None if a
@@ -420,7 +439,8 @@ impl Remote {
                     }
                     {
                         let mut w = r.window.lock().unwrap();
-                        if w.have.contains_key(&k) || !w.fetching.insert(k) {
+                        let here = r.here.get(k).copied().unwrap_or(false);
+                        if here || w.have.contains_key(&k) || !w.fetching.insert(k) {
                             continue;
                         }
                     }
@@ -896,6 +916,22 @@ mod tests {
         eventually("the budget given back", || {
             f.sweep_free.load(Relaxed) == budget
         });
+        // chunks wholly in this host's cache at open are left to it: 2, not 5 (a few bytes of it)
+        let count = || -> Vec<usize> { paths.iter().map(|p| gets.lock().unwrap()[p]).collect() };
+        let before = count();
+        let r = Arc::new(
+            remote(&host, &refs, &urls).cached_here(&[(2 * P, 3 * P), (5 * P, 5 * P + 10)]),
+        );
+        for at in [4 * P + 100, P + 200, 3 * P + 900, 10] {
+            assert_eq!(r.read(&f, at, 10).unwrap().bytes(), &[byte(at); 10]);
+        }
+        eventually("the sweep done", || f.sweepers.load(Relaxed) == 0);
+        assert!(
+            [0, 1, 3, 4, 5].iter().all(|&k| r.at_hand(k * P, P as u32)) && !r.at_hand(2 * P, 1)
+        );
+        let fetched: Vec<usize> = count().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(fetched, [1, 2, 0, 2, 2, 1]);
+        drop(r);
         // a file larger than what is left is not swept: its reads stay ranged
         let small = Arc::new(Fetcher::new(0, 6 * P - 1));
         let r = Arc::new(remote(&host, &refs, &urls));

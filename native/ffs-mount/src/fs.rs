@@ -326,7 +326,10 @@ impl Shared {
         let remote =
             r.v.get("fetch")
                 .and_then(|f| Remote::from_msg(f, size))
-                .map(Arc::new);
+                .map(|f| {
+                    let here = cached.as_ref().map_or(&[][..], |c| &c.ranges[..]);
+                    Arc::new(f.cached_here(here))
+                });
         let handle = Handle::Agent {
             ino,
             h,
