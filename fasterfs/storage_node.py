@@ -121,7 +121,7 @@ class StorageNode:
                                       cfg.kernel.mark_keep_s)
         self.invalidations = Invalidations(index, self.bucket, self.kernel, self.cache, self.filler,
                                            cfg.kernel.watch == "any", self.router.fill, self._tell_writes,
-                                           self.mark_keeper.suspect, self._check_keys)
+                                           self.mark_keeper.suspect, self._check_entries)
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_news, self._ask_cache_news, self._reconnect)
         self.write_router = WriteRouter(self.peer_tier, cfg.kernel.mark_keep_s)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
@@ -214,13 +214,9 @@ class StorageNode:
                         sorted(back), dropped)
         return [n.index for n in state.nodes], alive
 
-    def _check_entries(self) -> int:
-        """Every cache entry against its holders' ETags; what cannot be vouched for goes too."""
-        return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
-                          self.minio.server.creds, keep_unverified=False)
-
-    def _check_keys(self, keys: list[str]) -> int:
-        """These keys' entries against their holders' ETags; what cannot be vouched for goes too."""
+    def _check_entries(self, keys: list[str] | None = None) -> int:
+        """Every cache entry (or `keys`' alone) against its holders' ETags; what cannot be vouched
+        for goes too."""
         return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
                           self.minio.server.creds, keep_unverified=False, only=keys)
 
