@@ -26,6 +26,8 @@ def cmd_up(cfg) -> None:
         state = cluster.up(cfg)
     console.print(f"[green]FasterFS cluster up[/]: {len(state.nodes)} nodes, Ray at {state.ray_address}, "
                   f"FasterFS dashboard {state.web_url or '(disabled)'}")
+    if state.recovered:
+        _print_recovered(state.recovered)
     cmd_status(cfg)
 
 
@@ -40,6 +42,29 @@ def _objects(row: dict) -> str:
     return f"{row['objects']:,}" + (f" ({age:.0f} s ago)" if age > 1 + COUNT_WAIT_S else "")
 
 
+def _print_recovered(done: dict) -> None:
+    """What `up` took back from the storage hosts for a head that had lost it."""
+    ns = done.get("namespace")
+    if ns:
+        console.print(f"[yellow]The head's namespace was empty: recovered {ns['names']:,} names at version "
+                      f"{ns['version']} from {ns['from']}[/]", highlight=False, soft_wrap=True)
+    if done.get("keys"):
+        console.print(f"[yellow]The head had no MinIO keys: taken from {done['keys']}[/]", highlight=False)
+    for line in done.get("found", []):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
+def _replica(row: dict, head_version: int | None) -> str:
+    """How far a host's copy of the namespace reaches, beside the head's."""
+    r = row.get("namespace_replica")
+    if not r:
+        return "-"
+    if r.get("error"):
+        return f"[red]{r['error'][:40]}[/]"
+    behind = None if head_version is None else head_version - r["version"]
+    return f"{r['names']:,} names, " + ("current" if behind == 0 else "?" if behind is None else f"{behind} behind")
+
+
 def _placed(count: int | None) -> str:
     return "-" if count is None else f"{count:,}"
 
@@ -50,15 +75,19 @@ def cmd_status(cfg) -> None:
     # objects and bytes: what the namespace places on the node, current; listed: what its MinIO held
     # when last listed (seldom, paced: a million objects take minutes), pieces awaiting deletion too
     for col in ("node", "address", "Ray node id", "MinIO endpoint", "health", "objects", "bytes", "listed in MinIO",
-                "restarts"):
+                "restarts", "namespace copy"):
         table.add_column(col)
+    try:
+        head_version: int | None = registry.namespace_version(state.name)
+    except Exception:
+        head_version = None
     for r in rows:
         health = "[green]healthy[/]" if r.get("healthy") else ("[yellow]held[/]" if r.get("held") else "[red]down[/]")
         if r.get("error"):
             health = f"[red]{r['error']}[/]"
         table.add_row(str(r["index"]), r["address"], (r.get("node_id") or "-")[:12], r["endpoint"], health,
                       _placed(r.get("placed_objects")), report.fmt_bytes(r.get("placed_bytes")),
-                      _objects(r), str(r.get("minio_restarts", "-")))
+                      _objects(r), str(r.get("minio_restarts", "-")), _replica(r, head_version))
     console.print(table)
     _print_survey(state, rows)
     console.print(f"Ray dashboard: {state.dashboard_url}"

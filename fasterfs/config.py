@@ -140,6 +140,8 @@ def validate(cfg: DictConfig) -> None:
 
     if cfg.cluster.namespace_store not in ENGINES:
         bad("cluster.namespace_store", f"must be one of {', '.join(ENGINES)}")
+    if not isinstance(cfg.cluster.durable_copies, int) or cfg.cluster.durable_copies < 1:
+        bad("cluster.durable_copies", "must be a whole number >= 1 (the head's store counts as one)")
     if cfg.dashboard.require_token not in ("auto", "always"):
         bad("dashboard.require_token", "must be auto or always")
     for flag in ("cluster.insecure", "credentials.rotate", "minio.tls"):

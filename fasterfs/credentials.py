@@ -16,6 +16,7 @@ from .errors import FasterFSError
 from .fsutil import atomic_write_json, owned, read_json
 
 ROLES = ("reader", "admin")
+NODE_COPY = "cluster-keys.json"  # a storage host's copy, beside its data (a head that lost its disk takes it back)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ def _save(path: Path, admin: Credentials, reader: Credentials) -> None:
     atomic_write_json(path, {"access_key": admin.access_key, "secret_key": admin.secret_key,
                              "reader": {"access_key": reader.access_key, "secret_key": reader.secret_key}},
                       mode=0o600)
+
+
+def save(path: Path, keys: ClusterKeys) -> None:
+    """The keys into `path`, 0600 (a storage host's copy, or the head's file restored from one)."""
+    _save(path, keys.admin, keys.reader)
 
 
 def create(path: Path, rotate: bool = False) -> ClusterKeys:

@@ -28,6 +28,7 @@ class NodeStatus(TypedDict):
     scrub: dict[str, Any]    # the MinIO scrub's totals
     started: dict[str, float]  # seconds per phase of this StorageNode's start
     mounts: list[dict]       # fasterfs.mount_supervisor.Mounts.status()
+    namespace_replica: dict  # this host's copy of the namespace: {version, names, updated} (meta.replica.Summary)
 
 
 class CacheStatus(TypedDict):

@@ -161,7 +161,22 @@ class Registry:
             else:
                 refs[n.index] = getattr(actor, method).remote(shared)
         done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
-        return [i for i, ref in refs.items() if ref in done]
+        took = []
+        for i, ref in refs.items():
+            if ref in done:
+                try:
+                    ray.get(ref, timeout=0)  # taken: held on that host's disk (its Replica)
+                    took.append(i)
+                except Exception as e:
+                    log.warning("node %d did not take the namespace change: %s", i, e)
+        needed = min(self.cluster.settings.durable_copies - 1, len(self.cluster.nodes))
+        if len(took) < needed:
+            raise FasterFSError(
+                f"the namespace change is stored on the head, but only {len(took)} of the "
+                f"{len(self.cluster.nodes)} storage hosts (nodes {sorted(took)}) hold it after {timeout:.0f} s, "
+                f"and cluster.durable_copies={self.cluster.settings.durable_copies} asks for {needed}: it is not "
+                "acknowledged (it would be lost with the head's disk); see `fasterfs status`, then retry")
+        return took
 
     # -- reports --------------------------------------------------------------------------
 

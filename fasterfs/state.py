@@ -59,6 +59,7 @@ class Settings:
     spill_dir: str | None
     output_dir: str | None
     namespace_store: str  # the namespace store's engine (fasterfs.meta)
+    durable_copies: int   # hosts that hold a namespace change before it is acknowledged (the head's store is one)
 
     @classmethod
     def of(cls, config: dict) -> Settings:
@@ -66,7 +67,8 @@ class Settings:
         return cls(bucket=m["bucket"], fill_mark=int(k["fill_mark"]), watch=k["watch"],
                    hot_threshold=int(k["hot_threshold"]), interface=k["interface"], md5_etags=bool(m["md5_etags"]),
                    spill_dir=config["cluster"].get("spill_dir"), output_dir=config.get("output_dir"),
-                   namespace_store=config["cluster"].get("namespace_store", "sqlite"))
+                   namespace_store=config["cluster"].get("namespace_store", "sqlite"),
+                   durable_copies=int(config["cluster"].get("durable_copies", 2)))
 
 
 @dataclass
@@ -87,6 +89,7 @@ class ClusterState:
     insecure: bool = False  # attached to a Ray cluster without token auth (cluster.insecure=true)
     tls_ca: str | None = None  # the CA certificate (PEM) MinIO's certificates are checked against (minio.tls)
     namespace_pid: int | None = None  # the namespace store's server, if it has one (meta.redis_server)
+    recovered: dict | None = None  # what `up` took back from the storage hosts (fasterfs.head_recovery)
     started: float = field(default_factory=time.time)
 
     def trust(self) -> ClusterState:

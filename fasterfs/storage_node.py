@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from . import bucket_walk, heatmap, identity, reader_stats, registry, repair, s3, tls
+from . import bucket_walk, credentials, heatmap, identity, reader_stats, registry, repair, s3, tls
 from .bpf.events import key_hash
 from .cache import ChunkCache, keep_capacity, kept_capacity
 from .cache_filler import CacheFiller
@@ -34,6 +34,8 @@ from .manifest import Manifest
 from .mark_keeper import MarkKeeper
 from .meta import Changes
 from .meta.follower import Change, Follower
+from .meta.replica import FILE as REPLICA_FILE
+from .meta.replica import Replica
 from .minio_scrub import MinioScrub
 from .minio_server import MinioServer
 from .minio_supervisor import MinioSupervisor
@@ -84,8 +86,12 @@ class StorageNode:
         self._cluster: ClusterState | None = None
         self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
         # the namespace, every dataset's and file's current manifest, kept from the store's log
+        # this host's durable copies of what names and unlocks the data (fasterfs.head_recovery)
+        credentials.save(paths.node_dir(index) / credentials.NODE_COPY, keys)
+        self.replica = Replica(paths.node_dir(index) / REPLICA_FILE, cfg.cluster.name)
         self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
-                                  partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed)
+                                  partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed,
+                                  self.replica.keep)
         self.ns_index = NodeIndex.build({}, index)
         self._heat: tuple[tuple[str, ...] | None, heatmap.Index] | None = None  # (its names, it)
         certs = None
@@ -366,7 +372,8 @@ class StorageNode:
                 "objects_age_s": age, "placed_objects": len(self.ns_index.pieces),
                 "placed_bytes": self.ns_index.placed_bytes,
                 "kernel_mode": self.kernel.mode, "redundancy": self.leader.health, "repairs": self.leader.repairs[-5:],
-                "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status()}
+                "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status(),
+                "namespace_replica": Replica.summary(self.replica.path).to_dict()}
 
     def kernel_status(self, top: int = 10) -> dict:
         snap: dict = dict(self.kernel.snapshot(top, resolve=self.resolve), index=self.index, address=self.address)
@@ -486,3 +493,4 @@ class StorageNode:
         self.cache.close()
         self.marked.close()
         self.minio.stop()
+        self.replica.close()

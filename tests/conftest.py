@@ -553,7 +553,7 @@ def in_lab_tier(nodeid: str) -> bool:
 
 # Cluster-tier modules that start only clusters and servers of their own, never the session's:
 # with `pytest -n 2` they run on the lab tier's worker, which has less to do.
-BESIDE_THE_LAB = ("test_lifecycle.py", "test_minio_supervisor.py", "test_command_line_offline.py")
+BESIDE_THE_LAB = ("test_lifecycle.py", "test_minio_supervisor.py", "test_command_line_offline.py", "test_head_loss.py")
 
 
 def _module(nodeid: str) -> str:

@@ -1,7 +1,9 @@
 """Follower: a copy of the whole namespace kept current from the store's version log, for
 those that need every name at hand (a StorageNode's index, a mount's tree). It takes pushed
 changes in order, asks for what it missed when one arrives out of order (or when it polls),
-and reloads everything only when the log no longer reaches back to its version."""
+and reloads everything only when the log no longer reaches back to its version. Given a `keep`
+(a StorageNode's Replica.keep), every change is handed to it before anyone hears of it: a push
+is acknowledged only once the host holds it durably."""
 from __future__ import annotations
 
 import threading
@@ -17,8 +19,9 @@ Change = tuple[str, Manifest | None, Manifest | None]  # (name, before, now)
 class Follower:
     def __init__(self, fetch_changes: Callable[[int], Changes | None],
                  fetch_all: Callable[[], tuple[int, dict[str, Manifest]]],
-                 on_change: Callable[[list[Change], bool], None] = lambda changed, whole: None):
-        self.fetch_changes, self.fetch_all, self.on_change = fetch_changes, fetch_all, on_change
+                 on_change: Callable[[list[Change], bool], None] = lambda changed, whole: None,
+                 keep: Callable[[dict[str, Manifest | None], int, bool], None] | None = None):
+        self.fetch_changes, self.fetch_all, self.on_change, self.keep = fetch_changes, fetch_all, on_change, keep
         self.version, self.manifests = -1, {}  # type: int, dict[str, Manifest]
         self.reloads = 0  # whole namespaces fetched (the first included)
         self._lock = threading.RLock()
@@ -59,6 +62,8 @@ class Follower:
     def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> bool:
         """`whole`: every name was fetched (on_change hears it even if nothing changed: a
         consumer holds its own state to the whole namespace then)."""
+        if self.keep is not None:
+            self.keep(names, version, whole)
         with gc_pause.paused():  # a whole namespace is a million changes at once (catch_up freezes it)
             changed = []
             for name, now in names.items():

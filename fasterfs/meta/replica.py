@@ -1,0 +1,153 @@
+"""Replica: a storage host's own durable copy of the namespace, so that no name lives on the
+head's disk alone.
+
+Each StorageNode's Follower writes every change it takes into one SQLite file beside the node's
+data (`node-<id>/namespace-replica.sqlite`), in one transaction committed with fsync, before it
+acknowledges the push; the Registry counts a change published only once enough hosts have it
+(cluster.durable_copies). A head that lost its disk is rebuilt from the newest replica
+(fasterfs.head_recovery).
+
+A replica records the version it reaches and a digest of its content (the XOR of one hash per
+name and manifest, kept as names change, so equal contents give equal digests whatever order
+they arrived in): two replicas at one version whose digests differ disagree, and neither is
+taken; a replica whose rows do not give its recorded digest (a torn or tampered file) is not
+either.
+"""
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import FasterFSError
+from ..manifest import Manifest
+
+FILE = "namespace-replica.sqlite"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS names(name TEXT PRIMARY KEY, manifest TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS facts(k TEXT PRIMARY KEY, v NOT NULL) WITHOUT ROWID;  -- cluster, version, digest, updated
+"""
+
+
+def _hash(name: str, text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{name}\0{text}".encode(), digest_size=16).digest(), "big")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a replica says of itself, read without trusting it further (`Replica.summary`)."""
+    path: str
+    cluster: str
+    version: int
+    names: int
+    digest: str
+    updated: float  # wall time of its last change
+    error: str | None = None  # why it cannot be taken (unreadable, damaged), else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Replica:
+    """One host's copy; its owner (the StorageNode's Follower) writes it under its own lock."""
+
+    def __init__(self, path: Path, cluster: str):
+        self.path, self.cluster = Path(path), cluster
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # a change acknowledged survives this host's power loss
+            self.db.executescript(SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO facts VALUES ('cluster', ?), ('version', -1), ('digest', '0'), "
+                            "('updated', 0)", (cluster,))
+            self.path.chmod(0o600)  # the namespace names every file: the owner's alone, as on the head
+        except sqlite3.Error as e:
+            raise FasterFSError(f"the namespace replica {self.path} cannot be opened: {e}") from None
+        theirs = self._fact("cluster")
+        if theirs != cluster:
+            raise FasterFSError(f"the namespace replica {self.path} belongs to cluster {theirs!r}, not {cluster!r}")
+
+    def _fact(self, k: str):
+        row = self.db.execute("SELECT v FROM facts WHERE k = ?", (k,)).fetchone()
+        return None if row is None else row[0]
+
+    @property
+    def version(self) -> int:
+        return int(self._fact("version"))
+
+    def keep(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> None:
+        """Each name's manifest at `version` (None: removed), in one transaction, on disk when this
+        returns. `whole`: `names` is every name (any other row goes)."""
+        digest = 0 if whole else int(self._fact("digest"), 16)
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            if whole:
+                self.db.execute("DELETE FROM names")
+            for name, m in names.items():
+                if not whole:
+                    row = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
+                    if row is not None:
+                        digest ^= _hash(name, row[0])
+                if m is None:
+                    if not whole:
+                        self.db.execute("DELETE FROM names WHERE name = ?", (name,))
+                    continue
+                text = m.to_json()
+                digest ^= _hash(name, text)
+                self.db.execute("INSERT OR REPLACE INTO names VALUES (?, ?)", (name, text))
+            self.db.executemany("UPDATE facts SET v = ? WHERE k = ?",
+                                [(version, "version"), (f"{digest:x}", "digest"), (time.time(), "updated")])
+            self.db.execute("COMMIT")
+        except BaseException as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise FasterFSError(f"the namespace replica {self.path} cannot be written: {e}") from None
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- read by recovery, never trusted further than checked --------------------------------
+    @staticmethod
+    def summary(path: Path) -> Summary:
+        """Version, size and digest as the file records them (no check of its rows: `verified`)."""
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                facts = dict(db.execute("SELECT k, v FROM facts").fetchall())
+                count = db.execute("SELECT count(*) FROM names").fetchone()[0]
+            finally:
+                db.close()
+            return Summary(str(path), str(facts["cluster"]), int(facts["version"]), count, str(facts["digest"]),
+                           float(facts["updated"]))
+        except (sqlite3.Error, KeyError, ValueError) as e:
+            return Summary(str(path), "", -1, 0, "", 0.0, f"unreadable: {e}")
+
+    @staticmethod
+    def verified(path: Path) -> tuple[Summary, list[str]]:
+        """The summary and every manifest's text, once SQLite's own check passes and the rows give
+        the recorded digest; FasterFSError naming the file otherwise."""
+        s = Replica.summary(path)
+        if s.error:
+            raise FasterFSError(f"namespace replica {path}: {s.error}")
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise FasterFSError(f"namespace replica {path} is damaged (SQLite: {check})")
+            rows = db.execute("SELECT name, manifest FROM names").fetchall()
+        except sqlite3.Error as e:
+            raise FasterFSError(f"namespace replica {path} cannot be read: {e}") from None
+        finally:
+            db.close()
+        digest = 0
+        for name, text in rows:
+            digest ^= _hash(name, text)
+        if f"{digest:x}" != s.digest:
+            raise FasterFSError(f"namespace replica {path}: its {len(rows)} names do not give the digest it "
+                                f"records for version {s.version} (torn or altered): not taken")
+        return s, [text for _, text in rows]
