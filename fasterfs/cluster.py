@@ -150,7 +150,8 @@ def _survey_hosts(cfg, state: ClusterState, head_id: str) -> tuple[dict[str, str
     silent = [a for a, ref in refs.items() if ref not in done]
     if silent:
         raise FasterFSError(f"hosts {silent} did not answer FasterFS's probe within {cfg.cluster.start_timeout_s} s")
-    return alive, [dict(ray.get(refs[a]), address=a) for a in addresses]
+    answers: dict[str, dict] = {a: ray.get(refs[a]) for a in addresses}
+    return alive, [dict(answers[a], address=a) for a in addresses]
 
 
 def _run_on(alive: dict[str, str], timeout: float):
