@@ -28,6 +28,11 @@ def cmd_up(cfg) -> None:
                   f"FasterFS dashboard {state.web_url or '(disabled)'}")
     if state.recovered:
         _print_recovered(state.recovered)
+    if state.resumed:
+        r = state.resumed
+        console.print(f"[yellow]The head was started again beside nodes that outlived it[/]: kept running "
+                      f"{r['kept']}, StorageNodes started again {r['restarted']}"
+                      + (f", [red]not back {r['not_back']}[/]" if r["not_back"] else ""), highlight=False)
     cmd_status(cfg)
 
 

@@ -9,6 +9,7 @@ provisional one first so that `down` can clean up a failed `up`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -62,6 +63,8 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         root.mkdir(mode=0o700, parents=True)  # only this user's, unless the operator opens it
     if layout.paths.state_file.exists():
         old = ClusterState.load(layout.paths.root)
+        if old.running() and not old.attached and not is_ray_start(old.head_ray_pid):
+            return resume(cfg, old)  # the head went away, its storage hosts did not: adopt them
         if old.running():
             raise FasterFSError(f"a FasterFS cluster is already running under {layout.paths.root} "
                                 f"(Ray at {old.ray_address}); run `fasterfs down` first")
@@ -164,6 +167,63 @@ def _run_on(alive: dict[str, str], timeout: float):
     return run
 
 
+def resume(cfg, state: ClusterState) -> ClusterState:
+    """The head started again beside storage hosts that outlived it: its `ray start` anew on the
+    same disk (the GCS takes up its session from RocksDB; the nodes, their StorageNodes, MinIO
+    servers and mounts reconnect and carry on), then what lived on the head alone made anew: the
+    Registry, the dashboard, and the StorageNode of a node whose Ray process went with the head."""
+    import ray
+
+    layout = Layout.of(cfg)
+    head = Host(state.head_address)
+    index = next((n.index for n in state.nodes if n.address == head.address), None)
+    # Ray's `ray start --head` takes a raylet still naming this GCS for a cluster already running
+    Path(ray_nodes.ray_temp_dir(state.root), "ray_current_cluster").unlink(missing_ok=True)
+    env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
+    log_path = layout.paths.log_dir / ("ray-head.log" if index is None else f"ray-node-{index}.log")
+    proc = ProjectCgroup.from_dict(state.cgroup).spawn(
+        ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes._head_env(cfg, env, index),
+        child="head" if index is None else f"node-{index}")
+    if index is None:
+        state.head_pid = proc.pid
+    else:
+        state.node(index).ray_pid = proc.pid
+    state.ready = False
+    state.save()
+    ray_nodes.wait_for_head(cfg, head, proc, log_path)
+    connect_ray(state)
+    head_id = ray_nodes.head_node_id(state)
+    alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    from .dashboard import ACTOR_NAME as DASHBOARD
+
+    for name in (registry.NAME, DASHBOARD):  # pinned to the head's old Ray node: gone with it
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(name, namespace=state.ray_namespace), no_restart=True)
+    registry.start(state, head_id, cfg.cluster.start_timeout_s)
+    directory = NodeDirectory(state.ray_namespace)
+    lost = []
+    for node in state.nodes:
+        if node.ray_node_id != alive.get(node.address) or directory.get(node.index) is None:
+            old = directory.get(node.index)
+            if old is not None:
+                ray.kill(old, no_restart=True)
+            node.ray_node_id = alive.get(node.address)
+            lost.append(node)
+    state.save()  # the Registry reads the nodes' Ray ids from here
+    ready = [n for n in lost if n.ray_node_id is not None]
+    if ready:
+        _start_storage_nodes(cfg, state, registry.fetch_keys(state.name), ready)
+    state.ready = True
+    state.resumed = {"at": time.time(), "restarted": [n.index for n in ready],
+                     "kept": [n.index for n in state.nodes if n not in lost],
+                     "not_back": [n.index for n in lost if n.ray_node_id is None]}
+    state.save()
+    if cfg.dashboard.enabled:
+        state.web_url = _start_dashboard(cfg, state, head_id)
+        state.save()
+    return state
+
+
 def _recover_head(cfg, layout: Layout, state: ClusterState, alive: dict[str, str], hosts: list[dict]) -> None:
     """The head's namespace and keys from the storage hosts when the head lost them; refused
     when what the hosts hold does not allow a safe start (fasterfs.head_recovery)."""
@@ -236,7 +296,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     head = Host(state.head_address)
     ray_nodes.provision(host, state.root)
     proc = cgroup.spawn(ray_nodes.ray_start_args(cfg, host, head, index, False), log_path,
-                        ray_nodes.ray_env(state.name, state.root), child=f"node-{index}")
+                        ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s), child=f"node-{index}")
     node.ray_pid = proc.pid
     state.save()
     deadline = time.monotonic() + cfg.cluster.start_timeout_s
@@ -328,6 +388,8 @@ def teardown(state: ClusterState) -> dict:
         cgroup.remove()  # also drops the SOCK_OPS attachments on the node cgroups
     except (OSError, FasterFSError) as e:
         report["actor_errors"].append(f"cgroup {cgroup.path}: {e}"[:300])
+    if not state.attached:  # the GCS's tables of a session that is over
+        shutil.rmtree(ray_nodes.gcs_dir(state.root), ignore_errors=True)
     spill = state.settings.spill_dir
     if spill and not state.attached:  # spilled objects die with the cluster, on the head and lab disks
         shutil.rmtree(spill, ignore_errors=True)

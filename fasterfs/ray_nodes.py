@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def _software_under_tmp() -> list[str]:
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
-def ray_env(name: str, root: str | Path) -> dict[str, str]:
+def ray_env(name: str, root: str | Path, head_wait_s: float) -> dict[str, str]:
     """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
     a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
     project's environment whatever shell submitted it; the Ray token's file (fasterfs.auth);
@@ -55,6 +56,10 @@ def ray_env(name: str, root: str | Path) -> dict[str, str]:
     # Serve's proxies), which never happens while a StorageNode holds its lease: at once instead.
     # No event-loop statistics and no debug_state.txt every 10 s in each Ray process (Ray's own
     # debugging aids): 1.5% of a core less for an idle 2-node cluster (measured).
+    # Ray's head fault tolerance: every Ray process (raylets, workers, drivers such as the mount's
+    # agent) waits this long for a GCS that went away before ending itself (Ray's 60 s took every
+    # reader down with the head).
+    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(head_wait_s))
     return dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
                 RAY_event_stats="false", RAY_debug_dump_period_milliseconds="0",
                 PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
@@ -111,11 +116,20 @@ def node_ports(cfg, index: int | None) -> int:
     return int(cfg.cluster.node_ports) + NODE_PORT_STRIDE * (HEAD_SLOT if index is None else index)
 
 
+def gcs_dir(root: str | Path) -> Path:
+    """Where the head's GCS keeps its tables (Ray's embedded RocksDB backend), on the head's disk."""
+    return Paths(Path(root)).root / "gcs"
+
+
 def _head_env(cfg, env: dict, index: int | None) -> dict:
     """The head's autoscaler monitor and dashboard also serve Prometheus metrics, by default
-    on 44217 and 44227 of every interface (clusters would collide): in the head's port block."""
+    on 44217 and 44227 of every interface (clusters would collide): in the head's port block.
+    The GCS keeps its tables in RocksDB on the head's disk: a head started again on the same
+    disk takes up the same session, and the nodes, actors and jobs that outlived it carry on."""
     base = node_ports(cfg, index)
-    return dict(env, AUTOSCALER_METRIC_PORT=str(base + 5), DASHBOARD_METRIC_PORT=str(base + 6))
+    storage = private_dir(gcs_dir(cfg.cluster.root), "the GCS's directory")
+    return dict(env, AUTOSCALER_METRIC_PORT=str(base + 5), DASHBOARD_METRIC_PORT=str(base + 6),
+                RAY_gcs_storage="rocksdb", RAY_gcs_storage_path=str(storage))
 
 
 def check_ports(cfg, head: Host, hosts: list[Host]) -> None:
@@ -157,11 +171,13 @@ def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head:
     """One `ray start` per host (and one for a head without storage), all side by side (a
     node's `ray start` waits for the head's GCS); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
-    env = ray_env(state.name, state.root)
+    env = ray_env(state.name, state.root, cfg.cluster.head_wait_s)
     logs = layout.paths.log_dir
     for i, host in [(None, head)] * (head not in hosts) + list(enumerate(hosts)):
         if not host.disk:  # on this machine's /tmp, at a predictable name: another user's is never used
             private_dir(ray_temp_dir(state.root, None if host == head else i), "Ray's directory")
+    # a new cluster, a new session: tables an earlier cluster's GCS left on this disk are not taken up
+    shutil.rmtree(gcs_dir(state.root), ignore_errors=True)
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
         head_log = logs / "ray-head.log"
         head_proc = cgroup.spawn(ray_start_args(cfg, head, head, None, True), head_log,

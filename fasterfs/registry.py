@@ -231,11 +231,11 @@ def find(cfg, root=None) -> ClusterState:
         name = ns[len(ray_namespace("")):] if ns.startswith(ray_namespace("")) else cfg.cluster.name
     elif address := _ray_address(cfg):
         name = cfg.cluster.name
-        join(address, name, cfg.cluster.root)
+        join(address, name, cfg.cluster.root, cfg.cluster.head_wait_s)
     else:
         head = ClusterState.load(Path(root or cfg.cluster.root))
         name = head.name
-        join(head.ray_address, name, head.root)
+        join(head.ray_address, name, head.root, cfg.cluster.head_wait_s)
     return find_in_ray(name)
 
 

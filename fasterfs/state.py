@@ -90,6 +90,7 @@ class ClusterState:
     tls_ca: str | None = None  # the CA certificate (PEM) MinIO's certificates are checked against (minio.tls)
     namespace_pid: int | None = None  # the namespace store's server, if it has one (meta.redis_server)
     recovered: dict | None = None  # what `up` took back from the storage hosts (fasterfs.head_recovery)
+    resumed: dict | None = None  # the last `up` that started the head again beside live nodes (cluster.resume)
     started: float = field(default_factory=time.time)
 
     def trust(self) -> ClusterState:
@@ -142,6 +143,13 @@ class ClusterState:
         except (KeyError, TypeError, AttributeError) as e:  # a key missing or unknown, a value of the wrong shape
             raise FasterFSError(f"cluster state file {path} is not one FasterFS wrote ({type(e).__name__}: {e}); "
                                 "if no cluster runs under this root, remove it") from None
+
+    @property
+    def head_ray_pid(self) -> int | None:
+        """The head's `ray start` (a head of its own, or the storage node on the head's address)."""
+        if self.head_pid:
+            return self.head_pid
+        return next((n.ray_pid for n in self.nodes if n.address == self.head_address), None)
 
     def ray_processes_alive(self) -> list[int]:
         pids = [n.ray_pid for n in self.nodes] + [self.head_pid]
@@ -224,9 +232,10 @@ def in_ray_worker() -> bool:
 DRIVER_METADATA: dict[str, str] = {}
 
 
-def join(ray_address: str, cluster_name: str, root: str | None = None):
+def join(ray_address: str, cluster_name: str, root: str | None = None, head_wait_s: float | None = None):
     """Join the cluster at `ray_address` as a driver (a no-op inside a Ray worker of it), with
-    the Ray token under `root` on this host if there is one (fasterfs.auth)."""
+    the Ray token under `root` on this host if there is one (fasterfs.auth); a driver outlives a
+    head that went away by `head_wait_s` (cluster.head_wait_s), as the cluster's Ray processes do."""
     import ray
 
     from . import auth
@@ -238,6 +247,8 @@ def join(ray_address: str, cluster_name: str, root: str | None = None):
             return ray
         ray.shutdown()  # connected to another cluster (a test's, say): switch
     auth.prepare_driver(root)
+    if head_wait_s is not None:  # read by the driver's core worker as it starts
+        os.environ["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(head_wait_s))
     host, port = ray_address.rsplit(":", 1)
     try:  # ray.init retries a GCS that is not there for many minutes
         socket.create_connection((host, int(port)), timeout=5).close()
@@ -275,7 +286,7 @@ def leave() -> None:
 
 
 def connect_ray(state: ClusterState):
-    return join(state.ray_address, state.name, state.root)
+    return join(state.ray_address, state.name, state.root, state.config.get("cluster", {}).get("head_wait_s"))
 
 
 def on_node(node: NodeState, task: str | None = None, soft: bool = False) -> dict:
