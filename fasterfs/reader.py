@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from . import registry
 from .client import Client
 from .errors import FasterFSError
+from .head_link import HeadAway, HeadLink
 from .manifest import Manifest
 from .meta import AttrsListing, Resolved
 from .namespace import Entry, Tree
@@ -61,6 +62,9 @@ class Namespace:
         self.state = registry.find(cfg, root)
         self.cfg, self.use_cache, self.refresh_s = cfg, use_cache, refresh_s
         self._creds = registry.fetch_credentials(self.state.name)
+        # the Registry, or this host's copy of the namespace while the head is away
+        self.head = HeadLink(self.state.name, self.state.root, float(cfg.namespace.head_timeout_s),
+                             float(cfg.namespace.head_retry_s))
         # held while a change is applied: what a watcher sends under it is in version order
         self.lock = threading.RLock()
         self._checked = 0.0
@@ -87,13 +91,16 @@ class Namespace:
                 return
             self._checked = now
             watched = self.on_change is not None
-            changes = registry.fetch_changes(self.state.name, self.version, watched) if self.version >= 0 else None
-            if changes is not None and changes.version == self.version:
+            try:
+                changes = self.head.ask("changes", self.version, watched) if self.version >= 0 else None
+                version = self.head.ask("namespace_version") if changes is None else changes.version
+            except HeadAway:  # this host's copy: no log, so anything may have changed once it moved on
+                changes, version = None, self.head.local().summary().version
+            if version == self.version:
                 return
             if changes is not None:
                 self.fetched["changes"] += 1
                 self.fetched["names"] += len(changes.names)
-            version = registry.namespace_version(self.state.name) if changes is None else changes.version
             names = None if changes is None else changes.names
             self.paths.changed(None if names is None else list(names), version)
             self._forget_clients(names)
@@ -154,7 +161,10 @@ class Namespace:
 
     def _resolve(self, path: str) -> tuple[Entry | None, Resolved]:
         """What the store says `path` names now (kept in the path cache), and the store's answer."""
-        found = registry.resolve(self.state.name, path)
+        try:
+            found = self.head.ask("resolve", path)
+        except HeadAway:
+            found = self.head.local().resolve(path)
         self.fetched["resolved"] += 1
         self._catch_up(found.version)
         m = found.manifest
@@ -168,7 +178,10 @@ class Namespace:
         """Directory `path` of the store with its names' attributes (no manifest crosses); None
         if the store has no such directory (a dataset's are in its manifest: `listdir`)."""
         self.fetched["listed"] += 1
-        listing = registry.list_attrs(self.state.name, path)
+        try:
+            listing = self.head.ask("list_attrs", path)
+        except HeadAway:
+            listing = self.head.local().attrs(path)
         if listing is not None:
             self._catch_up(listing.version)
         return listing
@@ -181,7 +194,11 @@ class Namespace:
 
     def is_dir(self, path: str) -> bool:
         """Whether the store has names under `path` now."""
-        return registry.resolve(self.state.name, path).dir_mtime is not None
+        try:
+            found = self.head.ask("resolve", path)
+        except HeadAway:
+            found = self.head.local().resolve(path)
+        return found.dir_mtime is not None
 
     def listdir(self, path: str) -> list[Entry]:
         self.refresh()
@@ -192,7 +209,10 @@ class Namespace:
             raise NotADirectoryError(f"{path}: is a file")
         if found.manifest is not None and found.manifest.kind == "dataset":  # within one: from its manifest
             return Tree({found.manifest.name: found.manifest}).listdir(entry.path)
-        listing = registry.listdir(self.state.name, entry.path)
+        try:
+            listing = self.head.ask("listdir", entry.path)
+        except HeadAway:
+            listing = self.head.local().listdir(entry.path)
         self.fetched["listed"] += 1
         if listing is not None:
             self._catch_up(listing.version)

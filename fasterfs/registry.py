@@ -246,89 +246,90 @@ def _ray_address(cfg) -> str | None:
     return cfg.cluster.ray_address or (env if re.fullmatch(r"[\w.-]+:\d+", env) else None)
 
 
-def _ask(cluster_name: str, what: str, *args):
+def ask(cluster_name: str, what: str, *args, timeout: float = 120):
+    """The Registry's method `what` called with `args`, waited for up to `timeout`."""
     import ray
 
-    return ray.get(getattr(handle(cluster_name), what).remote(*args), timeout=120)
+    return ray.get(getattr(handle(cluster_name), what).remote(*args), timeout=timeout)
 
 
 def find_in_ray(cluster_name: str) -> ClusterState:
-    return ClusterState.from_dict(_ask(cluster_name, "state")).trust()
+    return ClusterState.from_dict(ask(cluster_name, "state")).trust()
 
 
 def fetch_credentials(cluster_name: str, role: str = "reader") -> credentials.Credentials:
     """MinIO keys for `role`: "reader" (list and GET only) unless the caller writes ("admin")."""
-    return _ask(cluster_name, "credentials", role)
+    return ask(cluster_name, "credentials", role)
 
 
 def fetch_keys(cluster_name: str) -> credentials.ClusterKeys:
-    return _ask(cluster_name, "all_keys")
+    return ask(cluster_name, "all_keys")
 
 
 def issue_certificate(cluster_name: str, address: str, public_key_pem: str) -> tuple[str, str]:
-    return _ask(cluster_name, "issue_certificate", address, public_key_pem)
+    return ask(cluster_name, "issue_certificate", address, public_key_pem)
 
 
 def fetch_manifest(cluster_name: str, name: str | None = None) -> Manifest | None:
-    return _ask(cluster_name, "manifest", name)
+    return ask(cluster_name, "manifest", name)
 
 
 def fetch_manifests(cluster_name: str) -> tuple[int, dict[str, Manifest]]:
     """The whole namespace, decoded by the caller from pages of texts (a StorageNode starting at a
     million names: the head serves rows, it does not parse or pickle a million manifests)."""
-    return whole(partial(namespace_version, cluster_name), partial(_ask, cluster_name, "manifest_page"),
+    return whole(partial(namespace_version, cluster_name), partial(ask, cluster_name, "manifest_page"),
                  partial(fetch_changes, cluster_name))
 
 
 def fetch_manifests_of(cluster_name: str, names: list[str]) -> dict[str, Manifest]:
-    return _ask(cluster_name, "manifests_of", names)
+    return ask(cluster_name, "manifests_of", names)
 
 
 def fetch_changes(cluster_name: str, since: int, manifests: bool = True) -> Changes | None:
-    return _ask(cluster_name, "changes", since, manifests)
+    return ask(cluster_name, "changes", since, manifests)
 
 
 def resolve(cluster_name: str, path: str) -> Resolved:
-    return _ask(cluster_name, "resolve", path)
+    return ask(cluster_name, "resolve", path)
 
 
 def listdir(cluster_name: str, path: str) -> Listing | None:
-    return _ask(cluster_name, "listdir", path)
+    return ask(cluster_name, "listdir", path)
 
 
 def list_attrs(cluster_name: str, path: str) -> AttrsListing | None:
     """A directory of the store with its names' attributes (None: no such directory in the
     store; a dataset's directories are in its manifest)."""
-    return _ask(cluster_name, "list_attrs", path)
+    return ask(cluster_name, "list_attrs", path)
 
 
 def namespace_version(cluster_name: str) -> int:
-    return _ask(cluster_name, "namespace_version")
+    return ask(cluster_name, "namespace_version")
 
 
 def names_count(cluster_name: str) -> int:
-    return _ask(cluster_name, "names_count")
+    return ask(cluster_name, "names_count")
 
 
 def conflict(cluster_name: str, name: str, kind: str) -> str | None:
-    return _ask(cluster_name, "conflict", name, kind)
+    return ask(cluster_name, "conflict", name, kind)
 
 
 def publish_batch(cluster_name: str, items: list[tuple[Manifest, str]], pending: bool = False) -> tuple[int, list[int]]:
-    return _ask(cluster_name, "publish_batch", items, pending)
+    return ask(cluster_name, "publish_batch", items, pending)
 
 
 def pending_write(cluster_name: str, pieces: list[tuple[int, str, str]]) -> None:
-    _ask(cluster_name, "pending_write", pieces)
+    ask(cluster_name, "pending_write", pieces)
 
 
 def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list[int]:
-    return _ask(cluster_name, "publish_manifest", manifest, prefix)
+    return ask(cluster_name, "publish_manifest", manifest, prefix)
 
 
 def update_chunks(cluster_name: str, items: list[tuple[str, str, Moves]],
                   fence: tuple[int, int] | None = None) -> dict[str, list[int]]:
-    return _ask(cluster_name, "update_chunks", items, fence)
+    return ask(cluster_name, "update_chunks", items, fence)
 
 
 def lease_repair(cluster_name: str, node: int, ttl_s: float) -> int | None:
@@ -338,20 +339,20 @@ def lease_repair(cluster_name: str, node: int, ttl_s: float) -> int | None:
 
 
 def expired_pieces(cluster_name: str, keep_old_s: float) -> list[tuple[int, str]]:
-    return _ask(cluster_name, "expired_pieces", keep_old_s)
+    return ask(cluster_name, "expired_pieces", keep_old_s)
 
 
 def remove(cluster_name: str, name: str) -> Manifest:
-    return _ask(cluster_name, "remove", name)
+    return ask(cluster_name, "remove", name)
 
 
 def expired(cluster_name: str, keep_old_s: float) -> list[dict]:
-    return _ask(cluster_name, "expired", keep_old_s)
+    return ask(cluster_name, "expired", keep_old_s)
 
 
 def generations(cluster_name: str, dataset: str) -> list[str]:
-    return _ask(cluster_name, "generations", dataset)
+    return ask(cluster_name, "generations", dataset)
 
 
 def put_report(cluster_name: str, run: str, name: str, data: bytes) -> str:
-    return _ask(cluster_name, "put_report", run, name, data)
+    return ask(cluster_name, "put_report", run, name, data)

@@ -94,3 +94,103 @@ def test_a_head_that_lost_its_disk_takes_every_name_back_from_the_hosts(own, tmp
     with pytest.raises(FasterFSError, match=r"no host holds a replica of it, yet .*node-0.* hold objects"):
         cluster.up(config.load(overrides))
     assert not (root / "cluster.json").exists()
+
+
+READER = r'''
+import json, sys, threading, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from fasterfs import config
+from fasterfs.state import ClusterState, connect_ray
+
+overrides, node_id, src, out, seconds = json.loads(sys.argv[1])
+state = ClusterState.load(config.Layout.of(config.load(overrides)).paths.root)
+connect_ray(state)
+
+@ray.remote(num_cpus=0)
+class Reader:
+    """Reads every file in turn through a Namespace, each checked against its source."""
+    def start(self):
+        from pathlib import Path
+        from fasterfs.reader import Namespace
+        ns = Namespace(config.load(overrides))
+        files = sorted(p for p in Path(src).rglob("*") if p.is_file())
+        def loop():
+            t0 = time.monotonic()
+            i = 0
+            with open(out, "w") as f:
+                while time.monotonic() - t0 < seconds:
+                    p = files[i % len(files)]
+                    i += 1
+                    began = time.monotonic()
+                    try:
+                        got = "ok" if ns.cat("team/" + str(p.relative_to(src))) == p.read_bytes() else "wrong"
+                    except Exception as e:
+                        got = f"failed: {type(e).__name__}: {e}"[:300]
+                    f.write(json.dumps({"t": round(began - t0, 2), "s": round(time.monotonic() - began, 3),
+                                        "got": got, "head": ns.head.status()["head"]}) + "\n")
+                    f.flush()
+                    time.sleep(max(0.0, 0.2 - (time.monotonic() - began)))
+        threading.Thread(target=loop, daemon=True).start()
+        return True
+
+r = Reader.options(name="head-loss-reader", namespace=state.ray_namespace, lifetime="detached",
+                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+assert ray.get(r.start.remote(), timeout=120)
+'''
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts_the_nodes(own, tmp_path):
+    import json
+    import os
+    import signal
+    import time
+
+    from fasterfs.state import leave
+
+    root, overrides = own
+    files = tree(tmp_path / "src", 12)
+    state = cluster.up(config.load(overrides))
+    out = subprocess.run([CLI, "put", "-r", str(tmp_path / "src"), "team/"] + overrides,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    log = tmp_path / "reads.jsonl"
+    node1 = next(n for n in state.nodes if n.address != state.head_address)
+    args = json.dumps([overrides, node1.ray_node_id, str(tmp_path / "src"), str(log), 36])
+    started = subprocess.run([sys.executable, "-c", READER, args], capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-3000:]
+    leave()  # this process is no driver of the head's node when it goes
+    time.sleep(3)
+    gcs = [p for p in children(state.head_ray_pid) if Path(f"/proc/{p}/comm").read_text().strip() == "gcs_server"]
+    assert len(gcs) == 1
+    os.kill(gcs[0], signal.SIGKILL)  # the head's GCS, and with it the head's Ray node, gone at once
+    killed = time.monotonic()
+    time.sleep(8)
+    back = subprocess.run([CLI, "up"] + overrides, capture_output=True, text=True, timeout=300)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "started again beside nodes that outlived it: kept running [1]" in back.stdout, back.stdout
+    (tmp_path / "late.bin").write_bytes(b"written once the head is back")
+    put = subprocess.run([CLI, "put", str(tmp_path / "late.bin"), "team/late.bin"] + overrides,
+                         capture_output=True, text=True, timeout=120)
+    assert put.returncode == 0, put.stdout + put.stderr
+    accepted_s = time.monotonic() - killed
+    time.sleep(max(0.0, 36 - (time.monotonic() - killed)))
+    reads = [json.loads(line) for line in log.read_text().splitlines()]
+    bad = [r for r in reads if r["got"] != "ok"]
+    assert not bad, bad[:5]
+    away = [r for r in reads if r["head"] == "away"]
+    assert away and max(r["t"] for r in reads) > 30  # read through the absence, and after it
+    print(f"reads {len(reads)}, {len(away)} while the head was away, the slowest {max(r['s'] for r in reads)} s; "
+          f"first accepted put {accepted_s:.1f} s after the kill")

@@ -3,6 +3,7 @@
 and a copy that is torn, behind or disagrees is never taken. No Ray, no MinIO."""
 import random
 import sqlite3
+import time
 
 import pytest
 
@@ -119,3 +120,60 @@ def test_a_current_head_takes_nothing():
     p = head_recovery.plan([host("10.0.0.1", 0, 9), host("10.0.0.2", 1, 8)], head_names=3, head_version=9,
                            head_has_keys=True)
     assert p.replica is None and p.keys_from is None
+
+
+def test_a_replica_answers_lookups_and_listings_as_the_store_does(tmp_path):
+    from fasterfs.meta import NamespaceStore
+    from fasterfs.meta.replica import ReplicaView
+    from fasterfs.meta.sqlite import SQLiteEngine
+
+    store = NamespaceStore(SQLiteEngine(tmp_path / "head.sqlite"), "c", lambda method, arg: [])
+    replica = Replica(tmp_path / "r", "c")
+    rng = random.Random(5)
+    for i in range(60):
+        name = f"a{rng.randrange(3)}/b{rng.randrange(3)}/f{i}" if i % 7 else f"top{i}"
+        store.publish(manifest(name, f"g{i}"), "p/")
+    version, names = store.manifests()
+    replica.keep(dict(names), version, whole=True)
+    view = ReplicaView(tmp_path / "r")
+    paths = ["", "a0", "a1/b2", "nothing", "a0/b1/f5", "top0", "a2/b0/nope"] + sorted(names)[:5]
+    for path in paths:
+        want, got = store.resolve(path), view.resolve(path)
+        assert (got.version, got.manifest, got.dir_mtime is None) == (want.version, want.manifest,
+                                                                      want.dir_mtime is None), path
+        want_l, got_l = store.attrs(path), view.attrs(path)
+        assert (got_l is None) == (want_l is None), path
+        if want_l is not None:
+            assert [d for d, _ in got_l.dirs] == [d for d, _ in want_l.dirs] and got_l.names == want_l.names, path
+
+
+def test_a_reader_asks_the_head_once_per_absence_then_this_hosts_copy(tmp_path):
+    from fasterfs import identity
+    from fasterfs.config import Paths
+    from fasterfs.head_link import HeadAway, HeadLink
+    from fasterfs.meta.replica import FILE
+
+    identity.record(Paths(tmp_path), 0, "c", "10.0.0.1")
+    x = manifest("x")
+    Replica(Paths(tmp_path).node_dir(0) / FILE, "c").keep({"x": x}, 4)
+    asked = []
+    up = {"head": False}
+
+    def ask(what, *args):
+        asked.append(what)
+        if not up["head"]:
+            raise FasterFSError("no registry")
+        return 4
+
+    link = HeadLink("c", tmp_path, timeout_s=1, retry_s=0.05, ask=ask)
+    for _ in range(3):
+        with pytest.raises(HeadAway):
+            link.ask("resolve", "x")
+        assert link.local().resolve("x").manifest == x
+    assert asked.count("resolve") == 1  # once; then only the probe, off the readers' path
+    assert link.status()["head"] == "away" and link.status()["copy"]["version"] == 4
+    up["head"] = True
+    deadline = time.monotonic() + 5
+    while link.away_since is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert link.ask("namespace_version") == 4 and link.status()["head"] == "answering"

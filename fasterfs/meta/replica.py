@@ -23,6 +23,8 @@ from pathlib import Path
 
 from ..errors import FasterFSError
 from ..manifest import Manifest
+from .engine import Attrs
+from .store import AttrsListing, Listing, Resolved
 
 FILE = "namespace-replica.sqlite"
 SCHEMA = """
@@ -151,3 +153,64 @@ class Replica:
             raise FasterFSError(f"namespace replica {path}: its {len(rows)} names do not give the digest it "
                                 f"records for version {s.version} (torn or altered): not taken")
         return s, [text for _, text in rows]
+
+
+class ReplicaView:
+    """Read-only answers from a replica, as the Registry's store would give them: for a reader on a
+    storage host while the head is away (fasterfs.head_link). A directory is found by the names
+    under it (a range of the primary key): a listing costs the names below it, not the namespace."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+
+    def summary(self) -> Summary:
+        return Replica.summary(self.path)
+
+    def _get(self, name: str) -> Manifest | None:
+        row = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
+        return None if row is None else Manifest.from_json(row[0], f"{name!r} in {self.path}")
+
+    def _under(self, path: str) -> list[Manifest]:
+        if not path:
+            rows = self.db.execute("SELECT manifest FROM names").fetchall()
+        else:  # '0' follows '/': every name that starts with path + '/'
+            rows = self.db.execute("SELECT manifest FROM names WHERE name > ? AND name < ?",
+                                   (path + "/", path + "0")).fetchall()
+        return [Manifest.from_json(text, str(self.path)) for (text,) in rows]
+
+    def resolve(self, path: str) -> Resolved:
+        version = self.summary().version
+        m = self._get(path)
+        if m is not None:
+            return Resolved(version, m, None)
+        under = self._under(path)
+        if under or not path:
+            return Resolved(version, None, max((u.created for u in under), default=0.0))
+        top = self._get(path.split("/")[0]) if "/" in path else None
+        return Resolved(version, top if top is not None and top.kind == "dataset" else None, None)
+
+    def listdir(self, path: str) -> Listing | None:
+        """One directory as the store lists it (None: no such directory)."""
+        under = self._under(path)
+        if not under and path:
+            return None
+        dirs: dict[str, float] = {}
+        names = []
+        for m in under:
+            rest = m.name[len(path) + 1:] if path else m.name
+            if "/" in rest:
+                d = f"{path}/{rest.split('/')[0]}" if path else rest.split("/")[0]
+                dirs[d] = max(dirs.get(d, 0.0), m.created)
+            else:
+                names.append(m)
+        return Listing(self.summary().version, sorted(dirs.items()), sorted(names, key=lambda m: m.name))
+
+    def attrs(self, path: str) -> AttrsListing | None:
+        listing = self.listdir(path)
+        if listing is None:
+            return None
+        return AttrsListing(listing.version, listing.dirs, [Attrs.of(m) for m in listing.names])
+
+    def close(self) -> None:
+        self.db.close()
