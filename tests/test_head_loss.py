@@ -4,10 +4,14 @@ blank head takes the names and keys back from the hosts; every file then reads a
 Without a copy anywhere, `up` refuses to start an empty namespace over the stored objects."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from fasterfs import cluster, config
 from fasterfs.errors import FasterFSError
 from fasterfs.meta.replica import FILE as REPLICA_FILE
 from fasterfs.reader import Namespace
+from fasterfs.state import leave
 
 CLI = str(Path(sys.executable).parent / "fasterfs")
 
@@ -113,6 +118,7 @@ class Reader:
     def start(self):
         from pathlib import Path
         from fasterfs.reader import Namespace
+from fasterfs.state import leave
         ns = Namespace(config.load(overrides))
         files = sorted(p for p in Path(src).rglob("*") if p.is_file())
         def loop():
@@ -153,15 +159,8 @@ def children(pid: int) -> list[int]:
 
 
 def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts_the_nodes(own, tmp_path):
-    import json
-    import os
-    import signal
-    import time
-
-    from fasterfs.state import leave
-
-    root, overrides = own
-    files = tree(tmp_path / "src", 12)
+    _, overrides = own
+    tree(tmp_path / "src", 12)
     state = cluster.up(config.load(overrides))
     out = subprocess.run([CLI, "put", "-r", str(tmp_path / "src"), "team/"] + overrides,
                          capture_output=True, text=True, timeout=300)
