@@ -159,7 +159,10 @@ def test_no_secret_in_anything_the_cluster_wrote(live_cluster, overrides, ingest
 
     secrets = _secrets(live_cluster.root)
     root = Path(live_cluster.root)
-    kept = {Paths(root).credentials_file, auth.token_file(root)}  # where they belong (0600)
+    # where they belong (0600): the head's, and each storage host's copy a head that lost its disk takes back
+    kept = {Paths(root).credentials_file, auth.token_file(root)}
+    kept |= {Paths(root).node_dir(n.index) / credentials.NODE_COPY for n in live_cluster.nodes}
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in kept), [(p, oct(p.stat().st_mode)) for p in kept]
     # MinIO's own user store holds the reader's identity, as any MinIO does
     leaks = _files_holding(root, secrets, lambda p: p in kept or ".minio.sys" in p.parts)
     import ray
