@@ -91,12 +91,13 @@ class ProjectCgroup:
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
 
-    def pids(self) -> list[int]:
-        """Every process in the cgroup and its children."""
-        if not self.path or not self.path.exists():
+    def pids(self, child: str | None = None) -> list[int]:
+        """Every process in the cgroup (or its `child` cgroup) and the cgroups below."""
+        top = self.path / child if self.path and child else self.path
+        if not top or not top.exists():
             return []
         pids = []
-        for directory, _, _ in os.walk(self.path):
+        for directory, _, _ in os.walk(top):
             try:
                 pids += [int(p) for p in Path(directory, "cgroup.procs").read_text().split()]
             except OSError:

@@ -42,6 +42,7 @@ from .cli_lab import (
     cmd_lab_slow,
     cmd_lab_thaw,
     cmd_lab_up,
+    host_or_head,
     peer_list,
 )
 from .errors import ConfigError, FasterFSError, UsageError
@@ -60,6 +61,7 @@ class Command:
 
 
 NODE = ("node", dict(type=int, metavar="NODE", help="a lab host's node id (0, 1, ...)"))
+HOST = ("node", dict(type=host_or_head, metavar="NODE", help="a lab host's node id (0, 1, ...), or head"))
 COMMANDS = {
     "up": Command(cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO",
                   "fasterfs up nodes=4"),
@@ -89,10 +91,10 @@ COMMANDS = {
                         (NODE, ("command", dict(nargs="+", metavar="COMMAND",
                                                 help="the command and its arguments, after --")))),
     "lab power-off": Command(cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing "
-                             "power", "fasterfs lab power-off 2", (NODE,)),
-    "lab power-on": Command(cmd_lab_power_on, "start a powered-off lab host again", "fasterfs lab power-on 2 --empty",
-                            (NODE,), (("--empty", dict(action="store_true",
-                                                       help="with a blank disk, as a replaced machine")),)),
+                             "power (head: the head's)", "fasterfs lab power-off 2", (HOST,)),
+    "lab power-on": Command(cmd_lab_power_on, "start a powered-off lab host again (head: the head, adopting the "
+                            "hosts that ran on)", "fasterfs lab power-on 2 --empty", (HOST,),
+                            (("--empty", dict(action="store_true", help="with a blank disk, as a replaced machine")),)),
     "lab partition": Command(cmd_lab_partition, "cut a lab host off from others (both ways, or --one-way: it cannot "
                              "reach them, they still reach it)", "fasterfs lab partition 0 1,2",
                              (NODE, ("peers", dict(type=peer_list, metavar="PEERS",

@@ -50,17 +50,42 @@ def _lab_state(cfg, node: int):
     return state
 
 
-def cmd_lab_power_off(cfg, node: int) -> None:
+def host_or_head(text: str) -> int | str:
+    """argparse type of `lab power-off/on`'s NODE: a host's id, or head."""
+    import argparse
+
+    if text == "head" or text.isdigit():
+        return text if text == "head" else int(text)
+    raise argparse.ArgumentTypeError(f"{text!r}: give a lab host's node id (0, 1, ...) or head")
+
+
+def cmd_lab_power_off(cfg, node: int | str) -> None:
     from . import lab
 
+    if node == "head":
+        killed = lab.power_off_head(cluster.ClusterState.load(config.Layout.of(cfg).paths.root))
+        console.print(f"the lab's head powered off: {killed} processes killed at once; the hosts run on, waiting "
+                      "for it; `fasterfs lab power-on head` brings it back")
+        return
+    assert isinstance(node, int)
     state, index = _lab_state(cfg, node), node
     killed = lab.power_off(state, index)
     console.print(f"lab host {index} powered off: {killed} processes killed at once; its disk is kept")
 
 
-def cmd_lab_power_on(cfg, node: int, empty: bool = False) -> None:
+def cmd_lab_power_on(cfg, node: int | str, empty: bool = False) -> None:
     from . import lab
 
+    if node == "head":
+        if empty:
+            raise UsageError("argument --empty: the head comes back on its disk; a head that lost it is rebuilt by "
+                             "`fasterfs lab down` then `fasterfs lab up`, which take the names back from the hosts")
+        with console.status("starting the lab's head"):
+            resumed = lab.power_on_head(cfg).resumed or {}
+        console.print(f"the lab's head back: kept running {resumed.get('kept')}, StorageNodes started again "
+                      f"{resumed.get('restarted')}", highlight=False)
+        return
+    assert isinstance(node, int)
     _lab_state(cfg, node)
     index = node
     with console.status(f"starting lab host {index}"):

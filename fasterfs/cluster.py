@@ -63,8 +63,8 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         root.mkdir(mode=0o700, parents=True)  # only this user's, unless the operator opens it
     if layout.paths.state_file.exists():
         old = ClusterState.load(layout.paths.root)
-        if old.running() and not old.attached and not is_ray_start(old.head_ray_pid):
-            return resume(cfg, old)  # the head went away, its storage hosts did not: adopt them
+        if old.running() and _head_lost(old):
+            return resume(old)  # the head went away, its storage hosts did not: adopt them
         if old.running():
             raise FasterFSError(f"a FasterFS cluster is already running under {layout.paths.root} "
                                 f"(Ray at {old.ray_address}); run `fasterfs down` first")
@@ -167,30 +167,49 @@ def _run_on(alive: dict[str, str], timeout: float):
     return run
 
 
-def resume(cfg, state: ClusterState) -> ClusterState:
-    """The head started again beside storage hosts that outlived it: its `ray start` anew on the
-    same disk (the GCS takes up its session from RocksDB; the nodes, their StorageNodes, MinIO
-    servers and mounts reconnect and carry on), then what lived on the head alone made anew: the
-    Registry, the dashboard, and the StorageNode of a node whose Ray process went with the head."""
+def _head_lost(state: ClusterState) -> bool:
+    """Whether the head of a cluster whose nodes still run went away: its `ray start` gone (a
+    cluster `up` started), or no Registry answering (Ray started by someone else, its head
+    started again by them: cluster.yaml)."""
+    if not state.attached:
+        return not is_ray_start(state.head_ray_pid)
     import ray
 
+    connect_ray(state)
+    try:
+        ray.get(registry.handle(state.name).ready.remote(), timeout=10)
+        return False
+    except (FasterFSError, ray.exceptions.RayError):
+        return True
+
+
+def resume(state: ClusterState) -> ClusterState:
+    """The head started again beside storage hosts that outlived it: its `ray start` anew on the
+    same disk (the GCS takes up its session from RocksDB; the nodes, their StorageNodes, MinIO
+    servers and mounts reconnect and carry on; with cluster.attach Ray's owner starts it), then
+    what lived on the head alone made anew: the Registry, the dashboard, and the StorageNode of
+    a node whose Ray process went with the head. With the settings the cluster was started with."""
+    import ray
+
+    cfg = as_cfg(state.config)
     layout = Layout.of(cfg)
     head = Host(state.head_address)
-    index = next((n.index for n in state.nodes if n.address == head.address), None)
-    # Ray's `ray start --head` takes a raylet still naming this GCS for a cluster already running
-    Path(ray_nodes.ray_temp_dir(state.root), "ray_current_cluster").unlink(missing_ok=True)
-    env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
-    log_path = layout.paths.log_dir / ("ray-head.log" if index is None else f"ray-node-{index}.log")
-    proc = ProjectCgroup.from_dict(state.cgroup).spawn(
-        ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes._head_env(cfg, env, index),
-        child="head" if index is None else f"node-{index}")
-    if index is None:
-        state.head_pid = proc.pid
-    else:
-        state.node(index).ray_pid = proc.pid
     state.ready = False
-    state.save()
-    ray_nodes.wait_for_head(cfg, head, proc, log_path)
+    if not state.attached:
+        index = next((n.index for n in state.nodes if n.address == head.address), None)
+        # Ray's `ray start --head` takes a raylet still naming this GCS for a cluster already running
+        Path(ray_nodes.ray_temp_dir(state.root), "ray_current_cluster").unlink(missing_ok=True)
+        env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
+        log_path = layout.paths.log_dir / ("ray-head.log" if index is None else f"ray-node-{index}.log")
+        proc = ProjectCgroup.from_dict(state.cgroup).spawn(
+            ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes._head_env(cfg, env, index),
+            child="head" if index is None else f"node-{index}")
+        if index is None:
+            state.head_pid = proc.pid
+        else:
+            state.node(index).ray_pid = proc.pid
+        state.save()
+        ray_nodes.wait_for_head(cfg, head, proc, log_path)
     connect_ray(state)
     head_id = ray_nodes.head_node_id(state)
     alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}

@@ -9,6 +9,8 @@ MB loop-mounted there: fasterfs.lab_disks) is its cluster root and
     fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391
     fasterfs lab power-off 2           # every process of host 2 killed at once
     fasterfs lab power-on 2 --empty    # back, with a blank disk: repair refills it
+    fasterfs lab power-off head        # the head's every process killed at once (the hosts run on)
+    fasterfs lab power-on head         # back on its disk: the hosts, their readers and mounts carried on
     fasterfs lab partition 0 1         # and the other quiet failures: fasterfs.lab_faults
     fasterfs lab down
 
@@ -127,6 +129,31 @@ def power_off(state: cluster.ClusterState, index: int) -> int:
         except ProcessLookupError:
             pass
     return len(pids)
+
+
+def power_off_head(state: cluster.ClusterState) -> int:
+    """The lab's head loses power: every process of its Ray node (the GCS, its raylet, the
+    Registry and dashboard actors) SIGKILLed at once, by its cgroup. The storage hosts run on,
+    waiting for it (cluster.head_wait_s); their disks and the head's stay as they were."""
+    from .cgroup import ProjectCgroup
+
+    if not state.lab or not state.head_pid:
+        raise FasterFSError(f"cluster {state.name!r} has no lab head of its own to power off")
+    pids = ProjectCgroup.from_dict(state.cgroup).pids("head")
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def power_on_head(cfg) -> cluster.ClusterState:
+    """The lab's head back on its disk: `up` adopts the hosts that outlived it (cluster.resume)."""
+    state = cluster.ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    if cluster.is_ray_start(state.head_pid):
+        raise FasterFSError(f"the lab's head is running (its Ray node is pid {state.head_pid}): power it off first")
+    return cluster.resume(state)
 
 
 def power_on(cfg, index: int, empty: bool = False) -> cluster.ClusterState:

@@ -88,10 +88,12 @@ class StorageNode:
         # the namespace, every dataset's and file's current manifest, kept from the store's log
         # this host's durable copies of what names and unlocks the data (fasterfs.head_recovery)
         credentials.save(paths.node_dir(index) / credentials.NODE_COPY, keys)
-        self.replica = Replica(paths.node_dir(index) / REPLICA_FILE, cfg.cluster.name)
+        # cluster.durable_copies=1: the head's store alone holds the names (no replica here)
+        self.replica = Replica(paths.node_dir(index) / REPLICA_FILE, cfg.cluster.name) \
+            if cfg.cluster.durable_copies > 1 else None
         self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
                                   partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed,
-                                  self.replica.keep)
+                                  self.replica.keep if self.replica else None)
         self.ns_index = NodeIndex.build({}, index)
         self._heat: tuple[tuple[str, ...] | None, heatmap.Index] | None = None  # (its names, it)
         certs = None
@@ -373,7 +375,7 @@ class StorageNode:
                 "placed_bytes": self.ns_index.placed_bytes,
                 "kernel_mode": self.kernel.mode, "redundancy": self.leader.health, "repairs": self.leader.repairs[-5:],
                 "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status(),
-                "namespace_replica": Replica.summary(self.replica.path).to_dict()}
+                "namespace_replica": Replica.summary(self.replica.path).to_dict() if self.replica else {}}
 
     def kernel_status(self, top: int = 10) -> dict:
         snap: dict = dict(self.kernel.snapshot(top, resolve=self.resolve), index=self.index, address=self.address)
@@ -493,4 +495,5 @@ class StorageNode:
         self.cache.close()
         self.marked.close()
         self.minio.stop()
-        self.replica.close()
+        if self.replica:
+            self.replica.close()

@@ -24,6 +24,9 @@ from fasterfs.reader import Namespace
 from fasterfs.state import leave
 
 CLI = str(Path(sys.executable).parent / "fasterfs")
+READER = Path(__file__).resolve().parents[1] / "bench" / "checked_reader.py"
+sys.path.insert(0, str(READER.parent))
+import checked_reader  # noqa: E402  (bench/: the readers' own script)
 
 
 def tree(root: Path, files: int) -> dict[str, bytes]:
@@ -101,51 +104,6 @@ def test_a_head_that_lost_its_disk_takes_every_name_back_from_the_hosts(own, tmp
     assert not (root / "cluster.json").exists()
 
 
-READER = r'''
-import json, sys, threading, time
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from fasterfs import config
-from fasterfs.state import ClusterState, connect_ray
-
-overrides, node_id, src, out, seconds = json.loads(sys.argv[1])
-state = ClusterState.load(config.Layout.of(config.load(overrides)).paths.root)
-connect_ray(state)
-
-@ray.remote(num_cpus=0)
-class Reader:
-    """Reads every file in turn through a Namespace, each checked against its source."""
-    def start(self):
-        from pathlib import Path
-        from fasterfs.reader import Namespace
-from fasterfs.state import leave
-        ns = Namespace(config.load(overrides))
-        files = sorted(p for p in Path(src).rglob("*") if p.is_file())
-        def loop():
-            t0 = time.monotonic()
-            i = 0
-            with open(out, "w") as f:
-                while time.monotonic() - t0 < seconds:
-                    p = files[i % len(files)]
-                    i += 1
-                    began = time.monotonic()
-                    try:
-                        got = "ok" if ns.cat("team/" + str(p.relative_to(src))) == p.read_bytes() else "wrong"
-                    except Exception as e:
-                        got = f"failed: {type(e).__name__}: {e}"[:300]
-                    f.write(json.dumps({"t": round(began - t0, 2), "s": round(time.monotonic() - began, 3),
-                                        "got": got, "head": ns.head.status()["head"]}) + "\n")
-                    f.flush()
-                    time.sleep(max(0.0, 0.2 - (time.monotonic() - began)))
-        threading.Thread(target=loop, daemon=True).start()
-        return True
-
-r = Reader.options(name="head-loss-reader", namespace=state.ray_namespace, lifetime="detached",
-                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-assert ray.get(r.start.remote(), timeout=120)
-'''
-
-
 def children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -165,10 +123,10 @@ def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts
     out = subprocess.run([CLI, "put", "-r", str(tmp_path / "src"), "team/"] + overrides,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    log = tmp_path / "reads.jsonl"
     node1 = next(n for n in state.nodes if n.address != state.head_address)
-    args = json.dumps([overrides, node1.ray_node_id, str(tmp_path / "src"), str(log), 36])
-    started = subprocess.run([sys.executable, "-c", READER, args], capture_output=True, text=True, timeout=180)
+    logs = str(tmp_path / "reads-")
+    args = json.dumps([overrides, [node1.ray_node_id], str(tmp_path / "src"), "team/", logs, 36])
+    started = subprocess.run([sys.executable, str(READER), args], capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-3000:]
     leave()  # this process is no driver of the head's node when it goes
     time.sleep(3)
@@ -186,7 +144,7 @@ def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts
     assert put.returncode == 0, put.stdout + put.stderr
     accepted_s = time.monotonic() - killed
     time.sleep(max(0.0, 36 - (time.monotonic() - killed)))
-    reads = [json.loads(line) for line in log.read_text().splitlines()]
+    reads = checked_reader.reads(logs, 1)
     bad = [r for r in reads if r["got"] != "ok"]
     assert not bad, bad[:5]
     away = [r for r in reads if r["head"] == "away"]
