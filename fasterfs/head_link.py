@@ -31,6 +31,10 @@ class HeadAway(Exception):
     """The Registry did not answer: ask `HeadLink.local()`."""
 
 
+# the Registry's reads a replica answers too: Registry method -> ReplicaView method
+LOCAL = {"resolve": "resolve", "list_attrs": "attrs", "listdir": "listdir"}
+
+
 def _head_errors() -> tuple[type[BaseException], ...]:
     import ray
 
@@ -57,6 +61,13 @@ class HeadLink:
         except _head_errors() as e:
             self._went_away(e)
             raise HeadAway from None
+
+    def read(self, what: str, *args):
+        """The Registry's answer to one of the reads in LOCAL, or this host's copy's while the head is away."""
+        try:
+            return self.ask(what, *args)
+        except HeadAway:
+            return getattr(self.local(), LOCAL[what])(*args)
 
     def _went_away(self, why: BaseException) -> None:
         with self._lock:

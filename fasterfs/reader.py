@@ -161,10 +161,7 @@ class Namespace:
 
     def _resolve(self, path: str) -> tuple[Entry | None, Resolved]:
         """What the store says `path` names now (kept in the path cache), and the store's answer."""
-        try:
-            found = self.head.ask("resolve", path)
-        except HeadAway:
-            found = self.head.local().resolve(path)
+        found = self.head.read("resolve", path)
         self.fetched["resolved"] += 1
         self._catch_up(found.version)
         m = found.manifest
@@ -178,10 +175,7 @@ class Namespace:
         """Directory `path` of the store with its names' attributes (no manifest crosses); None
         if the store has no such directory (a dataset's are in its manifest: `listdir`)."""
         self.fetched["listed"] += 1
-        try:
-            listing = self.head.ask("list_attrs", path)
-        except HeadAway:
-            listing = self.head.local().attrs(path)
+        listing = self.head.read("list_attrs", path)
         if listing is not None:
             self._catch_up(listing.version)
         return listing
@@ -194,11 +188,7 @@ class Namespace:
 
     def is_dir(self, path: str) -> bool:
         """Whether the store has names under `path` now."""
-        try:
-            found = self.head.ask("resolve", path)
-        except HeadAway:
-            found = self.head.local().resolve(path)
-        return found.dir_mtime is not None
+        return self.head.read("resolve", path).dir_mtime is not None
 
     def listdir(self, path: str) -> list[Entry]:
         self.refresh()
@@ -209,10 +199,7 @@ class Namespace:
             raise NotADirectoryError(f"{path}: is a file")
         if found.manifest is not None and found.manifest.kind == "dataset":  # within one: from its manifest
             return Tree({found.manifest.name: found.manifest}).listdir(entry.path)
-        try:
-            listing = self.head.ask("listdir", entry.path)
-        except HeadAway:
-            listing = self.head.local().listdir(entry.path)
+        listing = self.head.read("listdir", entry.path)
         self.fetched["listed"] += 1
         if listing is not None:
             self._catch_up(listing.version)
