@@ -109,12 +109,12 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         head_id = ray_nodes.head_node_id(state)
         alive, surveyed = _survey_hosts(cfg, state, head_id)
         _recover_head(cfg, layout, state, alive, surveyed)  # before anything on the head's disk is made anew
-        keys = credentials.create(layout.paths.credentials_file, rotate=cfg.credentials.rotate)
+        credentials.create(layout.paths.credentials_file, rotate=cfg.credentials.rotate)
         registry.start(state, head_id, cfg.cluster.start_timeout_s)
         _identify_nodes(cfg, state, alive, surveyed)
         state.config["nodes"] = len(state.nodes)
         state.save()
-        _start_storage_nodes(cfg, state, keys)
+        _start_storage_nodes(cfg, state)
         state.ready = True
         state.save()
         if cfg.dashboard.enabled:  # it reads the saved state
@@ -231,7 +231,7 @@ def resume(state: ClusterState) -> ClusterState:
     state.save()  # the Registry reads the nodes' Ray ids from here
     ready = [n for n in lost if n.ray_node_id is not None]
     if ready:
-        _start_storage_nodes(cfg, state, registry.fetch_keys(state.name), ready)
+        _start_storage_nodes(cfg, state, ready)
     state.ready = True
     state.resumed = {"at": time.time(), "restarted": [n.index for n in ready],
                      "kept": [n.index for n in state.nodes if n not in lost],
@@ -267,10 +267,10 @@ def _identify_nodes(cfg, state: ClusterState, alive: dict[str, str], hosts: list
     state.nodes = sorted(nodes, key=lambda n: n.index)
 
 
-def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys,
-                         nodes: list[NodeState] | None = None) -> None:
-    """One StorageNode per node (default: every node), handed the MinIO keys (never
-    written on the hosts)."""
+def _start_storage_nodes(cfg, state: ClusterState, nodes: list[NodeState] | None = None) -> None:
+    """One StorageNode per node (default: every node). Its arguments hold no secret: Ray keeps an
+    actor's arguments in the GCS's tables, on the head's disk; each node asks the Registry for the
+    MinIO keys."""
     import ray
 
     nodes = state.nodes if nodes is None else nodes
@@ -278,7 +278,7 @@ def _start_storage_nodes(cfg, state: ClusterState, keys: credentials.ClusterKeys
     actors = {node.index: actor_cls.options(
         name=actor_name(node.index), namespace=state.ray_namespace, lifetime="detached",
         max_restarts=-1, max_task_retries=3, num_cpus=0, **on_node(node),
-    ).remote(node.index, node.address, state.config, keys) for node in nodes}
+    ).remote(node.index, node.address, state.config) for node in nodes}
     refs = {i: a.ready.remote() for i, a in actors.items()}
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
     for node in nodes:
@@ -327,7 +327,7 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
         time.sleep(0.3)
     node.ray_node_id = node_id
     state.save()  # the Registry reads the state file: every host now finds the new Ray node
-    _start_storage_nodes(cfg, state, registry.fetch_keys(state.name), [node])
+    _start_storage_nodes(cfg, state, [node])
     state.save()
 
 

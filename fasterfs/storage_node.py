@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 
 from . import bucket_walk, credentials, heatmap, identity, reader_stats, registry, repair, s3, tls
 from .bpf.events import key_hash
@@ -75,7 +76,7 @@ class StorageNode:
     included) or from the cluster's Registry, never from another host's files. It signs with the
     admin keys and sets up the read-only user its MinIO gives readers."""
 
-    def __init__(self, index: int, address: str, config: dict, keys: ClusterKeys):
+    def __init__(self, index: int, address: str, config: dict):
         began = time.monotonic()
         self.started: dict[str, float] = {}  # seconds per phase of this start (a restart's recovery time)
         self.cfg = cfg = as_cfg(config)
@@ -87,7 +88,7 @@ class StorageNode:
         self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
         # the namespace, every dataset's and file's current manifest, kept from the store's log
         # this host's durable copies of what names and unlocks the data (fasterfs.head_recovery)
-        credentials.save(paths.node_dir(index) / credentials.NODE_COPY, keys)
+        keys = self._keys(paths.node_dir(index) / credentials.NODE_COPY)
         # cluster.durable_copies=1: the head's store alone holds the names (no replica here)
         self.replica = Replica(paths.node_dir(index) / REPLICA_FILE, cfg.cluster.name) \
             if cfg.cluster.durable_copies > 1 else None
@@ -165,6 +166,23 @@ class StorageNode:
         self.started["total_s"] = time.monotonic() - began
         self.started = {k: round(v, 2) for k, v in self.started.items()}
         log.info("StorageNode %d started in %.2f s: %s", index, self.started["total_s"], self.started)
+
+    def _keys(self, copy: Path) -> ClusterKeys:
+        """The MinIO keys, from the Registry (and kept on this host's disk, 0600), or from this
+        host's copy when the Registry does not answer (Ray started this node again while the head
+        was away)."""
+        import ray
+
+        try:
+            keys = registry.fetch_keys(self.cfg.cluster.name)
+        except (FasterFSError, ray.exceptions.RayError) as e:
+            if not copy.exists():
+                raise FasterFSError(f"node {self.index}: the Registry does not answer ({e}) and this host holds no "
+                                    f"copy of the keys at {copy}") from None
+            log.warning("node %d: the Registry does not answer; MinIO's keys from %s", self.index, copy)
+            return credentials.load(copy)
+        credentials.save(copy, keys)
+        return keys
 
     def _on_evict(self, entry: str) -> None:
         if hasattr(self, "invalidations"):  # what the cache evicts as it opens is no known chunk's yet
