@@ -122,7 +122,11 @@ def power_off(state: cluster.ClusterState, index: int) -> int:
     """Lab host `index` loses power: SIGKILL to every process in its network namespace at
     once (Ray node, StorageNode, MinIO, mounts), no shutdown of any kind. Its disk stays as it
     was. Returns how many processes there were."""
-    pids = _host_pids(_lab_node(state, index).netns)
+    return _kill_now(_host_pids(_lab_node(state, index).netns))
+
+
+def _kill_now(pids: list[int]) -> int:
+    """SIGKILL to every one of `pids` at once, as a machine losing power; returns how many."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -139,13 +143,7 @@ def power_off_head(state: cluster.ClusterState) -> int:
 
     if not state.lab or not state.head_pid:
         raise FasterFSError(f"cluster {state.name!r} has no lab head of its own to power off")
-    pids = ProjectCgroup.from_dict(state.cgroup).pids("head")
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)
+    return _kill_now(ProjectCgroup.from_dict(state.cgroup).pids("head"))
 
 
 def power_on_head(cfg) -> cluster.ClusterState:
