@@ -202,7 +202,7 @@ def resume(state: ClusterState) -> ClusterState:
         env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
         log_path = layout.paths.log_dir / ("ray-head.log" if index is None else f"ray-node-{index}.log")
         proc = ProjectCgroup.from_dict(state.cgroup).spawn(
-            ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes._head_env(cfg, env, index),
+            ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes.head_env(cfg, env, index),
             child="head" if index is None else f"node-{index}")
         if index is None:
             state.head_pid = proc.pid

@@ -121,7 +121,7 @@ def gcs_dir(root: str | Path) -> Path:
     return Paths(Path(root)).root / "gcs"
 
 
-def _head_env(cfg, env: dict, index: int | None) -> dict:
+def head_env(cfg, env: dict, index: int | None) -> dict:
     """The head's autoscaler monitor and dashboard also serve Prometheus metrics, by default
     on 44217 and 44227 of every interface (clusters would collide): in the head's port block.
     The GCS keeps its tables in RocksDB on the head's disk: a head started again on the same
@@ -181,14 +181,14 @@ def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head:
     if head not in hosts:  # a coordinating head that holds no data (the lab's)
         head_log = logs / "ray-head.log"
         head_proc = cgroup.spawn(ray_start_args(cfg, head, head, None, True), head_log,
-                                 _head_env(cfg, env, None), child="head")
+                                 head_env(cfg, env, None), child="head")
         state.head_pid = head_proc.pid
         state.save()
     for i, host in enumerate(hosts):
         provision(host, state.root)
         # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
         proc = cgroup.spawn(ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log",
-                            _head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
+                            head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
         if host == head:
             head_proc, head_log = proc, logs / f"ray-node-{i}.log"
         # provisional (position, not id): lets `down` stop it if we fail from here on
