@@ -27,7 +27,7 @@ def cmd_up(cfg) -> None:
     console.print(f"[green]FasterFS cluster up[/]: {len(state.nodes)} nodes, Ray at {state.ray_address}, "
                   f"FasterFS dashboard {state.web_url or '(disabled)'}")
     if state.recovered:
-        _print_recovered(state.recovered)
+        print_recovered(state.recovered)
     if state.resumed:
         r = state.resumed
         console.print(f"[yellow]The head was started again beside nodes that outlived it[/]: kept running "
@@ -47,7 +47,7 @@ def _objects(row: dict) -> str:
     return f"{row['objects']:,}" + (f" ({age:.0f} s ago)" if age > 1 + COUNT_WAIT_S else "")
 
 
-def _print_recovered(done: dict) -> None:
+def print_recovered(done: dict) -> None:
     """What `up` took back from the storage hosts for a head that had lost it."""
     ns = done.get("namespace")
     if ns:

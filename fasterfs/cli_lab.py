@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import cluster, config, report
-from .cli_cluster import cmd_status
+from .cli_cluster import cmd_status, print_recovered
 from .errors import UsageError
 
 console = report.console()
@@ -77,13 +77,16 @@ def cmd_lab_power_on(cfg, node: int | str, empty: bool = False) -> None:
     from . import lab
 
     if node == "head":
-        if empty:
-            raise UsageError("argument --empty: the head comes back on its disk; a head that lost it is rebuilt by "
-                             "`fasterfs lab down` then `fasterfs lab up`, which take the names back from the hosts")
         with console.status("starting the lab's head"):
-            resumed = lab.power_on_head(cfg).resumed or {}
-        console.print(f"the lab's head back: kept running {resumed.get('kept')}, StorageNodes started again "
-                      f"{resumed.get('restarted')}", highlight=False)
+            state = lab.power_on_head(cfg, empty)
+        if empty:
+            console.print("the lab's head back with a blank disk; the hosts started again on their disks")
+            if state.recovered:
+                print_recovered(state.recovered)
+        else:
+            resumed = state.resumed or {}
+            console.print(f"the lab's head back: kept running {resumed.get('kept')}, StorageNodes started again "
+                          f"{resumed.get('restarted')}", highlight=False)
         return
     assert isinstance(node, int)
     _lab_state(cfg, node)

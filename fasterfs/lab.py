@@ -11,6 +11,7 @@ MB loop-mounted there: fasterfs.lab_disks) is its cluster root and
     fasterfs lab power-on 2 --empty    # back, with a blank disk: repair refills it
     fasterfs lab power-off head        # the head's every process killed at once (the hosts run on)
     fasterfs lab power-on head         # back on its disk: the hosts, their readers and mounts carried on
+    fasterfs lab power-on head --empty # back blank: the names and keys taken back from the hosts
     fasterfs lab partition 0 1         # and the other quiet failures: fasterfs.lab_faults
     fasterfs lab down
 
@@ -51,7 +52,7 @@ def up(cfg) -> cluster.ClusterState:
                             "run `fasterfs lab down` first")
     if leftovers(cfg.cluster.name):  # a lab that crashed: no running cluster owns these any more
         destroy_network(names(cfg.cluster.name, MAX_HOSTS, MAX_HOSTS))
-    disks, mounted = lab_disks.prepare(Path(cfg.cluster.root) / "lab-disks", disk_names, cfg.lab.get("disk_mb"))
+    disks, mounted = lab_disks.prepare(Path(cfg.cluster.root) / lab_disks.BASE, disk_names, cfg.lab.get("disk_mb"))
     try:
         record, head, hosts = create_network(cfg.cluster.name, cfg.nodes, cfg.lab)
     except BaseException:
@@ -75,7 +76,7 @@ def down(cfg) -> dict:
     if Layout.of(cfg).paths.state_file.exists():
         return cluster.down(cfg)
     left = leftovers(cfg.cluster.name)
-    disks = Path(cfg.cluster.root) / "lab-disks"
+    disks = Path(cfg.cluster.root) / lab_disks.BASE
     mounted = [str(d) for d in disks.iterdir() if lab_disks.is_mounted(d)] if disks.is_dir() else []
     if not left and not mounted:
         raise FasterFSError(f"no FasterFS lab is running under {cfg.cluster.root} and none is left to remove")
@@ -146,12 +147,24 @@ def power_off_head(state: cluster.ClusterState) -> int:
     return _kill_now(ProjectCgroup.from_dict(state.cgroup).pids("head"))
 
 
-def power_on_head(cfg) -> cluster.ClusterState:
-    """The lab's head back on its disk: `up` adopts the hosts that outlived it (cluster.resume)."""
-    state = cluster.ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+def power_on_head(cfg, empty: bool = False) -> cluster.ClusterState:
+    """The lab's head back on its disk: it adopts the hosts that outlived it (cluster.resume).
+    `empty`: back with a blank disk, as a replaced machine — no Ray session is left to take up,
+    so the hosts' Ray nodes start again on their own disks, and `up` takes the names and keys
+    back from them (fasterfs.head_recovery): nothing stored is lost, nothing is stored again."""
+    cfg = as_cfg(cfg)
+    root = Layout.of(cfg).paths.root
+    state = cluster.ClusterState.load(root)
     if cluster.is_ray_start(state.head_pid):
         raise FasterFSError(f"the lab's head is running (its Ray node is pid {state.head_pid}): power it off first")
-    return cluster.resume(state)
+    if not empty:
+        return cluster.resume(state)
+    cluster.teardown(state)  # the hosts' processes, the network, the disks' mounts: the hosts' disks stay
+    for child in root.iterdir():  # the head's disk: everything under the root but the hosts' disks
+        if child.name != lab_disks.BASE:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    cfg.nodes = len(state.nodes)
+    return up(cfg)
 
 
 def power_on(cfg, index: int, empty: bool = False) -> cluster.ClusterState:

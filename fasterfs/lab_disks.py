@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .errors import FasterFSError
 
+BASE = "lab-disks"  # under the cluster root: the hosts' disks, one directory each
 FILLER = ".lab-fill"  # the file that fills a host's disk; `heal` removes it
 
 
