@@ -207,7 +207,7 @@ def head_disk(work: Path, where: list[str], files: int, via_put: bool) -> dict:
         run("down", *own)
 
 
-def main(argv: list[str]) -> dict:  # noqa: C901 (the parts, then the targets each of them has)
+def main(argv: list[str]) -> dict:
     cfg = config.load(argv)
     b = cfg.bench
     where = placed(argv)
@@ -234,6 +234,11 @@ def main(argv: list[str]) -> dict:  # noqa: C901 (the parts, then the targets ea
         f"head powered off {g['outage_s']:.0f} s: 0 failed, 0 wrong reads on the hosts ({bad} of {reads})": bad == 0,
         f"head powered on: to the first accepted put <= 30 s ({g['power_on_to_first_put_s']:.1f} s)":
             g["power_on_to_first_put_s"] <= 30,
+        f"lab head back blank: every name back ({g['blank_names_back']:,} of {g['blank_names_before']:,}), every "
+        f"file equal ({g['blank_sampled'] - g['blank_wrong']} of {g['blank_sampled']})":
+            g["blank_names_back"] == g["blank_names_before"] and g["blank_wrong"] == 0,
+        f"lab head back blank: to the first accepted put <= 120 s ({g['blank_power_on_to_first_put_s']:.1f} s)":
+            g["blank_power_on_to_first_put_s"] <= 120,
         f"head's disk lost: every name back ({small['names_back']:,} of {small['files']:,}), sampled files equal "
         f"({small['sampled'] - small['wrong']} of {small['sampled']})":
             small["names_back"] == small["files"] and small["wrong"] == 0,
