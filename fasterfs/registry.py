@@ -10,8 +10,10 @@ Why an actor rather than Ray's GCS key-value store: the KV store is an internal 
 (`ray.experimental.internal_kv`), has no notion of pushing a new manifest to the
 StorageNodes, and keeps nothing once the GCS restarts without Redis. The actor has a
 narrow public surface, pushes each change of the namespace to every StorageNode before
-ingest returns, and keeps its facts on the head's own disk (the state file, the 0600
-credentials file, the namespace store), so a restarted Registry knows everything again.
+ingest returns (each writes it to its own disk: a change is acknowledged once
+cluster.durable_copies hosts hold it), and keeps its facts on the head's own disk (the state
+file, the 0600 credentials file, the namespace store), so a restarted Registry knows everything
+again, and a head that lost its disk takes them back from the hosts (fasterfs.head_recovery).
 """
 from __future__ import annotations
 
