@@ -142,6 +142,8 @@ class StorageNode:
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
         self._rebuilder: tuple[ClusterState, frozenset[int], repair.Rebuilder] | None = None  # (for, avoiding, it)
         self._rebuilder_lock = threading.Lock()
+        if self.replica is not None and self.replica.version >= 0:  # this host's copy, then what changed since
+            self.namespace.seed(*self.replica.load())
         self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
         revalidate(self.cache, self.ns_index, self.bucket,
                    {n.index: n.endpoint for n in self._state().nodes}, server.creds)

@@ -177,3 +177,19 @@ def test_a_reader_asks_the_head_once_per_absence_then_this_hosts_copy(tmp_path):
     while link.away_since is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert link.ask("namespace_version") == 4 and link.status()["head"] == "answering"
+
+
+def test_a_node_starts_from_its_own_copy_and_asks_only_for_what_changed_since(tmp_path):
+    replica = Replica(tmp_path / "r", "c")
+    replica.keep({f"f{i}": manifest(f"f{i}") for i in range(50)}, 7, whole=True)
+    asked, changed = [], []
+    later = manifest("f1", "g2")
+    follower = Follower(lambda since: asked.append(since) or Changes(since, 9, {"f1": later, "f2": None}),
+                        lambda: pytest.fail("the whole namespace was fetched"),
+                        lambda c, whole: changed.append((len(c), whole)), keep=replica.keep)
+    follower.seed(*replica.load())
+    follower.catch_up()
+    assert asked == [7] and changed == [(50, True), (2, False)]
+    assert follower.version == 9 and follower.manifests["f1"] == later and "f2" not in follower.manifests
+    s, texts = Replica.verified(tmp_path / "r")  # the copy followed, its digest true to its rows
+    assert (s.version, s.names, len(texts)) == (9, 49, 49)

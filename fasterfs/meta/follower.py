@@ -26,6 +26,13 @@ class Follower:
         self.reloads = 0  # whole namespaces fetched (the first included)
         self._lock = threading.RLock()
 
+    def seed(self, version: int, manifests: dict[str, Manifest]) -> None:
+        """Start from a copy at hand (a StorageNode's own Replica, read from its disk): the next
+        catch_up asks for the changes since `version`, not for the whole namespace."""
+        with self._lock, gc_pause.paused(freeze=True):
+            self.version, self.manifests = version, manifests
+            self.on_change([(n, None, m) for n, m in manifests.items()], True)
+
     def snapshot(self) -> dict[str, Manifest]:
         """Every name's manifest now, a copy (the copy here changes under its lock)."""
         with self._lock:

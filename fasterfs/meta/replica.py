@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import FasterFSError
-from ..manifest import Manifest
+from ..manifest import Manifest, decode_many
 from .engine import Attrs
 from .store import AttrsListing, Listing, Resolved
 
@@ -86,8 +86,13 @@ class Replica:
         digest = 0 if whole else int(self._fact("digest"), 16)
         try:
             self.db.execute("BEGIN IMMEDIATE")
-            if whole:
+            if whole:  # a million names: one statement, not a million
                 self.db.execute("DELETE FROM names")
+                rows = [(name, m.to_json()) for name, m in names.items() if m is not None]
+                for name, text in rows:
+                    digest ^= _hash(name, text)
+                self.db.executemany("INSERT INTO names VALUES (?, ?)", rows)
+                names = {}
             for name, m in names.items():
                 if not whole:
                     row = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
@@ -103,12 +108,19 @@ class Replica:
             self.db.executemany("UPDATE facts SET v = ? WHERE k = ?",
                                 [(version, "version"), (f"{digest:x}", "digest"), (time.time(), "updated")])
             self.db.execute("COMMIT")
+            if whole:  # the log of a whole rewrite is as large as the file: given back now
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except BaseException as e:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             if isinstance(e, sqlite3.Error):
                 raise FasterFSError(f"the namespace replica {self.path} cannot be written: {e}") from None
             raise
+
+    def load(self) -> tuple[int, dict[str, Manifest]]:
+        """(version, every name's manifest) as this copy holds them: a StorageNode's start."""
+        texts = [text for (text,) in self.db.execute("SELECT manifest FROM names")]
+        return self.version, {m.name: m for m in decode_many(texts, str(self.path))}
 
     def close(self) -> None:
         self.db.close()
