@@ -178,7 +178,8 @@ def restore(root: Path, engine_kind: str, cluster: str, host_task, the_plan: Pla
         store = NamespaceStore(open_engine(engine_kind, paths.root), cluster, lambda method, arg: [])
         try:
             store.adopt(manifests, [{"dataset": m.name, "generation": m.generation,
-                                     "prefix": object_prefix(m.name, m.kind), "replaced": None} for m in manifests], [])
+                                     "prefix": object_prefix(m.name, m.kind), "replaced": None} for m in manifests], [],
+                        version=summary["version"])  # the hosts' copies go on from theirs
         finally:
             store.engine.close()
         done["namespace"] = {"from": f"{address}:{s.path}", "version": summary["version"], "names": len(manifests)}

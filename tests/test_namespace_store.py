@@ -360,6 +360,18 @@ def test_a_namespace_kept_as_files_is_adopted_once_whole(engine, tmp_path):
     assert legacy.adopt(reopen(engine, tmp_path), tmp_path) == 0  # once
 
 
+def test_a_copy_adopted_at_its_version_goes_on_from_it(store, engine, tmp_path):
+    """A head rebuilt from a storage host's replica at version v (fasterfs.head_recovery): its
+    holders at v are told nothing changed, one behind v reloads, the next change is v + 1."""
+    names = [manifest(f"r/{i}", "g1") for i in range(5)]
+    store.adopt(names, [], [], version=1234)
+    assert store.version == 1234 and store.count() == 5
+    assert store.changes(1234).names == {} and store.changes(1233) is None
+    store.publish(manifest("r/new", "g1"), "r/new/g1/")
+    assert store.version == 1235 and list(store.changes(1234).names) == ["r/new"]
+    assert reopen(engine, tmp_path).version == 1235
+
+
 def test_an_unreadable_file_of_an_earlier_namespace_is_named_and_nothing_adopted(engine, tmp_path):
     from fasterfs.meta import legacy
 

@@ -95,6 +95,11 @@ class Engine(ABC):
     def changed_since(self, version: int) -> list[str] | None:
         """The names changed after `version`; None once the log no longer reaches back that far."""
 
+    @abstractmethod
+    def resume_log(self, version: int) -> None:
+        """Within a transaction: the log taken up at `version` (the store filled from a copy at
+        that version: its holders go on from it), nothing logged before it."""
+
     def read_ahead(self, names: list[str], pieces: list[tuple[int, str]]) -> None:
         """Within a transaction: what writing `names` (and forgetting or retiring `pieces`) will
         read, read now at once (for a server, one round trip instead of one per row). A hint:

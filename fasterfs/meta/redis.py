@@ -187,6 +187,12 @@ class RedisEngine(Engine):
             self._hset(self._k("facts"), "log_floor", floor)
         return version
 
+    def resume_log(self, version: int) -> None:
+        self._tx.delete(self._k("log"))
+        for fact in ("version", "log_floor", "born"):  # born: the log's scores stay small (exact as doubles)
+            self._hset(self._k("facts"), fact, version)
+        self.born = version
+
     def changed_since(self, version: int) -> list[str] | None:
         if version < int(self.r.hget(self._k("facts"), "log_floor")):
             return None

@@ -166,6 +166,10 @@ class SQLiteEngine(Engine):
             self.db.execute("UPDATE facts SET v = ? WHERE k = 'log_floor'", (floor,))
         return version
 
+    def resume_log(self, version: int) -> None:
+        self.db.execute("DELETE FROM log")
+        self.db.executemany("UPDATE facts SET v = ? WHERE k = ?", [(version, "version"), (version, "log_floor")])
+
     def changed_since(self, version: int) -> list[str] | None:
         if version < self._one("SELECT v FROM facts WHERE k = 'log_floor'"):
             return None

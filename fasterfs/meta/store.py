@@ -214,10 +214,12 @@ class NamespaceStore:
                 changes = self._logged(list(seen))
         return changes.version, self.push("apply_changes", changes)
 
-    def adopt(self, manifests: list[Manifest], generations: list[dict], retired: list[dict]) -> None:
-        """An earlier FasterFS's namespace (fasterfs.meta.legacy) into this empty store, in one
-        transaction: every name, the generations whose objects are not yet deleted, the pieces
-        awaiting deletion. Logged, not pushed: nodes that start later fetch it whole."""
+    def adopt(self, manifests: list[Manifest], generations: list[dict], retired: list[dict],
+              version: int | None = None) -> None:
+        """An earlier FasterFS's namespace (fasterfs.meta.legacy), or a storage host's copy at
+        `version` (fasterfs.head_recovery), into this empty store, in one transaction: every name,
+        the generations whose objects are not yet deleted, the pieces awaiting deletion. Not
+        pushed: nodes that start later fetch it whole, or, at `version`, what changed since theirs."""
         with self._lock, self.engine.transaction():
             if self.engine.count():
                 raise FasterFSError("the namespace store already holds names: nothing adopted")
@@ -230,7 +232,10 @@ class NamespaceStore:
             for r in retired:
                 when = r["retired"]
                 self.engine.retire([(r["node"], r["key"], "")], when if isinstance(when, dict) else {"wall": when})
-            self._logged([m.name for m in manifests])
+            if version is None:
+                self._logged([m.name for m in manifests])
+            else:
+                self.engine.resume_log(version)
 
     def pending_write(self, pieces: list[tuple[int, str, str]]) -> None:
         """(node, key, name) a write is about to store: collected after keep_old_s unless a
