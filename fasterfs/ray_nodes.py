@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import auth, process
@@ -19,6 +21,8 @@ from .errors import FasterFSError
 from .fsutil import atomic_write, private_dir
 from .minio_server import check_port_free, endpoint
 from .state import RAY_START, ClusterState, Host, NodeState, connect_ray
+
+log = logging.getLogger("fasterfs.ray_nodes")
 
 
 def ray_temp_dir(root: str | Path, index: int | None = None) -> str:
@@ -184,11 +188,14 @@ def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head:
                                  head_env(cfg, env, None), child="head")
         state.head_pid = head_proc.pid
         state.save()
+
+    def spawn(i: int):  # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
+        host = hosts[i]
+        return cgroup.spawn(ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log",
+                            head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
     for i, host in enumerate(hosts):
         provision(host, state.root)
-        # each node in a cgroup of its own, which its StorageNode's SOCK_OPS program watches
-        proc = cgroup.spawn(ray_start_args(cfg, host, head, i, host == head), logs / f"ray-node-{i}.log",
-                            head_env(cfg, env, i) if host == head else env, child=f"node-{i}")
+        proc = spawn(i)
         if host == head:
             head_proc, head_log = proc, logs / f"ray-node-{i}.log"
         # provisional (position, not id): lets `down` stop it if we fail from here on
@@ -197,7 +204,7 @@ def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head:
         state.save()
     wait_for_head(cfg, head, head_proc, head_log)
     connect_ray(state)
-    _wait_for_nodes(cfg, state, {head.address} | {host.address for host in hosts})
+    _wait_for_nodes(cfg, state, {head.address} | {host.address for host in hosts}, lambda node: spawn(node.index).pid)
 
 
 def wait_for_head(cfg, head: Host, proc, log_path: Path) -> None:
@@ -216,12 +223,16 @@ def wait_for_head(cfg, head: Host, proc, log_path: Path) -> None:
                         f"{cfg.cluster.start_timeout_s} s; see {log_path}")
 
 
-def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str]:
-    """Wait until every node has joined; check none reports an address other than its own."""
+def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str], again: Callable[[NodeState], int]) -> dict[str, str]:
+    """Wait until every node has joined; check none reports an address other than its own. A
+    node whose `ray start` exits at start is started once more (`again`: its new PID): Ray gives
+    a node's agents a fixed 30 s to come up, which a machine busy starting several nodes (the
+    lab's, beside the suite's other clusters) can miss."""
     import ray
 
     deadline = time.monotonic() + cfg.cluster.start_timeout_s
     logs = Paths(Path(state.root)).log_dir
+    retried: set[int] = set()
     while True:
         alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
         stray = set(alive) - wanted
@@ -233,8 +244,13 @@ def _wait_for_nodes(cfg, state: ClusterState, wanted: set[str]) -> dict[str, str
             # alive, not "is `ray start`": a lab host's process sets up its namespaces before it
             # becomes `ray start`, which on a busy machine can take longer than the first look
             if not process.running(node.ray_pid):
-                raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
-                                    f"{log_tail(logs / f'ray-node-{node.index}.log')}")
+                if node.index in retried or node.address == state.head_address:
+                    raise FasterFSError(f"Ray node {node.index} ({node.address}) exited at start:\n"
+                                        f"{log_tail(logs / f'ray-node-{node.index}.log')}")
+                log.warning("Ray node %d (%s) exited at start; starting it once more", node.index, node.address)
+                retried.add(node.index)
+                node.ray_pid = again(node)
+                state.save()
         if time.monotonic() > deadline:
             raise FasterFSError(f"only {sorted(alive)} of {sorted(wanted)} joined within "
                                 f"{cfg.cluster.start_timeout_s} s")
