@@ -107,8 +107,8 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
             ray_nodes.start_ray(cfg, layout, state, hosts, head)
         connect_ray(state)  # as a driver on the head, as `ray exec` runs
         head_id = ray_nodes.head_node_id(state)
-        alive, surveyed = _survey_hosts(cfg, state, head_id)
-        _recover_head(cfg, layout, state, alive, surveyed)  # before anything on the head's disk is made anew
+        alive, surveyed = head_recovery.survey_hosts(cfg, state, head_id)
+        head_recovery.recover_head(cfg, state, alive, surveyed)  # before anything on the head's disk is made anew
         credentials.create(layout.paths.credentials_file, rotate=cfg.credentials.rotate)
         registry.start(state, head_id, cfg.cluster.start_timeout_s)
         _identify_nodes(cfg, state, alive, surveyed)
@@ -125,46 +125,6 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         teardown(state)
         layout.paths.state_file.unlink(missing_ok=True)
         raise
-
-
-def on_ray_node(node_id: str):
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-def _survey_hosts(cfg, state: ClusterState, head_id: str) -> tuple[dict[str, str], list[dict]]:
-    """Every storage host's answer to FasterFS's probe (fasterfs.head_recovery.survey): who it
-    is, the node ids its disk records, the namespace replica and keys it holds. Returns the
-    Ray node id of each alive address and the answers (each with its "address")."""
-    import ray
-
-    alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    if state.attached:  # every node of the Ray cluster (the head too, unless told otherwise)
-        addresses = sorted(a for a, nid in alive.items() if cfg.cluster.storage_on_head or nid != head_id)
-    else:
-        addresses = [n.address for n in state.nodes]
-    if not addresses:
-        raise FasterFSError(f"the Ray cluster at {state.ray_address} has no node to put a StorageNode on")
-    probe = ray.remote(num_cpus=0)(head_recovery.survey)
-    refs = {a: probe.options(scheduling_strategy=on_ray_node(alive[a])).remote(state.root, state.name)
-            for a in addresses}
-    done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
-    silent = [a for a, ref in refs.items() if ref not in done]
-    if silent:
-        raise FasterFSError(f"hosts {silent} did not answer FasterFS's probe within {cfg.cluster.start_timeout_s} s")
-    answers: dict[str, dict] = {a: ray.get(refs[a]) for a in addresses}
-    return alive, [dict(answers[a], address=a) for a in addresses]
-
-
-def _run_on(alive: dict[str, str], timeout: float):
-    """head_recovery's `host_task`: fn(*args) in a task pinned to the host at `address`."""
-    import ray
-
-    def run(address: str, fn, *args):
-        return ray.get(ray.remote(num_cpus=0)(fn).options(scheduling_strategy=on_ray_node(alive[address]))
-                       .remote(*args), timeout=timeout)
-    return run
 
 
 def _head_lost(state: ClusterState) -> bool:
@@ -241,16 +201,6 @@ def resume(state: ClusterState) -> ClusterState:
         state.web_url = _start_dashboard(cfg, state, head_id)
         state.save()
     return state
-
-
-def _recover_head(cfg, layout: Layout, state: ClusterState, alive: dict[str, str], hosts: list[dict]) -> None:
-    """The head's namespace and keys from the storage hosts when the head lost them; refused
-    when what the hosts hold does not allow a safe start (fasterfs.head_recovery)."""
-    kind = cfg.cluster.namespace_store
-    names, version = head_recovery.head_store(layout.paths.root, kind, state.name)
-    the_plan = head_recovery.plan(hosts, names, version, layout.paths.credentials_file.exists())
-    state.recovered = head_recovery.restore(layout.paths.root, kind, state.name,
-                                            _run_on(alive, cfg.cluster.start_timeout_s), the_plan)
 
 
 def _identify_nodes(cfg, state: ClusterState, alive: dict[str, str], hosts: list[dict]) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import credentials, identity
+from .config import Paths
 from .errors import FasterFSError
 from .meta.replica import FILE as REPLICA_FILE
 from .meta.replica import Replica, Summary
@@ -159,7 +160,6 @@ def restore(root: Path, engine_kind: str, cluster: str, host_task, the_plan: Pla
     """Carry out `the_plan` on the head's disk, before its Registry opens the store:
     `host_task(address, fn, *args)` runs fn on that host and returns its result. Returns what
     was recovered from where (None: nothing was)."""
-    from .config import Paths
     from .manifest import decode_many
     from .meta import NamespaceStore, open_engine
 
@@ -198,3 +198,56 @@ def head_store(root: Path, engine_kind: str, cluster: str) -> tuple[int, int]:
         return engine.count(), engine.version()
     finally:
         engine.close()
+
+
+# -- run by `up` on the head (fasterfs.cluster) ---------------------------------------------
+
+
+def on_ray_node(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+def survey_hosts(cfg, state, head_id: str) -> tuple[dict[str, str], list[dict]]:
+    """Every storage host's answer to FasterFS's probe (`survey`): who it
+    is, the node ids its disk records, the namespace replica and keys it holds. Returns the
+    Ray node id of each alive address and the answers (each with its "address")."""
+    import ray
+
+    alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    if state.attached:  # every node of the Ray cluster (the head too, unless told otherwise)
+        addresses = sorted(a for a, nid in alive.items() if cfg.cluster.storage_on_head or nid != head_id)
+    else:
+        addresses = [n.address for n in state.nodes]
+    if not addresses:
+        raise FasterFSError(f"the Ray cluster at {state.ray_address} has no node to put a StorageNode on")
+    probe = ray.remote(num_cpus=0)(survey)
+    refs = {a: probe.options(scheduling_strategy=on_ray_node(alive[a])).remote(state.root, state.name)
+            for a in addresses}
+    done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.start_timeout_s)
+    silent = [a for a, ref in refs.items() if ref not in done]
+    if silent:
+        raise FasterFSError(f"hosts {silent} did not answer FasterFS's probe within {cfg.cluster.start_timeout_s} s")
+    answers: dict[str, dict] = {a: ray.get(refs[a]) for a in addresses}
+    return alive, [dict(answers[a], address=a) for a in addresses]
+
+
+def _run_on(alive: dict[str, str], timeout: float):
+    """`restore`'s `host_task`: fn(*args) in a task pinned to the host at `address`."""
+    import ray
+
+    def run(address: str, fn, *args):
+        return ray.get(ray.remote(num_cpus=0)(fn).options(scheduling_strategy=on_ray_node(alive[address]))
+                       .remote(*args), timeout=timeout)
+    return run
+
+
+def recover_head(cfg, state, alive: dict[str, str], hosts: list[dict]) -> None:
+    """The head's namespace and keys from the storage hosts when the head lost them; refused
+    when what the hosts hold does not allow a safe start."""
+    kind = cfg.cluster.namespace_store
+    names, version = head_store(Path(state.root), kind, state.name)
+    the_plan = plan(hosts, names, version, Paths(Path(state.root)).credentials_file.exists())
+    state.recovered = restore(Path(state.root), kind, state.name, _run_on(alive, cfg.cluster.start_timeout_s),
+                              the_plan)
