@@ -299,12 +299,14 @@ def test_the_fault_harness_reads_right_through_the_quiet_failures(lab3):
 
     state, overrides = lab3
     began = time.monotonic()
+    cap_s = 240  # the harness's own bound; a busy machine restarts a killed StorageNode in up to a minute
     result = load_job("faults").main(overrides + data_overrides() + [
-        "faults.rounds=1", "faults.duration_s=120", "faults.every_s=1", "faults.readers_per_node=1", "faults.seed=5"])
+        "faults.rounds=1", f"faults.duration_s={cap_s}", "faults.every_s=1", "faults.readers_per_node=1",
+        "faults.seed=5"])
     took = time.monotonic() - began  # this test's clock, set-up included: not the harness's own figure
     kinds = result["by_kind"]
-    # every kind once, then the readers stopped: well before duration_s
-    assert result["rounds"] == 1 and result["duration_s"] < 120 and took < 120, (took, result["duration_s"])
+    # every kind once, then the readers stopped: before the cap, not cut off by it
+    assert result["rounds"] == 1 and result["duration_s"] < cap_s and took < cap_s + 60, (took, result["duration_s"])
     assert (result["wrong"], result["stale"], result["failed"], result["readers_lost"]) == (0, 0, 0, 0), \
         result["errors"]
     # a read may find no good copy at once (a MinIO killed while the other copy is rotten, or its
