@@ -117,7 +117,7 @@ def children(pid: int) -> list[int]:
 
 
 def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts_the_nodes(own, tmp_path):
-    _, overrides = own
+    root, overrides = own
     tree(tmp_path / "src", 12)
     state = cluster.up(config.load(overrides))
     out = subprocess.run([CLI, "put", "-r", str(tmp_path / "src"), "team/"] + overrides,
@@ -129,7 +129,19 @@ def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts
     started = subprocess.run([sys.executable, str(READER), args], capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-3000:]
     leave()  # this process is no driver of the head's node when it goes
-    time.sleep(3)
+    # a load of many batches under way when the head goes: seen begun on node 1's disk, not yet done
+    bulk = {f"d{i % 5}/b{i:04d}": i.to_bytes(4, "big") * (1 + i % 300) for i in range(1500)}
+    for rel, data in bulk.items():
+        (tmp_path / "bulk" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "bulk" / rel).write_bytes(data)
+    load = subprocess.Popen([CLI, "put", "-r", str(tmp_path / "bulk"), "bulk/", "files.batch_files=50",
+                             "files.threads=1"] + overrides, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    replica = root / "node-1" / REPLICA_FILE
+    deadline = time.monotonic() + 120
+    while not any(n.startswith("bulk/") for n in replica_names(replica)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert load.poll() is None, load.communicate()[0]
     gcs = [p for p in children(state.head_ray_pid) if Path(f"/proc/{p}/comm").read_text().strip() == "gcs_server"]
     assert len(gcs) == 1
     os.kill(gcs[0], signal.SIGKILL)  # the head's GCS, and with it the head's Ray node, gone at once
@@ -151,3 +163,22 @@ def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts
     assert away and max(r["t"] for r in reads) > 30  # read through the absence, and after it
     print(f"reads {len(reads)}, {len(away)} while the head was away, the slowest {max(r['s'] for r in reads)} s; "
           f"first accepted put {accepted_s:.1f} s after the kill")
+
+    # the load cut by the head's loss (node 0's MinIO went with it): it fails saying so, whole batches
+    # only are named (on both hosts' disks alike), each as its source; run again, it completes
+    said = load.communicate(timeout=300)[0]
+    assert load.returncode == 1 and "fasterfs put: error:" in said, said[-2000:]
+    print(f"the load cut by the head's loss: {said.strip().splitlines()[-1]}")
+    ns = Namespace(config.load(overrides))
+    named = {n for n in replica_names(replica) if n.startswith("bulk/")}
+    assert 0 < len(named) < len(bulk) and len(named) % 50 == 0, len(named)
+    assert {n for n in replica_names(root / "node-0" / REPLICA_FILE) if n.startswith("bulk/")} == named
+    for name in sorted(named)[::37]:
+        assert ns.cat(name) == bulk[name[len("bulk/"):]], name
+    again = subprocess.run([CLI, "put", "-r", str(tmp_path / "bulk"), "bulk/"] + overrides,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {n for n in replica_names(replica) if n.startswith("bulk/")} == {f"bulk/{rel}" for rel in bulk}
+    ns = Namespace(config.load(overrides))
+    for rel in sorted(bulk)[::29]:
+        assert ns.cat(f"bulk/{rel}") == bulk[rel], rel
