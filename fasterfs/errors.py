@@ -16,3 +16,8 @@ class ConfigError(FasterFSError):
 class UsageError(ConfigError):
     """A command-line argument that parsed but names nothing there (a chunk, a lab host): the
     CLI reports it as argparse does, naming the argument, with exit code 2."""
+
+
+class HeadUnreachable(FasterFSError):
+    """Nothing answers at the head's Ray address: a reader may go on with this host's copy of the
+    namespace (fasterfs.head_link.without_head)."""

@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import identity, registry
+from . import credentials, identity, registry
 from .config import Paths
-from .errors import FasterFSError
+from .credentials import Credentials
+from .errors import FasterFSError, HeadUnreachable
+from .state import ClusterState
 from .meta.replica import FILE as REPLICA_FILE
 from .meta.replica import Replica, ReplicaView
 
@@ -42,11 +44,16 @@ def _head_errors() -> tuple[type[BaseException], ...]:
 
 
 class HeadLink:
+    """`headless`: this process started while the head was away and never joined Ray; the host's
+    copy answers for its whole life (the host's StorageNode keeps that copy current once the head
+    is back, so new names still show)."""
+
     def __init__(self, cluster: str, root: str | Path, timeout_s: float, retry_s: float,
-                 ask: Callable | None = None):
+                 ask: Callable | None = None, headless: bool = False):
         self.cluster, self.root, self.timeout_s, self.retry_s = cluster, Path(root), timeout_s, retry_s
         self._ask = ask or (lambda what, *args: registry.ask(cluster, what, *args, timeout=timeout_s))
-        self.away_since: float | None = None  # wall time the head last stopped answering
+        self.headless = headless
+        self.away_since: float | None = time.time() if headless else None  # when the head last stopped answering
         self.away_count = 0  # absences seen
         self.local_answers = 0  # answers given from the replica meanwhile
         self._view: ReplicaView | None = None
@@ -83,6 +90,8 @@ class HeadLink:
         threading.Thread(target=self._probe, name="head-probe", daemon=True).start()
 
     def _probe(self) -> None:
+        if self.headless:  # not joined: asking would start a Ray of its own
+            return
         while True:
             time.sleep(self.retry_s)
             try:
@@ -115,8 +124,30 @@ class HeadLink:
         """Whether the head answers, and what answers meanwhile (its age stated)."""
         if self.away_since is None:
             return {"head": "answering", "absences": self.away_count}
+        if self.headless:
+            return {"head": "away when this process started", "since": self.away_since,
+                    "answered_locally": self.local_answers, "copy": self._view and self._view.summary().path}
         s = self._view.summary() if self._view is not None else None
         return {"head": "away", "since": self.away_since, "absences": self.away_count,
                 "answered_locally": self.local_answers,
                 "copy": None if s is None else {"path": s.path, "version": s.version, "names": s.names,
                                                 "age_s": round(time.time() - s.updated, 1)}}
+
+
+def without_head(cfg, root, why: HeadUnreachable) -> tuple[ClusterState, Credentials, HeadLink]:
+    """A reader started while nothing answers at the head: the cluster's state from its state file
+    on this host, the names from this host's newest replica, the MinIO keys from the copy beside it
+    (both 0600, so root's). Where this host holds no state file or no replica, `why` is raised."""
+    root = Path(root or cfg.cluster.root)
+    try:
+        state = ClusterState.load(root).trust()
+        link = HeadLink(state.name, root, float(cfg.namespace.head_timeout_s), float(cfg.namespace.head_retry_s),
+                        headless=True)
+        copy = link.local()
+        keys = credentials.load(copy.path.parent / credentials.NODE_COPY).role("reader")
+    except (FasterFSError, OSError) as e:
+        raise HeadUnreachable(f"{why}; and this host cannot read without the head: {e}") from None
+    s = copy.summary()
+    log.warning("%s; reading from this host's namespace copy %s (version %d, %d names, last changed %.0f s ago)",
+                why, s.path, s.version, s.names, time.time() - s.updated)
+    return state, keys, link

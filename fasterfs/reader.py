@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import registry
 from .client import Client
-from .errors import FasterFSError
-from .head_link import HeadAway, HeadLink
+from .errors import FasterFSError, HeadUnreachable
+from .head_link import HeadAway, HeadLink, without_head
 from .manifest import Manifest
 from .meta import AttrsListing, Resolved
 from .namespace import Entry, Tree
@@ -59,12 +59,15 @@ class Namespace:
     of unchanged names keep their clients."""
 
     def __init__(self, cfg, root=None, use_cache: bool = True, refresh_s: float = 1.0):
-        self.state = registry.find(cfg, root)
         self.cfg, self.use_cache, self.refresh_s = cfg, use_cache, refresh_s
-        self._creds = registry.fetch_credentials(self.state.name)
         # the Registry, or this host's copy of the namespace while the head is away
-        self.head = HeadLink(self.state.name, self.state.root, float(cfg.namespace.head_timeout_s),
-                             float(cfg.namespace.head_retry_s))
+        try:
+            self.state = registry.find(cfg, root)
+            self._creds = registry.fetch_credentials(self.state.name)
+            self.head = HeadLink(self.state.name, self.state.root, float(cfg.namespace.head_timeout_s),
+                                 float(cfg.namespace.head_retry_s))
+        except HeadUnreachable as e:
+            self.state, self._creds, self.head = without_head(cfg, root, e)
         # held while a change is applied: what a watcher sends under it is in version order
         self.lock = threading.RLock()
         self._checked = 0.0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import tls
 from .config import Paths
-from .errors import FasterFSError
+from .errors import FasterFSError, HeadUnreachable
 from .fsutil import atomic_write_json, owned, read_json
 
 log = logging.getLogger("fasterfs.state")
@@ -253,8 +253,8 @@ def join(ray_address: str, cluster_name: str, root: str | None = None, head_wait
     try:  # ray.init retries a GCS that is not there for many minutes
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as e:
-        raise FasterFSError(f"cannot join the Ray cluster at {ray_address} from host {socket.gethostname()}: "
-                            f"nothing answers there ({e.strerror or type(e).__name__}); is it up?") from None
+        raise HeadUnreachable(f"cannot join the Ray cluster at {ray_address} from host {socket.gethostname()}: "
+                              f"nothing answers there ({e.strerror or type(e).__name__}); is it up?") from None
     from ray.job_config import JobConfig
 
     try:
