@@ -179,6 +179,28 @@ def test_a_reader_asks_the_head_once_per_absence_then_this_hosts_copy(tmp_path):
     assert link.ask("namespace_version") == 4 and link.status()["head"] == "answering"
 
 
+def test_a_reader_started_without_the_head_never_asks_it(tmp_path):
+    from fasterfs import identity
+    from fasterfs.config import Paths
+    from fasterfs.head_link import HeadAway, HeadLink
+    from fasterfs.meta.replica import FILE
+
+    identity.record(Paths(tmp_path), 1, "c", "10.0.0.2")
+    Replica(Paths(tmp_path).node_dir(1) / FILE, "c").keep({"x": manifest("x")}, 7)
+
+    def ask(what, *args):  # joining Ray here would start one of this process's own
+        raise AssertionError(f"asked the head {what}")
+
+    link = HeadLink("c", tmp_path, timeout_s=1, retry_s=0.01, ask=ask, headless=True)
+    with pytest.raises(HeadAway):
+        link.ask("changes", 0, False)
+    assert link.read("resolve", "x").manifest.name == "x"
+    time.sleep(0.05)  # no probe either
+    assert link.status()["head"] == "away when this process started"
+    Replica(Paths(tmp_path).node_dir(1) / FILE, "c").keep({"y": manifest("y")}, 8)  # the host's node moves on
+    assert link.read("resolve", "y").manifest.name == "y" and link.local().summary().version == 8
+
+
 def test_a_node_starts_from_its_own_copy_and_asks_only_for_what_changed_since(tmp_path):
     replica = Replica(tmp_path / "r", "c")
     replica.keep({f"f{i}": manifest(f"f{i}") for i in range(50)}, 7, whole=True)
