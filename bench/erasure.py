@@ -28,7 +28,8 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fasterfs
 from fasterfs import cluster, config, erasure, registry, repair, report, s3
-from fasterfs.ingest import object_prefix, put, remove
+from fasterfs.ingest import put, remove
+from fasterfs.manifest import object_prefix
 
 
 def per_core_gb_s(fn, data_bytes: int, seconds: float = 2.0) -> float:

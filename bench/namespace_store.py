@@ -23,8 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fasterfs import config, process, report
-from fasterfs.ingest import object_prefix
-from fasterfs.manifest import ChunkInfo, Manifest
+from fasterfs.manifest import ChunkInfo, Manifest, object_prefix
 from fasterfs.meta import NamespaceStore, open_engine
 from fasterfs.meta.redis_server import RedisServer
 

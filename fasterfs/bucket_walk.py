@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from .manifest import HASHED
 from .pace import Pacer
 
-HASHED = "files/"  # a file's objects: HASHED + the 16 hex digits of a hash of its path + "/"
 DIGITS = "0123456789abcdef"
 
 

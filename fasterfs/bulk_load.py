@@ -30,8 +30,8 @@ from . import erasure, registry, s3
 from .config import as_cfg
 from .credentials import Credentials
 from .errors import FasterFSError
-from .ingest import _target, collect_garbage, object_prefix, store_chunk
-from .manifest import Manifest
+from .ingest import _target, collect_garbage, store_chunk
+from .manifest import Manifest, object_prefix
 from .namespace import check_path
 from .placement import chunk_homes
 

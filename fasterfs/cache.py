@@ -45,6 +45,7 @@ from .cache_entry import (
 )
 from .cache_recovery import scan
 from .change_log import ChangeLog
+from .config import CACHE_POLICIES
 from .errors import FasterFSError
 from .fsutil import atomic_write
 
@@ -52,7 +53,6 @@ log = logging.getLogger("fasterfs.cache")
 
 CLEAN = ".clean-shutdown"  # written by close(): without it, rebuild verifies every entry
 SMALL_SHARE = 0.1  # of the capacity: S3-FIFO's probationary queue
-POLICIES = ("s3fifo", "lru")
 # What verifying an entry costs beyond its bytes (an open, its header, its inode: ~60 us of CPU
 # and several disk reads each, measured on 200,000 entries of 512 B), counted against the scrub's
 # budget as this many bytes, so a cache of many small entries stays within its share too.
@@ -88,8 +88,8 @@ class ChunkCache:
     def __init__(self, directory: Path, capacity: int, on_evict: Callable[[str], None] | None = None,
                  policy: str = "s3fifo"):
         # on_evict(entry name): lets the owner reset the kernel's count for the key
-        if policy not in POLICIES:
-            raise FasterFSError(f"option cache.policy={policy!r}: one of {', '.join(POLICIES)}")
+        if policy not in CACHE_POLICIES:
+            raise FasterFSError(f"option cache.policy={policy!r}: one of {', '.join(CACHE_POLICIES)}")
         self.dir, self.capacity, self.on_evict, self.policy = Path(directory), capacity, on_evict, policy
         self.dir.mkdir(parents=True, exist_ok=True)
         self._check_xattrs()

@@ -18,9 +18,11 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from .cache import POLICIES
 from .errors import ConfigError, FasterFSError
 
+# the values of options that name an implementation (fasterfs.node.cache, fasterfs.meta)
+CACHE_POLICIES = ("s3fifo", "lru")
+NAMESPACE_STORES = ("sqlite", "redis")
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_DIR / "conf"
 
@@ -136,10 +138,8 @@ def validate(cfg: DictConfig) -> None:
         bad("data.level", "must be a whole number >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", str(cfg.cluster.name)):
         bad("cluster.name", "use 1-40 letters, digits, '-' or '_'")
-    from .meta import ENGINES
-
-    if cfg.cluster.namespace_store not in ENGINES:
-        bad("cluster.namespace_store", f"must be one of {', '.join(ENGINES)}")
+    if cfg.cluster.namespace_store not in NAMESPACE_STORES:
+        bad("cluster.namespace_store", f"must be one of {', '.join(NAMESPACE_STORES)}")
     if not isinstance(cfg.cluster.durable_copies, int) or cfg.cluster.durable_copies < 1:
         bad("cluster.durable_copies", "must be a whole number >= 1 (the head's store counts as one)")
     if cfg.dashboard.require_token not in ("auto", "always"):
@@ -192,8 +192,8 @@ def validate(cfg: DictConfig) -> None:
         bad("repair.threads", "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:
         bad("dashboard.refresh_s", "must be a number of seconds >= 0.5")
-    if cfg.cache.policy not in POLICIES:
-        bad("cache.policy", f"must be one of {', '.join(POLICIES)}")
+    if cfg.cache.policy not in CACHE_POLICIES:
+        bad("cache.policy", f"must be one of {', '.join(CACHE_POLICIES)}")
     if cfg.kernel.watch not in ("own", "any"):
         bad("kernel.watch", "must be own or any")
     if cfg.kernel.mode not in ("auto", "real", "simulated"):

@@ -22,9 +22,9 @@ from . import credentials, identity, registry
 from .config import Paths
 from .credentials import Credentials
 from .errors import FasterFSError, HeadUnreachable
-from .state import ClusterState
 from .meta.replica import FILE as REPLICA_FILE
 from .meta.replica import Replica, ReplicaView
+from .state import ClusterState
 
 log = logging.getLogger("fasterfs.head_link")
 

@@ -173,7 +173,7 @@ def restore(root: Path, engine_kind: str, cluster: str, host_task, the_plan: Pla
         address, s = the_plan.replica
         summary, texts = host_task(address, read_replica, s.path)
         manifests = decode_many(texts, f"the namespace replica {address}:{s.path}")
-        from .ingest import object_prefix
+        from .manifest import object_prefix
 
         store = NamespaceStore(open_engine(engine_kind, paths.root), cluster, lambda method, arg: [])
         try:

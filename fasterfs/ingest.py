@@ -20,10 +20,9 @@ from pathlib import Path
 import xxhash
 
 from . import erasure, lobster, registry, s3
-from .bucket_walk import HASHED
 from .config import as_cfg
 from .errors import FasterFSError
-from .manifest import ChunkInfo, Manifest
+from .manifest import ChunkInfo, Manifest, object_prefix
 from .namespace import check_dataset_name, check_path
 from .placement import chunk_homes
 
@@ -111,11 +110,6 @@ def remove(cfg, name: str) -> Manifest:
     collect_garbage(cfg, state)
     return manifest
 
-
-def object_prefix(name: str, kind: str) -> str:
-    """Where the objects of `name` live: a dataset under its name, a file under a hash of
-    its path (paths may hold characters a key should not)."""
-    return f"{name}/" if kind == "dataset" else f"{HASHED}{xxhash.xxh3_64_hexdigest(name.encode())}/"
 
 
 def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], str],

@@ -13,9 +13,13 @@ import time
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
+import xxhash
+
 from . import gc_pause
 from .erasure import shard_key
 from .errors import FasterFSError
+
+HASHED = "files/"  # a file's objects: HASHED + the 16 hex digits of a hash of its path + "/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,3 +151,8 @@ _CHUNK_FIELDS = [f.name for f in fields(ChunkInfo)]
 _MANIFEST_FIELDS = [f.name for f in fields(Manifest)]
 _chunk_state = attrgetter(*_CHUNK_FIELDS)
 _manifest_state = attrgetter(*_MANIFEST_FIELDS)
+
+def object_prefix(name: str, kind: str) -> str:
+    """Where the objects of `name` live: a dataset under its name, a file under a hash of
+    its path (paths may hold characters a key should not)."""
+    return f"{name}/" if kind == "dataset" else f"{HASHED}{xxhash.xxh3_64_hexdigest(name.encode())}/"

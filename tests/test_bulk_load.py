@@ -17,7 +17,7 @@ from conftest import minio_keys, wait_until
 
 from fasterfs import bulk_load, cluster, config, credentials, registry, s3
 from fasterfs.errors import FasterFSError
-from fasterfs.ingest import object_prefix
+from fasterfs.manifest import object_prefix
 from fasterfs.meta import Changes
 from fasterfs.minio_server import MinioServer
 from fasterfs.reader import Namespace

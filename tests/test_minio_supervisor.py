@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from fasterfs import config, credentials
+from fasterfs import config, credentials, manifest
 from fasterfs.config import minio_binary
 from fasterfs.minio_server import MinioServer
 from fasterfs.minio_supervisor import MinioSupervisor
@@ -142,17 +142,17 @@ def test_a_count_asked_for_now_waits_a_bounded_time_then_answers_with_the_last(s
 
 def test_a_paced_walk_lists_every_object_slice_by_slice(supervisor):
     """bucket_walk over a bucket holding objects at its top, under datasets' prefixes and under
-    files' hashed prefixes (ingest.object_prefix): the same (key, size) pairs as boto3's own
+    files' hashed prefixes (manifest.object_prefix): the same (key, size) pairs as boto3's own
     paginated listing; one rest after each slice (every top-level prefix, files/ by each of 16
     first digits), each as long as the slice took times (1 / share - 1)."""
     import pytest
 
-    from fasterfs import bucket_walk, ingest, s3
+    from fasterfs import bucket_walk, s3
 
     sup, keys = supervisor
     admin = s3.client(sup.server.endpoint, keys.admin)
     stored = {"top.bin": 3, "ds/part-00000": 5, "ds/part-00001": 7, "other/x/y": 1}
-    stored |= {f"{ingest.object_prefix(f'team/day-{i}.parquet', 'file')}g/part-00000": i for i in range(60)}
+    stored |= {f"{manifest.object_prefix(f'team/day-{i}.parquet', 'file')}g/part-00000": i for i in range(60)}
     for key, size in stored.items():
         admin.put_object(Bucket="bkt", Key=key, Body=b"x" * size)
     listed = {o["Key"]: o["Size"] for page in admin.get_paginator("list_objects_v2").paginate(Bucket="bkt")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import NAMESPACE_STORES
 from ..errors import FasterFSError
 from .engine import Attrs, Engine
 from .sqlite import SQLiteEngine
@@ -16,7 +17,7 @@ from .store import AttrsListing, Changes, Listing, Moves, NamespaceStore, Push, 
 
 __all__ = ["ENGINES", "Attrs", "AttrsListing", "Changes", "Engine", "Listing", "Moves", "NamespaceStore", "Push",
            "Resolved", "open_engine"]
-ENGINES = ("sqlite", "redis")
+ENGINES = NAMESPACE_STORES
 
 
 def open_engine(kind: str, root: Path) -> Engine:
