@@ -38,10 +38,13 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import bulk_load, cluster, config, credentials, ingest, registry, report, s3
-from fasterfs.minio_server import MinioServer
-from fasterfs.placement import chunk_homes
-from fasterfs.reader import Namespace
+from fasterfs.control import credentials, registry, report, s3
+from fasterfs.core import config
+from fasterfs.core.placement import chunk_homes
+from fasterfs.node.minio_server import MinioServer
+from fasterfs.ops import cluster
+from fasterfs.read.reader import Namespace
+from fasterfs.write import bulk_load, ingest
 
 THREADS = 16
 

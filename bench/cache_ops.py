@@ -30,9 +30,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import cache_entry, config, report
-from fasterfs.cache import ChunkCache
-from fasterfs.cache_entry import XATTR
+from fasterfs.control import report
+from fasterfs.core import config
+from fasterfs.node.cache import ChunkCache
+from fasterfs.read import cache_entry
+from fasterfs.read.cache_entry import XATTR
 
 
 def filled(directory: Path, n: int, size: int, policy: str) -> ChunkCache:

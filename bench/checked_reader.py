@@ -1,6 +1,6 @@
 """Readers that outlive whoever started them: one detached actor per storage host named, each
 reading every file of a local source tree in turn at `<dest><relative path>` — through
-`fasterfs.reader.Namespace`, or with the standard library through the host's mount when `dest`
+`fasterfs.read.reader.Namespace`, or with the standard library through the host's mount when `dest`
 is a directory (starts with /) — and checking its bytes against the source read with the standard
 library, one JSON line per read in its own log (when, how long, ok / wrong / failed, and whether
 the head answered). Used by tests/test_head_loss.py and bench/head_loss.py to read through the
@@ -20,14 +20,14 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fasterfs import config
-from fasterfs.state import ClusterState, connect_ray
+from fasterfs.control.state import ClusterState, connect_ray
+from fasterfs.core import config
 
 
 @ray.remote(num_cpus=0)
 class CheckedReader:
     def start(self, overrides: list[str], src: str, dest: str, out: str, seconds: float) -> bool:
-        from fasterfs.reader import Namespace
+        from fasterfs.read.reader import Namespace
 
         ns = Namespace(config.load(overrides))
         files = sorted(p for p in Path(src).rglob("*") if p.is_file())

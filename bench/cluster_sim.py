@@ -1,4 +1,4 @@
-"""The nodes' cache gossip at sizes no machine here runs as processes (issue 47): fasterfs.cluster_sim's
+"""The nodes' cache gossip at sizes no machine here runs as processes (issue 47): fasterfs.node.cluster_sim's
 real PeerTiers over a simulated network, each cache holding bench.sim_entries names and changing
 bench.sim_churn times a second (a fill evicting the oldest entry), for bench.sim_seconds simulated
 seconds after every node has told its peers once; also with no change at all (no reads).
@@ -30,8 +30,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import config, report
-from fasterfs.cluster_sim import measure, measure_invalidation, measure_pushes, measure_repair
+from fasterfs.control import report
+from fasterfs.core import config
+from fasterfs.node.cluster_sim import measure, measure_invalidation, measure_pushes, measure_repair
 
 TARGET_BYTES_S = 100_000  # background traffic per node with no reads (issue 47)
 

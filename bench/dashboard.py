@@ -25,8 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fasterfs import auth, cluster, config, registry, report
-from fasterfs.ingest import put, remove
+from fasterfs.control import auth, registry, report
+from fasterfs.core import config
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import put, remove
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -15,8 +15,9 @@ import sys
 import time
 import urllib.request
 
-from fasterfs import auth, config, registry, report
-from fasterfs.errors import FasterFSError
+from fasterfs.control import auth, registry, report
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
 
 PATHS = ("/api/snapshot", "/", "/metrics")
 

@@ -27,9 +27,12 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fasterfs
-from fasterfs import cluster, config, erasure, registry, repair, report, s3
-from fasterfs.ingest import put, remove
-from fasterfs.manifest import object_prefix
+from fasterfs.control import registry, report, s3
+from fasterfs.core import config, erasure
+from fasterfs.core.manifest import object_prefix
+from fasterfs.node import repair
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import put, remove
 
 
 def per_core_gb_s(fn, data_bytes: int, seconds: float = 2.0) -> float:

@@ -40,13 +40,15 @@ import checked_reader
 from namespace_store import BATCH, batch
 from scan import placed
 
-from fasterfs import config, lab, registry, report
+from fasterfs.control import registry, report
+from fasterfs.control.state import ClusterState, leave
+from fasterfs.core import config
 from fasterfs.meta import NamespaceStore, open_engine
 from fasterfs.meta.replica import FILE as REPLICA_FILE
-from fasterfs.reader import Namespace
-from fasterfs.state import ClusterState, leave
+from fasterfs.ops import lab
+from fasterfs.read.reader import Namespace
 
-CLI = [sys.executable, "-m", "fasterfs.cli"]
+CLI = [sys.executable, "-m", "fasterfs.ui.cli"]
 
 
 def run(*args: str, timeout: float = 3600) -> float:

@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cache_ops import filled
 from mounts import drop_page_cache
 
-from fasterfs import config, report
-from fasterfs.cache import ChunkCache
-from fasterfs.peer_tier import PeerTier
+from fasterfs.control import report
+from fasterfs.core import config
+from fasterfs.node.cache import ChunkCache
+from fasterfs.node.peer_tier import PeerTier
 
 CPU_TARGET = 0.02  # of one core
 

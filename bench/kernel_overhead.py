@@ -20,10 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from fasterfs import bpf, config, credentials, report, s3
+from fasterfs import bpf
 from fasterfs.bpf import tc
-from fasterfs.cgroup import ProjectCgroup, own_cgroup
-from fasterfs.minio_server import MinioServer
+from fasterfs.control import credentials, report, s3
+from fasterfs.core import config
+from fasterfs.core.cgroup import ProjectCgroup, own_cgroup
+from fasterfs.node.minio_server import MinioServer
 
 ADDRESS, PORT = "127.0.5.2", 9400
 

@@ -28,7 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 
-from fasterfs import bucket_walk, cluster, config, ingest, registry, report, s3
+from fasterfs.control import registry, report, s3
+from fasterfs.core import config
+from fasterfs.ops import cluster
+from fasterfs.write import bucket_walk, ingest
 
 AFTER_S = 30  # MinIO's CPU counted this long after a listing's last page
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mounts
 
 import fasterfs
-from fasterfs import config, report
+from fasterfs.control import report
+from fasterfs.core import config
 
 
 def main(argv: list[str]) -> dict:

@@ -44,9 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mounts
 
 import fasterfs
-from fasterfs import cluster, config, credentials, registry, report, s3
-from fasterfs.config import Paths
-from fasterfs.ingest import ingest, put, remove
+from fasterfs.control import credentials, registry, report, s3
+from fasterfs.core import config
+from fasterfs.core.config import Paths
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import ingest, put, remove
 
 FIO_RANDOM_S = 10      # each random-read run is bounded in time ...
 FIO_RANDOM_BYTES = 64 << 20  # ... and in bytes

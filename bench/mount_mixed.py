@@ -36,8 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mounts
 
-from fasterfs import cluster, config, registry, report
-from fasterfs.ingest import put, remove
+from fasterfs.control import registry, report
+from fasterfs.core import config
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import put, remove
 
 READERS = 4
 HOT_BYTES = 750_000

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from fasterfs import config
-from fasterfs.mount_supervisor import is_mounted, set_read_ahead
-from fasterfs.process import terminate
+from fasterfs.core import config
+from fasterfs.core.process import terminate
+from fasterfs.node.mount_supervisor import is_mounted, set_read_ahead
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -75,7 +75,7 @@ def hot_dataset(argv: list[str]):
     import ray
 
     import fasterfs
-    from fasterfs import cluster
+    from fasterfs.ops import cluster
 
     client = fasterfs.connect(overrides=argv)
     cluster.connect_ray(client.state)
@@ -91,7 +91,7 @@ def hot_dataset(argv: list[str]):
 def fasterfs(point: Path, overrides: list[str]) -> Mount:
     """FasterFS's mount of the namespace."""
     point.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides],
+    proc = subprocess.Popen([sys.executable, "-m", "fasterfs.read.mount", str(point), *overrides],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env=dict(os.environ, FASTERFS_MOUNT_STATS=f"{point}.stats.json"))
     mount = Mount("fasterfs", point, proc).wait_up()

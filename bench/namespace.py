@@ -23,7 +23,9 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fasterfs
-from fasterfs import cluster, config, registry, report
+from fasterfs.control import registry, report
+from fasterfs.core import config
+from fasterfs.ops import cluster
 
 
 def main(argv: list[str]) -> dict:

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import config, process, report
-from fasterfs.manifest import ChunkInfo, Manifest, object_prefix
+from fasterfs.control import report
+from fasterfs.core import config, process
+from fasterfs.core.manifest import ChunkInfo, Manifest, object_prefix
 from fasterfs.meta import NamespaceStore, open_engine
 from fasterfs.meta.redis_server import RedisServer
 

@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from namespace_store import BATCH, batch
 from scan import fasterfs, placed
 
-from fasterfs import cluster, config, registry, report
+from fasterfs.control import registry, report
+from fasterfs.core import config
 from fasterfs.meta import NamespaceStore, open_engine
+from fasterfs.ops import cluster
 
 
 def rss(pid: int) -> int:

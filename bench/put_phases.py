@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import config, ingest, registry, report, s3
+from fasterfs.control import registry, report, s3
+from fasterfs.core import config
+from fasterfs.write import ingest
 
 PHASES = [(registry, ["find", "fetch_manifest", "conflict", "fetch_credentials", "publish_manifest", "generations",
                       "expired", "expired_pieces"]),

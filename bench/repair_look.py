@@ -20,7 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 
-from fasterfs import cluster, config, registry, repair, report
+from fasterfs.control import registry, report
+from fasterfs.core import config
+from fasterfs.node import repair
+from fasterfs.ops import cluster
 
 
 def main(argv: list[str]) -> dict:

@@ -33,17 +33,18 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fasterfs import config, report
-from fasterfs.config import Paths
-from fasterfs.node_directory import actor_name
-from fasterfs.reader import Namespace
+from fasterfs.control import report
+from fasterfs.control.node_directory import actor_name
+from fasterfs.core import config
+from fasterfs.core.config import Paths
+from fasterfs.read.reader import Namespace
 
 TARGET = 0.9
 MB = 1_000_000  # cache.capacity_mb counts decimal MB
 
 
 def fasterfs(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "fasterfs.cli", *args], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "fasterfs.ui.cli", *args], check=True, capture_output=True, timeout=600)
 
 
 def cached_here(cache_dir: Path, data: bytes) -> bool:

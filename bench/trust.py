@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mounts
 
 import fasterfs
-from fasterfs import config, registry, report, s3
-from fasterfs.reader import Namespace
+from fasterfs.control import registry, report, s3
+from fasterfs.core import config
+from fasterfs.read.reader import Namespace
 
 
 def main(argv: list[str]) -> dict:

@@ -1,7 +1,7 @@
 """FasterFS: market data on per-node MinIO servers, read where it lives, cached where it is hot."""
 from importlib.metadata import PackageNotFoundError, version
 
-from .errors import FasterFSError
+from .core.errors import FasterFSError
 
 try:
     __version__ = version("fasterfs")
@@ -13,8 +13,8 @@ __all__ = ["FasterFSError", "connect", "data"]
 
 def connect(root=None, overrides=(), use_cache: bool = True, dataset: str | None = None):
     """A client of a dataset (default: the one ingested last) or a file of the running
-    cluster (see fasterfs.client.Client)."""
-    from .tables import connect as _connect
+    cluster (see fasterfs.read.client.Client)."""
+    from .read.tables import connect as _connect
 
     return _connect(root, overrides, use_cache, dataset)
 
@@ -23,5 +23,5 @@ def __getattr__(name):  # fasterfs.data (Ray Data), imported when first used
     if name == "data":
         import importlib
 
-        return importlib.import_module(".data", __name__)
+        return importlib.import_module(".read.data", __name__)
     raise AttributeError(name)

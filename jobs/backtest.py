@@ -24,8 +24,10 @@ import numpy as np
 import ray
 
 import fasterfs
-from fasterfs import cluster, config, job, report
-from fasterfs.errors import FasterFSError
+from fasterfs.control import report
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
+from fasterfs.ops import cluster, job
 
 MODES = {"MinIO direct": False, "FasterFS": True}  # mode -> cache on the read path
 

@@ -33,9 +33,12 @@ from backtest import crossover_pnl, home_node, plan_windows
 ray.cloudpickle.register_pickle_by_value(backtest)  # the workers have no jobs/ on their path
 
 import fasterfs  # noqa: E402
-from fasterfs import cluster, config, job, lab, registry, repair, report  # noqa: E402
-from fasterfs.errors import FasterFSError  # noqa: E402
-from fasterfs.ingest import ingest  # noqa: E402
+from fasterfs.control import registry, report  # noqa: E402
+from fasterfs.core import config  # noqa: E402
+from fasterfs.core.errors import FasterFSError  # noqa: E402
+from fasterfs.node import repair  # noqa: E402
+from fasterfs.ops import cluster, job, lab  # noqa: E402
+from fasterfs.write.ingest import ingest  # noqa: E402
 
 READ_TRIES = 3  # a reader's own retries of a read that raised (each counted as a failed read)
 

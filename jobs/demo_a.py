@@ -32,7 +32,9 @@ from pathlib import Path
 import ray
 
 import fasterfs
-from fasterfs import cluster, config, job, lobster, registry, report, s3, tls
+from fasterfs.control import registry, report, s3, tls
+from fasterfs.core import config, lobster
+from fasterfs.ops import cluster, job
 
 PASSES = ["local file", "MinIO direct", "FasterFS cold", "FasterFS warm", "FasterFS hot", "FasterFS hot+verify",
           "prefetch", "fsspec first", "fsspec hit", "mount cold", "mount warm", "mount hot", "mount page cache"]

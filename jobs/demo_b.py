@@ -24,8 +24,10 @@ from pathlib import Path
 import ray
 
 import fasterfs
-from fasterfs import cluster, config, job, registry, report
-from fasterfs.ingest import ingest
+from fasterfs.control import registry, report
+from fasterfs.core import config
+from fasterfs.ops import cluster, job
+from fasterfs.write.ingest import ingest
 
 
 @ray.remote(num_cpus=0)

@@ -37,13 +37,17 @@ from rich.table import Table
 from xxhash import xxh3_64_intdigest
 
 import fasterfs
-from fasterfs import cluster, config, job, lab_disks, registry, repair, report, s3
-from fasterfs.errors import FasterFSError
-from fasterfs.ingest import ingest
-from fasterfs.read_session import NoGoodCopy
+from fasterfs.control import registry, report, s3
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
+from fasterfs.hosts import lab_disks
+from fasterfs.node import repair
+from fasterfs.ops import cluster, job
+from fasterfs.read.read_session import NoGoodCopy
+from fasterfs.write.ingest import ingest
 
 ACTIONS = ("kill_minio", "kill_storage_node", "kill_reader", "overwrite", "reingest")
-# the quiet failures, on a lab only (fasterfs.lab_faults): each held for faults.every_s, then undone
+# the quiet failures, on a lab only (fasterfs.hosts.lab_faults): each held for faults.every_s, then undone
 # (flipped bytes: scrubbed); a full disk on a lab whose hosts have disks of their own (lab.disk_mb)
 QUIET = ("freeze_minio", "partition", "slow_link", "flip", "full_disk")
 
@@ -218,7 +222,7 @@ class Harness:
 
     def quiet(self, action: str, node) -> str:
         """A quiet failure on lab host `node` for faults.every_s (readers read on), then undone."""
-        from fasterfs import lab_faults
+        from fasterfs.hosts import lab_faults
 
         others = [n for n in self.state.nodes if n.index != node.index]
         began = time.time()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from rich.progress import Progress
 
-from fasterfs import cluster, config, graysort, job, registry, report
+from fasterfs.control import registry, report
+from fasterfs.core import config
+from fasterfs.ops import cluster, graysort, job
 
 
 def chart(result: dict, path) -> None:

@@ -12,7 +12,9 @@ import ray
 from rich.table import Table
 
 import fasterfs
-from fasterfs import cluster, config, job, report
+from fasterfs.control import report
+from fasterfs.core import config
+from fasterfs.ops import cluster, job
 
 
 @ray.remote(num_cpus=1)

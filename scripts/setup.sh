@@ -93,7 +93,7 @@ fi
 # Its dependencies include rfc3987-syntax (via jsonschema[format-nongpl]), which compiles 38
 # grammars when jsonschema is imported: in the project's environment that is 1.4 s of CPU
 # added to every `import ray`, so to every Ray worker and agent started. The server runs here;
-# its kernels run in the project's environment (fasterfs.notebook writes their kernel spec).
+# its kernels run in the project's environment (fasterfs.dashboard.notebook writes their kernel spec).
 LAB="$DEPS/jupyterlab"
 if [ -x "$LAB/bin/jupyter-lab" ] && [ "$(cat "$LAB/.version" 2>/dev/null)" = "$JUPYTERLAB_VERSION" ]; then
   say "JupyterLab $JUPYTERLAB_VERSION present"

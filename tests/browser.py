@@ -62,7 +62,7 @@ class Browser:
     def log_in(self, state) -> None:
         """Logged in to FasterFS's dashboard of cluster `state`, as its /login form leaves a
         browser: the session cookie made from the cluster's token (its file, 0600)."""
-        from fasterfs import auth
+        from fasterfs.control import auth
 
         value = auth.session_value(auth.read(auth.token_file(state.root)))
         self.call("Network.setCookie", name=auth.COOKIE, value=value, url=state.web_url)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import CLEAN_ENV
 
-from fasterfs.config import PROJECT_DIR
+from fasterfs.core.config import PROJECT_DIR
 
 PYTHON = str(PROJECT_DIR / ".venv/bin/python")
 JOBS = sorted(p.stem for p in (PROJECT_DIR / "jobs").glob("*.py"))

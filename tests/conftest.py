@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from fasterfs import cluster, config, lobster
-from fasterfs.config import Layout
-from fasterfs.ingest import ingest
+from fasterfs.core import config, lobster
+from fasterfs.core.config import Layout
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import ingest
 
 LOBSTER = Path(config.lobster_dir())
 HAVE_SAMPLE = (LOBSTER / "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz").exists()
@@ -89,7 +90,7 @@ def task_ids(state, filters: list) -> frozenset:
 
 def dashboard_headers(state) -> dict[str, str]:
     """What FasterFS's dashboard asks of every request: the cluster's token (its file, 0600)."""
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     return auth.bearer(state.root)
 
@@ -97,7 +98,7 @@ def dashboard_headers(state) -> dict[str, str]:
 def minio_listing(state, prefix: str) -> dict[int, list[dict]]:
     """Node index -> the objects under `prefix` in that node's MinIO, as MinIO lists them (boto3
     with the cluster's admin key): where the data is, not where FasterFS's plan says."""
-    from fasterfs import registry, s3
+    from fasterfs.control import registry, s3
 
     creds = registry.fetch_credentials(state.name, "admin")
     out = {}
@@ -185,7 +186,7 @@ STAND_IN = pytest.StashKey[list]()  # what pytest_configure made, for pytest_unc
 
 
 def default_token() -> Path:
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     return auth.token_file(Path(config.load([]).cluster.root))
 
@@ -195,7 +196,7 @@ def pytest_configure(config):
     (that cluster's own, when one is there; else a stand-in made here, once per run by pytest's
     controller when -n runs workers, and removed after). Every process the test clusters start
     must find their own cluster, never take that token."""
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     if hasattr(config, "workerinput"):  # an xdist worker: the controller made it
         return
@@ -208,8 +209,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    from fasterfs.config import load
-    from fasterfs.ray_nodes import ray_temp_dir
+    from fasterfs.core.config import load
+    from fasterfs.hosts.ray_nodes import ray_temp_dir
 
     for path in reversed(config.stash.get(STAND_IN, [])):
         with contextlib.suppress(OSError):  # never more than what was made here
@@ -223,7 +224,7 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session")
 def another_clusters_token_at_the_default_root() -> str:
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     return auth.read(default_token())
 
@@ -342,7 +343,7 @@ def run_job(state, entrypoint: list[str], timeout: float = 900, name: str = "job
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     sid = f"test-{name}-{uuid.uuid4().hex[:8]}"
     run = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/ray"), "job", "submit", "--no-wait",
@@ -404,7 +405,7 @@ def source_lines(overrides: list[str]) -> tuple[list[bytes], list[bytes]]:
 def _source_lines(overrides: tuple[str, ...]) -> tuple[list[bytes], list[bytes]]:
     cfg = config.load(list(overrides) + data_overrides())
     if not HAVE_SAMPLE:
-        from fasterfs.ingest import load_source
+        from fasterfs.write.ingest import load_source
 
         pair = load_source(cfg)
         return pair.message_lines, pair.orderbook_lines
@@ -473,7 +474,7 @@ def ingest_as(live_cluster, overrides):
     """Ingest the LOBSTER sample (or generated data without it) in a format and replication.
     reuse=True, for tests that only read it: the dataset an earlier such test ingested, if it is
     still the current generation as the Registry says (any other ingest since replaced it)."""
-    from fasterfs import registry
+    from fasterfs.control import registry
 
     def run(fmt: str = "csv", replicas: int = 1, reuse: bool = False):
         kept = _READ_ONLY.get((fmt, replicas)) if reuse else None

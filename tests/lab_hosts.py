@@ -12,8 +12,9 @@ from conftest import assert_nothing_left, cluster_overrides
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, lab
-from fasterfs.ingest import put
+from fasterfs.core import config
+from fasterfs.ops import cluster, lab
+from fasterfs.write.ingest import put
 
 SUBNET = "198.18.7"
 PROJECT = config.PROJECT_DIR

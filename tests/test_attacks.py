@@ -19,12 +19,14 @@ from conftest import NO_PREFETCH, cached_entry, dashboard_headers, source_csv, s
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import auth, cluster, config, credentials, s3, tls
 from fasterfs.bpf.events import key_hash
 from fasterfs.bpf.libbpf import lib as libbpf
-from fasterfs.config import Paths
-from fasterfs.errors import FasterFSError
-from fasterfs.state import ClusterState
+from fasterfs.control import auth, credentials, s3, tls
+from fasterfs.control.state import ClusterState
+from fasterfs.core import config
+from fasterfs.core.config import Paths
+from fasterfs.core.errors import FasterFSError
+from fasterfs.ops import cluster
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
@@ -242,7 +244,7 @@ def test_a_ca_trust_file_another_user_planted_is_not_trusted(world_writable, mon
 def test_a_rotten_cache_entry_is_never_served_to_readers_that_copy(fresh, cluster_root, overrides):
     """The mount's agent, fasterfs:// and `cat` all read through the namespace: a cache entry
     with a flipped byte is caught against the manifest's checksum and the read is right."""
-    from fasterfs.reader import Namespace
+    from fasterfs.read.reader import Namespace
 
     manifest, actors = fresh
     client = fasterfs.connect(cluster_root, NO_PREFETCH)

@@ -18,8 +18,8 @@ from conftest import (
     tasks_ray_recorded,
 )
 
-from fasterfs import lobster
-from fasterfs.errors import FasterFSError
+from fasterfs.core import lobster
+from fasterfs.core.errors import FasterFSError
 
 SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8],[5,13]]"]
 

@@ -15,12 +15,15 @@ import pytest
 import ray
 from conftest import minio_keys, wait_until
 
-from fasterfs import bulk_load, cluster, config, credentials, registry, s3
-from fasterfs.errors import FasterFSError
-from fasterfs.manifest import object_prefix
+from fasterfs.control import credentials, registry, s3
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
+from fasterfs.core.manifest import object_prefix
 from fasterfs.meta import Changes
-from fasterfs.minio_server import MinioServer
-from fasterfs.reader import Namespace
+from fasterfs.node.minio_server import MinioServer
+from fasterfs.ops import cluster
+from fasterfs.read.reader import Namespace
+from fasterfs.write import bulk_load
 
 CLI = str(Path(sys.executable).parent / "fasterfs")
 
@@ -159,7 +162,7 @@ def test_bad_names_are_refused_naming_them_and_nothing_is_stored(live_cluster, o
     src = tmp_path / "deep"
     src.mkdir()
     (src / "f").write_bytes(b"deep")
-    from fasterfs.ingest import put
+    from fasterfs.write.ingest import put
 
     put(config.load(overrides), src / "f", deep)
     assert Namespace(config.load(overrides)).cat(deep) == b"deep"
@@ -176,7 +179,7 @@ def test_readers_and_nodes_learn_changes_not_the_whole_namespace(live_cluster, o
     watched.watch(lambda version, names: heard.append(names))
     assert heard == [None]
     (tmp_path / "new.bin").write_bytes(b"new")
-    from fasterfs.ingest import put
+    from fasterfs.write.ingest import put
 
     with pytest.raises(FileNotFoundError):
         ns.lookup("learn/new.bin")
@@ -198,7 +201,7 @@ def test_a_reader_behind_the_store_catches_up_before_it_answers(live_cluster, ov
     change before the answer comes back (the mount's agent sends that delta ahead of the listing,
     so its daemon never holds a name newer than its deltas)."""
     cfg = config.load(overrides)
-    from fasterfs.ingest import put
+    from fasterfs.write.ingest import put
 
     (tmp_path / "a.bin").write_bytes(b"a")
     put(cfg, tmp_path / "a.bin", "behind/a.bin")

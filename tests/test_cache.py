@@ -13,9 +13,12 @@ from conftest import NO_PREFETCH, cached_entry, emptied, source_lines, source_ro
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cache_entry, cluster, config, credentials, erasure, registry, s3
-from fasterfs.config import Paths
-from fasterfs.ingest import put
+from fasterfs.control import credentials, registry, s3
+from fasterfs.core import config, erasure
+from fasterfs.core.config import Paths
+from fasterfs.ops import cluster
+from fasterfs.read import cache_entry
+from fasterfs.write.ingest import put
 
 
 @pytest.fixture
@@ -388,7 +391,7 @@ def test_prefetch_during_sequential_scan_not_random(cold, cluster_root):
 
 
 def test_cache_cli(cold, overrides, capsys, cluster_root, live_cluster):
-    from fasterfs.cli import main
+    from fasterfs.ui.cli import main
 
     manifest, _ = cold
 

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from fasterfs import cache, cache_entry
-from fasterfs.cache import ChunkCache
-from fasterfs.cache_entry import XATTR, Header
+from fasterfs.node import cache
+from fasterfs.node.cache import ChunkCache
+from fasterfs.read import cache_entry
+from fasterfs.read.cache_entry import XATTR, Header
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
@@ -201,7 +202,7 @@ def test_a_cancelled_fill_keeps_its_room_until_its_write_ends(tmp_path, monkeypa
 
 def test_cancel_all_drops_queued_and_running_fills(tmp_path):
     """Emptying the cache cancels the fills the old epoch's heat queued: none lands afterwards."""
-    from fasterfs.cache_filler import CacheFiller
+    from fasterfs.node.cache_filler import CacheFiller
 
     started, release = threading.Event(), threading.Event()
 
@@ -225,7 +226,7 @@ def test_cancel_all_drops_queued_and_running_fills(tmp_path):
 # -- file entries: a stored file of several chunks is one local file --------------------------
 
 def _file_manifest(sizes, key="c/f/g1/chunk-"):
-    from fasterfs.manifest import ChunkInfo, Manifest
+    from fasterfs.core.manifest import ChunkInfo, Manifest
 
     chunks = [ChunkInfo(i, f"{key}{i:05d}", [0], n, 0, 0, 0.0, 0.0, 0) for i, n in enumerate(sizes)]
     return Manifest("f", "bytes", 0, 0, 0, 1, 1, "b", "g1", chunks, kind="file")

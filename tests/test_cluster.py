@@ -32,12 +32,14 @@ from conftest import (
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, credentials, lobster, registry, s3
-from fasterfs.cgroup import cgroup2_mount
-from fasterfs.errors import FasterFSError
-from fasterfs.ingest import ingest, put
-from fasterfs.minio_server import MinioServer, _cmdline
-from fasterfs.storage_node import NAMESPACE_POLL_S
+from fasterfs.control import credentials, registry, s3
+from fasterfs.core import config, lobster
+from fasterfs.core.cgroup import cgroup2_mount
+from fasterfs.core.errors import FasterFSError
+from fasterfs.node.minio_server import MinioServer, _cmdline
+from fasterfs.node.storage_node import NAMESPACE_POLL_S
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import ingest, put
 
 
 def statuses(state):
@@ -69,9 +71,9 @@ def test_storage_nodes_pinned_with_minio_bound_to_node_address(live_cluster):
 
 
 def test_node_reports_have_their_declared_shapes(live_cluster):
-    """What the CLI, the monitor and the dashboard read of a node has the keys fasterfs.node_status
+    """What the CLI, the monitor and the dashboard read of a node has the keys fasterfs.node.node_status
     declares, no more and no fewer."""
-    from fasterfs.node_status import CacheStatus, NodeStatus
+    from fasterfs.node.node_status import CacheStatus, NodeStatus
 
     for actor in cluster.storage_nodes(live_cluster):
         assert set(ray.get(actor.status.remote())) == set(NodeStatus.__annotations__)
@@ -258,7 +260,7 @@ def test_a_failed_ingest_leaves_nothing_and_the_old_generation_current(ingest_as
 
 
 def test_replicas_beyond_cluster_size_refused(live_cluster, overrides):
-    from fasterfs.ingest import ingest
+    from fasterfs.write.ingest import ingest
     with pytest.raises(FasterFSError, match="replicas=3"):
         ingest(config.load(overrides + ["nodes=3", "replicas=3"]))
 
@@ -448,8 +450,8 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
     submitted to either this cluster or the session's (started before it) is given its own
     cluster's address by Ray, not the last one started on the machine. Down stops all of it, the
     FUSE mount included: no process, filter, cgroup or mount left."""
-    from fasterfs.cache import ChunkCache
-    from fasterfs.cli import main
+    from fasterfs.node.cache import ChunkCache
+    from fasterfs.ui.cli import main
 
     own = cluster_overrides(Path(str(tmp_path_factory.mktemp("beside"))[:60]), "127.0.5.2", 4, nodes=1)
     own = [o for o in own if not o.startswith("kernel.mode=")] + ["kernel.mode=simulated"]

@@ -1,11 +1,11 @@
-"""The simulated cluster (fasterfs.cluster_sim) at a size that fits the suite: real PeerTiers
+"""The simulated cluster (fasterfs.node.cluster_sim) at a size that fits the suite: real PeerTiers
 gossiping deltas over a counted network. Expected figures come from the workload (names changed,
 their length), not from the PeerTier; each view is checked against the caches' own name sets."""
 from __future__ import annotations
 
 import pickle
 
-from fasterfs.cluster_sim import (
+from fasterfs.node.cluster_sim import (
     SimulatedCluster,
     batch_of,
     measure,
@@ -13,7 +13,7 @@ from fasterfs.cluster_sim import (
     measure_pushes,
     measure_repair,
 )
-from fasterfs.counting_bloom import FALSE_POSITIVE
+from fasterfs.node.counting_bloom import FALSE_POSITIVE
 
 NODES, ENTRIES = 16, 2_000
 

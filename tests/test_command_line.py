@@ -14,7 +14,7 @@ import yaml
 from commands import PYTHON, one_line_error, run
 from conftest import CLEAN_ENV, tasks_ray_recorded
 
-from fasterfs.config import PROJECT_DIR
+from fasterfs.core.config import PROJECT_DIR
 
 
 def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_cluster, overrides):
@@ -52,7 +52,8 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     from conftest import wait_until
     from ray.util.state import list_actors
 
-    from fasterfs import auth, cluster
+    from fasterfs.control import auth
+    from fasterfs.ops import cluster
 
     out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "size=1MB", "graysort.baseline=false",
               "graysort.reference_mb=0", *overrides, timeout=600)
@@ -64,7 +65,7 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
                                      headers={"Authorization": f"Bearer {token}"})
     jobs = json.loads(opener.open(request, timeout=30).read())
     mine = [j for j in jobs if (j.get("metadata") or {}).get("fasterfs.output") == output]
-    assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.job"] == "graysort", jobs
+    assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.ops.job"] == "graysort", jobs
     assert "size=1MB" in mine[0]["metadata"]["fasterfs.overrides"].split()
     named = {"graysort.map[part 0 @ node 0]", "graysort.reduce[part 1 @ node 1]", "graysort.generate[part 1 @ node 1]"}
     tasks_ray_recorded(live_cluster, [("job_id", "=", mine[0]["job_id"])],
@@ -89,7 +90,7 @@ def test_fasterfs_env_lets_a_new_shell_submit_a_job(live_cluster, overrides):
     `ray job submit` with no address or token on its command line; Ray records it SUCCEEDED."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     root = live_cluster.root
     script = (f'eval "$({PROJECT_DIR}/.venv/bin/fasterfs env cluster.root={root})" && '
@@ -112,7 +113,8 @@ def test_fasterfs_env_lets_a_new_shell_submit_a_job(live_cluster, overrides):
 
 def test_bad_input_on_a_live_cluster_is_one_line_naming_it(live_cluster, overrides):
     """Each names what is wrong, exit 1, and the namespace (as the Registry lists it) is unchanged."""
-    from fasterfs import cluster, registry
+    from fasterfs.control import registry
+    from fasterfs.ops import cluster
 
     cluster.connect_ray(live_cluster)
     before = registry.fetch_manifests(live_cluster.name)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from commands import JOBS, PYTHON, one_line_error, run, run_in_roots
 
-from fasterfs.config import PROJECT_DIR
+from fasterfs.core.config import PROJECT_DIR
 
 
 def _run_job_here(script: str, *args: str) -> tuple[int, str]:
@@ -37,7 +37,7 @@ def _run_job_here(script: str, *args: str) -> tuple[int, str]:
 
 def test_help_and_cfg_job(tmp_path, monkeypatch):
     """Every job's --help (what it does, what can be overridden) and --cfg job (runs nothing)."""
-    from fasterfs import state
+    from fasterfs.control import state
 
     monkeypatch.setattr(state, "leave", lambda: None)  # a job leaves Ray as it exits: not this process's
     for job in JOBS:
@@ -87,7 +87,7 @@ def test_cli_bad_override_and_cfg(tmp_path):
 def test_every_subcommand_names_its_arguments_and_gives_an_example(capsys):
     """`fasterfs NAME --help` of every command, as the CLI's main() prints it in this process (29
     commands, half a second of imports each as processes); then the installed command itself."""
-    from fasterfs.cli import COMMANDS, main
+    from fasterfs.ui.cli import COMMANDS, main
 
     for name, command in COMMANDS.items():
         with pytest.raises(SystemExit) as exited:
@@ -141,7 +141,7 @@ def test_bad_input_without_a_cluster_is_one_line_naming_it(tmp_path):
 
 
 def test_paths_are_never_taken_for_overrides():
-    from fasterfs.cli import split_overrides
+    from fasterfs.ui.cli import split_overrides
 
     words, overrides = split_overrides(["put", "a=b.csv", "dir/nodes=1.csv", "nodes=3", "data=synthetic",
                                         "research/", "--", "cluster.root=x"])

@@ -4,8 +4,9 @@ import stat
 
 import pytest
 
-from fasterfs import config, credentials
-from fasterfs.errors import FasterFSError
+from fasterfs.control import credentials
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
@@ -67,7 +68,7 @@ def test_bad_option_named(override, culprit):
 
 def test_read_ahead_is_shed_while_the_cpus_are_contended(tmp_path):
     """CpuPressure reads the kernel's PSI line; the figure decides, once a second at most."""
-    from fasterfs.reader import CpuPressure
+    from fasterfs.read.reader import CpuPressure
 
     psi = tmp_path / "cpu"
     psi.write_text("some avg10=72.50 avg60=10.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
@@ -114,7 +115,7 @@ def test_missing_minio_binary_says_how_to_install(tmp_path):
 def test_a_jobs_result_fails_only_on_an_error_or_its_own_checks():
     """What makes `python jobs/x.py` (and a sweep's run) exit 1: a count of failed reads that is
     0 in a passing harness run is not a failure (it was: 20 clean minutes reported as failed)."""
-    from fasterfs.job import failure
+    from fasterfs.ops.job import failure
 
     assert failure({"failed": 0, "passed": True, "reads": 131509}) is None
     assert failure({"figures": {"mb_s": 1.0}}) is None

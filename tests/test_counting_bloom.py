@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from fasterfs.counting_bloom import FALSE_POSITIVE, HASHES, SATURATED, CountingBloom
+from fasterfs.node.counting_bloom import FALSE_POSITIVE, HASHES, SATURATED, CountingBloom
 
 
 def test_no_name_held_is_ever_missed_and_strangers_are_rarely_found():

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import ray
 from conftest import dashboard_headers, load_job, minio_holdings, wait_until
+from fasterfs.dashboard.dashboard_page import _banners, _nodes
+from fasterfs.dashboard.monitor import Cadence, Monitor
 from prometheus_client.parser import text_string_to_metric_families
 
-from fasterfs import bpf, cluster, config
-from fasterfs.dashboard_page import _banners, _nodes
-from fasterfs.errors import FasterFSError
-from fasterfs.monitor import Cadence, Monitor
+from fasterfs import bpf
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
+from fasterfs.ops import cluster
 
 
 def get(state, path: str) -> tuple[int, bytes, str]:
@@ -86,8 +88,11 @@ def test_heatmap_past_its_cells_shows_the_names_being_read(ingest_as, client_for
     kernels count (the dataset read), says how many chunks the namespace holds (the store's
     manifests counted here), and a host's row over it shows the read chunk cached; with cells
     for every chunk, every name."""
-    from fasterfs import heatmap, ingest, registry
-    from fasterfs.monitor import Heat
+    from fasterfs.dashboard.monitor import Heat
+
+    from fasterfs.control import registry
+    from fasterfs.node import heatmap
+    from fasterfs.write import ingest
 
     manifest = ingest_as("csv", reuse=True)
     (tmp_path / "other.bin").write_bytes(os.urandom(1000))

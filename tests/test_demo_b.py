@@ -19,7 +19,7 @@ def test_demo_b_reads_locally_the_planned_volume(ingest_as, overrides, live_clus
         assert r["wall_s"] > 0 and r["bound_by"]
     # where each read task ran, as Ray recorded it (its state API), not as the job reports it
     for n in {r["nodes"] for r in runs}:
-        for k in range(n):  # each read task is named "demo_b.read[N nodes @ node K]" by fasterfs.state.on_node
+        for k in range(n):  # each read task is named "demo_b.read[N nodes @ node K]" by fasterfs.control.state.on_node
             name = f"demo_b.read[{n} nodes @ node {k}]"
             ran = tasks_ray_recorded(live_cluster, [("name", "=", name), ("job_id", "=", result["ray_job_id"])])
             assert ran and {t.node_id for t in ran} == {live_cluster.node(k).ray_node_id}, (name, ran)

@@ -1,4 +1,4 @@
-"""Reed-Solomon shards (fasterfs.erasure): any `data` of `data + parity` shards rebuild a chunk,
+"""Reed-Solomon shards (fasterfs.core.erasure): any `data` of `data + parity` shards rebuild a chunk,
 and the options of an erasure-coded write are checked before anything is stored. Reads of an
 erasure-coded layout across hosts, degraded and with a bad shard, are tested on the lab."""
 import itertools
@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import xxhash
 
-from fasterfs import erasure
-from fasterfs.errors import FasterFSError
-from fasterfs.manifest import ChunkInfo
+from fasterfs.core import erasure
+from fasterfs.core.errors import FasterFSError
+from fasterfs.core.manifest import ChunkInfo
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 

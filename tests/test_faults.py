@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import load_job, wait_until
 
-from fasterfs import config
+from fasterfs.core import config
 
 
 @pytest.mark.unit  # no root, no Ray, no MinIO

@@ -19,8 +19,8 @@ import pytest
 from fsspec.tests.abstract import AbstractFixtures
 from fsspec.tests.abstract.get import AbstractGetTests
 
-from fasterfs import config
-from fasterfs.ingest import put, remove
+from fasterfs.core import config
+from fasterfs.write.ingest import put, remove
 
 
 @pytest.fixture(scope="module")

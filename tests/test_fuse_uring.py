@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fasterfs import fuse_uring
+from fasterfs.read import fuse_uring
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 

@@ -9,9 +9,11 @@ import pytest
 import ray
 from conftest import load_job, minio_listing, tasks_ray_recorded
 
-from fasterfs import config, credentials, graysort, records, s3
-from fasterfs.config import Paths
-from fasterfs.errors import FasterFSError
+from fasterfs.control import credentials, s3
+from fasterfs.core import config, records
+from fasterfs.core.config import Paths
+from fasterfs.core.errors import FasterFSError
+from fasterfs.ops import graysort
 
 
 def sort_cfg(overrides, *extra):

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from conftest import cluster_overrides
 
-from fasterfs import cluster, config
-from fasterfs.errors import FasterFSError
+from fasterfs.control.state import leave
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
 from fasterfs.meta.replica import FILE as REPLICA_FILE
-from fasterfs.reader import Namespace
-from fasterfs.state import leave
+from fasterfs.ops import cluster
+from fasterfs.read.reader import Namespace
 
 CLI = str(Path(sys.executable).parent / "fasterfs")
 READER = Path(__file__).resolve().parents[1] / "bench" / "checked_reader.py"

@@ -1,5 +1,5 @@
 """A storage host's copy of the namespace (fasterfs.meta.replica) and the head's recovery plan
-(fasterfs.head_recovery.plan): what is read back is read with the standard library's sqlite3,
+(fasterfs.control.head_recovery.plan): what is read back is read with the standard library's sqlite3,
 and a copy that is torn, behind or disagrees is never taken. No Ray, no MinIO."""
 import random
 import sqlite3
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from fasterfs import credentials, head_recovery
-from fasterfs.errors import FasterFSError
-from fasterfs.manifest import ChunkInfo, Manifest
+from fasterfs.control import credentials, head_recovery
+from fasterfs.core.errors import FasterFSError
+from fasterfs.core.manifest import ChunkInfo, Manifest
 from fasterfs.meta.follower import Follower
 from fasterfs.meta.replica import Replica
 from fasterfs.meta.store import Changes
@@ -148,10 +148,10 @@ def test_a_replica_answers_lookups_and_listings_as_the_store_does(tmp_path):
 
 
 def test_a_reader_asks_the_head_once_per_absence_then_this_hosts_copy(tmp_path):
-    from fasterfs import identity
-    from fasterfs.config import Paths
-    from fasterfs.head_link import HeadAway, HeadLink
+    from fasterfs.control import identity
+    from fasterfs.core.config import Paths
     from fasterfs.meta.replica import FILE
+    from fasterfs.read.head_link import HeadAway, HeadLink
 
     identity.record(Paths(tmp_path), 0, "c", "10.0.0.1")
     x = manifest("x")
@@ -180,10 +180,10 @@ def test_a_reader_asks_the_head_once_per_absence_then_this_hosts_copy(tmp_path):
 
 
 def test_a_reader_started_without_the_head_never_asks_it(tmp_path):
-    from fasterfs import identity
-    from fasterfs.config import Paths
-    from fasterfs.head_link import HeadAway, HeadLink
+    from fasterfs.control import identity
+    from fasterfs.core.config import Paths
     from fasterfs.meta.replica import FILE
+    from fasterfs.read.head_link import HeadAway, HeadLink
 
     identity.record(Paths(tmp_path), 1, "c", "10.0.0.2")
     Replica(Paths(tmp_path).node_dir(1) / FILE, "c").keep({"x": manifest("x")}, 7)

@@ -11,11 +11,13 @@ import pytest
 import ray
 from conftest import wait_until
 
-from fasterfs import bpf, cluster, credentials, s3
+from fasterfs import bpf
 from fasterfs.bpf import events as ev
 from fasterfs.bpf import tc, testrun
 from fasterfs.bpf.programs import SOURCE_DIR, SOURCES
-from fasterfs.config import Layout
+from fasterfs.control import credentials, s3
+from fasterfs.core.config import Layout
+from fasterfs.ops import cluster
 
 MARK = 0x5FF5
 
@@ -272,7 +274,7 @@ def test_a_flood_past_the_marks_and_the_ring_leaves_nothing_trusted(tmp_path):
     draining the ring, with an overwrite of a cached key in the middle: its own mark may be
     missing, but the suspect mark is newer than the entry, so the readers' rule
     (cache_entry) does not serve it."""
-    from fasterfs import cache_entry
+    from fasterfs.read import cache_entry
 
     progs = bpf.load("real", stale_marks=64, ring_pages=1)  # no start_events: the ring fills
     try:
@@ -363,7 +365,7 @@ def test_a_peers_stale_mark_lands_in_the_pinned_map(programs):
 
 def test_filter_names_match_exactly(programs):
     """Node 1's filters are removed by node 1's prefix; node 10's stay."""
-    from fasterfs.state import filter_prefix
+    from fasterfs.control.state import filter_prefix
 
     names = [f"{filter_prefix('xt', i)}lo:egress" for i in (1, 10)]
     try:
@@ -407,7 +409,7 @@ def _node_client(state, index):
 
 
 def _cfg(state):
-    from fasterfs.config import as_cfg
+    from fasterfs.core.config import as_cfg
     return as_cfg(state.config)
 
 

@@ -25,10 +25,12 @@ from conftest import (
 )
 from lab_hosts import PROJECT, SUBNET, chunk_xxh3, in_ns, on_host, put_blob, read_ids
 
-from fasterfs import auth, cluster, config, identity, lab, registry, s3
-from fasterfs.cgroup import cgroup2_mount
-from fasterfs.errors import FasterFSError
-from fasterfs.ingest import remove
+from fasterfs.control import auth, identity, registry, s3
+from fasterfs.core import config
+from fasterfs.core.cgroup import cgroup2_mount
+from fasterfs.core.errors import FasterFSError
+from fasterfs.ops import cluster, lab
+from fasterfs.write.ingest import remove
 
 SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8]]"]
 
@@ -79,9 +81,9 @@ def test_outsiders_are_kept_out(tls_lab, tmp_path, request):
     ports the README lists. And the cache still learns what is hot from the readers' reports,
     the kernel seeing only ciphertext. (What is left after down and the secrets' rotation: the
     next test.)"""
-    from fasterfs import credentials
-    from fasterfs.cgroup import ProjectCgroup
-    from fasterfs.config import Paths
+    from fasterfs.control import credentials
+    from fasterfs.core.cgroup import ProjectCgroup
+    from fasterfs.core.config import Paths
 
     state, overrides, _ = tls_lab
     cfg = config.load(overrides)
@@ -181,8 +183,8 @@ def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(tl
     file with shards there, written under the old secrets, read whole (as the bytes stored,
     verified against the new CA), through the CLI on a host and the mount, and `status` names
     node 2 down."""
-    from fasterfs import credentials, tls
-    from fasterfs.config import Paths
+    from fasterfs.control import credentials, tls
+    from fasterfs.core.config import Paths
 
     state, four, lab_overrides = tls_lab
     cfg = config.load(four)

@@ -1,4 +1,4 @@
-"""The quiet failures of real clusters, made on share-nothing lab hosts (fasterfs.lab_faults):
+"""The quiet failures of real clusters, made on share-nothing lab hosts (fasterfs.hosts.lab_faults):
 cuts, hung and slow servers, full disks, rotten bytes. Each fault is seen from the hosts with
 plain sockets, tc, statvfs and the files' bytes; FasterFS's reads under it are compared with
 the source file's bytes. The lab is conftest's lab3; every test undoes what it made."""
@@ -15,8 +15,10 @@ from lab_hosts import chunk_xxh3, put_blob
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs import cluster, config, lab_faults
-from fasterfs.ingest import put
+from fasterfs.core import config
+from fasterfs.hosts import lab_faults
+from fasterfs.ops import cluster
+from fasterfs.write.ingest import put
 
 PROJECT = config.PROJECT_DIR
 CONNECTS = """
@@ -194,7 +196,7 @@ def test_rotten_bytes_are_never_returned_and_the_scrub_repairs_them(lab3):
 def _minio_takes_writes(state, index: int) -> None:
     """Wait (bounded) until host `index`'s MinIO stores an object again: it learns that its disk has
     room again a few seconds after the filler is gone (its own view of the disk is cached)."""
-    from fasterfs import registry, s3
+    from fasterfs.control import registry, s3
 
     client = s3.client(state.node(index).endpoint, registry.fetch_credentials(state.name, "admin"))
 
@@ -212,8 +214,8 @@ def test_a_full_disk_fails_a_put_naming_the_host_and_keeps_the_old_generation(la
     """Host 1's disk full: replacing a file whose chunks go to it fails naming node 1; every
     node's MinIO holds exactly the old generation's objects of that file (as MinIO lists them),
     and the old generation reads back as the source bytes."""
-    from fasterfs import registry, s3
-    from fasterfs.errors import FasterFSError
+    from fasterfs.control import registry, s3
+    from fasterfs.core.errors import FasterFSError
 
     state, overrides = lab3
     blob, first = put_blob(state, overrides, "team/full.bin", 6)
@@ -295,7 +297,7 @@ def test_the_fault_harness_reads_right_through_the_quiet_failures(lab3):
     every reader that died one the harness killed; afterwards every node's MinIO lists every
     piece the dataset's chunks have there, and each piece's bytes are the source's. (On one
     machine the harness runs the loud kinds only: a subset of these.)"""
-    from fasterfs import registry, s3
+    from fasterfs.control import registry, s3
 
     state, overrides = lab3
     began = time.monotonic()
@@ -344,7 +346,7 @@ def test_a_write_across_a_cut_is_not_served_stale_after_the_heal(lab3):
     on host 1 from the head, whose invalidation cannot cross the cut. Once healed, host 0's
     StorageNode sees host 1 answer again and checks the ETags of its entries of host 1's chunks:
     a read on host 0 returns the new bytes within a few repair.check_s."""
-    from fasterfs import registry, s3
+    from fasterfs.control import registry, s3
 
     state, overrides = lab3
     check_s = config.load(overrides).repair.check_s

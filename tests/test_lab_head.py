@@ -1,5 +1,5 @@
 """The lab's head powered off (every process of it killed at once) while readers on every
-storage host read through the mount and through `fasterfs.reader.Namespace`, each read checked
+storage host read through the mount and through `fasterfs.read.reader.Namespace`, each read checked
 against its source read with the standard library; powered on again after a while, it adopts the
 hosts that ran on, and takes writes again. The lab is conftest's lab3."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from conftest import wait_until
 from lab_hosts import PROJECT, on_host
 
-from fasterfs import cluster
-from fasterfs.state import leave
+from fasterfs.control.state import leave
+from fasterfs.ops import cluster
 
 FFS = str(PROJECT / ".venv/bin/fasterfs")
 READER = PROJECT / "bench" / "checked_reader.py"

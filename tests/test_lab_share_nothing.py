@@ -39,8 +39,12 @@ from lab_hosts import (
 )
 from xxhash import xxh3_64_intdigest as xxh3
 
-from fasterfs import auth, cluster, config, erasure, lab, ray_nodes, registry, repair, s3
-from fasterfs.ingest import ingest
+from fasterfs.control import auth, registry, s3
+from fasterfs.core import config, erasure
+from fasterfs.hosts import ray_nodes
+from fasterfs.node import repair
+from fasterfs.ops import cluster, lab
+from fasterfs.write.ingest import ingest
 
 SMALL_BACKTEST = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],[3,8]]"]
 
@@ -280,7 +284,7 @@ def test_a_host_dies_and_comes_back_empty(lab3):
     cfg = config.load(overrides)
     blob, one = put_blob(state, overrides, "team/one.bin", 6)
     src = Path(state.root) / "team_one.bin.src"
-    from fasterfs.ingest import put
+    from fasterfs.write.ingest import put
 
     two = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), src, "team/two.bin")
     actors = cluster.storage_nodes(state)

@@ -8,9 +8,11 @@ import pytest
 from conftest import cluster_overrides, command_lines, mounts_under
 from omegaconf import OmegaConf
 
-from fasterfs import cluster, config, ray_nodes
-from fasterfs.cgroup import cgroup2_mount
-from fasterfs.errors import FasterFSError
+from fasterfs.core import config
+from fasterfs.core.cgroup import cgroup2_mount
+from fasterfs.core.errors import FasterFSError
+from fasterfs.hosts import ray_nodes
+from fasterfs.ops import cluster
 
 
 @pytest.fixture
@@ -70,10 +72,10 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
     import sys
 
     import fasterfs
-    from fasterfs import auth
-    from fasterfs.cgroup import ProjectCgroup
-    from fasterfs.cli import main
-    from fasterfs.ingest import put
+    from fasterfs.control import auth
+    from fasterfs.core.cgroup import ProjectCgroup
+    from fasterfs.ui.cli import main
+    from fasterfs.write.ingest import put
 
     root = Path(str(tmp_path_factory.mktemp("att"))[:60])
     own = cluster_overrides(root, "127.0.3.2", 2, nodes=1) + ["dashboard.enabled=false"]  # not what is tested
@@ -132,9 +134,10 @@ def test_a_cluster_whose_namespace_is_in_redis(own, tmp_path):
     import ray
     from conftest import assert_nothing_left
 
-    from fasterfs import bulk_load, registry
+    from fasterfs.control import registry
     from fasterfs.meta.redis_server import RedisServer
-    from fasterfs.reader import Namespace
+    from fasterfs.read.reader import Namespace
+    from fasterfs.write import bulk_load
 
     cfg = config.load(own + ["cluster.namespace_store=redis", "dashboard.enabled=false"])
     state = cluster.up(cfg)

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 from conftest import HAVE_SAMPLE, LOBSTER, need_sample
 
-from fasterfs import lobster
-from fasterfs.errors import FasterFSError
+from fasterfs.core import lobster
+from fasterfs.core.errors import FasterFSError
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 

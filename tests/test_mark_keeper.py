@@ -8,7 +8,7 @@ import pytest
 
 from fasterfs import bpf
 from fasterfs.bpf.events import key_hash
-from fasterfs.mark_keeper import MarkKeeper
+from fasterfs.node.mark_keeper import MarkKeeper
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_a_suspect_write_during_the_check_gets_a_check_of_its_own(kernel):
 
 
 def test_the_keeper_runs_on_its_own_and_sweeps_old_marks(kernel, monkeypatch):
-    from fasterfs import mark_keeper
+    from fasterfs.node import mark_keeper
 
     monkeypatch.setattr(mark_keeper, "SWEEP_S", 0.1)
     checks = []

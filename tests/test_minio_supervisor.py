@@ -11,10 +11,11 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from fasterfs import config, credentials, manifest
-from fasterfs.config import minio_binary
-from fasterfs.minio_server import MinioServer
-from fasterfs.minio_supervisor import MinioSupervisor
+from fasterfs.control import credentials
+from fasterfs.core import config, manifest
+from fasterfs.core.config import minio_binary
+from fasterfs.node.minio_server import MinioServer
+from fasterfs.node.minio_supervisor import MinioSupervisor
 
 ADDRESS = "127.0.77.1"  # no cluster of the suite uses this address
 
@@ -77,8 +78,8 @@ def test_the_object_count_lists_at_most_a_share_of_the_time(supervisor):
     asked with no bound on its age (the dashboard), the last count however old."""
     from conftest import wait_until
 
-    from fasterfs import s3
-    from fasterfs.minio_supervisor import COUNT_SHARE
+    from fasterfs.control import s3
+    from fasterfs.node.minio_supervisor import COUNT_SHARE
 
     sup, keys = supervisor
     admin = s3.client(sup.server.endpoint, keys.admin)
@@ -115,7 +116,7 @@ def test_a_count_asked_for_now_waits_a_bounded_time_then_answers_with_the_last(s
     count is what MinIO holds (each key stored by boto3, counted by the listing)."""
     import threading
 
-    from fasterfs import s3
+    from fasterfs.control import s3
 
     sup, keys = supervisor
     admin = s3.client(sup.server.endpoint, keys.admin)
@@ -147,7 +148,8 @@ def test_a_paced_walk_lists_every_object_slice_by_slice(supervisor):
     first digits), each as long as the slice took times (1 / share - 1)."""
     import pytest
 
-    from fasterfs import bucket_walk, s3
+    from fasterfs.control import s3
+    from fasterfs.write import bucket_walk
 
     sup, keys = supervisor
     admin = s3.client(sup.server.endpoint, keys.admin)

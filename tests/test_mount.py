@@ -1,5 +1,5 @@
 """The native mount on the live cluster (native/ffs-mount answering the kernel, its agent
-fasterfs.mount holding the namespace): a hot file is opened by FUSE passthrough, so its reads
+fasterfs.read.mount holding the namespace): a hot file is opened by FUSE passthrough, so its reads
 reach no daemon (the daemon's own counters say so) and its bytes are the source's; a write the
 kernel sees is never served old to a new open; evicting an entry under an open passthrough file
 leaves its bytes; fio verifies every block it reads through the mount by its own CRC32C.
@@ -23,11 +23,15 @@ import pytest
 import ray
 from conftest import mounts_under, source_csv, wait_until
 
-from fasterfs import bulk_load, cluster, config, credentials, fuse_uring, registry, s3
-from fasterfs.config import Paths
-from fasterfs.ingest import put, remove
-from fasterfs.mount_supervisor import Mounts
-from fasterfs.process import running
+from fasterfs.control import credentials, registry, s3
+from fasterfs.core import config
+from fasterfs.core.config import Paths
+from fasterfs.core.process import running
+from fasterfs.node.mount_supervisor import Mounts
+from fasterfs.ops import cluster
+from fasterfs.read import fuse_uring
+from fasterfs.write import bulk_load
+from fasterfs.write.ingest import put, remove
 
 
 def daemon_counts(actor, point, after: float) -> dict:
@@ -353,13 +357,13 @@ def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, liv
 
 
 class AgentProcess:
-    """A mount agent started as a StorageNode starts one (`python -m fasterfs.mount`), with these
+    """A mount agent started as a StorageNode starts one (`python -m fasterfs.read.mount`), with these
     overrides, at `point`; its daemon's counters read from the file the agent writes them to."""
 
     def __init__(self, point: Path, overrides: list[str], work: Path):
         self.point, self.stats, self.log_path = point, work / "daemon.json", work / "mount.log"
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "fasterfs.mount", str(point), *overrides],
+        self.proc = subprocess.Popen([sys.executable, "-m", "fasterfs.read.mount", str(point), *overrides],
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=dict(os.environ, FASTERFS_MOUNT_STATS=str(self.stats)))
 

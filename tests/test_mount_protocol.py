@@ -89,12 +89,12 @@ class _AgentNames(ast.NodeVisitor):
 
 def agent_names() -> set[str]:
     v = _AgentNames()
-    mount = ast.parse((ROOT / "fasterfs" / "mount.py").read_text())
+    mount = ast.parse((ROOT / "fasterfs" / "read" / "mount.py").read_text())
     agent = next(n for n in mount.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
     for fn in agent.body:
         if isinstance(fn, ast.FunctionDef) and fn.name not in ("__init__", "_write_stats"):  # not the wire
             v.visit(fn)
-    client = ast.parse((ROOT / "fasterfs" / "client.py").read_text())
+    client = ast.parse((ROOT / "fasterfs" / "read" / "client.py").read_text())
     v.visit(next(n for n in ast.walk(client) if isinstance(n, ast.FunctionDef) and n.name == "presigned"))
     return v.names
 

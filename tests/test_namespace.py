@@ -23,10 +23,12 @@ import ray
 from conftest import CLEAN_ENV, command_lines, dashboard_headers, minio_holdings, source_csv, source_rows, wait_until
 
 import fasterfs
-from fasterfs import cluster, config, credentials, lobster, namespace, s3
-from fasterfs.errors import FasterFSError
-from fasterfs.ingest import ingest, put, remove
-from fasterfs.reader import Namespace
+from fasterfs.control import credentials, s3
+from fasterfs.core import config, lobster, namespace
+from fasterfs.core.errors import FasterFSError
+from fasterfs.ops import cluster
+from fasterfs.read.reader import Namespace
+from fasterfs.write.ingest import ingest, put, remove
 
 
 @pytest.fixture
@@ -199,7 +201,7 @@ def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_
     ingest_as("csv", reuse=True)
     m = put(cfg_of(), write(tmp_path / "f", b"abc" * 1000), "gc/f.bin")
     remove(cfg_of("ingest.keep_old_s=0"), "gc/f.bin")  # no grace: the next write collects it
-    from fasterfs import registry, s3
+    from fasterfs.control import registry, s3
     creds = registry.fetch_credentials(live_cluster.name, "admin")
     for node in m.chunks[0].nodes:
         c = s3.client(live_cluster.node(node).endpoint, creds)
@@ -209,7 +211,7 @@ def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_
 
 def test_fsspec_pandas_pyarrow_polars(ingest_as, fs, cfg_of, tmp_path):
     m = ingest_as("csv", reuse=True)
-    assert fsspec.get_filesystem_class("fasterfs").__module__ == "fasterfs.fs"  # through the entry point
+    assert fsspec.get_filesystem_class("fasterfs").__module__ == "fasterfs.read.fs"  # through the entry point
     chunk = pd.read_csv(fs.open(f"{m.name}/chunks/chunk-00003.csv"), header=None)
     assert chunk.shape[0] == m.chunk(3).rows
     c3 = m.chunk(3)
@@ -324,7 +326,7 @@ def test_mounts_beside_another_clusters_token_listed_by_status_and_dashboard(
     """The default root holds another cluster's token (as after `make run`): this cluster's FUSE
     daemon, started by its StorageNode, still joins this cluster and reads; `fasterfs status` and
     the dashboard list the mount with the daemon /proc shows."""
-    from fasterfs import auth
+    from fasterfs.control import auth
 
     point, _ = mounted
     assert another_clusters_token_at_the_default_root != auth.read(auth.token_file(live_cluster.root))
@@ -335,7 +337,7 @@ def test_mounts_beside_another_clusters_token_listed_by_status_and_dashboard(
         assert (point / "beside" / "r.bin").read_bytes() == data
     finally:
         remove(cfg_of(), "beside/r.bin")
-    daemons = [pid for pid, cmd in command_lines() if b"fasterfs.mount" in cmd and str(point).encode() in cmd]
+    daemons = [pid for pid, cmd in command_lines() if b"fasterfs.read.mount" in cmd and str(point).encode() in cmd]
     assert len(daemons) == 1, daemons
     out = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/fasterfs"), "status", *overrides], env=CLEAN_ENV,
                          capture_output=True, text=True, timeout=120)

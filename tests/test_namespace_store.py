@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from fasterfs import process
-from fasterfs.errors import FasterFSError
-from fasterfs.manifest import ChunkInfo, Manifest, decode_many
+from fasterfs.core import process
+from fasterfs.core.errors import FasterFSError
+from fasterfs.core.manifest import ChunkInfo, Manifest, decode_many
 from fasterfs.meta import ENGINES, NamespaceStore, open_engine
 from fasterfs.meta.redis_server import RedisServer
 from fasterfs.meta.store import whole
@@ -146,7 +146,7 @@ def test_a_wall_clock_step_neither_expires_nor_keeps_a_generation(store, monkeyp
     """The head's wall clock a day ahead (or behind): a generation replaced just now is kept; once
     keep_old_s has passed on the monotonic clock it goes. A stamp from before a reboot (another
     boot id), or a bare wall-clock time as older files kept, ages by the wall clock."""
-    from fasterfs import stamp
+    from fasterfs.core import stamp
 
     store.publish(manifest("d", "g1"), "d/g1/")
     store.publish(manifest("d", "g2"), "d/g2/")
@@ -361,7 +361,7 @@ def test_a_namespace_kept_as_files_is_adopted_once_whole(engine, tmp_path):
 
 
 def test_a_copy_adopted_at_its_version_goes_on_from_it(store, engine, tmp_path):
-    """A head rebuilt from a storage host's replica at version v (fasterfs.head_recovery): its
+    """A head rebuilt from a storage host's replica at version v (fasterfs.control.head_recovery): its
     holders at v are told nothing changed, one behind v reloads, the next change is v + 1."""
     names = [manifest(f"r/{i}", "g1") for i in range(5)]
     store.adopt(names, [], [], version=1234)
@@ -387,7 +387,7 @@ def test_an_unreadable_file_of_an_earlier_namespace_is_named_and_nothing_adopted
 def test_a_pause_of_the_collector_nests_and_a_freezing_one_keeps_what_it_built():
     import gc
 
-    from fasterfs import gc_pause
+    from fasterfs.core import gc_pause
 
     assert gc.isenabled()
     frozen = gc.get_freeze_count()

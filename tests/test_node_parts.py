@@ -9,23 +9,24 @@ from types import SimpleNamespace
 import pytest
 import xxhash
 
-from fasterfs import cache_entry, heatmap
 from fasterfs.bpf.events import key_hash
 from fasterfs.bpf.simulated import SimulatedPrograms
-from fasterfs.cache import ChunkCache, keep_capacity, kept_capacity
-from fasterfs.cache_entry import entry_name
-from fasterfs.cache_filler import CacheFiller
-from fasterfs.errors import FasterFSError
-from fasterfs.fill_router import FillRouter
-from fasterfs.invalidation import UNNAMED, Invalidations, WriteRouter
-from fasterfs.lease import Lease
-from fasterfs.manifest import ChunkInfo, Manifest
-from fasterfs.minio_scrub import MinioScrub
-from fasterfs.node_directory import NodeDirectory
-from fasterfs.node_index import NodeIndex, Piece, Shard
-from fasterfs.peer_tier import CacheNews, PeerTier
-from fasterfs.repair import Health, Outcome
-from fasterfs.repair_leader import DEFER_MAX, SURVEY_SHARE, RepairLeader, Timing
+from fasterfs.control.node_directory import NodeDirectory
+from fasterfs.core.errors import FasterFSError
+from fasterfs.core.lease import Lease
+from fasterfs.core.manifest import ChunkInfo, Manifest
+from fasterfs.node import heatmap
+from fasterfs.node.cache import ChunkCache, keep_capacity, kept_capacity
+from fasterfs.node.cache_filler import CacheFiller
+from fasterfs.node.fill_router import FillRouter
+from fasterfs.node.invalidation import UNNAMED, Invalidations, WriteRouter
+from fasterfs.node.minio_scrub import MinioScrub
+from fasterfs.node.node_index import NodeIndex, Piece, Shard
+from fasterfs.node.peer_tier import CacheNews, PeerTier
+from fasterfs.node.repair import Health, Outcome
+from fasterfs.node.repair_leader import DEFER_MAX, SURVEY_SHARE, RepairLeader, Timing
+from fasterfs.read import cache_entry
+from fasterfs.read.cache_entry import entry_name
 
 pytestmark = pytest.mark.unit
 BUCKET = "b"
@@ -52,7 +53,7 @@ def namespace():
 
 def test_node_index_names_every_object_of_every_chunk(namespace):
     index = NodeIndex.build(namespace, node=0)
-    # the shard keys as MinIO holds them (fasterfs.erasure's naming, written out here)
+    # the shard keys as MinIO holds them (fasterfs.core.erasure's naming, written out here)
     shard_keys = [f"ec/0.s{s}" for s in range(3)]
     assert index.object_keys("ec/0") == shard_keys
     assert index.object_keys("rep/0") == ["rep/0"]
@@ -790,7 +791,7 @@ def test_minio_scrub_takes_at_most_its_share_of_the_time():
 
 
 def test_a_pacer_rests_in_proportion_to_each_step():
-    from fasterfs.pace import Pacer
+    from fasterfs.core.pace import Pacer
 
     rests: list[float] = []
     pacer = Pacer(0.25, rests.append)
@@ -895,8 +896,8 @@ def test_kernel_mode_auto_falls_back_labelled_and_real_refuses(monkeypatch):
 def test_a_cluster_state_is_trusted_only_when_asked(tmp_path, monkeypatch):
     import pickle
 
-    from fasterfs import tls
-    from fasterfs.state import ClusterState, NodeState
+    from fasterfs.control import tls
+    from fasterfs.control.state import ClusterState, NodeState
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tls, "_ca_file", None)
@@ -912,7 +913,7 @@ def test_a_cluster_state_is_trusted_only_when_asked(tmp_path, monkeypatch):
 def test_a_rotten_copy_is_refused_and_the_next_one_filled():
     import xxhash
 
-    from fasterfs.fill_sources import ReplicaGetter
+    from fasterfs.node.fill_sources import ReplicaGetter
 
     good = b"the manifest's bytes"
     chunk = ChunkInfo(0, "k", [1, 0], len(good), 0, 0, 0.0, 0.0, xxhash.xxh3_64_intdigest(good))
@@ -929,7 +930,7 @@ def test_a_rotten_copy_is_refused_and_the_next_one_filled():
 def test_a_health_with_many_lost_names_names_a_few_and_counts_the_rest():
     """A lost disk may hold a million names: what `status`, the dashboard and the logs carry
     names the first LOST_SHOWN and counts the others, not every name (7 MB a status at 131,000)."""
-    from fasterfs.repair import LOST_SHOWN
+    from fasterfs.node.repair import LOST_SHOWN
 
     lost = {f"team/day-{i:05d}.parquet": [0] for i in range(5000)}
     h = Health(chunks=10_000, degraded=dict(lost), lost=lost)

@@ -4,7 +4,7 @@ import os
 import nbformat
 from nbclient import NotebookClient
 
-from fasterfs import config
+from fasterfs.core import config
 
 
 def execute(name: str, cluster_root) -> tuple[str, list]:
@@ -56,7 +56,8 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
     from conftest import CLEAN_ENV, dashboard_headers
     from jupyter_client import BlockingKernelClient
 
-    from fasterfs import cluster, notebook
+    from fasterfs.dashboard import notebook
+    from fasterfs.ops import cluster
 
     manifest = ingest_as("csv", reuse=True)
     fasterfs = str(config.PROJECT_DIR / ".venv/bin/fasterfs")

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from fasterfs.placement import place
+from fasterfs.core.placement import place
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
@@ -39,7 +39,7 @@ def test_same_placement_in_every_process():
     import subprocess
     import sys
 
-    code = f"import json; from fasterfs.placement import place; print(json.dumps(place({KEYS!r}, 3)))"
+    code = f"import json; from fasterfs.core.placement import place; print(json.dumps(place({KEYS!r}, 3)))"
     got = [json.loads(subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed},
                                      capture_output=True, text=True, check=True).stdout) for seed in ("1", "2")]
     assert got[0] == got[1] == place(KEYS, 3)

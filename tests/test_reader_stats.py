@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fasterfs import lab_disks
+from fasterfs.hosts import lab_disks
 
 COUNT_IN = """
 import sys

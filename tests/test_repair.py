@@ -1,4 +1,4 @@
-"""Repair and the MinIO scrub (fasterfs.repair) on the real 2-node cluster: missing pieces
+"""Repair and the MinIO scrub (fasterfs.node.repair) on the real 2-node cluster: missing pieces
 are put back and the chunks read right; chunks with too few pieces are named and left as they
 are; a bad object is found by its node's scrub and rewritten from the others. Repair onto
 other hosts, moving pieces home, hosts that come back empty and the peer cache tier are tested
@@ -11,10 +11,14 @@ import ray
 from conftest import minio_keys, minio_requests, task_ids, tasks_ray_recorded, wait_until
 
 import fasterfs
-from fasterfs import cli, cluster, config, registry, repair, s3
-from fasterfs.errors import FasterFSError
-from fasterfs.ingest import put
-from fasterfs.node_directory import LONG, actor_name
+from fasterfs.control import registry, s3
+from fasterfs.control.node_directory import LONG, actor_name
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
+from fasterfs.node import repair
+from fasterfs.ops import cluster
+from fasterfs.ui import cli
+from fasterfs.write.ingest import put
 
 
 def _read_all(root, name) -> bytes:

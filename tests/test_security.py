@@ -12,8 +12,9 @@ import pytest
 from conftest import CLEAN_ENV, command_lines, dashboard_headers, submit_job, try_driver
 
 import fasterfs
-from fasterfs import auth, config, credentials, registry, s3
-from fasterfs.config import Paths
+from fasterfs.control import auth, credentials, registry, s3
+from fasterfs.core import config
+from fasterfs.core.config import Paths
 
 PROJECT = config.PROJECT_DIR
 def http_status(url: str, headers: dict | None = None, data: bytes | None = None) -> tuple[int, dict, bytes]:
@@ -92,7 +93,7 @@ def test_readers_hold_read_only_keys(live_cluster, ingest_as):
 def gated_dashboard(live_cluster):
     """A second FasterFS dashboard of the live cluster, in this process, that wants the token
     even on loopback (dashboard.require_token=always), as every non-loopback one does."""
-    from fasterfs.dashboard import DashboardServer
+    from fasterfs.dashboard.dashboard import DashboardServer
 
     port = live_cluster.config["dashboard"]["port"] + 50
     server = DashboardServer(live_cluster.root, live_cluster.head_address, port, 2.0, "always")
@@ -190,8 +191,8 @@ def test_certificate_authority(tmp_path):
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from fasterfs import tls
-    from fasterfs.errors import FasterFSError
+    from fasterfs.control import tls
+    from fasterfs.core.errors import FasterFSError
 
     ca_dir = tmp_path / "ca"
     pem = tls.create_ca(ca_dir, "t")

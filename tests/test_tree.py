@@ -1,11 +1,11 @@
-"""The namespace's tree of paths (fasterfs.namespace.Tree) kept by changes: after any sequence of
+"""The namespace's tree of paths (fasterfs.core.namespace.Tree) kept by changes: after any sequence of
 changes it equals a tree built from scratch of the same manifests. No Ray, no MinIO."""
 import random
 
 import pytest
 
-from fasterfs.manifest import ChunkInfo, Manifest
-from fasterfs.namespace import Tree
+from fasterfs.core.manifest import ChunkInfo, Manifest
+from fasterfs.core.namespace import Tree
 
 pytestmark = pytest.mark.unit
 
@@ -55,7 +55,7 @@ def test_a_change_reports_only_its_own_paths():
 def test_a_readers_path_cache_forgets_every_path_of_a_changed_name():
     """What a reader cached of a dataset (its directories too) goes when the dataset changes; a
     sibling name's paths stay; every "no such path" goes with any change."""
-    from fasterfs.path_cache import MISSING, PathCache
+    from fasterfs.read.path_cache import MISSING, PathCache
 
     ds, other = manifest("ds", "g1", "dataset"), manifest("x/f", "g1")
     cache = PathCache(max_entries=100)

@@ -7,7 +7,7 @@ import platform
 import sys
 from pathlib import Path
 
-from ..errors import FasterFSError
+from ..core.errors import FasterFSError
 from .backend import KernelBackend
 
 

@@ -6,7 +6,7 @@ import ctypes as ct
 import ctypes.util
 import functools
 
-from ..errors import FasterFSError
+from ..core.errors import FasterFSError
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import FasterFSError
+from ..core.errors import FasterFSError
 from . import events as ev
 from . import tc
 from .backend import KernelSnapshot

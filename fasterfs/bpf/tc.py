@@ -12,7 +12,7 @@ import zlib
 from pyroute2 import IPRoute, NetNS
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..errors import FasterFSError
+from ..core.errors import FasterFSError
 
 EGRESS, INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 DIRECTIONS = {"egress": EGRESS, "ingress": INGRESS}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import NAMESPACE_STORES
-from ..errors import FasterFSError
+from ..core.config import NAMESPACE_STORES
+from ..core.errors import FasterFSError
 from .engine import Attrs, Engine
 from .sqlite import SQLiteEngine
 from .store import AttrsListing, Changes, Listing, Moves, NamespaceStore, Push, Resolved

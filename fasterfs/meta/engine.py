@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import NamedTuple
 
-from ..manifest import Manifest
+from ..core.manifest import Manifest
 
 LOG_KEEP = 100_000  # versions the log reaches back; a consumer further behind reloads everything
 PAGE = 20_000  # names a page of the whole namespace holds (~8 MB of JSON for files of one chunk)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .. import gc_pause
-from ..manifest import Manifest
+from ..core import gc_pause
+from ..core.manifest import Manifest
 from .store import Changes
 
 Change = tuple[str, Manifest | None, Manifest | None]  # (name, before, now)

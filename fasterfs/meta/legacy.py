@@ -14,8 +14,8 @@ import json
 import logging
 from pathlib import Path
 
-from ..errors import FasterFSError
-from ..manifest import Manifest
+from ..core.errors import FasterFSError
+from ..core.manifest import Manifest
 from .store import NamespaceStore
 
 log = logging.getLogger("fasterfs.meta.legacy")

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import FasterFSError
-from ..manifest import Manifest
+from ..core.errors import FasterFSError
+from ..core.manifest import Manifest
 from . import engine
 from .engine import Engine, parent_of
 

@@ -12,8 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..errors import FasterFSError
-from ..fsutil import atomic_write, owned
+from ..core.errors import FasterFSError
+from ..core.fsutil import atomic_write, owned
 
 
 class RedisServer:

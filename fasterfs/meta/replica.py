@@ -5,7 +5,7 @@ Each StorageNode's Follower writes every change it takes into one SQLite file be
 data (`node-<id>/namespace-replica.sqlite`), in one transaction committed with fsync, before it
 acknowledges the push; the Registry counts a change published only once enough hosts have it
 (cluster.durable_copies). A head that lost its disk is rebuilt from the newest replica
-(fasterfs.head_recovery).
+(fasterfs.control.head_recovery).
 
 A replica records the version it reaches and a digest of its content (the XOR of one hash per
 name and manifest, kept as names change, so equal contents give equal digests whatever order
@@ -21,8 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import FasterFSError
-from ..manifest import Manifest, decode_many
+from ..core.errors import FasterFSError
+from ..core.manifest import Manifest, decode_many
 from .engine import Attrs
 from .store import AttrsListing, Listing, Resolved
 
@@ -169,7 +169,7 @@ class Replica:
 
 class ReplicaView:
     """Read-only answers from a replica, as the Registry's store would give them: for a reader on a
-    storage host while the head is away (fasterfs.head_link). A directory is found by the names
+    storage host while the head is away (fasterfs.read.head_link). A directory is found by the names
     under it (a range of the primary key): a listing costs the names below it, not the namespace."""
 
     def __init__(self, path: Path):

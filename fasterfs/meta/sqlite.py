@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import FasterFSError
-from ..manifest import Manifest
+from ..core.errors import FasterFSError
+from ..core.manifest import Manifest
 from . import engine
 from .engine import Attrs, Engine, parent_of
 

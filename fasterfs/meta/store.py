@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import gc_pause, stamp
-from ..errors import FasterFSError
-from ..manifest import Manifest, decode_many
+from ..core import gc_pause, stamp
+from ..core.errors import FasterFSError
+from ..core.manifest import Manifest, decode_many
 from .engine import Attrs, Engine
 
 Moves = dict[int, tuple[list[int], list[int]]]  # chunk id -> (its nodes before a repair, after)
@@ -217,7 +217,7 @@ class NamespaceStore:
     def adopt(self, manifests: list[Manifest], generations: list[dict], retired: list[dict],
               version: int | None = None) -> None:
         """An earlier FasterFS's namespace (fasterfs.meta.legacy), or a storage host's copy at
-        `version` (fasterfs.head_recovery), into this empty store, in one transaction: every name,
+        `version` (fasterfs.control.head_recovery), into this empty store, in one transaction: every name,
         the generations whose objects are not yet deleted, the pieces awaiting deletion. Not
         pushed: nodes that start later fetch it whole, or, at `version`, what changed since theirs."""
         with self._lock, self.engine.transaction():

@@ -1,0 +1,126 @@
+"""Job reports and the measuring helpers the jobs share: a run directory per job run with
+its JSON result and charts, per-read latencies, and waiting for kernel-triggered fills."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..core.fsutil import atomic_write_json
+
+
+def console():
+    """A rich console; wide when writing to a file or a job log, so tables stay readable."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def fmt_writes_told(w: dict[str, int]) -> str:
+    """A node's WriteRouter counters: writes its kernel saw / tells to peers they took (of them
+    after a peer gained the key)."""
+    return f"{w['writes']:,} / {w['told']:,} ({w['told_late']:,})"
+
+
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+CLUSTER_FILE = ".cluster"  # in a run directory: the name of the cluster its reports go to
+
+
+def run_dir(cfg, job: str) -> Path:
+    """<output_dir>/<job>-<time>/, or the one Hydra made for this run (`python jobs/<job>.py`)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().job.name == job:
+        path = Path(HydraConfig.get().runtime.output_dir)
+    else:
+        path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CLUSTER_FILE).write_text(cfg.cluster.name)
+    return path
+
+
+def write_json(directory: Path, name: str, result: dict) -> Path:
+    path = atomic_write_json(directory / name, result)
+    publish(path)
+    return path
+
+
+def publish(path: Path) -> None:
+    """A report file written on a host other than the head goes to the head too (through the
+    Registry), where the dashboard lists it: hosts share no files."""
+    try:
+        cluster_name = (path.parent / CLUSTER_FILE).read_text()
+    except FileNotFoundError:
+        return  # not a run directory of run_dir's
+    import ray
+
+    from . import registry
+    from .state import host_id
+
+    if not ray.is_initialized():
+        return
+    reg = registry.handle(cluster_name)
+    if ray.get(reg.ready.remote(), timeout=60) != host_id():
+        ray.get(reg.put_report.remote(path.parent.name, path.name, path.read_bytes()), timeout=120)
+
+
+def figure(*args, **kwargs):
+    """A matplotlib figure drawn off-screen (jobs run headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    publish(Path(path))
+
+
+def timed(fn: Callable[[int], object], ids: Iterable[int]) -> list[float]:
+    """Seconds each call fn(i) took."""
+    out = []
+    for i in ids:
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def quantiles(xs: list[float]) -> dict:
+    """p50/p95/p99 in milliseconds."""
+    s = sorted(xs)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e3  # noqa: E731
+    return {"p50_ms": statistics.median(s) * 1e3, "p95_ms": pick(0.95), "p99_ms": pick(0.99), "n": len(s)}
+
+
+def wait_for_fills(actors, expected: int, timeout: float = 60.0) -> int:
+    """Wait (bounded) until the nodes' caches hold `expected` entries and no fill is pending;
+    returns the entries cached."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = ray.get([a.cache_status.remote() for a in actors])
+        entries = sum(r["entries"] for r in rows)
+        if (entries >= expected and not any(r["fills_pending"] for r in rows)) or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.1)

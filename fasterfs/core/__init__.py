@@ -1,0 +1,1 @@
+"""The basics every layer uses: errors, files, processes, configuration, formats, placement, manifests."""

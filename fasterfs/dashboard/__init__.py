@@ -1,0 +1,1 @@
+"""FasterFS's dashboard on the head, its figures, and JupyterLab beside it."""

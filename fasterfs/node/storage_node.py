@@ -1,0 +1,522 @@
+"""StorageNode: the Ray actor pinned to each node that owns the node's storage.
+
+It wires the node's components and answers management calls; each component is a plain class
+tested without Ray or root:
+- MinioSupervisor (the node's MinIO, bound to the node's own address, kept alive),
+- the kernel programs (fasterfs.bpf: the TC request tracker, SOCK_OPS on the node's cgroup),
+- ChunkCache and CacheFiller (fills when the kernel reports a chunk hot, from FillSources),
+- Invalidations (kernel events and peers' writes: drops, and the outbox to the other nodes),
+- PeerTier (the caches as one more copy), RepairLeader and MinioScrub (redundancy),
+- Mounts (the host's FUSE daemons).
+The namespace arrives as manifests and becomes one immutable NodeIndex per version. Clients
+never read data through the actor: they talk to MinIO or read the cache directly.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+
+from ..bpf.events import key_hash
+from ..control import credentials, identity, registry, s3, tls
+from ..control.credentials import ClusterKeys
+from ..control.node_directory import NodeDirectory
+from ..control.state import ClusterState, host_id, ray_namespace
+from ..core.config import Layout, as_cfg, minio_binary
+from ..core.errors import FasterFSError
+from ..core.manifest import Manifest
+from ..meta import Changes
+from ..meta.follower import Change, Follower
+from ..meta.replica import FILE as REPLICA_FILE
+from ..meta.replica import Replica
+from ..read import reader_stats
+from ..write import bucket_walk
+from . import heatmap, repair
+from .cache import ChunkCache, keep_capacity, kept_capacity
+from .cache_filler import CacheFiller
+from .fill_router import FillRouter
+from .fill_sources import FillSources
+from .invalidation import Invalidations, Write, WriteRouter, revalidate
+from .mark_keeper import MarkKeeper
+from .minio_scrub import MinioScrub
+from .minio_server import MinioServer
+from .minio_supervisor import MinioSupervisor
+from .mount_supervisor import Mounts, daemon_overrides
+from .node_index import NodeIndex
+from .node_kernel import NodeKernel
+from .node_status import CacheStatus, NodeStatus
+from .peer_tier import CacheNews, PeerTier
+from .repair_leader import RepairLeader, Timing
+
+log = logging.getLogger("fasterfs.node.storage_node")
+NAMESPACE_POLL_S = 5.0  # how often a node asks for changes whose push it missed (a full wait, a restart)
+
+
+def _ray_get(refs: list) -> list:
+    import ray
+
+    return ray.get(refs)
+
+
+def every(interval_s: float, fn: Callable[[], object], stopping: threading.Event, what: str) -> None:
+    """Run `fn` every `interval_s` (0: never) in a thread of its own until `stopping`; a failed
+    round is logged and the next one comes."""
+    def loop() -> None:
+        while interval_s and not stopping.wait(interval_s):
+            try:
+                fn()
+            except Exception:
+                log.exception("%s failed", what)
+    threading.Thread(target=loop, name=what, daemon=True).start()
+
+
+class StorageNode:
+    """Node `index` at `address`: everything it needs comes in its arguments (the MinIO keys
+    included) or from the cluster's Registry, never from another host's files. It signs with the
+    admin keys and sets up the read-only user its MinIO gives readers."""
+
+    def __init__(self, index: int, address: str, config: dict):
+        began = time.monotonic()
+        self.started: dict[str, float] = {}  # seconds per phase of this start (a restart's recovery time)
+        self.cfg = cfg = as_cfg(config)
+        self.index, self.address, self.bucket = index, address, cfg.minio.bucket
+        self.paths = paths = Layout.of(cfg).paths
+        identity.record(paths, index, cfg.cluster.name, address)  # the id travels with the data
+        self._stopping = threading.Event()
+        self._cluster: ClusterState | None = None
+        self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
+        # the namespace, every dataset's and file's current manifest, kept from the store's log
+        # this host's durable copies of what names and unlocks the data (fasterfs.control.head_recovery)
+        keys = self._keys(paths.node_dir(index) / credentials.NODE_COPY)
+        # cluster.durable_copies=1: the head's store alone holds the names (no replica here)
+        self.replica = Replica(paths.node_dir(index) / REPLICA_FILE, cfg.cluster.name) \
+            if cfg.cluster.durable_copies > 1 else None
+        self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
+                                  partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed,
+                                  self.replica.keep if self.replica else None)
+        self.ns_index = NodeIndex.build({}, index)
+        self._heat: tuple[tuple[str, ...] | None, heatmap.Index] | None = None  # (its names, it)
+        certs = None
+        if cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
+            certs = paths.minio_certs_dir(index)
+            tls.trust(tls.server_files(certs, address, partial(registry.issue_certificate, cfg.cluster.name)))
+        server = MinioServer(minio_binary(cfg), address, cfg.minio.port, cfg.minio.console_port,
+                             paths.node_dir(index) / "minio", paths.log_dir / f"minio-{index}.log", keys.admin,
+                             cfg.minio.md5_etags, certs)
+        self.minio = MinioSupervisor(server, self.bucket, keys.reader, cfg.minio.health_timeout_s)
+        stale = server.reap_stale()  # an earlier incarnation of this actor may have left one
+        if stale:
+            log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
+        phase = time.monotonic()
+        # before MinIO, so its first connections are tuned too
+        self.node_kernel = NodeKernel(cfg, index, address, paths, self._on_kernel_event)
+        self.kernel = self.node_kernel.programs
+        self.started["kernel_s"], phase = time.monotonic() - phase, time.monotonic()
+        # The cache index is rebuilt from the directory: entries survive a restart, temp files do
+        # not. After the kernel programs: a smaller capacity evicts, which resets kernel counts.
+        self.cache = ChunkCache(paths.cache_dir(index), self._capacity(),
+                                on_evict=self._on_evict, policy=cfg.cache.policy)
+        self.minio.start()
+        self.started["minio_s"], phase = time.monotonic() - phase, time.monotonic()
+        self.marked = s3.MarkedPool(server.creds, cfg.kernel.fill_mark, self._endpoint)
+        self.sources = FillSources(index, self.marked, lambda: self.ns_index, self.bucket)
+        self.filler = CacheFiller(self.cache, self.sources.getter, self.bucket, cfg.cache.fill_threads,
+                                  cfg.cache.prefetch.max_queue)
+        self.router = FillRouter(index, self.cache, self.filler, lambda: self.ns_index, cfg.kernel.watch == "own",
+                                 self.nodes.get, _ray_get)
+        self.mark_keeper = MarkKeeper(self.kernel, self._check_entries,
+                                      lambda: self.invalidations.queue((self.kernel.suspect_key, None)),
+                                      cfg.kernel.mark_keep_s)
+        self.invalidations = Invalidations(index, self.bucket, self.kernel, self.cache, self.filler,
+                                           cfg.kernel.watch == "any", self.router.fill, self._tell_writes,
+                                           self.mark_keeper.suspect, self._check_entries)
+        self.peer_tier = PeerTier(index, self.cache, self._tell_cache_news, self._ask_cache_news, self._reconnect)
+        self.write_router = WriteRouter(self.peer_tier, cfg.kernel.mark_keep_s)
+        self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
+                                   lambda: registry.namespace_version(cfg.cluster.name), self._survey,
+                                   self._check_changes, self._repair, self._lease)
+        self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
+                                   lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
+                                   self._rebuild)
+        self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
+        self._rebuilder: tuple[ClusterState, frozenset[int], repair.Rebuilder] | None = None  # (for, avoiding, it)
+        self._rebuilder_lock = threading.Lock()
+        if self.replica is not None and self.replica.version >= 0:  # this host's copy, then what changed since
+            self.namespace.seed(*self.replica.load())
+        self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
+        revalidate(self.cache, self.ns_index, self.bucket,
+                   {n.index: n.endpoint for n in self._state().nodes}, server.creds)
+        self.started["cache_s"] = time.monotonic() - phase
+        self.kernel.start_events()  # HOT and STALE events now have a filler to go to
+        self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, daemon_overrides(cfg),
+                             cfg.mount.read_ahead_kb, hung_s=cfg.mount.hung_s)
+        threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
+        threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
+                         daemon=True).start()
+        threading.Thread(target=self.mark_keeper.run, args=(self._stopping,), name="mark-keeper",
+                         daemon=True).start()
+        every(1.0, self.peer_tier.share, self._stopping, "cache-index")
+        every(NAMESPACE_POLL_S, self.namespace.catch_up, self._stopping, "namespace")  # a push it missed
+        every(cfg.repair.check_s, self.leader.tick, self._stopping, "repair-leader")
+        every(cfg.cache.scrub_interval_s,
+              partial(self.cache.scrub, int(cfg.cache.scrub_interval_s * cfg.cache.scrub_mb_per_s * 1e6)),
+              self._stopping, "cache-scrub")
+        every(cfg.scrub.interval_s, partial(self.scrub_minio, cfg.scrub.share), self._stopping, "minio-scrub")
+        every(cfg.minio.supervise_interval_s, self.minio.tick, self._stopping, "minio-supervisor")
+        every(cfg.minio.supervise_interval_s, self.mounts.supervise, self._stopping, "mount-supervisor")
+        self.started["total_s"] = time.monotonic() - began
+        self.started = {k: round(v, 2) for k, v in self.started.items()}
+        log.info("StorageNode %d started in %.2f s: %s", index, self.started["total_s"], self.started)
+
+    def _keys(self, copy: Path) -> ClusterKeys:
+        """The MinIO keys, from the Registry (and kept on this host's disk, 0600), or from this
+        host's copy when the Registry does not answer (Ray started this node again while the head
+        was away)."""
+        import ray
+
+        try:
+            keys = registry.fetch_keys(self.cfg.cluster.name)
+        except (FasterFSError, ray.exceptions.RayError) as e:
+            if not copy.exists():
+                raise FasterFSError(f"node {self.index}: the Registry does not answer ({e}) and this host holds no "
+                                    f"copy of the keys at {copy}") from None
+            log.warning("node %d: the Registry does not answer; MinIO's keys from %s", self.index, copy)
+            return credentials.load(copy)
+        credentials.save(copy, keys)
+        return keys
+
+    def _on_evict(self, entry: str) -> None:
+        if hasattr(self, "invalidations"):  # what the cache evicts as it opens is no known chunk's yet
+            self.invalidations.on_evict(entry, self.ns_index)
+
+    def _on_kernel_event(self, event: dict) -> None:
+        self.invalidations.on_kernel_event(event, self.ns_index)  # one index version per event
+
+    def _state(self, refresh: bool = False) -> ClusterState:
+        if self._cluster is None or refresh:
+            self._cluster = registry.find_in_ray(self.cfg.cluster.name)
+        return self._cluster
+
+    def _others(self) -> list:
+        return self.nodes.all(n.index for n in self._state().nodes if n.index != self.index)
+
+    def _endpoint(self, node: int) -> str:
+        return self.minio.server.endpoint if node == self.index else self._state().node(node).endpoint
+
+    def _tell_writes(self, batch: list[Write], seen: list[float]) -> None:
+        others = [n.index for n in self._state().nodes if n.index != self.index]
+        for node, writes in self.write_router.route(batch, others, seen).items():
+            self._tell_node(node, writes)
+
+    def _tell_node(self, node: int, writes: list[Write], ages_s: list[float] | None = None) -> None:
+        for peer in self._peers(node):
+            peer.invalidate.remote(writes, ages_s)  # fire and forget: a dead peer has no cache to serve
+
+    def _peers(self, node: int | None) -> list:
+        """Node `node`'s actor (none if it is not running), or every other node's."""
+        return self._others() if node is None else [a for a in [self.nodes.get(node)] if a is not None]
+
+    def _tell_cache_news(self, news: CacheNews, to: int | None) -> None:
+        for peer in self._peers(to):
+            peer.peer_cache.remote(news)  # fire and forget
+
+    def _ask_cache_news(self, node: int | None) -> None:
+        for peer in self._peers(node):
+            peer.tell_cache_index.remote(self.index)
+
+    def _reconnect(self) -> None:
+        """A peer that came back is a new actor on a new Ray node."""
+        self.nodes.forget()
+        self._state(refresh=True)
+
+    def _probe(self) -> tuple[list[int], set[int]]:
+        state = self._state()
+        alive = repair.answering(state, self.marked)  # over the fills' pooled connections
+        back = alive - self._answering if self._answering is not None else set()
+        self._answering = alive
+        if back:  # writes there while they were out of reach never invalidated this cache: check its entries
+            dropped = revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in state.nodes},
+                                 self.minio.server.creds, held_by=back)
+            log.warning("nodes %s answer again: %d cache entries of their chunks had changed, dropped",
+                        sorted(back), dropped)
+        return [n.index for n in state.nodes], alive
+
+    def _check_entries(self, keys: list[str] | None = None) -> int:
+        """Every cache entry (or `keys`' alone) against its holders' ETags; what cannot be vouched
+        for goes too."""
+        return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
+                          self.minio.server.creds, keep_unverified=False, only=keys)
+
+    def _survey(self, trusted: frozenset[int]) -> repair.Health:
+        return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack, self._names_now,
+                             self.cfg.minio.list_share, trusted)
+
+    def _names_now(self) -> dict[str, Manifest]:
+        """Every name's manifest as the Registry has it now: this node's copy, caught up by the
+        log (a delta), not the whole namespace fetched (a million names, per survey)."""
+        self.namespace.catch_up()
+        return self.namespace.snapshot()
+
+    def _check_changes(self, since: int) -> tuple[int, repair.Health] | None:
+        changes = registry.fetch_changes(self.cfg.cluster.name, since)
+        if changes is None:
+            return None
+        manifests = [m for m in changes.names.values() if m is not None]
+        return changes.version, repair.check(self._state(), self.minio.server.creds, manifests,
+                                             self.cfg.placement.load_slack)
+
+    def _lease(self, ttl_s: float) -> int | None:
+        return registry.lease_repair(self.cfg.cluster.name, self.index, ttl_s)
+
+    def _repair(self, waiting: set[int], epoch: int, trusted: frozenset[int]) -> repair.Outcome:
+        """The leader's repair, fenced by its lease, which each chunk done renews (a long repair
+        keeps it; a leader cut off from the Registry loses it, and its repair is not applied)."""
+        def renew(done: int, total: int) -> None:
+            if self._lease(3 * self.cfg.repair.check_s) != epoch:
+                raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
+        return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
+                          fence=(self.index, epoch), names=self._names_now, spread=self._spread(),
+                          share=self.cfg.minio.list_share, trusted=trusted)
+
+    def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
+        out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad,
+                         names=self._names_now, spread=self._spread(), share=self.cfg.minio.list_share)
+        self.leader.record("scrub", out)
+        return out.repaired
+
+    def _spread(self) -> repair.Spread:
+        return repair.through(self.nodes, own=self.index, here=self.rebuild)
+
+    def rebuild(self, jobs: list[repair.Rebuild], down: Iterable[int]) -> list[int | str]:
+        """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
+        survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
+        per job, or why it failed."""
+        state, avoid = self._state(), frozenset(down)
+        with self._rebuilder_lock:  # kept across a repair's calls: its clients are one per node to make
+            if self._rebuilder is None or self._rebuilder[0] is not state or self._rebuilder[1] != avoid:
+                self._rebuilder = (state, avoid, repair.Rebuilder(self.cfg, state, self.minio.server.creds, avoid))
+            rebuilder = self._rebuilder[2]
+        return rebuilder.many(jobs)
+
+    def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
+        """The NodeIndex with the changed names; the cache keeps no entry of a replaced
+        generation or a removed name (they would only take room). `whole` (the namespace fetched
+        whole: at start, or past the log's reach): rebuilt from every manifest, and the cache held
+        to them (entries of names gone while the node was down, another cluster's)."""
+        for _, before, now in changed:
+            self.invalidations.mark_replaced(before, now)
+        index = NodeIndex.build(self.namespace.manifests, self.index) if whole else self.ns_index.updated(changed)
+        self.ns_index = index
+        self.cache.set_places(index.places)
+        if whole:
+            self.cache.retain(index.holders)
+        else:
+            self.cache.forget([c.key for _, before, _ in changed if before is not None for c in before.chunks
+                               if c.key not in index.holders])
+        self._heat = None  # made again when the dashboard next asks
+        if any(now is not None for _, _, now in changed):
+            self._state(refresh=True)  # a new generation may place data on nodes that joined since
+
+    # -- the actor's surface: the namespace and peers -------------------------------------
+
+    def apply_changes(self, changes: Changes) -> int:
+        """Names a write changed (pushed by the Registry once stored); returns this node's
+        namespace version after them."""
+        self.namespace.apply(changes)
+        return self.namespace.version
+
+    def invalidate(self, batch: list[Write], ages_s: list[float] | None = None) -> None:
+        """Other hosts' kernels saw these keys written (None: a write they could not name), each
+        at least `ages_s` ago if given (Invalidations.invalidate)."""
+        self.invalidations.invalidate(batch, ages_s)
+
+    def fill(self, key: str, reason: str) -> None:
+        """Another node asks for a fill of a chunk whose file is at home here (reason: its
+        kernel found it hot, or a reader found its entry damaged)."""
+        self.filler.request(key, reason)
+
+    def peer_cache(self, news: CacheNews) -> None:
+        """What another node's cache gained and lost (or holds: a snapshot)."""
+        late = self.write_router.heard(news)
+        if late:  # it gained keys written since, perhaps filled from before the write
+            self._tell_node(news.node, [w for w, _ in late], [age for _, age in late])
+
+    def tell_cache_index(self, node: int) -> None:
+        """Node `node` asks for everything this node's cache holds."""
+        self.peer_tier.tell_all(node)
+
+    def cached_on(self, key: str) -> list[int]:
+        """The nodes whose caches hold `key` (this one's included), as they last told."""
+        return self.peer_tier.holders(key)
+
+    def cache_read(self, key: str) -> bytes | None:
+        """`key`'s bytes from this node's cache (checked), for a reader on another host whose
+        holders are down; None if not cached (the caller checks it against its manifest)."""
+        return self.peer_tier.read(key)
+
+    def resolve(self, key: int) -> str | None:
+        """The chunk a key hash names in the current generation, or None."""
+        return self.ns_index.resolve(key)
+
+    def survey(self) -> dict:
+        """The namespace's redundancy surveyed now (Health.to_dict), kept as this node's latest."""
+        return self.leader.survey_now()
+
+    def scrub_minio(self, share: float = 1.0) -> dict:
+        """One pass of the MinIO scrub over this node's objects now, its GETs taking at most
+        `share` of the time (the periodic pass: scrub.share); returns its figures."""
+        return self.scrubber.scrub(self.ns_index.pieces, self._stopping, share, current=lambda: self.ns_index.pieces)
+
+    # -- status ---------------------------------------------------------------------------
+
+    def ready(self) -> dict:
+        import ray
+
+        return {"index": self.index, "address": self.address, "endpoint": self.minio.server.endpoint,
+                "node_id": ray.get_runtime_context().get_node_id(), "kernel_mode": self.kernel.mode,
+                "host_id": host_id()}
+
+    def status(self, max_age_s: float = 0.0) -> NodeStatus:
+        """max_age_s: how old the object count may be (the dashboard asks every second, and
+        listing many objects is not free; `fasterfs status` wants it now)."""
+        import ray
+
+        healthy, pid, restarts, held = self.minio.health()
+        chunks = size = age = None
+        if healthy:
+            chunks, size, age = self.minio.count(bucket_walk.Paced(self.marked(self.index), self.cfg.minio.list_share),
+                                                 max_age_s)
+        return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
+                "actor_pid": os.getpid(),
+                "endpoint": self.minio.server.endpoint, "healthy": healthy, "held": held,
+                "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
+                "objects_age_s": age, "placed_objects": len(self.ns_index.pieces),
+                "placed_bytes": self.ns_index.placed_bytes,
+                "kernel_mode": self.kernel.mode, "redundancy": self.leader.health, "repairs": self.leader.repairs[-5:],
+                "scrub": self.scrubber.totals, "started": self.started, "mounts": self.mounts.status(),
+                "namespace_replica": Replica.summary(self.replica.path).to_dict() if self.replica else {}}
+
+    def kernel_status(self, top: int = 10) -> dict:
+        snap: dict = dict(self.kernel.snapshot(top, resolve=self.resolve), index=self.index, address=self.address)
+        chunks = self.ns_index.by_hash
+        for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?
+            chunk = chunks.get(int(t["key"], 16))
+            t["cached"] = None if chunk is None else self.cache.contains(chunk.key)
+        if self.node_kernel.sockops_skipped:
+            snap["sockops"]["skipped"] = self.node_kernel.sockops_skipped
+        return snap
+
+    def heat_names(self, cells: int) -> tuple[int, list[tuple[str, int]] | None]:
+        """(chunks in the namespace, the names this node would show in `cells` cells with their
+        chunks; None: every name fits), fasterfs.node.heatmap.choose over its kernel's counts and its cache."""
+        index, ns = self.ns_index, self.namespace
+
+        def of_hash(h: int) -> str | None:
+            c = index.by_hash.get(h)
+            return None if c is None else index.names.get(c.key)
+
+        def size(name: str) -> int:
+            m = ns.some([name]).get(name)
+            return len(m.chunks) if m is not None else cells + 1
+
+        total = len(index.holders)
+        return total, heatmap.choose(total, cells, self.kernel.all_counts() if total > cells else {},
+                                     self.cache.newest(cells) if total > cells else [], of_hash,
+                                     lambda entry: index.names.get(index.by_entry.get(entry, "")), size)
+
+    def heat(self, names: list[str] | None = None) -> tuple[int, bytes]:
+        """This node's row of the kernel heatmap (fasterfs.node.heatmap) over `names` (None: every
+        name) and the layout it is in."""
+        key, made = None if names is None else tuple(names), self._heat
+        if made is None or made[0] != key:
+            made = self._heat = key, heatmap.Index(self.namespace.snapshot() if names is None
+                                                   else self.namespace.some(names))
+        index = made[1]
+        return index.id, index.cells(self.kernel.all_counts(), self.cache.holds, self.invalidations.recent,
+                                     self.cfg.kernel.hot_threshold)
+
+    def kernel_key_count(self, path: str) -> int:
+        """GETs of `path` (/bucket/key) the kernel counted in the current epoch."""
+        return self.kernel.key_count(key_hash(path))
+
+    def observe(self, method: str, path: str) -> None:
+        """A request a reader reports because this host's kernel cannot read it: SIMULATED
+        mode, or MinIO over TLS (the kernel sees the connection, not the request line)."""
+        if self.kernel.mode == "simulated" or self.cfg.minio.tls:
+            self.kernel.count_reported(method, path, self.cfg.minio.port)
+
+    # -- cache ---------------------------------------------------------------------------
+
+    def cache_status(self) -> CacheStatus:
+        readers = reader_stats.collect(self.paths.reader_stats_dir(self.index))
+        return {"index": self.index, "address": self.address, "kernel_mode": self.kernel.mode,  # type: ignore[typeddict-item]
+                "directory": str(self.cache.dir), **self.cache.stats(), "readers": readers,
+                "filler": {**self.filler.counters, "rotten_copies_refused": self.sources.rotten_refused},
+                "fills_pending": self.filler.pending(),
+                "last_invalidation": self.invalidations.last, "suspect_checks": self.mark_keeper.stats(),
+                "writes_told": dict(self.write_router.counters)}
+
+    def cache_contains(self, key: str) -> bool:
+        return self.cache.contains(key)
+
+    def cache_warm(self, keys: list[str]) -> int:
+        """Fill these keys now, each at its home (waits); returns how many are cached afterwards."""
+        return self.router.warm(keys)
+
+    def prefetch(self, keys: list[str]) -> int:
+        """Queue fills ahead of a sequential reader, each at its home; how many were queued here."""
+        return self.router.prefetch(keys)
+
+    def _capacity(self) -> int:
+        import ray
+
+        return kept_capacity(self.paths.node_dir(self.index) / "cache-capacity",
+                             ray.get_runtime_context().was_current_actor_reconstructed,
+                             int(self.cfg.cache.capacity_mb * 1_000_000))
+
+    def cache_resize(self, capacity_bytes: int) -> dict:
+        self.cache.resize(capacity_bytes)
+        keep_capacity(self.paths.node_dir(self.index) / "cache-capacity", capacity_bytes)
+        return self.cache.stats()
+
+    def heal(self, key: str) -> None:
+        """A reader found this key's entry damaged and dropped it: fetch it again (at its home)."""
+        self.router.fill(key, "heal")
+
+    def cache_scrub(self) -> int:
+        """Verify every cache entry now; returns how many damaged ones were dropped."""
+        return self.cache.scrub()
+
+    def cache_clear(self) -> int:
+        """Empty the cache and start a new kernel epoch (every key can become hot again)."""
+        return self.invalidations.clear()
+
+    def hold_minio(self) -> None:
+        """Stop MinIO for maintenance (or a failover drill) and keep it down until release."""
+        self.minio.hold()
+
+    def release_minio(self) -> None:
+        self.minio.release()
+
+    def mount(self, path: str) -> str:
+        """Mount the namespace read-only at `path` on this host (one daemon, supervised)."""
+        return self.mounts.mount(path)
+
+    def umount(self, path: str) -> bool:
+        return self.mounts.unmount(path)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.mounts.unmount_all()
+        self.node_kernel.close()  # first: no kernel event reaches a filler that is closing
+        self.filler.close()
+        self.sources.close()
+        self.cache.close()
+        self.marked.close()
+        self.minio.stop()
+        if self.replica:
+            self.replica.close()

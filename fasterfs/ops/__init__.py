@@ -1,0 +1,1 @@
+"""Operations over the whole cluster: up/down, the lab, GraySort, jobs and sweeps."""

@@ -1,0 +1,521 @@
+"""The read-only FUSE mount of the namespace: `fasterfs mount /mnt/ffs`, then any program
+reads `/mnt/ffs/<dataset>/chunks/chunk-00003.csv` or a file stored with `put`.
+
+Two processes per mount, started and supervised by the host's StorageNode (restarted with
+the mount point cleaned up if they die):
+
+- `ffs-mount` (native/ffs-mount: Rust on the `fuser` crate) talks to the kernel. It answers
+  lookups, attributes and listings from its tree: the root alone at the start (whatever the
+  namespace's size), then every directory's names as this agent lists them in the background
+  (`warm`, up to mount.warm_entries); a name it lacks meanwhile is asked of this agent alone, a
+  directory's names at its first listing (one store call each); the changes come as the store
+  logs them, each with the changed names alone. It
+  answers opens of hot files by itself: a file whose bytes are one fresh entry of this
+  host's cache (a file of one chunk: its entry; a stored file of several: its file entry,
+  every chunk filled) is opened with FUSE passthrough on that file, so the kernel reads it
+  as a local file, with no daemon on the way. Before such an open it checks that the entry is
+  still the one declared (its inode) and that the kernel has seen no write of the chunk
+  since it was fetched (the pinned stale marks, as every reader does).
+- this agent, its parent, holds the namespace (`reader.Namespace`). Every other open comes
+  here; its reply tells the daemon where the file's bytes are (each chunk's holders as
+  presigned GETs, `_fetch`), so the daemon fetches misses from MinIO itself, checked by xxh3,
+  and the kernel counts those GETs and makes chunks hot. Reads come here only where the daemon
+  cannot fetch (MinIO over TLS, a simulated kernel, no good copy at any holder; an
+  erasure-coded chunk with a data shard missing or wrong: the parity is read here) and take
+  the client's path (this host's cache, else a holder's MinIO). Once all of a
+  file's chunks are cached, the agent declares it hot to the daemon.
+
+    python -m fasterfs.read.mount MOUNTPOINT [overrides...]     (what the StorageNode runs)
+
+Messages on the socket pair: newline-delimited JSON; a read's reply is followed by its bytes.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..control.state import leave
+from ..core import config
+from ..core.errors import FasterFSError
+from ..core.fsutil import atomic_write_json
+from ..core.manifest import Manifest
+from ..core.namespace import Entry, Tree
+from . import fuse_uring
+from .reader import Namespace, OpenFile
+
+log = logging.getLogger("fasterfs.read.mount")
+DAEMON = config.PROJECT_DIR / "native" / "ffs-mount" / "target" / "release" / "ffs-mount"
+
+
+def daemon_binary() -> str:
+    if not os.access(DAEMON, os.X_OK):
+        raise FasterFSError(f"the native FUSE daemon {DAEMON} is not built: run `make setup` (it needs cargo)")
+    return str(DAEMON)
+
+
+class Agent:
+    """The daemon's other half: the namespace, opens and reads of what is not hot."""
+
+    REFRESH_AT_MOST_S = 0.1  # programs probing for names that do not exist cost a Registry call this often
+    CACHED_EVERY_S = 0.025   # how often a handle's reads look for newly cached parts of its file
+    PENDING_S = 5.0          # how long a file read through here is watched for its fills to land
+    FETCH_URLS_S = 6 * 3600  # how long the GETs handed to the daemon at an open stay valid
+
+    def __init__(self, ns: Namespace, sock: socket.socket, threads: int = 8, native_fetch: bool = True):
+        self.ns, self.sock, self.native_fetch = ns, sock, native_fetch
+        self._files: dict[int, OpenFile] = {}
+        self._told: dict[int, tuple[float, int]] = {}  # handle -> when, and how many chunks, "cached" was sent
+        self._pending: dict[str, tuple[Entry, float]] = {}  # path -> its entry, watched until (hot_soon)
+        self._ids = itertools.count(1)
+        self._barrier_ids = itertools.count(1)
+        self._serving = False  # serve() reads the daemon's answers
+        self._lock = threading.Lock()        # _files
+        self._send_lock = threading.Lock()   # whole messages on the socket
+        self._pool = ThreadPoolExecutor(threads, "mount-agent")  # reads may wait on MinIO
+        self._sent_version = -1              # the daemon's tree: every change goes out as it is applied
+        self._refreshed = 0.0
+        self._asked = 0  # lookups and listings the daemon is waiting for: the warming gives way to them
+        self._barriers: dict[int, threading.Event] = {}  # stats ids awaited: the daemon applied what came before
+        self._asked_done = threading.Condition()  # notified when _asked falls to 0
+        self.stopping = threading.Event()
+        self.stats_file = os.environ.get("FASTERFS_MOUNT_STATS")
+
+    # -- to the daemon ----------------------------------------------------------------------
+
+    def _send(self, message: dict, payload: bytes | memoryview = b"") -> None:
+        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self._send_lock:
+            self.sock.sendall(line)
+            if payload:
+                self.sock.sendall(payload)
+
+    def start_tree(self) -> None:
+        """The root, then each change as a delta, in order (the Namespace calls `_tree_changed`
+        under its lock as it applies them); directories go out as the daemon asks (`_list`)."""
+        self.ns.watch(self._tree_changed)
+
+    @staticmethod
+    def _entry(path: str, is_dir: bool, size: int, mtime: float, generation: str) -> dict:
+        """One entry of the daemon's tree. A file's generation is its identity: a replaced file
+        gets a new inode, so a handle open on the old one (a passthrough backing the kernel holds
+        per inode) never serves a new open."""
+        return {"path": path, "dir": is_dir, "size": size, "mtime_ns": int(mtime * 1e9),
+                "gen": "" if is_dir else generation}
+
+    def _describe(self, e: Entry) -> dict:
+        return self._entry(e.path, e.is_dir, e.size, e.mtime, "" if e.is_dir else e.file_manifest.generation)
+
+    def _tree_changed(self, version: int, names: dict[str, Manifest | None] | None) -> None:
+        if names is None:  # at the start, or the store's log lost: the daemon lists anew what it needs
+            self._send({"op": "tree", "version": version, "lazy": True, "entries": []})
+            self._sent_version = version
+            return
+        removed = [n for n, m in names.items() if m is None]
+        entries = [self._describe(e) for n, m in sorted(names.items()) if m is not None
+                   for e in Tree({n: m}).all_entries() if e.path]
+        # a dataset's paths are all in its manifest: any other below it is of an older one
+        exact = [n for n, m in names.items() if m is not None and m.kind == "dataset"]
+        self._send({"op": "delta", "since": self._sent_version, "version": version, "entries": entries,
+                    "gone": removed + self._emptied(removed), "exact": exact})
+        self._sent_version = version
+
+    def _emptied(self, removed: list[str]) -> list[str]:
+        """The directories above `removed` names that are gone with them (the store keeps a
+        directory only while names are under it): one store call per directory."""
+        dirs = {"/".join(parts[:k]) for parts in (n.split("/") for n in removed) for k in range(1, len(parts))}
+        return [d for d in dirs if not self.ns.is_dir(d)]
+
+    def _lookup(self, path: str) -> None:
+        """What `path` names, to the daemon, in order as `_list`'s."""
+        with self.ns.lock:
+            try:
+                e = self.ns.lookup(path)
+            except FileNotFoundError:
+                return
+            self._send({"op": "listing", "path": path.rpartition("/")[0], "partial": True,
+                        "entries": [self._describe(e)]})
+
+    def warm(self, most: int) -> None:
+        """Directories listed to the daemon unasked, breadth first from the root, until `most`
+        entries are sent: a name looked up later is then at hand (no agent round trip). Each
+        listing waits until no lookup or listing the daemon asked for is under way (a lock lets
+        whoever is running take it again: a lookup queued behind the warming waited ~40 ms)."""
+        todo, t, sent = collections.deque([""]), time.monotonic(), 0
+        while todo and sent < most and not self.stopping.is_set():
+            with self._asked_done:
+                while self._asked and not self.stopping.is_set():
+                    self._asked_done.wait(0.1)  # notified at once; the timeout only notices stopping
+            try:
+                entries = self._list(todo.popleft())
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    continue  # gone meanwhile
+                return  # the daemon is gone
+            except Exception:
+                log.exception("warming the daemon's tree stopped; it asks for the rest as used")
+                return
+            sent += len(entries)
+            todo.extend(e["path"] for e in entries if e.get("dir"))
+            self._applied()  # one listing at a time in the daemon: a lookup's answer never queues behind many
+        log.info("sent the daemon %d entries in %.1f s%s", sent, time.monotonic() - t,
+                 "" if not todo else f"; {len(todo)} directories left to be asked for")
+
+    def _applied(self, timeout: float = 30.0) -> None:
+        """Until the daemon has applied everything sent before now (it answers a "stats" after
+        the trees, deltas and listings before it)."""
+        if not self._serving:  # nobody reads the daemon's answers
+            return
+        n = next(self._barrier_ids)  # the periodic stats' id is 0
+        self._barriers[n] = done = threading.Event()
+        self._send({"op": "stats", "id": n})
+        done.wait(timeout)
+        self._barriers.pop(n, None)
+
+    @contextlib.contextmanager
+    def _asking(self):
+        with self._asked_done:
+            self._asked += 1
+        try:
+            yield
+        finally:
+            with self._asked_done:
+                self._asked -= 1
+                if not self._asked:
+                    self._asked_done.notify_all()
+
+    def _list(self, path: str) -> list[dict]:
+        """Directory `path`'s names to the daemon (and returned), sent under the namespace's lock,
+        so no delta newer than the listing goes out before it, nor one older after it. A directory
+        of the store comes with its names' attributes alone (no manifest crosses); one within a
+        dataset, from its manifest. The store is asked outside the lock (a lookup meanwhile need
+        not wait for it), and again under it if a change went out in between."""
+        listed = self.ns.listed(path)
+        with self.ns.lock:
+            if listed is not None and listed.version < self.ns.version:
+                listed = self.ns.listed(path)
+            if listed is None:
+                entries = self._list_within(path)
+            else:  # the Namespace caught up first: the listing is never newer than the deltas
+                entries = [self._entry(d, True, 0, t, "") for d, t in listed.dirs]
+                entries += [self._entry(a.name, a.kind == "dataset", 0 if a.kind == "dataset" else a.size,
+                                        a.created, a.generation) for a in listed.names]
+            self._send({"op": "listing", "path": path, "entries": entries})
+            return entries
+
+    def _list_within(self, path: str) -> list[dict]:
+        """A directory not in the store: one within a dataset (from its manifest), else none."""
+        try:
+            return [self._describe(e) for e in self.ns.listdir(path)]
+        except FileNotFoundError:
+            self.send_tree(force=True)  # the delta that removes it, if not gone out yet
+            raise OSError(errno.ENOENT, path) from None
+        except NotADirectoryError:
+            raise OSError(errno.ENOTDIR, path) from None
+
+    def send_tree(self, force: bool = False) -> None:
+        """Whatever changed in the namespace, to the daemon (as deltas, by `_tree_changed`)."""
+        self.ns.refresh(force)
+
+    def _hot(self, entry: Entry) -> dict | None:
+        """What lets the daemon open `entry` by passthrough: a file whose bytes are one local
+        file of this host's cache, fresh (a file of one chunk: its entry; a stored file of
+        several: its file entry, every chunk filled), with what the daemon checks before each
+        such open (the file's inode; the kernel's stale marks of every chunk). None also when
+        the daemon's tree has another file at that path: the declaration is of its version."""
+        version = self.ns.version_of(entry)
+        if version is None or version != self._sent_version:
+            return None
+        backing = self._whole(entry)
+        return None if backing is None else {**backing, "version": version}
+
+    def _whole(self, entry: Entry) -> dict | None:
+        """The one local file of this host's cache holding all of `entry`, fresh, if any."""
+        client = self.ns.client(entry.file_manifest)
+        if len(entry.chunk_ids) > 1:
+            whole = self._file_entry(client, entry)
+            return whole[0] if whole is not None and len(whole[1]) == len(entry.chunk_ids) else None
+        got = client.open_cached(entry.chunk_ids[0], count=False, verify=True)  # checked when declared hot
+        if got is None:
+            return None
+        fd, header, path, node = got
+        try:
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        return self._backing(client, path, inode, entry.chunk_ids, header.fetched_ns, node)
+
+    def _file_entry(self, client, entry: Entry) -> tuple[dict, list[int]] | None:
+        """The file entry holding `entry`'s chunks in this host's cache (a stored file of
+        several chunks), as the daemon is told of a backing, and the chunks it holds so far."""
+        got = client.cached_parts(entry.chunk_ids)
+        if got is None or not got[2]:
+            return None
+        path, inode, have, fetched, node = got
+        return self._backing(client, path, inode, have, fetched, node), have
+
+    def _backing(self, client, path: str, inode: int, ids, fetched_ns: int, node: int) -> dict:
+        """A local file holding chunks `ids` (fetched at `fetched_ns` at the oldest), with the
+        stale marks the daemon checks before it trusts it."""
+        declared = {"backing": path, "inode": inode, "fetched_ns": fetched_ns}
+        pin = client.marks_pin(node)
+        if pin is not None:  # else the node keeps no marks to check (simulated mode)
+            keys, bucket = client.mark_keys(ids)
+            declared.update(pin=pin, keys=keys, bucket=bucket)
+        return declared
+
+    def _cached(self, entry: Entry) -> dict | None:
+        """The parts of `entry` (a stored file of several chunks) that its file entry in this
+        host's cache holds, at the same offsets: the daemon reads those itself."""
+        got = self._file_entry(self.ns.client(entry.file_manifest), entry) if len(entry.chunk_ids) > 1 else None
+        if got is None:
+            return None
+        backing, have = got
+        held = set(have)
+        ranges: list[list[int]] = []
+        for k, i in enumerate(entry.chunk_ids):  # a file's chunks, in order: file offsets are entry offsets
+            if i in held:
+                start, end = entry.starts[k], entry.starts[k] + entry.file_manifest.chunks[i].bytes
+                if ranges and ranges[-1][1] == start:
+                    ranges[-1][1] = end
+                else:
+                    ranges.append([start, end])
+        return {**backing, "ranges": ranges}
+
+    def _declare_hot(self, entry: Entry) -> bool:
+        hot = self._hot(entry)
+        if hot is not None:
+            self._send({"op": "hot", "path": entry.path, **hot})
+        return hot is not None
+
+    def hot_soon(self, every_s: float = 0.05) -> None:
+        """Files read through here but not cached at their release: the read that made their
+        chunks hot has a fill running beside it. Declared hot as soon as it lands (looked at every
+        `every_s` for PENDING_S), so even their next open is a passthrough one."""
+        while not self.stopping.wait(every_s):
+            with self._lock:
+                pending = list(self._pending.items())
+            for path, (entry, until) in pending:
+                try:
+                    done = time.monotonic() > until or self.ns.version_of(entry) is None \
+                        or self._declare_hot(entry)
+                except FileNotFoundError:
+                    done = True  # gone from the namespace
+                except OSError:
+                    return
+                if done:
+                    with self._lock:
+                        if self._pending.get(path, (None,))[0] is entry:
+                            del self._pending[path]
+
+    # -- from the daemon --------------------------------------------------------------------
+
+    def serve(self) -> None:
+        reader = self.sock.makefile("rb", buffering=1 << 16)
+        self._serving = True
+        for line in reader:
+            message = json.loads(line)
+            if "op" not in message:  # the reply to our stats request
+                self._write_stats(message.get("stats") or {})
+                barrier = self._barriers.pop(message.get("id"), None)
+                if barrier is not None:
+                    barrier.set()
+                continue
+            self._pool.submit(self._answer, message)
+        self.stopping.set()
+
+    def _write_stats(self, stats: dict) -> None:
+        """The daemon's counters, for the StorageNode's status (FASTERFS_MOUNT_STATS): reads of
+        passthrough opens never reach this agent nor the daemon, so only its opens count them."""
+        if self.stats_file:
+            atomic_write_json(self.stats_file, {**stats, "time": time.time()})
+
+    def _answer(self, m: dict) -> None:
+        try:
+            op = m["op"]
+            if op == "open":
+                self._send({"id": m["id"], **self._open(m["path"], m.get("gen"))})
+            elif op == "read":
+                data = self._read(m["handle"], m["offset"], m["size"])
+                cached = self._cached_since(m["handle"])
+                self._send({"id": m["id"], "len": len(data), **({"cached": cached} if cached else {})}, data)
+            elif op == "cached":  # the daemon reads a file itself: what of it is cached here now?
+                cached = self._cached_since(m["handle"])
+                self._send({"id": m["id"], **({"cached": cached} if cached else {})})
+            elif op == "lookup":  # a name in a directory not listed: what it is, if anything, before the reply
+                with self._asking():
+                    self._lookup(m["path"])
+                self._send({"id": m["id"]})
+            elif op == "list":  # a directory not listed yet: its names, before the reply
+                with self._asking():
+                    self._list(m["path"])
+                self._send({"id": m["id"]})
+            elif op == "refresh":  # a name the daemon's tree lacks, or a hot file marked stale: newer?
+                if m.get("why") == "stale" or time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
+                    self._refreshed = time.monotonic()
+                    self.send_tree(force=True)  # goes out before the reply: the daemon has it when it retries
+                self._send({"id": m["id"]})
+            elif op == "release":
+                self._release(m["handle"])
+                self._send({"id": m["id"]})
+            else:
+                self._send({"id": m["id"], "errno": errno.ENOSYS})
+        except OSError as e:
+            self._send({"id": m["id"], "errno": e.errno or errno.EIO})
+        except Exception as e:  # holders down, generation gone: the application gets EIO, the log says why
+            log.error("%s of %s failed: %s", m.get("op"), m.get("path", m.get("handle")), e)
+            self._send({"id": m["id"], "errno": errno.EIO})
+
+    def _open(self, path: str, gen: str | None = None) -> dict:
+        """A handle for reads through here; and either what makes the file hot (the daemon then
+        opens it by passthrough and releases the handle) or whether the kernel may keep its
+        pages (Namespace.may_keep_pages). `gen`: the file's generation in the daemon's tree; if
+        the path is another file here now, the newer tree goes out first and the open fails
+        ESTALE (the kernel looks the path up again, finding the new file's inode)."""
+        try:
+            entry = self.ns.lookup(path)
+        except FileNotFoundError:
+            raise OSError(errno.ENOENT, path) from None
+        if entry.is_dir:
+            raise OSError(errno.EISDIR, path)
+        if gen is not None and entry.file_manifest.generation != gen:
+            self.send_tree()
+            raise OSError(errno.ESTALE, path)
+        with self._lock:
+            handle = next(self._ids)
+            self._files[handle] = self.ns.open_entry(entry)
+        hot = self._hot(entry)
+        if hot is not None:
+            return {"handle": handle, "hot": hot}
+        cached = self._cached(entry)
+        with self._lock:
+            self._told[handle] = (time.monotonic(), len(cached["keys"]) if cached else 0)
+        keep = self.ns.may_keep_pages(entry)
+        # every chunk in a cache of this host: read here from those copies, not fetched from MinIO
+        # again (GETs the kernel would count, refilling what is cached)
+        fetch = None if self.ns.was_cached_here(entry) else self._fetch(entry)
+        return {"handle": handle, "keep_cache": keep, **({"cached": cached} if cached else {}),
+                **({"fetch": fetch} if fetch else {})}
+
+    def _fetch(self, entry: Entry) -> dict | None:
+        """Where `entry`'s bytes are, so that the daemon fetches its misses itself (checked
+        against each chunk's xxh3 there); None leaves every read to this agent."""
+        if not self.native_fetch:
+            return None
+        chunks = self.ns.client(entry.file_manifest).presigned(entry.chunk_ids, self.FETCH_URLS_S)
+        if chunks is None:
+            return None
+        for start, c in zip(entry.starts, chunks):
+            c["start"] = start
+        return {"chunks": chunks}
+
+    def _cached_since(self, handle: int) -> dict | None:
+        """What the daemon may now read itself of this handle's file, if more than it was told
+        (looked at most every CACHED_EVERY_S per handle: fills land while a file is read)."""
+        with self._lock:
+            told = self._told.get(handle)
+            f = self._files.get(handle)
+            if told is None or f is None or time.monotonic() - told[0] < self.CACHED_EVERY_S:
+                return None
+            self._told[handle] = (time.monotonic(), told[1])
+        cached = self._cached(f.entry)
+        if cached is None or len(cached["keys"]) <= told[1]:
+            return None
+        with self._lock:
+            self._told[handle] = (time.monotonic(), len(cached["keys"]))
+        return cached
+
+    def _read(self, handle: int, offset: int, size: int) -> bytes:
+        f = self._files.get(handle)
+        if f is None:
+            raise OSError(errno.EBADF, f"handle {handle}")
+        return f.read(offset, size)
+
+    def _release(self, handle: int) -> None:
+        with self._lock:
+            f = self._files.pop(handle, None)
+            self._told.pop(handle, None)
+        if f is not None:
+            if not self._declare_hot(f.entry):  # read through: its chunks may be cached by now, or soon
+                with self._lock:
+                    self._pending[f.entry.path] = (f.entry, time.monotonic() + self.PENDING_S)
+            f.close()
+
+    def watch(self, every_s: float = 0.5) -> None:
+        """A new namespace version goes to the daemon (a replaced file: new attributes, and
+        its hot declarations no longer hold, being of the old version); its counters come back."""
+        while not self.stopping.wait(every_s):
+            try:
+                self.send_tree(force=True)
+                self._send({"op": "stats", "id": 0})
+            except OSError:
+                return
+            except Exception:
+                log.exception("namespace refresh failed; the daemon keeps the last tree")
+
+
+def daemon_args(cfg, uring: bool = False) -> list[str]:
+    """The daemon's options from config `mount.*`: its FUSE threads, its bound, who may read,
+    whether it asks for FUSE over io_uring (`uring`: the kernel's side is on), and the memory
+    it may hold of files swept whole for random readers."""
+    m = cfg.mount
+    return ["--threads", str(int(m.threads)), "--max-entries", str(int(m.max_entries)),
+            "--uid", str(m.uid), "--gid", str(m.gid),
+            "--file-mode", str(config.mode(m.file_mode)), "--dir-mode", str(config.mode(m.dir_mode)),
+            *(["--allow-other"] if m.allow_other else []),
+            *(["--uring"] if uring else []), "--sweep-mb", str(int(m.sweep_mb))]
+
+
+def warm_bound(m) -> int:
+    """Entries listed to the daemon unasked: mount.warm_entries, and room left under its bound
+    (it evicts down to nine tenths of mount.max_entries once past it)."""
+    warm, most = int(m.warm_entries), int(m.max_entries)
+    return min(warm, most * 9 // 10) if most else warm
+
+
+def serve(mountpoint: str, overrides: list[str]) -> None:
+    cfg = config.load(overrides)
+    ns = Namespace(cfg)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    agent = Agent(ns, ours, native_fetch=bool(cfg.mount.native_fetch))
+    uring = bool(cfg.mount.uring) and fuse_uring.enable()  # before the daemon's INIT
+    daemon = subprocess.Popen([daemon_binary(), mountpoint, "--agent-fd", str(theirs.fileno()),
+                               *daemon_args(cfg, uring)],
+                              pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+    theirs.close()
+    agent.start_tree()  # the daemon mounts once it has the first tree
+    log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.version, ns.state.name,
+             mountpoint, daemon.pid)
+
+    def stop(*_) -> None:
+        daemon.terminate()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
+    threading.Thread(target=agent.hot_soon, name="hot-soon", daemon=True).start()
+    threading.Thread(target=agent.warm, args=(warm_bound(cfg.mount),), name="warm", daemon=True).start()
+    try:
+        agent.serve()  # until the daemon closes its end (unmounted, or it died)
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+        daemon.wait(timeout=30)
+        if uring:
+            fuse_uring.release(os.getpid())
+        leave()  # the unmount waits for this process
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(sys.argv[1], sys.argv[2:])
