@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import ray
 from conftest import dashboard_headers, load_job, minio_holdings, wait_until
-from fasterfs.dashboard.dashboard_page import _banners, _nodes
-from fasterfs.dashboard.monitor import Cadence, Monitor
 from prometheus_client.parser import text_string_to_metric_families
 
 from fasterfs import bpf
 from fasterfs.core import config
 from fasterfs.core.errors import FasterFSError
+from fasterfs.dashboard.dashboard_page import _banners, _nodes
+from fasterfs.dashboard.monitor import Cadence, Monitor
 from fasterfs.ops import cluster
 
 
@@ -88,9 +88,8 @@ def test_heatmap_past_its_cells_shows_the_names_being_read(ingest_as, client_for
     kernels count (the dataset read), says how many chunks the namespace holds (the store's
     manifests counted here), and a host's row over it shows the read chunk cached; with cells
     for every chunk, every name."""
-    from fasterfs.dashboard.monitor import Heat
-
     from fasterfs.control import registry
+    from fasterfs.dashboard.monitor import Heat
     from fasterfs.node import heatmap
     from fasterfs.write import ingest
 

@@ -240,6 +240,9 @@ def test_changes_since_a_version_name_only_what_changed_and_a_log_past_its_reach
     assert changes.version == v0 + 3 and set(changes.names) == {"d/1", "d/2"}
     assert changes.names["d/1"].generation == "g2" and changes.names["d/2"] is None
     assert store.changes(store.version).names == {}
+    monkeypatch.setattr(store, "CHANGES_MOST", 1)  # too many for one answer: reload, by pages
+    assert store.changes(v0 + 1) is None and set(store.changes(v0 + 2).names) == {"d/2"}
+    monkeypatch.undo()
     monkeypatch.setattr(engines, "LOG_KEEP", 1)
     store.publish(manifest("d/3", "g1"), "x/")
     assert store.changes(v0 + 1) is None          # the log no longer reaches back: reload

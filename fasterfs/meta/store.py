@@ -111,13 +111,17 @@ class NamespaceStore:
         with self._lock:
             return self.engine.page(cursor)
 
+    # More changed names than this and a consumer reloads by pages instead: one answer of a million
+    # manifests (a node starting beside names written since its copy) outlasted the caller's timeout.
+    CHANGES_MOST = 20_000
+
     def changes(self, since: int, manifests: bool = True) -> Changes | None:
         """The names changed after version `since`, as they are now (without `manifests`: each
-        None, the names alone); None when the log no longer reaches back that far (the consumer
-        reloads with `manifests()`)."""
+        None, the names alone); None when the log no longer reaches back that far, or names more
+        than CHANGES_MOST (the consumer reloads with `manifests()`, by pages)."""
         with self._lock:
             names = self.engine.changed_since(since)
-            if names is None:
+            if names is None or len(names) > self.CHANGES_MOST:
                 return None
             return Changes(since, self.engine.version(),
                            {n: self.engine.get(n) if manifests else None for n in names})
