@@ -3,10 +3,13 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup run lab test lint notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
+.PHONY: setup setup-test run lab test lint notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
 
-setup:            ## install everything (idempotent): Debian packages, kernel headers link, MinIO, virtualenv
+setup:            ## install what running needs (idempotent): Debian packages, kernel headers link, MinIO, virtualenv, the daemon
 	bash scripts/setup.sh
+
+setup-test:       ## and what the tests and benchmarks use: a browser, fio, s3fs, rclone, bpftool, pytest, ruff, mypy
+	bash scripts/setup.sh test
 
 run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample, read-back, the demos, a backtest
 	@$(VENV)/fasterfs status $(ARGS) >/dev/null 2>&1 || $(VENV)/fasterfs up $(ARGS)
@@ -27,10 +30,10 @@ lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host 
 	$(VENV)/fasterfs ingest $(ARGS) && $(VENV)/python jobs/demo_b.py $(ARGS) && $(VENV)/python jobs/cross_host.py $(ARGS); \
 	  rc=$$?; $(VENV)/fasterfs lab down $(ARGS); exit $$rc
 
-test: setup       ## the whole test suite against real MinIO, Ray and kernel: the unit and cluster tiers beside the lab's
+test: setup-test  ## the whole test suite against real MinIO, Ray and kernel: the unit and cluster tiers beside the lab's
 	$(VENV)/python -m pytest tests -n 2
 
-lint: setup       ## ruff (lint + import order) on everything, mypy on the package: any finding fails
+lint: setup-test  ## ruff (lint + import order) on everything, mypy on the package: any finding fails
 	$(VENV)/ruff check fasterfs jobs bench tests
 	$(VENV)/mypy fasterfs
 

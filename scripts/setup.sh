@@ -3,19 +3,25 @@
 #   Debian packages (BCC, kernel headers), the kernel build link BCC needs,
 #   MinIO built at a pinned version, a virtualenv with FasterFS installed, JupyterLab,
 #   and the native FUSE daemon (cargo).
+#   `setup.sh test` adds what only the tests and benchmarks use: a headless browser, the peer
+#   mounts and fio, bpftool, the [dev] extras (pytest, ruff, mypy), the daemon's own tests built.
 # Every step checks whether its result is already there and skips itself if so.
 set -euo pipefail
+MODE=${1:-run}
+case "$MODE" in run|test) ;; *) echo "setup: unknown mode '$MODE' (run or test)" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"   # pinned; see README
+PIP_VERSION="26.3"                                    # pinned: the same set-up on every machine
 JUPYTERLAB_VERSION="4.6.6"                            # pinned; `fasterfs notebook`
 DEPS="$ROOT/.deps"
 VENV="$ROOT/.venv"
-# chromium: the headless browser the dashboard's page test drives; fuse3: the mount; fio: its benchmark;
-# s3fs, rclone: the peer mounts bench/mount_fio.py measures against; redis-server: cluster.namespace_store=redis
-APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 bpftool iproute2 python3-venv chromium fuse3 fio s3fs rclone
-              redis-server)
+# fuse3: the mount; redis-server: cluster.namespace_store=redis
+APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 iproute2 python3-venv fuse3 redis-server)
+# tests and benchmarks only: chromium, the headless browser the dashboard's page test drives; fio, the
+# mount's benchmark; s3fs, rclone, the peer mounts it measures against; bpftool, the kernel's own view
+[ "$MODE" = test ] && APT_PACKAGES+=(chromium fio s3fs rclone bpftool)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -34,14 +40,19 @@ else
 fi
 
 # 2. Kernel build directory for BCC -------------------------------------------
-# The running kernel may have no header package; Debian's headers work for the
-# networking programs FasterFS compiles (GUIDE §1).
+# BCC compiles the programs against the running kernel's headers: Debian's package of them when
+# it has one; else (a kernel Debian did not build) the newest Debian headers, which serve the
+# networking programs FasterFS compiles (their structs are read through BPF helpers, not offsets).
 KBUILD="/lib/modules/$(uname -r)/build"
+if [ ! -e "$KBUILD/include" ] && apt-cache show "linux-headers-$(uname -r)" >/dev/null 2>&1; then
+  say "installing linux-headers-$(uname -r), the running kernel's own"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "linux-headers-$(uname -r)" >/dev/null
+fi
 if [ ! -e "$KBUILD/include" ]; then
   hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1)
   common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1)
   if [ -n "$hdr" ] && [ -n "$common" ]; then
-    say "linking $KBUILD -> $hdr"
+    say "the running kernel $(uname -r) has no headers package: linking $KBUILD -> $hdr (Debian's newest)"
     mkdir -p "/lib/modules/$(uname -r)"
     ln -sfn "$hdr" "$KBUILD"
     ln -sfn "$common" "/lib/modules/$(uname -r)/source"
@@ -49,7 +60,7 @@ if [ ! -e "$KBUILD/include" ]; then
     say "WARNING: no kernel headers under /usr/src; eBPF will run in simulated mode"
   fi
 else
-  say "kernel build directory present"
+  say "kernel build directory present: $(readlink -f "$KBUILD")"
 fi
 
 # 3. MinIO at a pinned version --------------------------------------------------
@@ -71,14 +82,16 @@ fi
 
 # 4. Virtualenv with FasterFS and the Debian bcc module ------------------------
 PY=/usr/bin/python3
-stamp="$VENV/.fasterfs-installed"
+EXTRAS=""
+[ "$MODE" = test ] && EXTRAS="[dev]"
+stamp="$VENV/.fasterfs-installed-$MODE"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
   say "virtualenv up to date"
 else
-  say "creating virtualenv $VENV"
+  say "installing FasterFS$EXTRAS into $VENV"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e ".[dev]"
+  "$VENV/bin/pip" install -q "pip==$PIP_VERSION"
+  "$VENV/bin/pip" install -q -e ".$EXTRAS"
   # an environment made when JupyterLab lived in it: drop what slowed every `import ray` (step 5)
   "$VENV/bin/pip" uninstall -y -q jupyterlab rfc3987-syntax 2>/dev/null || true
   touch "$stamp"
@@ -100,7 +113,7 @@ if [ -x "$LAB/bin/jupyter-lab" ] && [ "$(cat "$LAB/.version" 2>/dev/null)" = "$J
 else
   say "installing JupyterLab $JUPYTERLAB_VERSION into $LAB"
   [ -x "$LAB/bin/python" ] || "$PY" -m venv "$LAB"
-  "$LAB/bin/pip" install -q --upgrade pip
+  "$LAB/bin/pip" install -q "pip==$PIP_VERSION"
   "$LAB/bin/pip" install -q "jupyterlab==$JUPYTERLAB_VERSION"
   echo "$JUPYTERLAB_VERSION" > "$LAB/.version"
 fi
@@ -134,5 +147,10 @@ else
   fi
   say "building the FUSE daemon native/ffs-mount with $("$CARGO" --version)"
   "$CARGO" build --release --locked --quiet --manifest-path "$NATIVE/Cargo.toml"
+fi
+if [ "$MODE" = test ]; then  # the daemon's own tests, built here so the suite only runs them
+  CARGO=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
+  "$CARGO" test --release --locked --quiet --no-run --manifest-path "$NATIVE/Cargo.toml" 2>/dev/null \
+    || "$CARGO" test --release --locked --no-run --manifest-path "$NATIVE/Cargo.toml"
 fi
 say "done: activate with 'source .venv/bin/activate' or use .venv/bin/fasterfs"

@@ -211,7 +211,7 @@ def test_removed_generations_are_deleted_after_the_grace(ingest_as, cfg_of, tmp_
 
 def test_fsspec_pandas_pyarrow_polars(ingest_as, fs, cfg_of, tmp_path):
     m = ingest_as("csv", reuse=True)
-    assert fsspec.get_filesystem_class("fasterfs").__module__ == "fasterfs.read.fs"  # through the entry point
+    assert fsspec.get_filesystem_class("fasterfs").__module__ == "fasterfs.read.fsspec_fs"  # through the entry point
     chunk = pd.read_csv(fs.open(f"{m.name}/chunks/chunk-00003.csv"), header=None)
     assert chunk.shape[0] == m.chunk(3).rows
     c3 = m.chunk(3)

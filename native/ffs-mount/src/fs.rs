@@ -20,7 +20,7 @@ use fuser::{
 };
 use serde_json::{json, Value};
 
-use crate::agent::{Agent, Hook};
+use crate::agent_link::{AgentLink, Hook};
 use crate::backing::{touch, Backing, Cached, Handle, Hot, Opens, Probe, KEPT_MAX};
 use crate::fetch::{spawn_anywhere, Fetcher, Remote, AHEAD};
 use crate::marks::Pins;
@@ -80,7 +80,7 @@ pub struct Shared {
     pub misses: Mutex<Misses>,
     pub hot: Mutex<HashMap<String, Hot>>,
     pub stats: Stats,
-    pub agent: Agent,
+    pub agent: AgentLink,
     pub ttl: Duration,
     pub fetcher: Arc<Fetcher>,
     pins: Pins,
@@ -91,7 +91,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(agent: Agent, ttl: Duration) -> Shared {
+    pub fn new(agent: AgentLink, ttl: Duration) -> Shared {
         Shared {
             tree: RwLock::new(Arc::new(Tree::empty())),
             refs: Mutex::new(HashMap::new()),

@@ -245,7 +245,7 @@
 //! Closing the socket makes the daemon unmount and exit; its pending and
 //! later FUSE requests to the agent fail with EIO.
 
-mod agent;
+mod agent_link;
 mod backing;
 mod change;
 mod fetch;
@@ -267,7 +267,7 @@ use std::time::Duration;
 use fuser::{Config, INodeNo, MountOption, Session, SessionACL};
 use serde_json::{json, Value};
 
-use agent::{Agent, Reply};
+use agent_link::{AgentLink, Reply};
 use backing::Hot;
 use change::Change;
 use fs::{FuseFs, Shared};
@@ -623,7 +623,7 @@ fn main() {
     let sock = unsafe { UnixStream::from_raw_fd(args.agent_fd) };
     let writer = sock.try_clone().expect("dup agent socket");
     let mut shared = Shared::new(
-        Agent::new(writer, AGENT_TIMEOUT),
+        AgentLink::new(writer, AGENT_TIMEOUT),
         Duration::from_millis(args.ttl_ms),
     );
     shared.max_entries = args.max_entries;
@@ -747,7 +747,7 @@ mod tests {
         fn start() -> Daemon {
             let (ours, theirs) = UnixStream::pair().unwrap();
             let s = Arc::new(Shared::new(
-                Agent::new(ours.try_clone().unwrap(), Duration::from_secs(10)),
+                AgentLink::new(ours.try_clone().unwrap(), Duration::from_secs(10)),
                 Duration::from_secs(1),
             ));
             let (ev, _) = mpsc::channel();

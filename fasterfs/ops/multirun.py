@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from .job import failure
 
 
-class SweepSummary(Callback):
+class MultirunSummary(Callback):
     def __init__(self) -> None:
         self.runs: list[dict] = []
         self._started = 0.0

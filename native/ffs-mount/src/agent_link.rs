@@ -1,6 +1,6 @@
-//! Request/reply plumbing over the agent socket.
+//! AgentLink: the daemon's request/reply plumbing over the agent socket (the agent is fasterfs/read/mount.py).
 //!
-//! FUSE threads call `Agent::call`, which registers a one-shot channel under a
+//! FUSE threads call `AgentLink::call`, which registers a one-shot channel under a
 //! fresh id and blocks on it; the single reader thread (see main.rs) hands
 //! each reply to its waiter by id, so replies may arrive in any order.
 //! A call may carry a hook that the reader thread runs on the reply first,
@@ -34,7 +34,7 @@ struct Pending {
     closed: bool,
 }
 
-pub struct Agent {
+pub struct AgentLink {
     writer: Mutex<UnixStream>,
     pending: Mutex<Pending>,
     next_id: AtomicU64,
@@ -47,9 +47,9 @@ pub struct Agent {
     applied_cv: Condvar,
 }
 
-impl Agent {
-    pub fn new(writer: UnixStream, timeout: Duration) -> Agent {
-        Agent {
+impl AgentLink {
+    pub fn new(writer: UnixStream, timeout: Duration) -> AgentLink {
+        AgentLink {
             writer: Mutex::new(writer),
             pending: Mutex::new(Pending {
                 waiters: HashMap::new(),
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn a_call_the_agent_never_answers_fails_in_its_time() {
         let (ours, _theirs) = UnixStream::pair().unwrap();
-        let a = Agent::new(ours, Duration::from_millis(200));
+        let a = AgentLink::new(ours, Duration::from_millis(200));
         let t = Instant::now();
         assert_eq!(
             a.call(json!({"op": "read", "handle": 1})).err(),
