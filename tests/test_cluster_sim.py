@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from fasterfs.node.cluster_sim import (
     SimulatedCluster,
     batch_of,
@@ -14,6 +16,8 @@ from fasterfs.node.cluster_sim import (
     measure_repair,
 )
 from fasterfs.node.counting_bloom import FALSE_POSITIVE
+
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
 NODES, ENTRIES = 16, 2_000
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from fasterfs.node.counting_bloom import FALSE_POSITIVE, HASHES, SATURATED, CountingBloom
+
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
 
 def test_no_name_held_is_ever_missed_and_strangers_are_rarely_found():

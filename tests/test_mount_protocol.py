@@ -1,7 +1,8 @@
 """The agent-daemon protocol has one definition (native/ffs-mount/protocol.json), and both sides
 are checked against it: every message name and field either side's source writes or reads is
 in it, and every one in it is used by both (the daemon's counters by the daemon alone). A field
-one side adds and the other lacks fails here.
+one side adds and the other lacks fails here. Each message is typed there: the agent holds what
+it sends and receives to those types (fasterfs.read.wire), checked here message by message.
 
 Read from the sources as they are written: the daemon reads a message's fields with
 `.get("name")` (or a helper called with the name), indexes with `["name"]`, matches keys and ops
@@ -16,6 +17,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
+
 ROOT = Path(__file__).resolve().parents[1]
 DAEMON = ROOT / "native" / "ffs-mount"
 NAME = r"[a-z_][a-z0-9_]*"
@@ -29,7 +34,7 @@ def spec_names(daemon_side: bool) -> set[str]:
     p = spec()
     names = set(p["to_daemon"]) | set(p["to_agent"])  # the ops
     names |= {f for fields in p["to_daemon"].values() for f in fields}
-    names |= {f for m in p["to_agent"].values() for f in m["request"] + m["reply"]}
+    names |= {f for m in p["to_agent"].values() for f in [*m["request"], *m["reply"]]}
     names |= {f for fields in p["objects"].values() for f in fields}
     names |= set(p["stats_reply"]["fields"])
     if daemon_side:
@@ -114,9 +119,41 @@ def test_the_agent_uses_exactly_the_protocols_names():
 def test_a_field_one_side_lacks_fails(tmp_path, monkeypatch):
     """The check itself: a field added to the definition alone is one neither side uses."""
     p = spec()
-    p["objects"]["entry"].append("owner")
+    p["objects"]["entry"]["owner"] = "str"
     (tmp_path / "src").symlink_to(DAEMON / "src")
     (tmp_path / "protocol.json").write_text(json.dumps(p))
     monkeypatch.setattr(__import__(__name__), "DAEMON", tmp_path)
     assert "owner" in spec_names(daemon_side=True) - daemon_names()
     assert "owner" in spec_names(daemon_side=False) - agent_names()
+
+
+def test_each_message_is_held_to_its_own_fields_and_types():
+    """Written as the daemon (fs.rs, main.rs) and the agent write them; then each kind of mistake
+    the flat vocabulary let through: a field moved to another message, a wrong type, a request
+    answered with another op's reply, an object's field missing."""
+    from fasterfs.read import wire
+    from fasterfs.read.mount import Agent
+
+    entry = Agent._entry("d/f.bin", False, 5, 1.5, "g1")
+    wire.check("to_daemon", {"op": "delta", "since": 1, "version": 2, "entries": [entry], "gone": [], "exact": []})
+    wire.check("request", {"op": "open", "path": "d/f.bin", "gen": None, "id": 3})
+    wire.check("request", {"op": "read", "handle": 1, "offset": 0, "size": 4096, "id": 4})
+    wire.check("reply", {"id": 4, "len": 10, "cached": {"backing": "/c/e", "inode": 7, "ranges": [[0, 10]],
+                                                        "fetched_ns": 1}}, "read")
+    wire.check("stats_reply", {"id": 0, "stats": {"lookups": 1}})
+    wrong = [
+        ("to_daemon", {"op": "tree", "version": 1, "lazy": True, "entries": [], "gone": []}, None, "'gone'"),
+        ("request", {"op": "read", "handle": 1, "offset": "0", "size": 1, "id": 4}, None, "read.offset"),
+        ("request", {"op": "read", "handle": 1, "offset": 0, "size": True, "id": 4}, None, "read.size"),
+        ("reply", {"id": 4, "len": 10}, "open", "'len'"),
+        ("reply", {"id": 4, "handle": 2}, "read", "'handle'"),
+        ("to_daemon", {"op": "delta", "since": 1, "version": 2, "entries": [{**entry, "gen": 7}], "gone": [],
+                       "exact": []}, None, "entries[0].gen"),
+        ("to_daemon", {"op": "delta", "since": 1, "version": 2, "entries": [{"path": "x"}], "gone": [],
+                       "exact": []}, None, "'dir' is missing"),
+        ("request", {"op": "chmod", "path": "x", "id": 1}, None, "no request 'chmod'"),
+        ("request", {"path": "x", "id": 1}, None, "no op"),
+    ]
+    for kind, message, op, why in wrong:
+        with pytest.raises(wire.WireError, match=re.escape(why)):
+            wire.check(kind, message, op)

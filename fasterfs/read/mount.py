@@ -52,7 +52,7 @@ from ..core.errors import FasterFSError
 from ..core.fsutil import atomic_write_json
 from ..core.manifest import Manifest
 from ..core.namespace import Entry, Tree
-from . import fuse_uring
+from . import fuse_uring, wire
 from .reader import Namespace, OpenFile
 
 log = logging.getLogger("fasterfs.read.mount")
@@ -94,7 +94,10 @@ class Agent:
 
     # -- to the daemon ----------------------------------------------------------------------
 
-    def _send(self, message: dict, payload: bytes | memoryview = b"") -> None:
+    def _send(self, message: dict, payload: bytes | memoryview = b"", reply_to: str | None = None) -> None:
+        """`message` to the daemon, held to protocol.json first: a message of its own, or the
+        reply to a request of op `reply_to`."""
+        wire.check("reply", message, reply_to) if reply_to else wire.check("to_daemon", message)
         line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
         with self._send_lock:
             self.sock.sendall(line)
@@ -326,6 +329,13 @@ class Agent:
         self._serving = True
         for line in reader:
             message = json.loads(line)
+            try:
+                wire.check("request" if "op" in message else "stats_reply", message)
+            except wire.WireError as e:
+                log.error("the daemon sent what protocol.json does not allow: %s", e)
+                if isinstance(message.get("id"), int) and "op" in message:
+                    self._refuse(message["id"], errno.EPROTO)
+                continue
             if "op" not in message:  # the reply to our stats request
                 self._write_stats(message.get("stats") or {})
                 barrier = self._barriers.pop(message.get("id"), None)
@@ -341,41 +351,47 @@ class Agent:
         if self.stats_file:
             atomic_write_json(self.stats_file, {**stats, "time": time.time()})
 
+    def _refuse(self, request_id: int, code: int) -> None:
+        """An error reply: {id, errno} is every op's reply."""
+        self._send({"id": request_id, "errno": code}, reply_to="lookup")
+
     def _answer(self, m: dict) -> None:
+        """One request of the daemon's (held to protocol.json by serve) answered."""
+        op = m["op"]
         try:
-            op = m["op"]
             if op == "open":
-                self._send({"id": m["id"], **self._open(m["path"], m.get("gen"))})
+                self._send({"id": m["id"], **self._open(m["path"], m.get("gen"))}, reply_to=op)
             elif op == "read":
                 data = self._read(m["handle"], m["offset"], m["size"])
                 cached = self._cached_since(m["handle"])
-                self._send({"id": m["id"], "len": len(data), **({"cached": cached} if cached else {})}, data)
+                self._send({"id": m["id"], "len": len(data), **({"cached": cached} if cached else {})}, data, op)
             elif op == "cached":  # the daemon reads a file itself: what of it is cached here now?
                 cached = self._cached_since(m["handle"])
-                self._send({"id": m["id"], **({"cached": cached} if cached else {})})
+                self._send({"id": m["id"], **({"cached": cached} if cached else {})}, reply_to=op)
             elif op == "lookup":  # a name in a directory not listed: what it is, if anything, before the reply
                 with self._asking():
                     self._lookup(m["path"])
-                self._send({"id": m["id"]})
+                self._send({"id": m["id"]}, reply_to=op)
             elif op == "list":  # a directory not listed yet: its names, before the reply
                 with self._asking():
                     self._list(m["path"])
-                self._send({"id": m["id"]})
+                self._send({"id": m["id"]}, reply_to=op)
             elif op == "refresh":  # a name the daemon's tree lacks, or a hot file marked stale: newer?
                 if m.get("why") == "stale" or time.monotonic() - self._refreshed > self.REFRESH_AT_MOST_S:
                     self._refreshed = time.monotonic()
                     self.send_tree(force=True)  # goes out before the reply: the daemon has it when it retries
-                self._send({"id": m["id"]})
+                self._send({"id": m["id"]}, reply_to=op)
             elif op == "release":
-                self._release(m["handle"])
-                self._send({"id": m["id"]})
-            else:
-                self._send({"id": m["id"], "errno": errno.ENOSYS})
+                if m["handle"] is not None:
+                    self._release(m["handle"])
+                self._send({"id": m["id"]}, reply_to=op)
+            else:  # in protocol.json, not served here (tests/test_mount_protocol.py says so first)
+                self._refuse(m["id"], errno.ENOSYS)
         except OSError as e:
-            self._send({"id": m["id"], "errno": e.errno or errno.EIO})
+            self._refuse(m["id"], e.errno or errno.EIO)
         except Exception as e:  # holders down, generation gone: the application gets EIO, the log says why
-            log.error("%s of %s failed: %s", m.get("op"), m.get("path", m.get("handle")), e)
-            self._send({"id": m["id"], "errno": errno.EIO})
+            log.error("%s of %s failed: %s", op, m.get("path", m.get("handle")), e)
+            self._refuse(m["id"], errno.EIO)
 
     def _open(self, path: str, gen: str | None = None) -> dict:
         """A handle for reads through here; and either what makes the file hot (the daemon then
