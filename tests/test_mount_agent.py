@@ -1,4 +1,4 @@
-"""The mount's agent (fasterfs.read.mount.Agent) on a socket pair, its namespace scripted over a real
+"""The mount's agent (fasterfs.read.mount_agent.Agent) on a socket pair, its namespace scripted over a real
 Tree: no Ray, no MinIO, no daemon. What the daemon is told must hold for the tree it has: the
 root at the start, then each change as a delta that follows the one before with the changed
 names alone, listings never ahead of the deltas, and a file declared hot only for the version
@@ -14,7 +14,7 @@ import pytest
 from fasterfs.core.manifest import ChunkInfo, Manifest
 from fasterfs.core.namespace import Tree
 from fasterfs.meta import Attrs, AttrsListing
-from fasterfs.read.mount import Agent
+from fasterfs.read.mount_agent import Agent
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ it sends and receives to those types (fasterfs.read.wire), checked here message 
 Read from the sources as they are written: the daemon reads a message's fields with
 `.get("name")` (or a helper called with the name), indexes with `["name"]`, matches keys and ops
 with `"name" =>`, and writes with `json!({"name": ...})`; the agent writes dict literals and
-reads `m["name"]` / `m.get("name")`, in its Agent class and in Client.presigned (a fetch
-plan's chunks).
+reads `m["name"]` / `m.get("name")`, in its Agent and Backings classes and in Client.presigned
+(a fetch plan's chunks).
 """
 from __future__ import annotations
 
@@ -94,11 +94,13 @@ class _AgentNames(ast.NodeVisitor):
 
 def agent_names() -> set[str]:
     v = _AgentNames()
-    mount = ast.parse((ROOT / "fasterfs" / "read" / "mount.py").read_text())
+    mount = ast.parse((ROOT / "fasterfs" / "read" / "mount_agent.py").read_text())
     agent = next(n for n in mount.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
     for fn in agent.body:
         if isinstance(fn, ast.FunctionDef) and fn.name not in ("__init__", "_write_stats"):  # not the wire
             v.visit(fn)
+    backings = ast.parse((ROOT / "fasterfs" / "read" / "backings.py").read_text())
+    v.visit(next(n for n in backings.body if isinstance(n, ast.ClassDef) and n.name == "Backings"))
     client = ast.parse((ROOT / "fasterfs" / "read" / "client.py").read_text())
     v.visit(next(n for n in ast.walk(client) if isinstance(n, ast.FunctionDef) and n.name == "presigned"))
     return v.names
@@ -132,7 +134,7 @@ def test_each_message_is_held_to_its_own_fields_and_types():
     the flat vocabulary let through: a field moved to another message, a wrong type, a request
     answered with another op's reply, an object's field missing."""
     from fasterfs.read import wire
-    from fasterfs.read.mount import Agent
+    from fasterfs.read.mount_agent import Agent
 
     entry = Agent._entry("d/f.bin", False, 5, 1.5, "g1")
     wire.check("to_daemon", {"op": "delta", "since": 1, "version": 2, "entries": [entry], "gone": [], "exact": []})

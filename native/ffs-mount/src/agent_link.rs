@@ -1,4 +1,4 @@
-//! AgentLink: the daemon's request/reply plumbing over the agent socket (the agent is fasterfs/read/mount.py).
+//! AgentLink: the daemon's request/reply plumbing over the agent socket (the agent is fasterfs/read/mount_agent.py).
 //!
 //! FUSE threads call `AgentLink::call`, which registers a one-shot channel under a
 //! fresh id and blocks on it; the single reader thread (see main.rs) hands
