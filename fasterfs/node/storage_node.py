@@ -28,7 +28,6 @@ from ..control.node_directory import NodeDirectory
 from ..control.state import ClusterState, host_id, ray_namespace
 from ..core.config import Layout, as_cfg, minio_binary
 from ..core.errors import FasterFSError
-from ..core.manifest import Manifest
 from ..meta import Changes
 from ..meta.follower import Change, Follower
 from ..meta.replica import FILE as REPLICA_FILE
@@ -48,6 +47,7 @@ from .minio_supervisor import MinioSupervisor
 from .mount_supervisor import Mounts, daemon_overrides
 from .node_index import NodeIndex
 from .node_kernel import NodeKernel
+from .node_repair import NodeRepair
 from .node_status import CacheStatus, NodeStatus
 from .peer_tier import CacheNews, PeerTier
 from .repair_leader import RepairLeader, Timing
@@ -136,15 +136,14 @@ class StorageNode:
                                            self.mark_keeper.suspect, self._check_entries)
         self.peer_tier = PeerTier(index, self.cache, self._tell_cache_news, self._ask_cache_news, self._reconnect)
         self.write_router = WriteRouter(self.peer_tier, cfg.kernel.mark_keep_s)
+        self.node_repair = NodeRepair(cfg, index, self._state, server.creds, self.namespace, self.nodes)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
-                                   lambda: registry.namespace_version(cfg.cluster.name), self._survey,
-                                   self._check_changes, self._repair, self._lease)
+                                   lambda: registry.namespace_version(cfg.cluster.name), self.node_repair.survey,
+                                   self.node_repair.check_changes, self.node_repair.run, self.node_repair.lease)
         self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
         self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
-        self._rebuilder: tuple[ClusterState, frozenset[int], repair.Rebuilder] | None = None  # (for, avoiding, it)
-        self._rebuilder_lock = threading.Lock()
         if self.replica is not None and self.replica.version >= 0:  # this host's copy, then what changed since
             self.namespace.seed(*self.replica.load())
         self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
@@ -251,56 +250,15 @@ class StorageNode:
         return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
                           self.minio.server.creds, keep_unverified=False, only=keys)
 
-    def _survey(self, trusted: frozenset[int]) -> repair.Health:
-        return repair.survey(self._state(), self.minio.server.creds, self.cfg.placement.load_slack, self._names_now,
-                             self.cfg.minio.list_share, trusted)
-
-    def _names_now(self) -> dict[str, Manifest]:
-        """Every name's manifest as the Registry has it now: this node's copy, caught up by the
-        log (a delta), not the whole namespace fetched (a million names, per survey)."""
-        self.namespace.catch_up()
-        return self.namespace.snapshot()
-
-    def _check_changes(self, since: int) -> tuple[int, repair.Health] | None:
-        changes = registry.fetch_changes(self.cfg.cluster.name, since)
-        if changes is None:
-            return None
-        manifests = [m for m in changes.names.values() if m is not None]
-        return changes.version, repair.check(self._state(), self.minio.server.creds, manifests,
-                                             self.cfg.placement.load_slack)
-
-    def _lease(self, ttl_s: float) -> int | None:
-        return registry.lease_repair(self.cfg.cluster.name, self.index, ttl_s)
-
-    def _repair(self, waiting: set[int], epoch: int, trusted: frozenset[int]) -> repair.Outcome:
-        """The leader's repair, fenced by its lease, which each chunk done renews (a long repair
-        keeps it; a leader cut off from the Registry loses it, and its repair is not applied)."""
-        def renew(done: int, total: int) -> None:
-            if self._lease(3 * self.cfg.repair.check_s) != epoch:
-                raise FasterFSError(f"node {self.index} lost the repair lease (epoch {epoch}) while repairing")
-        return repair.run(self.cfg, self._state(), self.minio.server.creds, renew, waiting=waiting,
-                          fence=(self.index, epoch), names=self._names_now, spread=self._spread(),
-                          share=self.cfg.minio.list_share, trusted=trusted)
-
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
-        out = repair.run(self.cfg, self._state(), self.minio.server.creds, bad=bad_pieces, only=bad,
-                         names=self._names_now, spread=self._spread(), share=self.cfg.minio.list_share)
+        out = self.node_repair.rebuild_bad(bad_pieces, bad)
         self.leader.record("scrub", out)
         return out.repaired
 
-    def _spread(self) -> repair.Spread:
-        return repair.through(self.nodes, own=self.index, here=self.rebuild)
-
     def rebuild(self, jobs: list[repair.Rebuild], down: Iterable[int]) -> list[int | str]:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
-        survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
-        per job, or why it failed."""
-        state, avoid = self._state(), frozenset(down)
-        with self._rebuilder_lock:  # kept across a repair's calls: its clients are one per node to make
-            if self._rebuilder is None or self._rebuilder[0] is not state or self._rebuilder[1] != avoid:
-                self._rebuilder = (state, avoid, repair.Rebuilder(self.cfg, state, self.minio.server.creds, avoid))
-            rebuilder = self._rebuilder[2]
-        return rebuilder.many(jobs)
+        survivors here. Bytes written per job, or why it failed."""
+        return self.node_repair.rebuild(jobs, down)
 
     def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced
