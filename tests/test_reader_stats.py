@@ -17,7 +17,7 @@ from fasterfs.hosts import lab_disks
 COUNT_IN = """
 import sys
 from pathlib import Path
-from fasterfs import reader_stats
+from fasterfs.read import reader_stats
 stats = reader_stats.for_process(Path(sys.argv[1]))
 for _ in range(1000):
     stats.add(reader_stats.HITS)
