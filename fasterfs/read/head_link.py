@@ -51,13 +51,27 @@ class HeadLink:
     def __init__(self, cluster: str, root: str | Path, timeout_s: float, retry_s: float,
                  ask: Callable | None = None, headless: bool = False):
         self.cluster, self.root, self.timeout_s, self.retry_s = cluster, Path(root), timeout_s, retry_s
-        self._ask = ask or (lambda what, *args: registry.ask(cluster, what, *args, timeout=timeout_s))
+        self._ask = ask or self._registry
+        self._handle = None  # the Registry's, kept: looking it up asks the GCS, which may be what went away
         self.headless = headless
         self.away_since: float | None = time.time() if headless else None  # when the head last stopped answering
         self.away_count = 0  # absences seen
         self.local_answers = 0  # answers given from the replica meanwhile
         self._view: ReplicaView | None = None
         self._lock = threading.Lock()
+
+    def _registry(self, what: str, *args):
+        """The Registry's answer within timeout_s. A call on a kept handle goes to the actor
+        itself; a lookup of one waits on the GCS, unbounded while the head is away."""
+        import ray
+
+        if self._handle is None:
+            self._handle = registry.handle(self.cluster)
+        try:
+            return ray.get(getattr(self._handle, what).remote(*args), timeout=self.timeout_s)
+        except BaseException:
+            self._handle = None  # a Registry made again (up on a head back) is another actor: looked up anew
+            raise
 
     def ask(self, what: str, *args):
         """The Registry's answer; HeadAway while the head is away (at once, once it is known to be)."""
