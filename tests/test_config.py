@@ -68,7 +68,7 @@ def test_bad_option_named(override, culprit):
 
 def test_read_ahead_is_shed_while_the_cpus_are_contended(tmp_path):
     """CpuPressure reads the kernel's PSI line; the figure decides, once a second at most."""
-    from fasterfs.read.reader import CpuPressure
+    from fasterfs.read.open_file import CpuPressure
 
     psi = tmp_path / "cpu"
     psi.write_text("some avg10=72.50 avg60=10.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")

@@ -268,6 +268,23 @@ def fetch_keys(cluster_name: str) -> credentials.ClusterKeys:
     return ask(cluster_name, "all_keys")
 
 
+def fetch_keys_kept(cluster_name: str, copy: Path, who: str) -> credentials.ClusterKeys:
+    """The MinIO keys from the Registry, kept at `copy` on this host's disk (0600); or that copy
+    when the Registry does not answer (Ray started a storage node again while the head was away)."""
+    import ray
+
+    try:
+        keys = fetch_keys(cluster_name)
+    except (FasterFSError, ray.exceptions.RayError) as e:
+        if not copy.exists():
+            raise FasterFSError(f"{who}: the Registry does not answer ({e}) and this host holds no copy of the "
+                                f"keys at {copy}") from None
+        log.warning("%s: the Registry does not answer; MinIO's keys from %s", who, copy)
+        return credentials.load(copy)
+    credentials.save(copy, keys)
+    return keys
+
+
 def issue_certificate(cluster_name: str, address: str, public_key_pem: str) -> tuple[str, str]:
     return ask(cluster_name, "issue_certificate", address, public_key_pem)
 

@@ -7,10 +7,13 @@ most that share of the wall-clock time whatever the machine.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger("fasterfs.core.pace")
 
 
 class Throttle:
@@ -45,3 +48,15 @@ class Pacer:
         yield
         if self.share < 1:
             self.rest((time.monotonic() - began) * (1 / self.share - 1))
+
+
+def every(interval_s: float, fn: Callable[[], object], stopping: threading.Event, what: str) -> None:
+    """Run `fn` every `interval_s` (0: never) in a thread of its own until `stopping`; a failed
+    round is logged and the next one comes."""
+    def loop() -> None:
+        while interval_s and not stopping.wait(interval_s):
+            try:
+                fn()
+            except Exception:
+                log.exception("%s failed", what)
+    threading.Thread(target=loop, name=what, daemon=True).start()

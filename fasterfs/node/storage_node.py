@@ -17,29 +17,28 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
-from pathlib import Path
 
 from ..bpf.events import key_hash
 from ..control import credentials, identity, registry, s3, tls
-from ..control.credentials import ClusterKeys
 from ..control.node_directory import NodeDirectory
-from ..control.state import ClusterState, host_id, ray_namespace
+from ..control.state import host_id, ray_namespace
 from ..core.config import Layout, as_cfg, minio_binary
-from ..core.errors import FasterFSError
+from ..core.pace import every
 from ..meta import Changes
 from ..meta.follower import Change, Follower
 from ..meta.replica import FILE as REPLICA_FILE
 from ..meta.replica import Replica
 from ..read import reader_stats
 from ..write import bucket_walk
-from . import heatmap, repair
+from . import repair
 from .cache import ChunkCache, keep_capacity, kept_capacity
 from .cache_filler import CacheFiller
 from .fill_router import FillRouter
 from .fill_sources import FillSources
 from .invalidation import Invalidations, Write, WriteRouter, revalidate
+from .kernel_view import KernelView
 from .mark_keeper import MarkKeeper
 from .minio_scrub import MinioScrub
 from .minio_server import MinioServer
@@ -50,6 +49,7 @@ from .node_kernel import NodeKernel
 from .node_repair import NodeRepair
 from .node_status import CacheStatus, NodeStatus
 from .peer_tier import CacheNews, PeerTier
+from .peers import Peers
 from .repair_leader import RepairLeader, Timing
 
 log = logging.getLogger("fasterfs.node.storage_node")
@@ -60,18 +60,6 @@ def _ray_get(refs: list) -> list:
     import ray
 
     return ray.get(refs)
-
-
-def every(interval_s: float, fn: Callable[[], object], stopping: threading.Event, what: str) -> None:
-    """Run `fn` every `interval_s` (0: never) in a thread of its own until `stopping`; a failed
-    round is logged and the next one comes."""
-    def loop() -> None:
-        while interval_s and not stopping.wait(interval_s):
-            try:
-                fn()
-            except Exception:
-                log.exception("%s failed", what)
-    threading.Thread(target=loop, name=what, daemon=True).start()
 
 
 class StorageNode:
@@ -87,19 +75,19 @@ class StorageNode:
         self.paths = paths = Layout.of(cfg).paths
         identity.record(paths, index, cfg.cluster.name, address)  # the id travels with the data
         self._stopping = threading.Event()
-        self._cluster: ClusterState | None = None
         self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
-        # the namespace, every dataset's and file's current manifest, kept from the store's log
+        self.peers = Peers(index, cfg.cluster.name, self.nodes)
         # this host's durable copies of what names and unlocks the data (fasterfs.control.head_recovery)
-        keys = self._keys(paths.node_dir(index) / credentials.NODE_COPY)
+        keys = registry.fetch_keys_kept(cfg.cluster.name, paths.node_dir(index) / credentials.NODE_COPY,
+                                        f"node {index}")
         # cluster.durable_copies=1: the head's store alone holds the names (no replica here)
         self.replica = Replica(paths.node_dir(index) / REPLICA_FILE, cfg.cluster.name) \
             if cfg.cluster.durable_copies > 1 else None
+        # every dataset's and file's current manifest, kept from the store's log
         self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
                                   partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed,
                                   self.replica.keep if self.replica else None)
         self.ns_index = NodeIndex.build({}, index)
-        self._heat: tuple[tuple[str, ...] | None, heatmap.Index] | None = None  # (its names, it)
         certs = None
         if cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
             certs = paths.minio_certs_dir(index)
@@ -134,9 +122,12 @@ class StorageNode:
         self.invalidations = Invalidations(index, self.bucket, self.kernel, self.cache, self.filler,
                                            cfg.kernel.watch == "any", self.router.fill, self._tell_writes,
                                            self.mark_keeper.suspect, self._check_entries)
-        self.peer_tier = PeerTier(index, self.cache, self._tell_cache_news, self._ask_cache_news, self._reconnect)
+        self.kernel_view = KernelView(self.node_kernel, lambda: self.ns_index, self.namespace, self.cache,
+                                      lambda: self.invalidations.recent, cfg.kernel.hot_threshold)
+        self.peer_tier = PeerTier(index, self.cache, self.peers.tell_cache_news, self.peers.ask_cache_news,
+                                  self.peers.reconnect)
         self.write_router = WriteRouter(self.peer_tier, cfg.kernel.mark_keep_s)
-        self.node_repair = NodeRepair(cfg, index, self._state, server.creds, self.namespace, self.nodes)
+        self.node_repair = NodeRepair(cfg, index, self.peers.state, server.creds, self.namespace, self.nodes)
         self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self.node_repair.survey,
                                    self.node_repair.check_changes, self.node_repair.run, self.node_repair.lease)
@@ -148,7 +139,7 @@ class StorageNode:
             self.namespace.seed(*self.replica.load())
         self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
         revalidate(self.cache, self.ns_index, self.bucket,
-                   {n.index: n.endpoint for n in self._state().nodes}, server.creds)
+                   {n.index: n.endpoint for n in self.peers.state().nodes}, server.creds)
         self.started["cache_s"] = time.monotonic() - phase
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, daemon_overrides(cfg),
@@ -171,23 +162,6 @@ class StorageNode:
         self.started = {k: round(v, 2) for k, v in self.started.items()}
         log.info("StorageNode %d started in %.2f s: %s", index, self.started["total_s"], self.started)
 
-    def _keys(self, copy: Path) -> ClusterKeys:
-        """The MinIO keys, from the Registry (and kept on this host's disk, 0600), or from this
-        host's copy when the Registry does not answer (Ray started this node again while the head
-        was away)."""
-        import ray
-
-        try:
-            keys = registry.fetch_keys(self.cfg.cluster.name)
-        except (FasterFSError, ray.exceptions.RayError) as e:
-            if not copy.exists():
-                raise FasterFSError(f"node {self.index}: the Registry does not answer ({e}) and this host holds no "
-                                    f"copy of the keys at {copy}") from None
-            log.warning("node %d: the Registry does not answer; MinIO's keys from %s", self.index, copy)
-            return credentials.load(copy)
-        credentials.save(copy, keys)
-        return keys
-
     def _on_evict(self, entry: str) -> None:
         if hasattr(self, "invalidations"):  # what the cache evicts as it opens is no known chunk's yet
             self.invalidations.on_evict(entry, self.ns_index)
@@ -195,45 +169,15 @@ class StorageNode:
     def _on_kernel_event(self, event: dict) -> None:
         self.invalidations.on_kernel_event(event, self.ns_index)  # one index version per event
 
-    def _state(self, refresh: bool = False) -> ClusterState:
-        if self._cluster is None or refresh:
-            self._cluster = registry.find_in_ray(self.cfg.cluster.name)
-        return self._cluster
-
-    def _others(self) -> list:
-        return self.nodes.all(n.index for n in self._state().nodes if n.index != self.index)
-
     def _endpoint(self, node: int) -> str:
-        return self.minio.server.endpoint if node == self.index else self._state().node(node).endpoint
+        return self.minio.server.endpoint if node == self.index else self.peers.state().node(node).endpoint
 
     def _tell_writes(self, batch: list[Write], seen: list[float]) -> None:
-        others = [n.index for n in self._state().nodes if n.index != self.index]
-        for node, writes in self.write_router.route(batch, others, seen).items():
-            self._tell_node(node, writes)
-
-    def _tell_node(self, node: int, writes: list[Write], ages_s: list[float] | None = None) -> None:
-        for peer in self._peers(node):
-            peer.invalidate.remote(writes, ages_s)  # fire and forget: a dead peer has no cache to serve
-
-    def _peers(self, node: int | None) -> list:
-        """Node `node`'s actor (none if it is not running), or every other node's."""
-        return self._others() if node is None else [a for a in [self.nodes.get(node)] if a is not None]
-
-    def _tell_cache_news(self, news: CacheNews, to: int | None) -> None:
-        for peer in self._peers(to):
-            peer.peer_cache.remote(news)  # fire and forget
-
-    def _ask_cache_news(self, node: int | None) -> None:
-        for peer in self._peers(node):
-            peer.tell_cache_index.remote(self.index)
-
-    def _reconnect(self) -> None:
-        """A peer that came back is a new actor on a new Ray node."""
-        self.nodes.forget()
-        self._state(refresh=True)
+        for node, writes in self.write_router.route(batch, self.peers.others(), seen).items():
+            self.peers.tell_writes(node, writes)
 
     def _probe(self) -> tuple[list[int], set[int]]:
-        state = self._state()
+        state = self.peers.state()
         alive = repair.answering(state, self.marked)  # over the fills' pooled connections
         back = alive - self._answering if self._answering is not None else set()
         self._answering = alive
@@ -247,8 +191,9 @@ class StorageNode:
     def _check_entries(self, keys: list[str] | None = None) -> int:
         """Every cache entry (or `keys`' alone) against its holders' ETags; what cannot be vouched
         for goes too."""
-        return revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in self._state().nodes},
-                          self.minio.server.creds, keep_unverified=False, only=keys)
+        endpoints = {n.index: n.endpoint for n in self.peers.state().nodes}
+        return revalidate(self.cache, self.ns_index, self.bucket, endpoints, self.minio.server.creds,
+                          keep_unverified=False, only=keys)
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
         out = self.node_repair.rebuild_bad(bad_pieces, bad)
@@ -275,9 +220,9 @@ class StorageNode:
         else:
             self.cache.forget([c.key for _, before, _ in changed if before is not None for c in before.chunks
                                if c.key not in index.holders])
-        self._heat = None  # made again when the dashboard next asks
+        self.kernel_view.forget()
         if any(now is not None for _, _, now in changed):
-            self._state(refresh=True)  # a new generation may place data on nodes that joined since
+            self.peers.state(refresh=True)  # a new generation may place data on nodes that joined since
 
     # -- the actor's surface: the namespace and peers -------------------------------------
 
@@ -301,7 +246,7 @@ class StorageNode:
         """What another node's cache gained and lost (or holds: a snapshot)."""
         late = self.write_router.heard(news)
         if late:  # it gained keys written since, perhaps filled from before the write
-            self._tell_node(news.node, [w for w, _ in late], [age for _, age in late])
+            self.peers.tell_writes(news.node, [w for w, _ in late], [age for _, age in late])
 
     def tell_cache_index(self, node: int) -> None:
         """Node `node` asks for everything this node's cache holds."""
@@ -359,43 +304,15 @@ class StorageNode:
                 "namespace_replica": Replica.summary(self.replica.path).to_dict() if self.replica else {}}
 
     def kernel_status(self, top: int = 10) -> dict:
-        snap: dict = dict(self.kernel.snapshot(top, resolve=self.resolve), index=self.index, address=self.address)
-        chunks = self.ns_index.by_hash
-        for t in snap["top_keys"]:  # did the hot chunk reach this node's cache?
-            chunk = chunks.get(int(t["key"], 16))
-            t["cached"] = None if chunk is None else self.cache.contains(chunk.key)
-        if self.node_kernel.sockops_skipped:
-            snap["sockops"]["skipped"] = self.node_kernel.sockops_skipped
-        return snap
+        return self.kernel_view.status(top, index=self.index, address=self.address)
 
     def heat_names(self, cells: int) -> tuple[int, list[tuple[str, int]] | None]:
-        """(chunks in the namespace, the names this node would show in `cells` cells with their
-        chunks; None: every name fits), fasterfs.node.heatmap.choose over its kernel's counts and its cache."""
-        index, ns = self.ns_index, self.namespace
-
-        def of_hash(h: int) -> str | None:
-            c = index.by_hash.get(h)
-            return None if c is None else index.names.get(c.key)
-
-        def size(name: str) -> int:
-            m = ns.some([name]).get(name)
-            return len(m.chunks) if m is not None else cells + 1
-
-        total = len(index.holders)
-        return total, heatmap.choose(total, cells, self.kernel.all_counts() if total > cells else {},
-                                     self.cache.newest(cells) if total > cells else [], of_hash,
-                                     lambda entry: index.names.get(index.by_entry.get(entry, "")), size)
+        """KernelView.heat_names: the names this node would show in the /kernel view."""
+        return self.kernel_view.heat_names(cells)
 
     def heat(self, names: list[str] | None = None) -> tuple[int, bytes]:
-        """This node's row of the kernel heatmap (fasterfs.node.heatmap) over `names` (None: every
-        name) and the layout it is in."""
-        key, made = None if names is None else tuple(names), self._heat
-        if made is None or made[0] != key:
-            made = self._heat = key, heatmap.Index(self.namespace.snapshot() if names is None
-                                                   else self.namespace.some(names))
-        index = made[1]
-        return index.id, index.cells(self.kernel.all_counts(), self.cache.holds, self.invalidations.recent,
-                                     self.cfg.kernel.hot_threshold)
+        """KernelView.heat: this node's row of the /kernel heatmap."""
+        return self.kernel_view.heat(names)
 
     def kernel_key_count(self, path: str) -> int:
         """GETs of `path` (/bucket/key) the kernel counted in the current epoch."""

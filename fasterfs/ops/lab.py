@@ -39,6 +39,7 @@ from ..core.errors import FasterFSError
 from ..hosts import lab_disks
 from ..hosts.lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names
 from . import cluster
+from .teardown import teardown
 
 
 def up(cfg) -> cluster.ClusterState:
@@ -160,7 +161,7 @@ def power_on_head(cfg, empty: bool = False) -> cluster.ClusterState:
         raise FasterFSError(f"the lab's head is running (its Ray node is pid {state.head_pid}): power it off first")
     if not empty:
         return cluster.resume(state)
-    cluster.teardown(state)  # the hosts' processes, the network, the disks' mounts: the hosts' disks stay
+    teardown(state)  # the hosts' processes, the network, the disks' mounts: the hosts' disks stay
     for child in root.iterdir():  # the head's disk: everything under the root but the hosts' disks
         if child.name != lab_disks.BASE:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
