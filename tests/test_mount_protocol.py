@@ -143,6 +143,7 @@ def test_each_message_is_held_to_its_own_fields_and_types():
     wire.check("reply", {"id": 4, "len": 10, "cached": {"backing": "/c/e", "inode": 7, "ranges": [[0, 10]],
                                                         "fetched_ns": 1}}, "read")
     wire.check("stats_reply", {"id": 0, "stats": {"lookups": 1}})
+    wire.check("error_reply", {"id": 5, "errno": 71})
     wrong = [
         ("to_daemon", {"op": "tree", "version": 1, "lazy": True, "entries": [], "gone": []}, None, "'gone'"),
         ("request", {"op": "read", "handle": 1, "offset": "0", "size": 1, "id": 4}, None, "read.offset"),
@@ -155,6 +156,7 @@ def test_each_message_is_held_to_its_own_fields_and_types():
                        "exact": []}, None, "'dir' is missing"),
         ("request", {"op": "chmod", "path": "x", "id": 1}, None, "no request 'chmod'"),
         ("request", {"path": "x", "id": 1}, None, "no op"),
+        ("error_reply", {"id": 5, "errno": 71, "len": 0}, None, "'len'"),
     ]
     for kind, message, op, why in wrong:
         with pytest.raises(wire.WireError, match=re.escape(why)):

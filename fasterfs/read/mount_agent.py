@@ -21,7 +21,8 @@ from ..core.manifest import Manifest
 from ..core.namespace import Entry, Tree
 from . import wire
 from .backings import Backings
-from .reader import Namespace, OpenFile
+from .open_file import OpenFile
+from .reader import Namespace
 
 log = logging.getLogger("fasterfs.read.mount")
 
@@ -58,8 +59,11 @@ class Agent:
 
     def _send(self, message: dict, payload: bytes | memoryview = b"", reply_to: str | None = None) -> None:
         """`message` to the daemon, held to protocol.json first: a message of its own, or the
-        reply to a request of op `reply_to`."""
-        wire.check("reply", message, reply_to) if reply_to else wire.check("to_daemon", message)
+        reply to a request of op `reply_to` ("error": an error reply to any request)."""
+        if reply_to is None:
+            wire.check("to_daemon", message)
+        else:
+            wire.check("error_reply", message) if reply_to == "error" else wire.check("reply", message, reply_to)
         line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
         with self._send_lock:
             self.sock.sendall(line)
@@ -261,8 +265,7 @@ class Agent:
             atomic_write_json(self.stats_file, {**stats, "time": time.time()})
 
     def _refuse(self, request_id: int, code: int) -> None:
-        """An error reply: {id, errno} is every op's reply."""
-        self._send({"id": request_id, "errno": code}, reply_to="lookup")
+        self._send({"id": request_id, "errno": code}, reply_to="error")
 
     def _answer(self, m: dict) -> None:
         """One request of the daemon's (held to protocol.json by serve) answered."""

@@ -26,15 +26,15 @@ def spec(path: Path = SPEC) -> dict:
 
 def shape(kind: str, op: str | None = None) -> dict[str, str]:
     """The fields of one message: kind "to_daemon" (by op), "request" or "reply" (of an op the
-    daemon asks the agent), or "stats_reply"."""
+    daemon asks the agent), "error_reply" (to any request) or "stats_reply"."""
     p = spec()
     try:
         if kind == "to_daemon":
             return p["to_daemon"][op]
         if kind in ("request", "reply"):
             return p["to_agent"][op][kind]
-        if kind == "stats_reply":
-            return p["stats_reply"]["fields"]
+        if kind in ("stats_reply", "error_reply"):
+            return p[kind]["fields"]
     except KeyError:
         raise WireError(f"protocol.json has no {kind} {op!r}") from None
     raise ValueError(kind)
