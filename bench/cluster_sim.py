@@ -32,7 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fasterfs.control import report
 from fasterfs.core import config
-from fasterfs.node.cluster_sim import measure, measure_invalidation, measure_pushes, measure_repair
+from fasterfs.node.cluster_sim import measure
+from fasterfs.node.cluster_sim_invalidation import measure_invalidation
+from fasterfs.node.cluster_sim_pushes import measure_pushes
+from fasterfs.node.cluster_sim_repair import measure_repair
 
 TARGET_BYTES_S = 100_000  # background traffic per node with no reads (issue 47)
 

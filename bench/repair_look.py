@@ -2,7 +2,7 @@
 running cluster at whatever size its namespace has, side by side in one run: the look as it
 was (every node's bucket walked, paced at minio.list_share as the StorageNodes walk them) and
 as it is (the nodes listed before believed: only asked whether they answer), both planned by
-the real `repair.survey` over the same manifests, which are fetched once first (a StorageNode
+the real `repair_survey.survey` over the same manifests, which are fetched once first (a StorageNode
 holds its own copy, caught up by deltas). Both must find the same redundancy here, nothing
 having been lost behind MinIO's back.
 
@@ -22,7 +22,7 @@ import ray
 
 from fasterfs.control import registry, report
 from fasterfs.core import config
-from fasterfs.node import repair
+from fasterfs.node import repair_survey
 from fasterfs.ops import cluster
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> dict:
     everyone = frozenset(n.index for n in state.nodes)
     for name, trusted in (("every bucket walked", frozenset()), ("nodes listed before believed", everyone)):
         began = time.monotonic()
-        health = repair.survey(state, creds, cfg.placement.load_slack, lambda: manifests, share, trusted)
+        health = repair_survey.survey(state, creds, cfg.placement.load_slack, lambda: manifests, share, trusted)
         row = {"seconds": time.monotonic() - began, "chunks": health.chunks, "degraded": health.degraded_count,
                "lost": health.lost_count, "nodes_down": health.nodes_down}
         result["looks"][name] = row

@@ -36,7 +36,7 @@ import fasterfs  # noqa: E402
 from fasterfs.control import registry, report  # noqa: E402
 from fasterfs.core import config  # noqa: E402
 from fasterfs.core.errors import FasterFSError  # noqa: E402
-from fasterfs.node import repair  # noqa: E402
+from fasterfs.node import repair, repair_survey  # noqa: E402
 from fasterfs.ops import cluster, job, lab  # noqa: E402
 from fasterfs.write.ingest import ingest  # noqa: E402
 
@@ -103,7 +103,7 @@ def come_back(cfg, argv, state, manifest, victims, creds, reference, plan) -> di
     state = registry.find(cfg)  # the hosts' new Ray nodes
     started_s = time.perf_counter() - t
     refill = repair.run(cfg, state, creds)
-    after = repair.survey(state, creds, cfg.placement.load_slack)
+    after = repair_survey.survey(state, creds, cfg.placement.load_slack)
     got = workload(argv, state, manifest, *plan)
     return {"start_s": started_s, "found": refill.health.summary(), "pieces_written": refill.pieces_written,
             "moved": refill.moved, "failed": len(refill.failed), "mb_per_s": refill.mb_per_s,
@@ -164,7 +164,7 @@ def main(argv: list[str]) -> dict:
               f"failed reads {rounds[-1]['failed_reads']}, degraded reads {got['degraded_reads']}")
     creds = registry.fetch_credentials(state.name, "admin")
     fixed = repair.run(cfg, state, creds)
-    after = repair.survey(state, creds, cfg.placement.load_slack)
+    after = repair_survey.survey(state, creds, cfg.placement.load_slack)
     back = come_back(cfg, argv, state, manifest, victims, creds, reference, (windows, homes, params)) \
         if c.power_on else None
     result = {"dataset": manifest.dataset, "layout": manifest.redundancy(), "hosts": len(state.nodes),

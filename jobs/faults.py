@@ -48,7 +48,7 @@ from fasterfs.control import registry, report, s3  # noqa: E402
 from fasterfs.core import config  # noqa: E402
 from fasterfs.core.errors import FasterFSError  # noqa: E402
 from fasterfs.hosts import lab_disks  # noqa: E402
-from fasterfs.node import repair  # noqa: E402
+from fasterfs.node.repair_survey import survey  # noqa: E402
 from fasterfs.ops import cluster, job  # noqa: E402
 from fasterfs.write.ingest import ingest  # noqa: E402
 
@@ -227,7 +227,7 @@ class Harness:
             if found["repaired"] < len(found["bad"]):
                 return None
         while time.monotonic() - t < limit_s:
-            health = repair.survey(self.state, creds, self.cfg.placement.load_slack)
+            health = survey(self.state, creds, self.cfg.placement.load_slack)
             if not health.degraded_count and not health.lost and not health.nodes_down:
                 return time.monotonic() - t
             time.sleep(0.5)

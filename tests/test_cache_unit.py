@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fasterfs.node import cache
+from fasterfs.node import cache, cache_files, cache_scrub
 from fasterfs.node.cache import ChunkCache
 from fasterfs.read import cache_entry
 from fasterfs.read.cache_entry import XATTR, Header
@@ -189,7 +189,7 @@ def test_a_cancelled_fill_keeps_its_room_until_its_write_ends(tmp_path, monkeypa
         release.wait(10)
         return real_replace(src, dst)
 
-    monkeypatch.setattr(cache.os, "replace", slow_replace)
+    monkeypatch.setattr(cache_files.os, "replace", slow_replace)
     t = threading.Thread(target=c.put, args=("k", b"p" * 1000))
     t.start()
     assert writing.wait(10)
@@ -396,7 +396,7 @@ def test_evicting_looks_at_a_few_entries_whatever_the_cache_holds(tmp_path, monk
 
 def test_a_budgeted_scrub_verifies_that_many_bytes_a_round_and_goes_on(tmp_path):
     """Ten entries of 1,000 bytes, one of them damaged on disk: a scrub of three small entries'
-    worth a round (each counted as cache.SCRUB_ENTRY_MIN bytes: what verifying any entry costs)
+    worth a round (each counted as cache_scrub.SCRUB_ENTRY_MIN bytes: what verifying any entry costs)
     verifies three entries per round (the cache's own byte count against the entries' sizes),
     and within four rounds has found and dropped the damaged one; a whole scrub finds nothing more."""
     c = ChunkCache(tmp_path, capacity=100_000)
@@ -404,7 +404,7 @@ def test_a_budgeted_scrub_verifies_that_many_bytes_a_round_and_goes_on(tmp_path)
         c.put(f"k{i}", bytes([i]) * 1000)
     with open(c.path("k7"), "r+b") as f:
         f.write(b"\xff")
-    dropped = [c.scrub(3 * cache.SCRUB_ENTRY_MIN) for _ in range(4)]
+    dropped = [c.scrub(3 * cache_scrub.SCRUB_ENTRY_MIN) for _ in range(4)]
     assert sum(dropped) == 1 and not c.contains("k7")
     assert c.stats()["scrub_bytes"] == 4 * 3000 - 2000  # the fourth round had one entry left
     assert c.scrub() == 0 and c.stats()["entries"] == 9

@@ -7,14 +7,10 @@ import pickle
 
 import pytest
 
-from fasterfs.node.cluster_sim import (
-    SimulatedCluster,
-    batch_of,
-    measure,
-    measure_invalidation,
-    measure_pushes,
-    measure_repair,
-)
+from fasterfs.node.cluster_sim import SimulatedCluster, measure
+from fasterfs.node.cluster_sim_invalidation import measure_invalidation
+from fasterfs.node.cluster_sim_pushes import batch_of, measure_pushes
+from fasterfs.node.cluster_sim_repair import measure_repair
 from fasterfs.node.counting_bloom import FALSE_POSITIVE
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO

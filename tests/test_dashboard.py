@@ -89,7 +89,7 @@ def test_heatmap_past_its_cells_shows_the_names_being_read(ingest_as, client_for
     manifests counted here), and a host's row over it shows the read chunk cached; with cells
     for every chunk, every name."""
     from fasterfs.control import registry
-    from fasterfs.dashboard.monitor import Heat
+    from fasterfs.dashboard.heat import Heat
     from fasterfs.node import heatmap
     from fasterfs.write import ingest
 

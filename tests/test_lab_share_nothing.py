@@ -42,7 +42,7 @@ from xxhash import xxh3_64_intdigest as xxh3
 from fasterfs.control import auth, registry, s3
 from fasterfs.core import config, erasure
 from fasterfs.hosts import ray_nodes
-from fasterfs.node import repair
+from fasterfs.node import repair_survey
 from fasterfs.ops import cluster, lab
 from fasterfs.write.ingest import ingest
 
@@ -323,7 +323,7 @@ def test_a_host_dies_and_comes_back_empty(lab3):
     assert all(written > off for written in held().values())
     out = subprocess.run([ffs, "repair", *overrides], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr  # team/one.bin's single copies on host 2 are gone
-    health = repair.survey(state, creds, cfg.placement.load_slack)
+    health = repair_survey.survey(state, creds, cfg.placement.load_slack)
     assert "team/two.bin" not in health.degraded, health
     assert registry.fetch_manifest(state.name, "team/two.bin").chunks == two.chunks  # every piece back home
     assert {c.key for c in two.chunks if 2 in c.nodes} <= set(held())

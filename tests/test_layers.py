@@ -1,15 +1,18 @@
 """The package's folders are its layers, and each imports only those below it (docs/architecture.md):
-read from the package's own import statements with the standard library's parser."""
+read from the package's own import statements with the standard library's parser. And every source
+file is of a size a reader takes in: at most 400 lines (Rust's without its unit tests)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fasterfs"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fasterfs"
 ORDER = ["core", "meta", "control", "bpf", "read", "write", "node", "hosts", "dashboard", "ops", "ui"]
 
 
@@ -50,3 +53,21 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not upward, "\n".join(upward)
     # the check sees imports at all: the node's actor imports the readers' and the core's
     assert {"core", "read"} <= imported(PACKAGE / "node" / "storage_node.py")
+
+
+def lines_of(path: Path) -> int:
+    text = path.read_text()
+    if path.suffix == ".rs":  # a module's unit tests, inline at its end, are not its code
+        text = re.split(r"#\[cfg\(test\)\]\s*mod tests\s*\{", text)[0]
+    return len(text.splitlines())
+
+
+def test_every_source_file_is_at_most_400_lines():
+    daemon = ROOT / "native" / "ffs-mount" / "src"  # its src/tests/: test code alone
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "jobs").glob("*.py"), *daemon.glob("*.rs")]
+    assert len(sources) > 100
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := lines_of(p)) > 400}
+    assert not long, long
+    # the count sees tests apart: a file with a test module counts less than its lines
+    change = daemon / "change.rs"
+    assert lines_of(change) < len(change.read_text().splitlines())

@@ -130,7 +130,7 @@ def test_a_field_one_side_lacks_fails(tmp_path, monkeypatch):
 
 
 def test_each_message_is_held_to_its_own_fields_and_types():
-    """Written as the daemon (fs.rs, main.rs) and the agent write them; then each kind of mistake
+    """Written as the daemon (open.rs, inbound.rs) and the agent write them; then each kind of mistake
     the flat vocabulary let through: a field moved to another message, a wrong type, a request
     answered with another op's reply, an object's field missing."""
     from fasterfs.read import wire

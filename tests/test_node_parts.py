@@ -23,7 +23,8 @@ from fasterfs.node.invalidation import UNNAMED, Invalidations, WriteRouter
 from fasterfs.node.minio_scrub import MinioScrub
 from fasterfs.node.node_index import NodeIndex, Piece, Shard
 from fasterfs.node.peer_tier import CacheNews, PeerTier
-from fasterfs.node.repair import Health, Outcome
+from fasterfs.node.repair import Outcome
+from fasterfs.node.repair_health import Health
 from fasterfs.node.repair_leader import DEFER_MAX, SURVEY_SHARE, RepairLeader, Timing
 from fasterfs.read import cache_entry
 from fasterfs.read.cache_entry import entry_name
@@ -930,7 +931,7 @@ def test_a_rotten_copy_is_refused_and_the_next_one_filled():
 def test_a_health_with_many_lost_names_names_a_few_and_counts_the_rest():
     """A lost disk may hold a million names: what `status`, the dashboard and the logs carry
     names the first LOST_SHOWN and counts the others, not every name (7 MB a status at 131,000)."""
-    from fasterfs.node.repair import LOST_SHOWN
+    from fasterfs.node.repair_health import LOST_SHOWN
 
     lost = {f"team/day-{i:05d}.parquet": [0] for i in range(5000)}
     h = Health(chunks=10_000, degraded=dict(lost), lost=lost)

@@ -15,7 +15,7 @@ from fasterfs.control import registry, s3
 from fasterfs.control.node_directory import LONG, actor_name
 from fasterfs.core import config
 from fasterfs.core.errors import FasterFSError
-from fasterfs.node import repair
+from fasterfs.node import repair_listing, repair_survey
 from fasterfs.ops import cluster
 from fasterfs.ui import cli
 from fasterfs.write.ingest import put
@@ -61,7 +61,7 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     clients[p0[1][0]].delete_object(Bucket=m.bucket, Key=p0[1][1])  # chunk 0: one of 2 shards gone
     for node, key in p1:  # chunk 1: both gone, more than parity: lost
         clients[node].delete_object(Bucket=m.bucket, Key=key)
-    health = repair.survey(state, creds, 0.1)
+    health = repair_survey.survey(state, creds, 0.1)
     assert health.degraded.get("repair/ec.bin") == [0, 1] and health.lost.get("repair/ec.bin") == [1]
 
     survivor = ray.get_actor(actor_name(p0[0][0]), namespace=state.ray_namespace)
@@ -75,7 +75,7 @@ def test_repair_puts_missing_pieces_back_and_names_lost_chunks(live_cluster, ove
     after = minio_keys(state, m.chunks[0].key.rsplit("/", 1)[0])
     assert p0[1][1] in after[p0[1][0]]  # back on its own node (it answers)
     assert not any(key in after[node] for node, key in p1)  # the lost chunk: nothing made up, nothing removed
-    assert repair.survey(state, creds, 0.1).lost.get("repair/ec.bin") == [1]
+    assert repair_survey.survey(state, creds, 0.1).lost.get("repair/ec.bin") == [1]
     client = fasterfs.connect(cluster_root, dataset="repair/ec.bin", use_cache=False)
     assert client.read_chunk(0) == blob[:2**20] and client.read_chunk(2) == blob[2 * 2**20:3 * 2**20]
     with pytest.raises(FasterFSError, match="chunk 1 .* 0 of its 2 shards readable"):
@@ -186,11 +186,11 @@ def test_a_node_whose_listing_failed_is_waited_for(live_cluster, overrides, tmp_
     (tmp_path / "b").write_bytes(os.urandom(2 * 2**20))
     m = put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "b", "repair/wait.bin")
     state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
-    listed = repair.listings(state, creds)
+    listed = repair_listing.listings(state, creds)
     assert all(c.key in listed[n] for c in m.chunks for n in c.nodes)
 
     def missing(listing, waiting):
-        _, plans = repair._plan([m], state, listing, 0.1, waiting=waiting)
+        _, plans = repair_survey.plan_repairs([m], state, listing, 0.1, waiting=waiting)
         return sorted((p.chunk.id, p.chunk.nodes[s]) for p in plans for s in p.missing)
     lost_on_0 = {0: listed[0] - {m.chunks[0].key}, 1: listed[1]}  # lost behind MinIO's back; node 0 answers
     assert missing(lost_on_0, {0, 1}) == [(0, 0)]
@@ -222,9 +222,9 @@ def test_a_believed_node_is_asked_whether_it_answers_not_listed(live_cluster, ov
         for _ in range(3):  # and may begin at any moment: node 0's count must stay put once
             wait_until(node0_at_rest, timeout=120, what="node 0's MinIO serving no listing for 2 s")
             before = lists()
-            listed = repair.listings(state, creds, trusted={0})
+            listed = repair_listing.listings(state, creds, trusted={0})
             after = lists()
-            assert listed[0] is repair.TRUSTED and after[1] > before[1]
+            assert listed[0] is repair_listing.TRUSTED and after[1] > before[1]
             tries.append(after[0] - before[0])
             if tries[-1] == 0:
                 break
@@ -232,8 +232,8 @@ def test_a_believed_node_is_asked_whether_it_answers_not_listed(live_cluster, ov
         assert listed[1] == minio_keys(state, "")[1]
         node, key = m.pieces(m.chunks[0])[1]
         s3.client(state.node(node).endpoint, creds).delete_object(Bucket=m.bucket, Key=key)
-        believed = repair.survey(state, creds, 0.1, trusted={0, 1})
-        seen = repair.survey(state, creds, 0.1, trusted={1 - node})
+        believed = repair_survey.survey(state, creds, 0.1, trusted={0, 1})
+        seen = repair_survey.survey(state, creds, 0.1, trusted={1 - node})
         assert m.name not in believed.degraded and seen.degraded.get(m.name) == [0]
     finally:
         registry.remove(live_cluster.name, "repair/believed.bin")
@@ -291,18 +291,18 @@ def test_the_lowest_live_node_looks_at_a_change(live_cluster, overrides, tmp_pat
 
 
 def test_a_check_of_changed_names_asks_minio_for_just_their_pieces(live_cluster, overrides, tmp_path):
-    """repair.check against the real MinIOs: a file's chunks all at full redundancy, then one
+    """repair_survey.check against the real MinIOs: a file's chunks all at full redundancy, then one
     replica deleted behind FasterFS's back (boto3) is that chunk degraded, and only it."""
     (tmp_path / "b").write_bytes(os.urandom(3 * 2**20))
     m = put_then_leader_looked(live_cluster, config.load(overrides + ["replicas=2", "files.chunk_mb=1"]),
                                tmp_path / "b", "repair/check.bin")
     state, creds = registry.find_in_ray(live_cluster.name), registry.fetch_credentials(live_cluster.name, "admin")
     try:
-        whole = repair.check(state, creds, [m], 0.1)
+        whole = repair_survey.check(state, creds, [m], 0.1)
         assert (whole.chunks, whole.degraded, whole.lost, whole.nodes_down) == (len(m), {}, {}, [])
         node, key = m.pieces(m.chunks[1])[1]
         s3.client(state.node(node).endpoint, creds).delete_object(Bucket=m.bucket, Key=key)
-        found = repair.check(state, creds, [m], 0.1)
+        found = repair_survey.check(state, creds, [m], 0.1)
         assert (found.degraded, found.lost) == ({"repair/check.bin": [1]}, {})
     finally:
         registry.remove(live_cluster.name, "repair/check.bin")

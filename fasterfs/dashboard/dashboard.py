@@ -19,7 +19,9 @@ from fastapi import WebSocket  # at module level: FastAPI resolves the handler's
 from ..control import auth
 from ..core.errors import FasterFSError
 from .dashboard_page import insecure_banner, ray_jobs, render_live, render_page
-from .monitor import Cadence, Heat, Monitor, RayMetrics
+from .heat import Heat
+from .metrics import RayMetrics
+from .monitor import Cadence, Monitor
 
 log = logging.getLogger("fasterfs.dashboard.dashboard")
 ACTOR_NAME = "dashboard"

@@ -1,11 +1,12 @@
 """What the web dashboard shows, gathered: live snapshots of every StorageNode, per-second
-timelines, the kernel heatmap's frames, the job runs on disk, and the same figures as
-Prometheus metrics.
+timelines and the job runs on disk.
 
 The dashboard actor takes a snapshot every second while anyone watches, every few seconds
 otherwise (`Cadence`), reuses it for anyone who asks meanwhile and keeps the last 900, so a page
 opened mid-run shows what happened before; rates and latency quantiles are differences between
-consecutive snapshots, per second. The heatmap is sampled only while a /kernel page is open (`Heat`).
+consecutive snapshots, per second. The same figures as Prometheus and Ray metrics are
+fasterfs.dashboard.metrics; the kernel heatmap's frames, sampled only while a /kernel page is
+open, fasterfs.dashboard.heat (`Heat`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..bpf.events import hist_quantile
 from ..control.node_directory import NodeDirectory
@@ -23,9 +24,7 @@ from ..control.state import ClusterState
 from ..core.config import Paths
 from ..core.fsutil import read_json
 from ..read.reader_stats import LATENCY_SLOTS
-
-if TYPE_CHECKING:
-    from ray.util.metrics import Gauge
+from .metrics import prometheus_text
 
 # Counters whose per-second rates the dashboard shows (and charts).
 RATES = {"minio_gets": "GETs to MinIO the kernel counted", "cache_hits": "reads served from the cache",
@@ -208,137 +207,7 @@ class Monitor:
 
     def metrics(self) -> bytes:
         """The snapshot in Prometheus' text format."""
-        from prometheus_client import CollectorRegistry, generate_latest
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self.snapshot()))
-        return generate_latest(registry)
-
-
-class Heat:
-    """The kernel heatmap's frames (fasterfs.node.heatmap), sampled every `interval` seconds while at
-    least one page watches: one sampler for every viewer, the latest frame only (a slow viewer
-    skips frames, it never queues them)."""
-
-    def __init__(self, state: ClusterState, interval: float = 1.0, cells: int = 50_000,
-                 answer_timeout: float = 2.0, choose_s: float = 5.0):
-        self.state, self.interval, self.cells = state, interval, cells
-        self.answer_timeout, self.choose_s = answer_timeout, choose_s
-        self.nodes = NodeDirectory(state.ray_namespace)
-        self.viewers = 0
-        self.frame: tuple[int, bytes] = (0, b"")  # (sequence, bytes)
-        self.missing: dict[int, str] = {}  # node -> why its row is absent from the latest frame
-        self.sample_ms: float | None = None
-        # (namespace version, when chosen, the layout, the names it shows or None: every name)
-        self._made: tuple[int, float, dict, list[str] | None] | None = None
-        self._choosing = threading.Lock()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        threading.Thread(target=self._run, name="heatmap", daemon=True).start()
-
-    def watch(self, delta: int) -> None:
-        with self._lock:
-            self.viewers += delta
-        self._wake.set()
-
-    def current_layout(self) -> dict:
-        return self.current()[0]
-
-    def current(self) -> tuple[dict, list[str] | None]:
-        """The layout and the names it shows (None: every name), chosen again when the
-        namespace changed or, past `cells` chunks (the nodes then choose what is read or
-        cached), every `choose_s`."""
-        from ..control import registry
-        from ..node import heatmap
-
-        with self._choosing:
-            version, now = registry.namespace_version(self.state.name), time.monotonic()
-            made = self._made
-            if made is not None and made[0] == version and (made[3] is None or now - made[1] < self.choose_s):
-                return made[2], made[3]
-            total, names = self._choose()
-            manifests = (registry.fetch_manifests(self.state.name)[1] if names is None
-                         else registry.fetch_manifests_of(self.state.name, names))
-            layout = heatmap.layout(manifests, [{"index": n.index, "address": n.address} for n in self.state.nodes],
-                                    self.state.settings.hot_threshold, total)
-            self._made = (version, now, layout, None if names is None else sorted(manifests))
-            return layout, self._made[3]
-
-    def _choose(self) -> tuple[int | None, list[str] | None]:
-        """(chunks in the namespace, the names to show; None: every one) as the nodes that
-        answer choose them; while none does, every name of a namespace of at most `cells`
-        names, else none (the page says the nodes' rows are missing)."""
-        import ray
-
-        from ..control import registry
-        from ..node import heatmap
-
-        refs = [a.heat_names.remote(self.cells) for a in (self.nodes.get(n.index) for n in self.state.nodes)
-                if a is not None]
-        ready = ray.wait(refs, num_returns=len(refs), timeout=self.answer_timeout)[0] if refs else []
-        answers = []
-        for ref in ready:
-            try:
-                answers.append(ray.get(ref))
-            except Exception:  # the node is said missing by the frame's own call
-                pass
-        if not answers:
-            count = registry.names_count(self.state.name)
-            return (None, None) if count <= self.cells else (None, [])
-        if any(names is None for _, names in answers):
-            return None, None
-        merged = heatmap.merge([names for _, names in answers if names is not None], self.cells)
-        return max(total for total, _ in answers), merged
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            if self.viewers <= 0:
-                continue
-            try:
-                self._sample()
-            except Exception as e:  # the registry or Ray is gone for a moment: say so, keep going
-                self.missing = {n.index: f"{type(e).__name__}: {e}"[:200] for n in self.state.nodes}
-
-    def _sample(self) -> None:
-        import ray
-
-        from ..node import heatmap
-
-        t = time.perf_counter()
-        layout, names = self.current()
-        ncells = sum(len(d["keys"]) for d in layout["datasets"])
-        shown = None if names is None else ray.put(names)  # up to `cells` names: pickled once, not per node
-        refs: dict[int, Any] = {}  # node -> the ObjectRef of its heat
-        missing: dict[int, str] = {}
-        for node in self.state.nodes:
-            actor = self.nodes.get(node.index)
-            if actor is None:
-                missing[node.index] = "no StorageNode actor"
-            else:
-                refs[node.index] = actor.heat.remote(shown)
-        ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.answer_timeout)[0]
-                    if refs else ())
-        rows = []
-        for node in self.state.nodes:
-            ref = refs.get(node.index)
-            row = None
-            if ref is not None and ref not in ready:
-                missing[node.index] = f"no answer within {self.answer_timeout:g} s"
-            elif ref is not None:
-                try:
-                    layout_id, row = ray.get(ref)
-                    if layout_id != layout["id"]:
-                        missing[node.index], row = "still on an older namespace", None
-                except Exception as e:
-                    missing[node.index] = f"{type(e).__name__}: {e}"[:200]
-                    self.nodes.forget(node.index)
-            rows.append(row)
-        seq = self.frame[0] + 1
-        self.frame = (seq, heatmap.frame(seq, layout["id"], rows, ncells))
-        self.missing = missing
-        self.sample_ms = (time.perf_counter() - t) * 1e3
+        return prometheus_text(self.snapshot())
 
 
 def _totals(row: dict) -> dict:
@@ -380,83 +249,3 @@ def _rates(t0: float, before: dict, t1: float, after: dict) -> dict:
     dt = t1 - t0
     return {k: (v - before[k]) / dt for k, v in after.items()
             if isinstance(v, int) and k in before and dt > 0 and v >= before[k]}
-
-
-class RayMetrics:
-    """The /metrics families also as Ray metrics (ray.util.metrics): each Ray node's metrics
-    agent exports them with Ray's own (as ray_fasterfs_*), so a Ray user's Prometheus and
-    Grafana see FasterFS beside Ray. Gauges throughout: they carry the totals as sampled."""
-
-    def __init__(self) -> None:
-        self._gauges: dict[str, Gauge] = {}
-
-    def export(self, snap: dict) -> None:
-        from ray.util.metrics import Gauge
-
-        for family in _Collector(snap).collect():
-            for sample in family.samples:
-                gauge = self._gauges.get(sample.name)
-                if gauge is None:
-                    gauge = self._gauges[sample.name] = Gauge(sample.name, description=family.documentation,
-                                                              tag_keys=tuple(sorted(sample.labels)))
-                gauge.set(sample.value, tags=dict(sample.labels))
-
-
-class _Collector:
-    """One scrape's metrics, built from one snapshot."""
-
-    def __init__(self, snap: dict):
-        self.snap = snap
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        def family(kind, name, doc, labels=("node", "address")):
-            return kind(f"fasterfs_{name}", doc, labels=list(labels))
-
-        up = family(GaugeMetricFamily, "minio_up", "1 if the node's MinIO answers its health check")
-        objects = family(GaugeMetricFamily, "minio_objects", "objects the namespace places in the node's bucket")
-        stored = family(GaugeMetricFamily, "minio_bytes", "bytes the namespace places in the node's bucket")
-        restarts = family(CounterMetricFamily, "minio_restarts", "times the StorageNode restarted MinIO")
-        real = family(GaugeMetricFamily, "kernel_real",
-                      "1: real eBPF programs in the kernel; 0: SIMULATED user-space counting")
-        kernel = {k: family(CounterMetricFamily, f"kernel_{k}", f"kernel counter {k}")
-                  for k in ("requests", "hot_events", "stale_marks", "filler_skipped", "ringbuf_drops", "truncated")}
-        gets = family(CounterMetricFamily, "kernel_minio_gets", "GETs to MinIO the kernel counted")
-        sockopt = family(CounterMetricFamily, "sockops_options", "socket options the SOCK_OPS program set",
-                         ("node", "address", "option", "result"))
-        cache = {k: family(GaugeMetricFamily, f"cache_{name}", doc) for k, name, doc in (
-            ("entries", "entries", "chunks in the node's cache"), ("bytes", "used_bytes", "bytes the cache holds"),
-            ("capacity", "capacity_bytes", "the cache's bound; LRU eviction keeps it under"))}
-        cache_counters = {k: family(CounterMetricFamily, f"cache_{k}", f"cache {k}")
-                          for k in ("fills", "evictions", "hits", "misses", "bytes_from_cache", "bytes_from_minio")}
-        redundancy = family(GaugeMetricFamily, "chunks", "chunks of the namespace by redundancy, as last surveyed",
-                            ("state",))
-        r = self.snap.get("redundancy")
-        if r:
-            for state, count in (("full", r["chunks"] - r["degraded"]), ("degraded", r["degraded"]),
-                                 ("lost", r["lost"])):
-                redundancy.add_metric([state], count)
-        for n in self.snap["nodes"]:
-            labels = [str(n["index"]), n["address"]]
-            st, k, c = n.get("status"), n.get("kernel"), n.get("cache")
-            up.add_metric(labels, 1.0 if st and st.get("healthy") else 0.0)
-            if st:
-                objects.add_metric(labels, st["placed_objects"])
-                stored.add_metric(labels, st["placed_bytes"])
-                restarts.add_metric(labels, st.get("minio_restarts", 0))
-            if k:
-                real.add_metric(labels, 1.0 if k["mode"] == "real" else 0.0)
-                for name, fam in kernel.items():
-                    fam.add_metric(labels, k["counters"].get(name, 0))
-                gets.add_metric(labels, n["totals"].get("minio_gets", 0))
-                for option, o in k.get("sockops", {}).get("options", {}).items():
-                    sockopt.add_metric(labels + [option, "ok"], o["ok"])
-                    sockopt.add_metric(labels + [option, "fail"], o["fail"])
-            if c:
-                for name, fam in cache.items():
-                    fam.add_metric(labels, c[name])
-                for name, fam in cache_counters.items():
-                    fam.add_metric(labels, c.get(name, c["readers"].get(name, 0)))
-        yield from [redundancy, up, objects, stored, restarts, real, *kernel.values(), gets, sockopt, *cache.values(),
-                    *cache_counters.values()]

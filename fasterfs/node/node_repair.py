@@ -12,7 +12,8 @@ from ..control.state import ClusterState
 from ..core.errors import FasterFSError
 from ..core.manifest import Manifest
 from ..meta.follower import Follower
-from . import repair
+from . import repair, repair_rebuild, repair_survey
+from .repair_health import Health
 
 
 class NodeRepair:
@@ -20,11 +21,12 @@ class NodeRepair:
                  nodes: NodeDirectory):
         self.cfg, self.index, self.state, self.creds, self.namespace, self.nodes = \
             cfg, index, state, creds, namespace, nodes
-        self._rebuilder: tuple[ClusterState, frozenset[int], repair.Rebuilder] | None = None  # (for, avoiding, it)
+        # (for, avoiding, it)
+        self._rebuilder: tuple[ClusterState, frozenset[int], repair_rebuild.Rebuilder] | None = None
         self._rebuilder_lock = threading.Lock()
 
-    def survey(self, trusted: frozenset[int]) -> repair.Health:
-        return repair.survey(self.state(), self.creds, self.cfg.placement.load_slack, self.names_now,
+    def survey(self, trusted: frozenset[int]) -> Health:
+        return repair_survey.survey(self.state(), self.creds, self.cfg.placement.load_slack, self.names_now,
                              self.cfg.minio.list_share, trusted)
 
     def names_now(self) -> dict[str, Manifest]:
@@ -33,12 +35,12 @@ class NodeRepair:
         self.namespace.catch_up()
         return self.namespace.snapshot()
 
-    def check_changes(self, since: int) -> tuple[int, repair.Health] | None:
+    def check_changes(self, since: int) -> tuple[int, Health] | None:
         changes = registry.fetch_changes(self.cfg.cluster.name, since)
         if changes is None:
             return None
         manifests = [m for m in changes.names.values() if m is not None]
-        return changes.version, repair.check(self.state(), self.creds, manifests,
+        return changes.version, repair_survey.check(self.state(), self.creds, manifests,
                                              self.cfg.placement.load_slack)
 
     def lease(self, ttl_s: float) -> int | None:
@@ -59,16 +61,16 @@ class NodeRepair:
         return repair.run(self.cfg, self.state(), self.creds, bad=bad_pieces, only=bad,
                           names=self.names_now, spread=self.spread(), share=self.cfg.minio.list_share)
 
-    def spread(self) -> repair.Spread:
-        return repair.through(self.nodes, own=self.index, here=self.rebuild)
+    def spread(self) -> repair_rebuild.Spread:
+        return repair_rebuild.through(self.nodes, own=self.index, here=self.rebuild)
 
-    def rebuild(self, jobs: list[repair.Rebuild], down: Iterable[int]) -> list[int | str]:
+    def rebuild(self, jobs: list[repair_rebuild.Rebuild], down: Iterable[int]) -> list[int | str]:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
         survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
         per job, or why it failed."""
         state, avoid = self.state(), frozenset(down)
         with self._rebuilder_lock:  # kept across a repair's calls: its clients are one per node to make
             if self._rebuilder is None or self._rebuilder[0] is not state or self._rebuilder[1] != avoid:
-                self._rebuilder = (state, avoid, repair.Rebuilder(self.cfg, state, self.creds, avoid))
+                self._rebuilder = (state, avoid, repair_rebuild.Rebuilder(self.cfg, state, self.creds, avoid))
             rebuilder = self._rebuilder[2]
         return rebuilder.many(jobs)

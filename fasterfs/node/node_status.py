@@ -23,7 +23,7 @@ class NodeStatus(TypedDict):
     placed_objects: int      # the objects the namespace places on this node (its index: current, nothing listed)
     placed_bytes: int
     kernel_mode: str
-    redundancy: dict | None  # repair.Health.to_dict() of this node's latest survey (the leader's), or None
+    redundancy: dict | None  # repair_health.Health.to_dict() of this node's latest survey (the leader's), or None
     repairs: list[dict]      # this node's latest repairs
     scrub: dict[str, Any]    # the MinIO scrub's totals
     started: dict[str, float]  # seconds per phase of this StorageNode's start

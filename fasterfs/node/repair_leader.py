@@ -31,7 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .repair import Health, Outcome
+from .repair import Outcome
+from .repair_health import Health
 
 log = logging.getLogger("fasterfs.node.repair_leader")
 

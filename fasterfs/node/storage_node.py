@@ -32,7 +32,6 @@ from ..meta.replica import FILE as REPLICA_FILE
 from ..meta.replica import Replica
 from ..read import reader_stats
 from ..write import bucket_walk
-from . import repair
 from .cache import ChunkCache, keep_capacity, kept_capacity
 from .cache_filler import CacheFiller
 from .fill_router import FillRouter
@@ -51,6 +50,8 @@ from .node_status import CacheStatus, NodeStatus
 from .peer_tier import CacheNews, PeerTier
 from .peers import Peers
 from .repair_leader import RepairLeader, Timing
+from .repair_listing import answering
+from .repair_rebuild import Rebuild
 
 log = logging.getLogger("fasterfs.node.storage_node")
 NAMESPACE_POLL_S = 5.0  # how often a node asks for changes whose push it missed (a full wait, a restart)
@@ -178,7 +179,7 @@ class StorageNode:
 
     def _probe(self) -> tuple[list[int], set[int]]:
         state = self.peers.state()
-        alive = repair.answering(state, self.marked)  # over the fills' pooled connections
+        alive = answering(state, self.marked)  # over the fills' pooled connections
         back = alive - self._answering if self._answering is not None else set()
         self._answering = alive
         if back:  # writes there while they were out of reach never invalidated this cache: check its entries
@@ -200,7 +201,7 @@ class StorageNode:
         self.leader.record("scrub", out)
         return out.repaired
 
-    def rebuild(self, jobs: list[repair.Rebuild], down: Iterable[int]) -> list[int | str]:
+    def rebuild(self, jobs: list[Rebuild], down: Iterable[int]) -> list[int | str]:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
         survivors here. Bytes written per job, or why it failed."""
         return self.node_repair.rebuild(jobs, down)

@@ -14,7 +14,7 @@ from ..control import auth, registry, report
 from ..control.node_directory import LONG, NodeDirectory
 from ..core import config
 from ..core.errors import FasterFSError, UsageError
-from ..node import repair
+from ..node import repair, repair_rebuild, repair_survey
 from ..node.minio_supervisor import COUNT_WAIT_S
 from ..node.mount_supervisor import mount_counts
 from ..ops import cluster
@@ -183,13 +183,13 @@ def cmd_repair(cfg) -> None:
                   console=console) as bar:
         task = bar.add_task(f"repairing (at most {cfg.repair.mb_per_s:g} MB/s a node)", total=None)
         out = repair.run(cfg, state, creds, progress=lambda done, total: bar.update(task, completed=done, total=total),
-                         spread=repair.through(NodeDirectory(state.ray_namespace)))
+                         spread=repair_rebuild.through(NodeDirectory(state.ray_namespace)))
     console.print(f"found: {out.health.summary()}", highlight=False)
     by = ", ".join(f"{n}: {k}" for n, k in sorted(out.by_node.items()))
     console.print(f"repaired {out.repaired} chunks: {out.pieces_written} pieces written ({out.moved} moved back home), "
                   f"{report.fmt_bytes(out.bytes_written)} in {out.seconds:.1f} s ({out.mb_per_s:.0f} MB/s)"
                   + (f"; chunks rebuilt by node: {by}" if by else ""))
-    _print_redundancy(repair.survey(state, creds, cfg.placement.load_slack))
+    _print_redundancy(repair_survey.survey(state, creds, cfg.placement.load_slack))
     for why in out.failed:
         console.print(f"[red]not repaired[/]: {why}", highlight=False)
     if out.health.lost:

@@ -1,7 +1,7 @@
 //! AgentLink: the daemon's request/reply plumbing over the agent socket (the agent is fasterfs/read/mount_agent.py).
 //!
 //! FUSE threads call `AgentLink::call`, which registers a one-shot channel under a
-//! fresh id and blocks on it; the single reader thread (see main.rs) hands
+//! fresh id and blocks on it; the single reader thread (see inbound.rs) hands
 //! each reply to its waiter by id, so replies may arrive in any order.
 //! A call may carry a hook that the reader thread runs on the reply first,
 //! so what the reply declares takes effect at its place in the stream.
