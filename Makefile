@@ -33,9 +33,11 @@ lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host 
 test: setup-test  ## the whole test suite against real MinIO, Ray and kernel: the unit and cluster tiers beside the lab's
 	$(VENV)/python -m pytest tests -n 2
 
-lint: setup-test  ## ruff (lint + import order) on everything, mypy on the package: any finding fails
+lint: setup-test  ## ruff, the layers' import contract, mypy, the docs built strict: any finding fails
 	$(VENV)/ruff check fasterfs jobs bench tests
+	$(VENV)/lint-imports --no-cache
 	$(VENV)/mypy fasterfs
+	$(VENV)/mkdocs build --strict --quiet
 
 notebook: setup   ## JupyterLab on the head's address, beside the dashboards (the cluster must be up)
 	$(VENV)/fasterfs notebook $(ARGS)

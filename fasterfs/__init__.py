@@ -1,14 +1,8 @@
 """FasterFS: market data on per-node MinIO servers, read where it lives, cached where it is hot."""
-from importlib.metadata import PackageNotFoundError, version
-
 from .core.errors import FasterFSError
+from .core.version import VERSION as __version__
 
-try:
-    __version__ = version("fasterfs")
-except PackageNotFoundError:  # a checkout run without installing it
-    __version__ = "0+unknown"
-
-__all__ = ["FasterFSError", "connect", "data"]
+__all__ = ["FasterFSError", "__version__", "connect", "data"]
 
 
 def connect(root=None, overrides=(), use_cache: bool = True, dataset: str | None = None):

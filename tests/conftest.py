@@ -21,12 +21,18 @@ import urllib.request
 from fractions import Fraction
 from pathlib import Path
 
-import pytest
+# The suite's clusters are its own, whatever the caller's shell points at (`eval "$(fasterfs env)"`
+# sets these): taken out before Ray or FasterFS is imported. FASTERFS_TEST_DATA and
+# FASTERFS_LOBSTER_DIR stay: they choose the suite's data.
+for _name in [n for n in os.environ if n.startswith("RAY_") or n in ("FASTERFS_ROOT", "FASTERFS_CLUSTER")]:
+    del os.environ[_name]
 
-from fasterfs.core import config, lobster
-from fasterfs.core.config import Layout
-from fasterfs.ops import cluster
-from fasterfs.write.ingest import ingest
+import pytest  # noqa: E402
+
+from fasterfs.core import config, lobster  # noqa: E402
+from fasterfs.core.config import Layout  # noqa: E402
+from fasterfs.ops import cluster  # noqa: E402
+from fasterfs.write.ingest import ingest  # noqa: E402
 
 LOBSTER = Path(config.lobster_dir())
 HAVE_SAMPLE = (LOBSTER / "AAPL_2012-06-21_34200000_37800000_message_30.csv.gz").exists()

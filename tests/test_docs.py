@@ -88,6 +88,27 @@ def test_every_config_key_is_documented():
     assert not missing, f"conf/ keys missing from docs/configuration.md: {', '.join(missing)}"
 
 
+def test_every_command_and_option_is_documented():
+    """Each subcommand of the parser has its row in docs/commands.md naming its own options."""
+    from fasterfs.ui import cli
+
+    _, parsers = cli._parser()
+    assert len(parsers) > 20, parsers  # the parser's whole table
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `fasterfs ([a-z -]+)` \|.*$",
+                                                         (ROOT / "docs" / "commands.md").read_text(), re.M)}
+    missing = []
+    for name, parser in parsers.items():
+        if name not in rows:
+            missing.append(f"fasterfs {name}")
+            continue
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help", "--nodes", "--cfg") and not re.search(
+                        rf"(?<![\w-]){re.escape(option)}(?![\w-])", rows[name]):
+                    missing.append(f"fasterfs {name} {option}")
+    assert not missing, f"missing from docs/commands.md: {', '.join(missing)}"
+
+
 @pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_resolve(page: Path):
     broken = []

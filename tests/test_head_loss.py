@@ -67,6 +67,7 @@ def own(tmp_path_factory):
         pass  # already down (or never up)
 
 
+@pytest.mark.timeout(600)  # a cluster brought up, its head wiped, brought up again: 120 s under CI
 def test_a_head_that_lost_its_disk_takes_every_name_back_from_the_hosts(own, tmp_path):
     root, overrides = own
     files = tree(tmp_path / "src", 40)
@@ -117,6 +118,7 @@ def children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.timeout(600)  # the GCS away for a minute of reads, then `up` again: 150 s under CI
 def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts_the_nodes(own, tmp_path):
     root, overrides = own
     tree(tmp_path / "src", 12)

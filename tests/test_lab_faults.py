@@ -313,7 +313,8 @@ def test_the_fault_harness_reads_right_through_the_quiet_failures(lab3):
         result["errors"]
     # a read may find no good copy at once (a MinIO killed while the other copy is rotten, or its
     # StorageNode restarts): reported with its holders, never a wrong byte
-    print(f"no good copy: {result['no_good_copy']} reads, holders {result['no_good_copy_holders']}")
+    print(f"no good copy: {result['no_good_copy']} reads, holders {result['no_good_copy_holders']}; "
+          f"late (a raw overwrite's word still on its way to another host): {result['late']}")
     for kind in ("freeze_minio", "partition", "slow_link", "flip", "full_disk"):
         assert kinds[kind]["injected"] >= 1 and kinds[kind]["reads"] > 0, kinds
         assert kinds[kind]["not_back_to_full"] == 0, kinds

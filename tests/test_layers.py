@@ -1,10 +1,13 @@
 """The package's folders are its layers, and each imports only those below it (docs/architecture.md):
-read from the package's own import statements with the standard library's parser. And every source
-file is of a size a reader takes in: at most 400 lines (Rust's without its unit tests)."""
+import-linter's contract in pyproject.toml, run here and by `make lint`. And every source file is of a
+size a reader takes in: at most 400 lines (Rust's without its unit tests)."""
 from __future__ import annotations
 
-import ast
+import os
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,46 +16,34 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fasterfs"
-ORDER = ["core", "meta", "control", "bpf", "read", "write", "node", "hosts", "dashboard", "ops", "ui"]
+CONTRACT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
 
 
-def imported(path: Path) -> set[str]:
-    """The fasterfs layers `path` imports (at module level or inside a function)."""
-    here = ["fasterfs", *path.relative_to(PACKAGE).parts[:-1]]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = here[:len(here) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else [])).split(".")
-            if module[0] != "fasterfs":
-                continue
-            names = [module[1]] if len(module) > 1 else [a.name for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name.split(".")[1] for a in node.names if a.name.startswith("fasterfs.")]
-        else:
-            continue
-        out |= {n for n in names if n in ORDER}
-    return out
+def lint_imports(config: Path, path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([LINT_IMPORTS, "--no-cache", "--config", str(config)], capture_output=True, text=True,
+                          cwd=path, env={**os.environ, "PYTHONPATH": str(path)}, timeout=120)
 
 
 def test_every_module_lives_in_a_layer_folder():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert folders == sorted(ORDER)
+    assert folders == sorted(CONTRACT["layers"])
 
 
-def test_each_layer_imports_only_the_layers_below_it():
-    upward = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        layer = path.relative_to(PACKAGE).parts[0]
-        if layer not in ORDER:
-            continue
-        for other in imported(path):
-            if ORDER.index(other) > ORDER.index(layer):
-                upward.append(f"{path.relative_to(PACKAGE.parent)} imports fasterfs.{other}")
-    assert not upward, "\n".join(upward)
-    # the check sees imports at all: the node's actor imports the readers' and the core's
-    assert {"core", "read"} <= imported(PACKAGE / "node" / "storage_node.py")
+def test_each_layer_imports_only_the_layers_below_it(tmp_path):
+    kept = lint_imports(ROOT / "pyproject.toml", ROOT)
+    assert kept.returncode == 0 and "1 kept, 0 broken" in kept.stdout, kept.stdout + kept.stderr
+    # the contract fails on an upward import: a package of the same layers whose core imports ui
+    for layer in CONTRACT["layers"]:
+        (tmp_path / "fasterfs" / layer).mkdir(parents=True)
+        (tmp_path / "fasterfs" / layer / "__init__.py").write_text("")
+    (tmp_path / "fasterfs" / "__init__.py").write_text("")
+    (tmp_path / "fasterfs" / "core" / "config.py").write_text("def f():\n    from ..ui import cli\n")
+    (tmp_path / "fasterfs" / "ui" / "cli.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    broken = lint_imports(tmp_path / "pyproject.toml", tmp_path)
+    assert broken.returncode != 0 and "fasterfs.core.config -> fasterfs.ui.cli" in broken.stdout, broken.stdout
 
 
 def lines_of(path: Path) -> int:

@@ -133,3 +133,25 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         assert open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         pass
+
+
+def test_the_readmes_first_python_block_runs(ingest_as, cluster_root):
+    """The README's "read it from Python" block, as printed there, against the test cluster: its
+    chunk 3 is the source files' rows of that chunk (gzip's read of them)."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import source_csv, source_lines
+
+    manifest = ingest_as("csv", reuse=True)  # connect()'s default: the dataset ingested last
+    block = re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / "README.md").read_text(), re.S)[0]
+    check = "\nimport sys\nsys.stdout.buffer.write(raw)\nprint(len(df), len(window), file=sys.stderr)\n"
+    done = subprocess.run([sys.executable, "-c", block + check], capture_output=True, timeout=120,
+                          env={**os.environ, "FASTERFS_ROOT": str(cluster_root)}, cwd=config.PROJECT_DIR)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    chunk = manifest.chunk(3)
+    assert done.stdout == source_csv(chunk.first_row, chunk.rows)
+    table_rows, window_rows = map(int, done.stderr.decode().split()[-2:])
+    in_window = sum(36000 <= float(line.split(b",")[0]) < 37800 for line in source_lines([])[0])
+    assert table_rows == chunk.rows and window_rows == in_window

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from ..core.errors import FasterFSError
 from . import events as ev
-from . import tc
+from . import map_figures, tc
 from .backend import KernelSnapshot
-from .events import hist_quantile
 
 log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
@@ -30,8 +29,6 @@ SEEN_SHARE = 32  # a second-chance generation takes bits / SEEN_SHARE keys befor
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("requests.bpf.c", "sockops.bpf.c")
 STALE_SOURCE = "the kernel: a PUT, DELETE or multi-delete MinIO answered 2xx, seen on TC"
-QUICKACK_NOTE = ("TCP_QUICKACK cannot be set from BPF (the kernel answers -EINVAL); delayed ACKs are "
-                 "capped with TCP_BPF_DELACK_MAX instead")
 
 
 def endpoint(address: str | None, port: int) -> ev.Endpoint:
@@ -329,21 +326,7 @@ class KernelPrograms:
 
     def snapshot(self, top: int = 10, resolve: Callable[[int], str | None] | None = None) -> KernelSnapshot:
         """Everything the maps say, plus the events user space received."""
-        b = self.bpf
-        counters = {ev.COUNTERS[k.value]: v.value for k, v in b[b"counters"].items()}
-        hist: dict[int, dict[int, int]] = collections.defaultdict(dict)
-        for k, v in b[b"latency_hist"].items():
-            hist[k.port][k.slot] = v.value
-        ports = {}
-        for k, v in b[b"port_stats"].items():
-            h = hist.get(k.value, {})
-            ports[k.value] = {
-                "requests": v.requests, "gets": v.gets, "puts": v.puts, "deletes": v.deletes,
-                "latency_count": v.lat_count,
-                "latency_avg_us": v.lat_sum_ns / v.lat_count / 1000 if v.lat_count else None,
-                "latency_p50_us": hist_quantile(h, 0.5), "latency_p99_us": hist_quantile(h, 0.99),
-                "latency_hist_log2_us": {str(s): c for s, c in sorted(h.items())},
-            }
+        counters = map_figures.counters(self.bpf)
         counted = self._counted()
         keys = sorted(((k, c) for k, c, e in counted if e == self.epoch), key=lambda kv: kv[1], reverse=True)
         with self._lock:
@@ -352,9 +335,6 @@ class KernelPrograms:
             recent = list(self.recent)[-10:]
         top_keys = [{"key": f"{key:016x}", "count": count,
                      "name": (resolve(key) if resolve else None) or names.get(key)} for key, count in keys[:top]]
-        options = {ev.SOCKOPTS[k.value]: {"ok": v.ok, "fail": v.fail, "last_error": v.last_error or None}
-                   for k, v in b[b"sockopt_stats"].items()}
-        sock = {ev.SOCK_COUNTERS[k.value]: v.value for k, v in b[b"sock_counters"].items()}
         return {
             "mode": self.mode, "simulated_because": None, "stale_source": STALE_SOURCE,
             "hot_threshold": self.hot_threshold, "epoch": self.epoch,
@@ -370,8 +350,8 @@ class KernelPrograms:
                            "second_chance_bits": self.seen_bits, "second_chance_ages": self.seen_rotations},
             "stale_marks": {"held": self.marks_held(), "capacity": self.stale_marks,
                             "suspect_since_ns": self.suspect_mark() or None},
-            "ring_pages": self.ring_pages, "top_keys": top_keys, "ports": ports,
+            "ring_pages": self.ring_pages, "top_keys": top_keys, "ports": map_figures.ports(self.bpf),
             "events_received": received, "recent_events": recent,
             "reported_by_readers": dict(self.reported),
-            "sockops": {**sock, "options": options, "note": QUICKACK_NOTE},
+            "sockops": map_figures.sockops(self.bpf),
         }

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import __version__
 from ..core.config import Paths
 from ..core.errors import FasterFSError
 from ..core.fsutil import atomic_write_json
+from ..core.version import VERSION
 
 FILE = "identity.json"
 
@@ -49,7 +49,7 @@ def probe(root: str, cluster: str) -> dict:
 
     from .state import host_id
 
-    return {"node_id": ray.get_runtime_context().get_node_id(), "host_id": host_id(), "version": __version__,
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host_id": host_id(), "version": VERSION,
             "identities": recorded(root, cluster)}
 
 
@@ -82,6 +82,6 @@ def assign(hosts: list[dict]) -> dict[str, int]:
 
 def check_versions(hosts: list[dict]) -> None:
     for h in hosts:
-        if h["version"] != __version__:
-            raise FasterFSError(f"host {h['address']} runs FasterFS {h['version']}, this driver {__version__}: "
+        if h["version"] != VERSION:
+            raise FasterFSError(f"host {h['address']} runs FasterFS {h['version']}, this driver {VERSION}: "
                                 "install the same version on every host")

@@ -41,8 +41,11 @@ CLUSTER_FILE = ".cluster"  # in a run directory: the name of the cluster its rep
 def run_dir(cfg, job: str) -> Path:
     """<output_dir>/<job>-<time>/, or the one Hydra made for this run (`python jobs/<job>.py`)."""
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
 
-    if HydraConfig.initialized() and HydraConfig.get().job.name == job:
+    # a compose() in this process (a test calling main()) sets HydraConfig without a run's output_dir
+    hydra_run = HydraConfig.initialized() and HydraConfig.get().job.name == job
+    if hydra_run and not OmegaConf.is_missing(HydraConfig.get().runtime, "output_dir"):
         path = Path(HydraConfig.get().runtime.output_dir)
     else:
         path = Path(cfg.output_dir) / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,4 +1,4 @@
-"""The fault harness's readers and what their reads are judged by (jobs/faults.py): Reader, an
+"""The fault harness's (jobs/faults.py) readers and what their reads are judged by: Reader, an
 actor reading random chunks and recording each read's bytes and time; WriteHistory, every
 version each object has had, against which each read is checked afterwards; and the verdict."""
 from __future__ import annotations
@@ -11,12 +11,12 @@ import time
 import ray
 from xxhash import xxh3_64_intdigest
 
-import fasterfs
-from fasterfs.core.errors import FasterFSError
-from fasterfs.read.read_session import NoGoodCopy
+from ..core.errors import FasterFSError
+from ..read.read_session import NoGoodCopy
+from ..read.tables import connect
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)  # stop() while run() reads
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)  # type: ignore[call-overload]  # stop() while run() reads
 class Reader:
     """Reads random chunks for a while (or until stopped), recording what each read returned and
     when (checked against the write history afterwards); reconnects now and then to follow new
@@ -39,10 +39,11 @@ class Reader:
 
     def run(self, seconds: float, reconnect_every: int) -> dict:
         deadline = time.monotonic() + seconds
-        client, seen, n = None, set(), 0
+        client = connect(self.root)
+        seen, n = {client.manifest.generation}, 0
         while time.monotonic() < deadline and not self.stopped.is_set():
-            if n % reconnect_every == 0:
-                client = fasterfs.connect(self.root)
+            if n and n % reconnect_every == 0:
+                client = connect(self.root)
                 seen.add(client.manifest.generation)
             n += 1
             i = self.rng.randrange(len(client))
@@ -66,8 +67,9 @@ class Reader:
 class WriteHistory:
     """Every version each object has had: (xxh3, write began, write ended), in order."""
 
-    def __init__(self):
+    def __init__(self, late_s: float = 0.0):
         self.versions: dict[str, list[tuple[int, float, float]]] = {}
+        self.late_s = late_s  # a version replaced at most this long before the read: 'late', not 'stale'
 
     def add_manifest(self, manifest) -> None:
         now = time.time()
@@ -80,7 +82,8 @@ class WriteHistory:
     def check(self, key: str, got: int, start: float, end: float) -> str | None:
         """None if `got` was a current version of `key` at some moment in [start, end]:
         written (begun) before the read ended, not replaced (a later write ended) before it
-        began. Otherwise 'wrong: ...' or 'stale: ...'."""
+        began. Otherwise 'wrong: ...', 'late: ...' (replaced at most late_s before the read began:
+        the word of a write on another host still on its way) or 'stale: ...'."""
         versions = self.versions.get(key, [])
         replaced_at = []
         for k, (checksum, begun, _) in enumerate(versions):
@@ -93,7 +96,8 @@ class WriteHistory:
         if not replaced_at:
             return f"wrong: {key}: bytes no write stored (read {start:.3f}-{end:.3f})"
         late = start - max(r for r in replaced_at if r < start)
-        return f"stale: {key}: a version replaced {late * 1e3:.1f} ms before the read began (read at {start:.3f})"
+        kind = "late" if late <= self.late_s else "stale"
+        return f"{kind}: {key}: a version replaced {late * 1e3:.1f} ms before the read began (read at {start:.3f})"
 
 
 def max_or_none(xs: list[float | None]) -> float | None:
@@ -146,13 +150,13 @@ def by_kind(windows: list[tuple[str, float, float]], to_full: dict[str, list[flo
         return any(k == kind and start <= e and b <= end for k, b, e in windows)
     quiet_kinds = sorted({k for k, _, _ in windows})
     outside = [r[3] - r[2] for r in reads if not any(during(k, r[2], r[3]) for k in quiet_kinds)]
-    out = {"healthy_p99_ms": round(p99(outside) * 1e3, 1) if outside else None}
+    out: dict = {"healthy_p99_ms": round(p99(outside) * 1e3, 1) if outside else None}
     for kind in quiet_kinds:
         inside = [(r, v) for r, v in zip(reads, verdicts) if during(kind, r[2], r[3])]
         lat = [r[3] - r[2] for r, _ in inside]
         out[kind] = {"injected": sum(k == kind for k, _, _ in windows), "reads": len(inside),
-                     "wrong": sum(bool(v) and v.startswith("wrong") for _, v in inside),
-                     "stale": sum(bool(v) and v.startswith("stale") for _, v in inside),
+                     "wrong": sum((v or "").startswith("wrong") for _, v in inside),
+                     "stale": sum((v or "").startswith("stale") for _, v in inside),
                      "failed": sum(during(kind, b, e) for b, e in failures),
                      "p99_ms": round(p99(lat) * 1e3, 1) if lat else None,
                      "to_full_redundancy_max_s": max_or_none(to_full.get(kind, [])),
