@@ -237,7 +237,7 @@ def test_posts_mark_stale_the_key_or_the_bucket(programs):
     assert wait_until(lambda: len(programs.got) == 2)
     assert [(e["type"], e["method"], e["path"]) for e in programs.got] == [("STALE", "POST", "/fasterfs/mp/k"),
                                                                           ("STALE", "POST", "/fasterfs")]
-    assert mark_of(programs, "/fasterfs/mp/k") > 0 and programs.suspect_mark() > 0
+    assert mark_of(programs, "/fasterfs/mp/k") > 0 and programs.marks.suspect_mark() > 0
     assert programs.snapshot()["counters"]["suspect_marks"] == 1
 
 
@@ -287,13 +287,14 @@ def test_a_flood_past_the_marks_and_the_ring_leaves_nothing_trusted(tmp_path):
         assert c["writes_committed"] == 200
         assert c["ringbuf_drops"] > 0 and c["marks_full"] > 0  # both bounds were passed
         assert mark_of(progs, "/fasterfs/hot/k") == 0  # the overwrite found the map full...
-        assert progs.suspect_mark() > cached.fetched_ns  # ...and marked the bucket suspect instead
-        written, suspect = mark_of(progs, "/fasterfs/hot/k"), progs.suspect_mark()
+        assert progs.marks.suspect_mark() > cached.fetched_ns  # ...and marked the bucket suspect instead
+        written, suspect = mark_of(progs, "/fasterfs/hot/k"), progs.marks.suspect_mark()
         assert cache_entry._stale(cached, (written, suspect)) == cache_entry.SUSPECT
-        seq = progs.suspect_seq()
-        assert progs.clear_suspect(seq) and progs.suspect_mark() == 0  # user space checked every entry
+        seq = progs.marks.suspect_seq()
+        assert progs.marks.clear_suspect(seq) and progs.marks.suspect_mark() == 0  # user space checked every entry
         exchange(progs, "/fasterfs/flood/again", "PUT", port=31000)  # map still full
-        assert progs.suspect_mark() > 0 and not progs.clear_suspect(seq)  # a check that began before it is not enough
+        # a check that began before it is not enough
+        assert progs.marks.suspect_mark() > 0 and not progs.marks.clear_suspect(seq)
     finally:
         progs.close()
 
@@ -359,7 +360,7 @@ def test_the_second_chance_filter_ages_and_its_false_hots_stay_within_its_share(
 
 def test_a_peers_stale_mark_lands_in_the_pinned_map(programs):
     before = time.monotonic_ns()
-    programs.mark_stale(ev.key_hash("/b/peer/k"))
+    programs.marks.mark_stale(ev.key_hash("/b/peer/k"))
     assert programs.bpf[b"stale_keys"][ct.c_uint64(ev.key_hash("/b/peer/k"))].value >= before
 
 

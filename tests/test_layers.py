@@ -3,6 +3,7 @@ import-linter's contract in pyproject.toml, run here and by `make lint`. And eve
 size a reader takes in: at most 400 lines (Rust's without its unit tests)."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -62,3 +63,12 @@ def test_every_source_file_is_at_most_400_lines():
     # the count sees tests apart: a file with a test module counts less than its lines
     change = daemon / "change.rs"
     assert lines_of(change) < len(change.read_text().splitlines())
+
+
+def test_every_class_is_at_most_300_lines():
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "jobs").glob("*.py")]
+    classes = {f"{p.relative_to(ROOT)}:{n.name}": n.end_lineno - n.lineno + 1
+               for p in sources for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
+    assert len(classes) > 50 and max(classes.values()) > 200  # the walk sees the classes and their lengths
+    long = {name: n for name, n in classes.items() if n > 300}
+    assert not long, long

@@ -20,14 +20,14 @@ def kernel():
 
 def test_a_suspect_mark_is_checked_then_cleared_and_told_once(kernel):
     checks, told = [], []
-    keeper = MarkKeeper(kernel, lambda: checks.append(kernel.suspect_mark()) or 0, lambda: told.append(1), 60)
-    kernel.mark_suspect()  # as the kernel does for a lost event
+    keeper = MarkKeeper(kernel, lambda: checks.append(kernel.marks.suspect_mark()) or 0, lambda: told.append(1), 60)
+    kernel.marks.mark_suspect()  # as the kernel does for a lost event
     keeper.resync()
     assert len(checks) == 1 and checks[0] > 0  # the entries were checked while the mark stood
-    assert kernel.suspect_mark() == 0 and told == [1]
+    assert kernel.marks.suspect_mark() == 0 and told == [1]
     keeper.suspect(from_peer=True)  # a peer's word: checked here, not told back
     keeper.resync()
-    assert len(checks) == 2 and told == [1] and kernel.suspect_mark() == 0
+    assert len(checks) == 2 and told == [1] and kernel.marks.suspect_mark() == 0
 
 
 def test_a_suspect_write_during_the_check_gets_a_check_of_its_own(kernel):
@@ -36,13 +36,13 @@ def test_a_suspect_write_during_the_check_gets_a_check_of_its_own(kernel):
     def check() -> int:
         if not marked:  # a write nobody can name lands while the entries are being checked
             marked.append(1)
-            kernel.mark_suspect()
+            kernel.marks.mark_suspect()
         return 0
     checks = []
     keeper = MarkKeeper(kernel, lambda: checks.append(1) or check(), lambda: None, 60)
-    kernel.mark_suspect()
+    kernel.marks.mark_suspect()
     keeper.resync()
-    assert len(checks) == 2 and kernel.suspect_mark() == 0
+    assert len(checks) == 2 and kernel.marks.suspect_mark() == 0
 
 
 def test_the_keeper_runs_on_its_own_and_sweeps_old_marks(kernel, monkeypatch):
@@ -51,21 +51,21 @@ def test_the_keeper_runs_on_its_own_and_sweeps_old_marks(kernel, monkeypatch):
     monkeypatch.setattr(mark_keeper, "SWEEP_S", 0.1)
     checks = []
     keeper = MarkKeeper(kernel, lambda: checks.append(1) or 0, lambda: None, keep_s=1)
-    kernel.mark_stale(key_hash("/fasterfs/old"))
+    kernel.marks.mark_stale(key_hash("/fasterfs/old"))
     time.sleep(1.1)
-    kernel.mark_stale(key_hash("/fasterfs/new"))
+    kernel.marks.mark_stale(key_hash("/fasterfs/new"))
     stop = threading.Event()
     t = threading.Thread(target=keeper.run, args=(stop,))
     t.start()
     try:
-        kernel.mark_suspect()
+        kernel.marks.mark_suspect()
         deadline = time.monotonic() + 5
-        while (kernel.suspect_mark() or not keeper.marks_swept) and time.monotonic() < deadline:
+        while (kernel.marks.suspect_mark() or not keeper.marks_swept) and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         stop.set()
         t.join()
-    assert checks and kernel.suspect_mark() == 0
+    assert checks and kernel.marks.suspect_mark() == 0
     table = kernel.bpf[b"stale_keys"]
     held = {k for k, _ in table.items_lookup_batch()}
     assert key_hash("/fasterfs/new") in held and key_hash("/fasterfs/old") not in held
@@ -74,6 +74,6 @@ def test_the_keeper_runs_on_its_own_and_sweeps_old_marks(kernel, monkeypatch):
 
 def test_a_peers_write_that_finds_the_map_full_marks_the_bucket_suspect(kernel):
     for i in range(64):
-        kernel.mark_stale(key_hash(f"/fasterfs/flood/{i}"))
-    assert kernel.marks_held() == 32  # the map's size, as configured
-    assert kernel.suspect_mark() > 0
+        kernel.marks.mark_stale(key_hash(f"/fasterfs/flood/{i}"))
+    assert kernel.marks.marks_held() == 32  # the map's size, as configured
+    assert kernel.marks.suspect_mark() > 0

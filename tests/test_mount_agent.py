@@ -133,12 +133,12 @@ def test_the_daemon_hears_the_root_then_each_change_alone():
     ns = ScriptedNamespace({"a/x": manifest("a/x", "g1"), "a/y": manifest("a/y", "g1")}, 1)
     ours, theirs = socket.socketpair()
     agent = Agent(ns, ours, threads=1)
-    agent.start_tree()
+    agent.tree.start_tree()
     ns.publish({"a/x": manifest("a/x", "g2"), "b/c/d": manifest("b/c/d", "g1")}, 2)  # replaced, added
     ns.publish({"a/y": None}, 3)                                                      # removed
     ns.publish({"b/c/d": None, "a/x": None}, 4)                                       # a and b/c emptied
     ns.publish({"e": manifest("e", "g1")}, 5)
-    refreshers = [threading.Thread(target=agent.send_tree, kwargs={"force": True}) for _ in range(4)]
+    refreshers = [threading.Thread(target=agent.tree.send_tree, kwargs={"force": True}) for _ in range(4)]
     for t in refreshers[:2]:
         t.start()
     ns.publish({"a/z": manifest("a/z", "g1")}, 6)
@@ -165,12 +165,12 @@ def test_a_file_is_declared_hot_only_for_the_version_the_daemon_has(tmp_path):
     ns = ScriptedNamespace({"a": a1, "b": b1}, 5, client)
     ours, theirs = socket.socketpair()
     agent = Agent(ns, ours, threads=1)
-    agent.start_tree()
+    agent.tree.start_tree()
     hot = agent._hot(ns.tree.lookup("a"))
     assert hot is not None and hot["version"] == 5 and hot["inode"] == backing.stat().st_ino
     old_b = ns.tree.lookup("b")
     ns.publish({"b": manifest("b", "g2")}, 6)
-    agent.send_tree()
+    agent.tree.send_tree()
     ns.client_of = None  # the replaced `b`'s old entry: never declared (the cache is not asked)
     assert agent._hot(old_b) is None
     ns.client_of = client
@@ -187,7 +187,7 @@ def messages_of(ns: ScriptedNamespace, act) -> list[dict]:
     reader = threading.Thread(target=lambda: got.extend(received(SimpleNamespace(close=lambda: None), theirs)))
     reader.start()
     agent = Agent(ns, ours, threads=1)
-    agent.start_tree()
+    agent.tree.start_tree()
     act(agent)
     ours.close()
     reader.join(timeout=30)
@@ -202,7 +202,7 @@ def test_a_listing_carries_attributes_and_never_goes_ahead_of_the_deltas():
 
     def list_d(agent):
         ns.publish({"d/new": manifest("d/new", "g7", size=3)}, 2)
-        agent._list("d")
+        agent.tree.listing("d")
     got = messages_of(ns, list_d)
     assert [m["op"] for m in got] == ["tree", "delta", "listing"]
     listing = {e["path"]: (e["size"], e["gen"]) for e in got[2]["entries"]}
@@ -211,9 +211,9 @@ def test_a_listing_carries_attributes_and_never_goes_ahead_of_the_deltas():
 
 def test_warming_lists_every_directory_once_up_to_its_bound():
     files = {f"t/d{i % 5}/f{i}": manifest(f"t/d{i % 5}/f{i}", "g1") for i in range(50)}
-    got = messages_of(ScriptedNamespace(files, 1), lambda agent: agent.warm(10**6))
+    got = messages_of(ScriptedNamespace(files, 1), lambda agent: agent.tree.warm(10**6))
     listed = [m["path"] for m in got if m["op"] == "listing"]
     assert sorted(listed) == ["", "t"] + [f"t/d{k}" for k in range(5)]  # each directory once
     assert mirror(got)[1] == {e.path: "" if e.is_dir else "g1" for e in Tree(files).all_entries() if e.path}
-    got = messages_of(ScriptedNamespace(files, 1), lambda agent: agent.warm(3))
+    got = messages_of(ScriptedNamespace(files, 1), lambda agent: agent.tree.warm(3))
     assert [m["path"] for m in got if m["op"] == "listing"] == ["", "t"]  # 1 + 5 entries: past 3, it stops

@@ -94,11 +94,14 @@ class _AgentNames(ast.NodeVisitor):
 
 def agent_names() -> set[str]:
     v = _AgentNames()
-    mount = ast.parse((ROOT / "fasterfs" / "read" / "mount_agent.py").read_text())
-    agent = next(n for n in mount.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
-    for fn in agent.body:
-        if isinstance(fn, ast.FunctionDef) and fn.name not in ("__init__", "_write_stats"):  # not the wire
-            v.visit(fn)
+    for module, cls in (("mount_agent.py", "Agent"), ("mount_tree.py", "TreeSender")):
+        tree = ast.parse((ROOT / "fasterfs" / "read" / module).read_text())
+        agent = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        for fn in agent.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name not in ("__init__", "_write_stats"):  # not the wire
+                v.visit(fn)
+    tree = ast.parse((ROOT / "fasterfs" / "read" / "mount_tree.py").read_text())
+    v.visit(next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "entry"))
     backings = ast.parse((ROOT / "fasterfs" / "read" / "backings.py").read_text())
     v.visit(next(n for n in backings.body if isinstance(n, ast.ClassDef) and n.name == "Backings"))
     client = ast.parse((ROOT / "fasterfs" / "read" / "client.py").read_text())
@@ -134,9 +137,9 @@ def test_each_message_is_held_to_its_own_fields_and_types():
     the flat vocabulary let through: a field moved to another message, a wrong type, a request
     answered with another op's reply, an object's field missing."""
     from fasterfs.read import wire
-    from fasterfs.read.mount_agent import Agent
+    from fasterfs.read.mount_tree import entry as tree_entry
 
-    entry = Agent._entry("d/f.bin", False, 5, 1.5, "g1")
+    entry = tree_entry("d/f.bin", False, 5, 1.5, "g1")
     wire.check("to_daemon", {"op": "delta", "since": 1, "version": 2, "entries": [entry], "gone": [], "exact": []})
     wire.check("request", {"op": "open", "path": "d/f.bin", "gen": None, "id": 3})
     wire.check("request", {"op": "read", "handle": 1, "offset": 0, "size": 4096, "id": 4})

@@ -261,7 +261,7 @@ def test_an_evicted_shard_chunk_can_become_hot_again(tmp_path, namespace):
 def test_replacing_a_generation_marks_its_chunks(tmp_path, namespace):
     marked = []
     n = Node(tmp_path, namespace)
-    n.kernel.mark_stale = marked.append  # the simulated kernel keeps no marks: record them
+    n.kernel.marks.mark_stale = marked.append  # the simulated kernel keeps no marks: record them
     old = namespace["rep"]
     n.inv.mark_replaced(old, old)  # the same generation: nothing
     assert marked == []

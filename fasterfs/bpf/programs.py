@@ -22,6 +22,7 @@ from ..core.errors import FasterFSError
 from . import events as ev
 from . import map_figures, tc
 from .backend import KernelSnapshot
+from .stale_marks import StaleMarks
 
 log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
@@ -67,11 +68,9 @@ class KernelPrograms:
         self.seen_bits, self.seen_gen, self.seen_rotations = int(seen_bits), 0, 0
         self._seen_set_at_rotation = 0
         self._keys_deleted = 0  # count entries user space removed (reset_key): not the LRU's doing
-        # The suspect key is the bucket's own mark, which readers check already; it is in the map
-        # from the start, so marking it succeeds however full the map is.
+        # The suspect key is the bucket's own mark, which readers check already
         self.suspect_key = ev.key_hash(f"/{bucket}")
-        self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(0)
-        self._suspected = 0  # suspect marks made from user space (mark_suspect)
+        self.marks = StaleMarks(self.bpf, self.suspect_key)
         self.hot_threshold, self.fill_mark, self.delack_max_us = hot_threshold, fill_mark, delack_max_us
         self.epoch = 0
         self._write_config()
@@ -84,7 +83,6 @@ class KernelPrograms:
         self.tc_attachments: list[tuple[str, str, str | None, str, bool]] = []
         self.cgroup_fd: int | None = None
         self.cgroup_path: str | None = None
-        self.pinned: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -140,53 +138,6 @@ class KernelPrograms:
             self._keys_deleted += 1
         except KeyError:
             pass
-
-    def mark_stale(self, key: int) -> None:
-        """Record a write of `key` seen by another host's kernel, as if this one had seen it
-        (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns and of cache fills). A full map marks the
-        suspect key instead, as the kernel does."""
-        try:
-            self.bpf[b"stale_keys"][ct.c_uint64(key)] = ct.c_uint64(time.monotonic_ns())
-        except Exception:  # E2BIG: full
-            self.mark_suspect()
-
-    def mark_suspect(self) -> None:
-        """Every entry fetched before now is suspect until `clear_suspect` (a write this host
-        cannot name: a peer's multi-object delete or lost event)."""
-        with self._lock:
-            self._suspected += 1
-            self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(time.monotonic_ns())
-
-    def suspect_mark(self) -> int:
-        return self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)].value
-
-    def suspect_seq(self) -> int:
-        """Moves before every suspect mark, the kernel's and user space's alike."""
-        counters = self.bpf[b"counters"]
-        return counters[ct.c_int(ev.COUNTERS.index("suspect_marks"))].value + self._suspected
-
-    def clear_suspect(self, seq: int) -> bool:
-        """Entries were checked after `seq` was read: clear the suspect mark, unless a new one was
-        made since (then it is put back, for another check). Returns whether it is clear."""
-        self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(0)
-        if self.suspect_seq() == seq:
-            return True
-        self.bpf[b"stale_keys"][ct.c_uint64(self.suspect_key)] = ct.c_uint64(time.monotonic_ns())
-        return False
-
-    def sweep_marks(self, older_than_ns: int) -> int:
-        """Remove marks made before `older_than_ns` (CLOCK_MONOTONIC): acted on, or covered by a
-        suspect mark and its check. Batched: a full map of 65,536 is two system calls each way.
-        Returns how many went."""
-        table = self.bpf[b"stale_keys"]
-        old = [k for k, v in table.items_lookup_batch()
-               if k != self.suspect_key and 0 < v < older_than_ns]
-        if old:
-            table.items_delete_batch((table.Key * len(old))(*old))
-        return len(old)
-
-    def marks_held(self) -> int:
-        return sum(1 for _ in self.bpf[b"stale_keys"].items_lookup_batch())
 
     def _counted(self) -> list[tuple[int, int, int]]:
         """(key, count, epoch) of every entry of the counting map, read in batches (one syscall
@@ -254,13 +205,6 @@ class KernelPrograms:
             raise
         self.cgroup_fd, self.cgroup_path = fd, cgroup_path
 
-    def pin_stale_marks(self, path: str) -> None:
-        """Let readers in any process see the kernel's stale marks (fasterfs.bpf.pinned)."""
-        from .pinned import pin
-
-        pin(self.bpf[b"stale_keys"].map_fd, path)
-        self.pinned = path
-
     def start_events(self) -> None:
         self.bpf[b"events"].open_ring_buffer(self._on_ring_event)
         self._thread = threading.Thread(target=self._poll, name="bpf-events", daemon=True)
@@ -294,12 +238,7 @@ class KernelPrograms:
             self._thread.join(timeout=2)
             self._thread = None
         self.close_attachments()
-        if self.pinned:
-            try:
-                os.unlink(self.pinned)
-            except FileNotFoundError:
-                pass
-            self.pinned = None
+        self.marks.unpin()
         if getattr(self, "bpf", None) is not None:
             self.bpf.cleanup()
             self.bpf = None
@@ -348,8 +287,8 @@ class KernelPrograms:
                            # keys whose count had gone, known again by the filter: started at one GET
                            "second_chances": counters.get("second_chances", 0),
                            "second_chance_bits": self.seen_bits, "second_chance_ages": self.seen_rotations},
-            "stale_marks": {"held": self.marks_held(), "capacity": self.stale_marks,
-                            "suspect_since_ns": self.suspect_mark() or None},
+            "stale_marks": {"held": self.marks.marks_held(), "capacity": self.stale_marks,
+                            "suspect_since_ns": self.marks.suspect_mark() or None},
             "ring_pages": self.ring_pages, "top_keys": top_keys, "ports": map_figures.ports(self.bpf),
             "events_received": received, "recent_events": recent,
             "reported_by_readers": dict(self.reported),

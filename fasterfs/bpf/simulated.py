@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from . import events as ev
 from .backend import KernelSnapshot
+from .stale_marks import NoMarks
 
 MAX_NAMES = 65536
 METHOD_IDS = {v: k for k, v in ev.METHODS.items()}
@@ -23,6 +24,7 @@ class SimulatedPrograms:
                  on_event: Callable[[dict], None] | None = None, reason: str = "", **maps):
         self.hot_threshold, self.on_event, self.reason = hot_threshold, on_event, reason
         self.suspect_key = ev.key_hash(f"/{maps.get('bucket', 'fasterfs')}")
+        self.marks = NoMarks()
         self.epoch = 0
         self.ports: set[int] = set()
         self.counts: collections.Counter = collections.Counter()
@@ -52,24 +54,6 @@ class SimulatedPrograms:
         with self._lock:
             return dict(self.counts)
 
-    def mark_stale(self, key: int) -> None:
-        pass  # no pinned marks: the STALE callback drops the entry
-
-    def mark_suspect(self) -> None:
-        pass  # no marks: a peer's bucket-wide write is checked entry by entry all the same
-
-    def suspect_mark(self) -> int:
-        return 0
-
-    def suspect_seq(self) -> int:
-        return 0
-
-    def clear_suspect(self, seq: int) -> bool:
-        return True
-
-    def sweep_marks(self, older_than_ns: int) -> int:
-        return 0
-
     def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None,
                   sole_owner: bool = False) -> None:
         pass  # nothing to attach: requests arrive through observe()
@@ -79,9 +63,6 @@ class SimulatedPrograms:
 
     def start_events(self) -> None:
         pass
-
-    def pin_stale_marks(self, path: str) -> None:
-        pass  # readers rely on the STALE callback alone
 
     def close(self) -> None:
         pass

@@ -75,7 +75,7 @@ class Invalidations:
                     self.fill(key, "hot")
                 return
             hashed = key_hash(f"/{self.bucket}/{key}")
-            self.kernel.mark_stale(hashed)  # readers check the chunk's mark; the kernel marked the shard
+            self.kernel.marks.mark_stale(hashed)  # readers check the chunk's mark; the kernel marked the shard
         if event["type"] == "HOT":
             if key is not None:
                 self.fill(key, "hot")
@@ -115,7 +115,7 @@ class Invalidations:
                 if (self.cache.fetched_ns(key) or now_ns) < now_ns - int(ages_s[i] * 1e9):
                     check.append(key)
                 continue
-            self.kernel.mark_stale(hashed)
+            self.kernel.marks.mark_stale(hashed)
             self.forget(hashed, key)
         if check:
             self.verify(check)
@@ -152,7 +152,7 @@ class Invalidations:
         asking anyone) finds them stale at its next open and looks again."""
         if old is not None and (new is None or new.generation != old.generation):
             for c in old.chunks:
-                self.kernel.mark_stale(key_hash(f"/{old.bucket}/{c.key}"))
+                self.kernel.marks.mark_stale(key_hash(f"/{old.bucket}/{c.key}"))
 
     def clear(self) -> int:
         """Empty the cache and start a new kernel epoch, so every key can become hot again.

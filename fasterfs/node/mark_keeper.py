@@ -48,7 +48,7 @@ class MarkKeeper:
         """Every entry fetched before now is to be checked before it is served again."""
         if from_peer:
             self._from_peers += 1
-        self.kernel.mark_suspect()
+        self.kernel.marks.mark_suspect()
         self._asked = True
         self._wake.set()
 
@@ -58,7 +58,7 @@ class MarkKeeper:
             self._wake.wait(POLL_S)
             self._wake.clear()
             try:
-                if self._asked or self.kernel.suspect_mark():
+                if self._asked or self.kernel.marks.suspect_mark():
                     self.resync()
                 if time.monotonic() - swept >= SWEEP_S:
                     swept = time.monotonic()
@@ -73,7 +73,7 @@ class MarkKeeper:
         while True:
             began = time.monotonic()
             self._asked = False
-            seq = self.kernel.suspect_seq()
+            seq = self.kernel.marks.suspect_seq()
             own = seq - self._from_peers
             if own != self._kernel_seen:  # this kernel lost or could not name a write: peers may hold it
                 self._kernel_seen = own
@@ -81,7 +81,7 @@ class MarkKeeper:
             dropped += self.check()
             self.checks += 1
             self.last_check_s = round(time.monotonic() - began, 3)
-            if self.kernel.clear_suspect(seq):
+            if self.kernel.marks.clear_suspect(seq):
                 break
         self.entries_dropped += dropped
         if dropped:
@@ -89,6 +89,6 @@ class MarkKeeper:
         return dropped
 
     def sweep(self) -> int:
-        gone = self.kernel.sweep_marks(time.monotonic_ns() - int(self.keep_s * 1e9))
+        gone = self.kernel.marks.sweep_marks(time.monotonic_ns() - int(self.keep_s * 1e9))
         self.marks_swept += gone
         return gone

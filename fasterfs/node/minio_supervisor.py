@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
 
-from ..control import s3
-from ..control.credentials import Credentials
+from ..control import registry, s3, tls
+from ..control.credentials import ClusterKeys, Credentials
+from ..core.config import Layout, minio_binary
 from .minio_server import MinioServer
 
 log = logging.getLogger("fasterfs.node.minio_supervisor")
@@ -31,6 +33,23 @@ class MinioSupervisor:
         self._counted = (float("-inf"), 0, 0, 0.0)  # (when, objects, bytes, seconds it took) of the last listing
         self._listing: threading.Thread | None = None  # the count being taken in the background
         self._listing_lock = threading.Lock()  # one listing at a time
+
+    @classmethod
+    def of_node(cls, cfg, index: int, address: str, keys: ClusterKeys) -> MinioSupervisor:
+        """Node `index`'s (its server not started yet), with a fresh TLS key signed by the head's
+        Registry when minio.tls; a server an earlier incarnation of its actor left running is stopped."""
+        paths = Layout.of(cfg).paths
+        certs = None
+        if cfg.minio.tls:
+            certs = paths.minio_certs_dir(index)
+            tls.trust(tls.server_files(certs, address, partial(registry.issue_certificate, cfg.cluster.name)))
+        server = MinioServer(minio_binary(cfg), address, cfg.minio.port, cfg.minio.console_port,
+                             paths.node_dir(index) / "minio", paths.log_dir / f"minio-{index}.log", keys.admin,
+                             cfg.minio.md5_etags, certs)
+        stale = server.reap_stale()
+        if stale:
+            log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
+        return cls(server, cfg.minio.bucket, keys.reader, cfg.minio.health_timeout_s)
 
     def start(self) -> None:
         with self._lock:

@@ -42,7 +42,7 @@ class NodeKernel:
                     self._own_bpffs = mount_bpffs(paths.bpffs)
                 except OSError as e:
                     raise FasterFSError(f"host {address}: cannot mount a bpffs for the stale marks: {e}") from None
-                programs.pin_stale_marks(str(paths.stale_pin(node)))
+                programs.marks.pin_stale_marks(str(paths.stale_pin(node)))
             cgroup = own_cgroup()
             if k.tune_sockets and cgroup is not None:
                 programs.attach_sockops(str(cgroup))

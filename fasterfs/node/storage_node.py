@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from functools import partial
 
 from ..bpf.events import key_hash
-from ..control import credentials, identity, registry, s3, tls
+from ..control import credentials, identity, registry, s3
 from ..control.node_directory import NodeDirectory
 from ..control.state import host_id, ray_namespace
-from ..core.config import Layout, as_cfg, minio_binary
+from ..core.config import Layout, as_cfg
 from ..core.pace import every
 from ..meta import Changes
 from ..meta.follower import Change, Follower
@@ -40,7 +40,6 @@ from .invalidation import Invalidations, Write, WriteRouter, revalidate
 from .kernel_view import KernelView
 from .mark_keeper import MarkKeeper
 from .minio_scrub import MinioScrub
-from .minio_server import MinioServer
 from .minio_supervisor import MinioSupervisor
 from .mount_supervisor import Mounts, daemon_overrides
 from .node_index import NodeIndex
@@ -49,8 +48,8 @@ from .node_repair import NodeRepair
 from .node_status import CacheStatus, NodeStatus
 from .peer_tier import CacheNews, PeerTier
 from .peers import Peers
+from .reachability import Reachability
 from .repair_leader import RepairLeader, Timing
-from .repair_listing import answering
 from .repair_rebuild import Rebuild
 
 log = logging.getLogger("fasterfs.node.storage_node")
@@ -61,6 +60,24 @@ def _ray_get(refs: list) -> list:
     import ray
 
     return ray.get(refs)
+
+
+def schedule(node: StorageNode, cfg) -> None:
+    """The node's background work, each on a thread of its own until the node stops."""
+    threading.Thread(target=node.mounts.adopt, name="mounts-adopt", daemon=True).start()
+    threading.Thread(target=node.invalidations.run, args=(node.stopping,), name="tell-peers",
+                     daemon=True).start()
+    threading.Thread(target=node.mark_keeper.run, args=(node.stopping,), name="mark-keeper",
+                     daemon=True).start()
+    every(1.0, node.peer_tier.share, node.stopping, "cache-index")
+    every(NAMESPACE_POLL_S, node.namespace.catch_up, node.stopping, "namespace")  # a push it missed
+    every(cfg.repair.check_s, node.leader.tick, node.stopping, "repair-leader")
+    every(cfg.cache.scrub_interval_s,
+          partial(node.cache.scrub, int(cfg.cache.scrub_interval_s * cfg.cache.scrub_mb_per_s * 1e6)),
+          node.stopping, "cache-scrub")
+    every(cfg.scrub.interval_s, partial(node.scrub_minio, cfg.scrub.share), node.stopping, "minio-scrub")
+    every(cfg.minio.supervise_interval_s, node.minio.tick, node.stopping, "minio-supervisor")
+    every(cfg.minio.supervise_interval_s, node.mounts.supervise, node.stopping, "mount-supervisor")
 
 
 class StorageNode:
@@ -75,7 +92,7 @@ class StorageNode:
         self.index, self.address, self.bucket = index, address, cfg.minio.bucket
         self.paths = paths = Layout.of(cfg).paths
         identity.record(paths, index, cfg.cluster.name, address)  # the id travels with the data
-        self._stopping = threading.Event()
+        self.stopping = threading.Event()
         self.nodes = NodeDirectory(ray_namespace(cfg.cluster.name))
         self.peers = Peers(index, cfg.cluster.name, self.nodes)
         # this host's durable copies of what names and unlocks the data (fasterfs.control.head_recovery)
@@ -89,17 +106,8 @@ class StorageNode:
                                   partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed,
                                   self.replica.keep if self.replica else None)
         self.ns_index = NodeIndex.build({}, index)
-        certs = None
-        if cfg.minio.tls:  # a fresh key made here, its certificate signed by the Registry on the head
-            certs = paths.minio_certs_dir(index)
-            tls.trust(tls.server_files(certs, address, partial(registry.issue_certificate, cfg.cluster.name)))
-        server = MinioServer(minio_binary(cfg), address, cfg.minio.port, cfg.minio.console_port,
-                             paths.node_dir(index) / "minio", paths.log_dir / f"minio-{index}.log", keys.admin,
-                             cfg.minio.md5_etags, certs)
-        self.minio = MinioSupervisor(server, self.bucket, keys.reader, cfg.minio.health_timeout_s)
-        stale = server.reap_stale()  # an earlier incarnation of this actor may have left one
-        if stale:
-            log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
+        self.minio = MinioSupervisor.of_node(cfg, index, address, keys)
+        server = self.minio.server
         phase = time.monotonic()
         # before MinIO, so its first connections are tuned too
         self.node_kernel = NodeKernel(cfg, index, address, paths, self._on_kernel_event)
@@ -129,13 +137,13 @@ class StorageNode:
                                   self.peers.reconnect)
         self.write_router = WriteRouter(self.peer_tier, cfg.kernel.mark_keep_s)
         self.node_repair = NodeRepair(cfg, index, self.peers.state, server.creds, self.namespace, self.nodes)
-        self.leader = RepairLeader(index, Timing.of(cfg.repair), self._probe,
+        reach = Reachability(self.peers.state, self.marked, lambda back: self._check_entries(held_by=back))
+        self.leader = RepairLeader(index, Timing.of(cfg.repair), reach.probe,
                                    lambda: registry.namespace_version(cfg.cluster.name), self.node_repair.survey,
                                    self.node_repair.check_changes, self.node_repair.run, self.node_repair.lease)
         self.scrubber = MinioScrub(index, self.bucket, cfg.scrub.mb_per_s,
                                    lambda: s3.MarkedGetter(server.endpoint, server.creds, cfg.kernel.fill_mark),
                                    self._rebuild)
-        self._answering: set[int] | None = None  # the nodes whose MinIO answered the last probe
         if self.replica is not None and self.replica.version >= 0:  # this host's copy, then what changed since
             self.namespace.seed(*self.replica.load())
         self.namespace.catch_up()  # a restarted node learns the current ones (whole: the cache held to them)
@@ -145,20 +153,7 @@ class StorageNode:
         self.kernel.start_events()  # HOT and STALE events now have a filler to go to
         self.mounts = Mounts(paths.node_dir(index) / "mounts.json", paths.log_dir, daemon_overrides(cfg),
                              cfg.mount.read_ahead_kb, hung_s=cfg.mount.hung_s)
-        threading.Thread(target=self.mounts.adopt, name="mounts-adopt", daemon=True).start()
-        threading.Thread(target=self.invalidations.run, args=(self._stopping,), name="tell-peers",
-                         daemon=True).start()
-        threading.Thread(target=self.mark_keeper.run, args=(self._stopping,), name="mark-keeper",
-                         daemon=True).start()
-        every(1.0, self.peer_tier.share, self._stopping, "cache-index")
-        every(NAMESPACE_POLL_S, self.namespace.catch_up, self._stopping, "namespace")  # a push it missed
-        every(cfg.repair.check_s, self.leader.tick, self._stopping, "repair-leader")
-        every(cfg.cache.scrub_interval_s,
-              partial(self.cache.scrub, int(cfg.cache.scrub_interval_s * cfg.cache.scrub_mb_per_s * 1e6)),
-              self._stopping, "cache-scrub")
-        every(cfg.scrub.interval_s, partial(self.scrub_minio, cfg.scrub.share), self._stopping, "minio-scrub")
-        every(cfg.minio.supervise_interval_s, self.minio.tick, self._stopping, "minio-supervisor")
-        every(cfg.minio.supervise_interval_s, self.mounts.supervise, self._stopping, "mount-supervisor")
+        schedule(self, cfg)
         self.started["total_s"] = time.monotonic() - began
         self.started = {k: round(v, 2) for k, v in self.started.items()}
         log.info("StorageNode %d started in %.2f s: %s", index, self.started["total_s"], self.started)
@@ -177,24 +172,12 @@ class StorageNode:
         for node, writes in self.write_router.route(batch, self.peers.others(), seen).items():
             self.peers.tell_writes(node, writes)
 
-    def _probe(self) -> tuple[list[int], set[int]]:
-        state = self.peers.state()
-        alive = answering(state, self.marked)  # over the fills' pooled connections
-        back = alive - self._answering if self._answering is not None else set()
-        self._answering = alive
-        if back:  # writes there while they were out of reach never invalidated this cache: check its entries
-            dropped = revalidate(self.cache, self.ns_index, self.bucket, {n.index: n.endpoint for n in state.nodes},
-                                 self.minio.server.creds, held_by=back)
-            log.warning("nodes %s answer again: %d cache entries of their chunks had changed, dropped",
-                        sorted(back), dropped)
-        return [n.index for n in state.nodes], alive
-
-    def _check_entries(self, keys: list[str] | None = None) -> int:
-        """Every cache entry (or `keys`' alone) against its holders' ETags; what cannot be vouched
-        for goes too."""
+    def _check_entries(self, keys: list[str] | None = None, held_by: set[int] | None = None) -> int:
+        """Every cache entry (or `keys`' alone, or those of chunks `held_by` these nodes) against
+        its holders' ETags; what cannot be vouched for goes too, unless held_by."""
         endpoints = {n.index: n.endpoint for n in self.peers.state().nodes}
         return revalidate(self.cache, self.ns_index, self.bucket, endpoints, self.minio.server.creds,
-                          keep_unverified=False, only=keys)
+                          keep_unverified=held_by is not None, only=keys, held_by=held_by)
 
     def _rebuild(self, bad_pieces: set[tuple[int, str]], bad: dict[str, set[int]]) -> int:
         out = self.node_repair.rebuild_bad(bad_pieces, bad)
@@ -273,7 +256,7 @@ class StorageNode:
     def scrub_minio(self, share: float = 1.0) -> dict:
         """One pass of the MinIO scrub over this node's objects now, its GETs taking at most
         `share` of the time (the periodic pass: scrub.share); returns its figures."""
-        return self.scrubber.scrub(self.ns_index.pieces, self._stopping, share, current=lambda: self.ns_index.pieces)
+        return self.scrubber.scrub(self.ns_index.pieces, self.stopping, share, current=lambda: self.ns_index.pieces)
 
     # -- status ---------------------------------------------------------------------------
 
@@ -386,7 +369,7 @@ class StorageNode:
         return self.mounts.unmount(path)
 
     def stop(self) -> None:
-        self._stopping.set()
+        self.stopping.set()
         self.mounts.unmount_all()
         self.node_kernel.close()  # first: no kernel event reaches a filler that is closing
         self.filler.close()

@@ -23,8 +23,8 @@ from ..bpf.events import key_hash
 from ..core import erasure
 from ..core.errors import FasterFSError
 from ..core.manifest import Manifest
-from . import cache_entry
-from .read_session import NoGoodCopy, ReadFailed, ReadSession, RottenCopy, unavailable
+from . import cache_entry, holder_reads
+from .read_session import ReadSession
 from .reader_stats import BYTES_MINIO, DAMAGED_ENTRIES, MISSES, PREFETCH
 
 log = logging.getLogger("fasterfs.read.client")
@@ -250,100 +250,16 @@ class Client:
         holders_down = all(self._down(n) for n in chunk.nodes)
         readers_of = chunk.nodes[:self.manifest.ec_data] if self.manifest.layout == "ec" else chunk.nodes
         if holders_down or self.session.slow(readers_of):
-            data = self._read_peer(i, chunk)
+            data = holder_reads.from_peer(self, chunk)
             if data is not None:
                 return data
         try:
-            return self._read_shards(i, chunk) if self.manifest.layout == "ec" else self._read_replicas(i, chunk)
+            return (holder_reads.shards if self.manifest.layout == "ec" else holder_reads.replicas)(self, i, chunk)
         except FasterFSError:
-            data = None if holders_down else self._read_peer(i, chunk)
+            data = None if holders_down else holder_reads.from_peer(self, chunk)
             if data is None:
                 raise
             return data
-
-    def _read_peer(self, i: int, chunk) -> bytes | None:
-        """Chunk i from the cache of a node that has it (any host; the StorageNodes keep the
-        index), checked against the manifest; None without Ray or when no cache has it."""
-        import ray
-
-        if not ray.is_initialized():
-            return None
-        near = [self.local_node] if self.local_node is not None else []
-        for node in near + [n.index for n in self.state.nodes if n.index not in near and not self._down(n.index)]:
-            try:
-                cached_on = self.session.ask(node, "cached_on", chunk.key, timeout=5.0)
-                break
-            except Exception:  # that node is gone too: ask the next
-                continue
-        else:
-            return None
-        for node in cached_on:
-            try:
-                data = self.session.ask(node, "cache_read", chunk.key, timeout=10.0)
-            except Exception:
-                continue
-            if data is not None and len(data) == chunk.bytes and xxhash.xxh3_64_intdigest(data) == chunk.xxh3:
-                self.session.peer_reads += 1
-                self.session.count_hit(node, len(data))
-                return data
-        return None
-
-    def _read_replicas(self, i: int, chunk) -> bytes:
-        def get(node: int) -> bytes:
-            body, meta = self.session.timed_get(node, self.manifest.bucket, chunk.key)
-            # The object carries the checksum it was stored with; MinIO is the source of truth, so an
-            # object rewritten by another tool (without one) is served as it now is.
-            stored = meta.get("xxh3")
-            if self.session.verify and stored is not None and xxhash.xxh3_64_intdigest(body) != int(stored):
-                raise RottenCopy(f"{chunk.key} does not match its stored checksum")
-            return body
-
-        try:  # holders that refused lately, last
-            node, body = self.session.first_answer(sorted(self.sources(i), key=self._down), get)
-        except ReadFailed as failed:
-            errors = failed.errors
-            if errors and all("NoSuchKey" in str(e) for e in errors.values()):
-                raise FasterFSError(f"chunk {i} ({chunk.key}) of generation {self.manifest.generation} is gone "
-                                    f"from every holder: dataset {self.manifest.dataset} was re-ingested more than "
-                                    "ingest.keep_old_s ago; connect() again to read the current generation") from None
-            said = [f"node {n} ({self.session.where(n)}): {type(e).__name__}: {e}"[:300] for n, e in errors.items()]
-            message = f"chunk {i} ({chunk.key}) could not be read from any holder: " + "; ".join(said)
-            if all(unavailable(e) for e in errors.values()):
-                raise NoGoodCopy(message, sorted(errors)) from None
-            raise FasterFSError(message) from None
-        self.session.served_by[node] += 1
-        st = self.stats(node)
-        st.add(MISSES)
-        st.add(BYTES_MINIO, len(body))
-        self.session.report_read(node, f"/{self.manifest.bucket}/{chunk.key}")
-        return body
-
-    def _read_shards(self, i: int, chunk) -> bytes:
-        """An erasure-coded chunk: its data shards fetched in parallel and joined; a shard that
-        is missing, unreadable or fails its checksum is replaced by the next parity shard
-        (a degraded read, decoded from any ec.data good shards)."""
-        bucket = self.manifest.bucket
-
-        def fetch(s: int) -> bytes:
-            node, key = chunk.nodes[s], erasure.shard_key(chunk.key, s)
-            try:
-                body = self.session.timed_get(node, bucket, key)[0]
-            except Exception as e:
-                self.session.note_failure(node, e)
-                raise
-            self.session.served_by[node] += 1
-            self.stats(node).add(BYTES_MINIO, len(body))
-            self.session.report_read(node, f"/{bucket}/{key}")
-            return body
-
-        data, degraded, why = erasure.gather(chunk, self.manifest.ec_data, self.manifest.ec_parity, fetch,
-                                             self.session.shard_pool(), lambda s: self._down(chunk.nodes[s]),
-                                             f"chunk {i} ({chunk.key})",
-                                             self.session.hedge_s(chunk.nodes[0]) if self.session.hedge else None)
-        self.session.degraded_reads += degraded
-        self.session.degraded_why.extend(why)
-        self.stats(chunk.nodes[0]).add(MISSES)
-        return data
 
     def _down(self, node: int) -> bool:
         return self.session.down(node)

@@ -85,7 +85,7 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
                                *daemon_args(cfg, uring)],
                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
     theirs.close()
-    agent.start_tree()  # the daemon mounts once it has the first tree
+    agent.tree.start_tree()  # the daemon mounts once it has the first tree
     log.info("serving namespace version %d of cluster %s at %s (daemon %d)", ns.version, ns.state.name,
              mountpoint, daemon.pid)
 
@@ -93,9 +93,9 @@ def serve(mountpoint: str, overrides: list[str]) -> None:
         daemon.terminate()
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
-    threading.Thread(target=agent.watch, name="namespace-watch", daemon=True).start()
+    threading.Thread(target=agent.tree.watch, name="namespace-watch", daemon=True).start()
     threading.Thread(target=agent.hot_soon, name="hot-soon", daemon=True).start()
-    threading.Thread(target=agent.warm, args=(warm_bound(cfg.mount),), name="warm", daemon=True).start()
+    threading.Thread(target=agent.tree.warm, args=(warm_bound(cfg.mount),), name="warm", daemon=True).start()
     try:
         agent.serve()  # until the daemon closes its end (unmounted, or it died)
     finally:
