@@ -126,7 +126,7 @@ def main(argv: list[str]) -> dict:
     if len(victims) != len(c.kill_at_s) or not all(0 <= v < len(state.nodes) for v in victims):
         raise FasterFSError(f"options chaos.victims={victims} / chaos.kill_at_s={list(c.kill_at_s)}: one time per "
                             f"victim, victims among hosts 0..{len(state.nodes) - 1}")
-    layout = [f"layout={c.layout}", f"ec.data={c.ec_data}", f"ec.parity={c.ec_parity}"]
+    layout = [f"layout={c.layout}"]  # ec: its shards as ec.data and ec.parity say
     manifest = ingest(config.load(argv + layout))
     client = fasterfs.connect(None, argv)
     params = [list(p) for p in cfg.backtest.params]

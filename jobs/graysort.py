@@ -1,9 +1,9 @@
 """Demo C — GraySort with an object-store shuffle and no single coordinator.
 
-    ray job submit --address http://127.0.0.2:8265 --working-dir . -- python jobs/graysort.py nodes=2 size=100MB
-    python jobs/graysort.py nodes=2 size=1GB graysort.format=fasterfs graysort.skew=2
+    ray job submit --working-dir . -- python jobs/graysort.py nodes=2 graysort.size=100MB
+    python jobs/graysort.py nodes=2 graysort.size=1GB graysort.format=fasterfs graysort.skew=2
 
-Overrides: nodes (default: every node of the cluster), size, graysort.format (gray |
+Overrides: nodes (default: every node of the cluster), graysort.size, graysort.format (gray |
 fasterfs), graysort.skew, graysort.partitions_per_node, graysort.baseline, and the object
 store per node with `fasterfs up cluster.object_store_mb=...` (Ray spills beyond it to
 cluster.spill_dir). Writes graysort.json and graysort.png to <output_dir>/graysort-<time>/;

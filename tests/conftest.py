@@ -46,7 +46,8 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
             f"cluster.node_ports={23000 + 1000 * port_offset}",
             f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}",
             f"dashboard.port={8400 + port_offset}", "kernel.mode=real",  # never the simulation, unless a test says so
-            "mount.warm_entries=0"]  # mounts list what they are asked for alone (test_mount warms one itself)
+            "mount.warm_entries=0",  # mounts list what they are asked for alone (test_mount warms one itself)
+            "repair.check_s=2"]  # the leader looks at a change within 2 s, as on the lab: tests wait for that look
 
 
 def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:

@@ -55,6 +55,18 @@ def warmed(client, actors, chunks) -> None:
         assert cached_entry(client, actors, i).exists()
 
 
+def kernel_counts(actors, name: str) -> list[int]:
+    """Each node's kernel counter `name` (fasterfs.h's FFS_C_*): what its TC program recorded."""
+    return [ray.get(a.kernel_status.remote())["counters"].get(name, 0) for a in actors]
+
+
+def refused_seen(actors, before: list[int], n: int = 1) -> None:
+    """Until every node's kernel has seen `n` more answers MinIO refused: the moment a stale mark
+    or HOT event would have been made, so what is absent afterwards was never caused."""
+    wait_until(lambda: all(now >= b + n for now, b in zip(kernel_counts(actors, "refused"), before)), 15,
+               f"every node's kernel to see {n} refused answer(s)")
+
+
 def checks_done(actors) -> int:
     return sum(r["suspect_checks"]["checks"] for r in ray.get([a.cache_status.remote() for a in actors]))
 
@@ -67,13 +79,15 @@ def test_an_unauthenticated_post_empties_no_cache(fresh, cluster_root, live_clus
     warmed(client, actors, range(4))
     before = entries(cluster_root, live_cluster)
     assert sum(map(len, before.values())) >= 4
+    refused, marks = kernel_counts(actors, "refused"), kernel_counts(actors, "stale_marks")
     for n in live_cluster.nodes:
         host, port = n.endpoint.split("//")[1].split(":")
         status = raw_request_as_nobody(host, int(port), f"POST /{manifest.bucket} HTTP/1.1\r\nHost: x\r\n"
                                                         "Content-Length: 0\r\n\r\n".encode())
         assert status.split()[1] in ("400", "403"), status  # MinIO refused it
-    time.sleep(3)  # as long as the caches took to empty before
-    assert entries(cluster_root, live_cluster) == before
+    refused_seen(actors, refused)
+    assert kernel_counts(actors, "stale_marks") == marks  # the kernel marked nothing written ...
+    assert entries(cluster_root, live_cluster) == before  # ... and no cache lost an entry
 
 
 def test_unauthenticated_gets_make_nothing_hot(fresh, cluster_root, live_cluster):
@@ -83,11 +97,14 @@ def test_unauthenticated_gets_make_nothing_hot(fresh, cluster_root, live_cluster
     node = client.sources(i)[0]
     host, port = live_cluster.nodes[node].endpoint.split("//")[1].split(":")
     path = f"/{manifest.bucket}/{manifest.chunk(i).key}"
+    refused, hot = kernel_counts(actors, "refused"), kernel_counts(actors, "hot_events")
     for _ in range(5):
         status = raw_request_as_nobody(host, int(port), f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert status.split()[1] == "403", status
-    time.sleep(2)
-    assert not Path(client.cache_path(node, i)).exists()
+    wait_until(lambda: kernel_counts(actors, "refused")[node] >= refused[node] + 5, 15,
+               "the node's kernel to see MinIO refuse the 5 GETs")
+    assert kernel_counts(actors, "hot_events") == hot  # the kernel made nothing hot ...
+    assert not Path(client.cache_path(node, i)).exists()  # ... and nothing was cached
     assert ray.get(actors[node].kernel_key_count.remote(path)) == 0
 
 

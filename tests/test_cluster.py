@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -339,11 +338,10 @@ def test_status_counts_what_the_namespace_places_on_each_node(live_cluster, over
     def placed() -> dict[int, tuple[int, int]]:
         return {r["index"]: (r["placed_objects"], r["placed_bytes"]) for r in statuses(live_cluster)}
 
-    def at_rest() -> bool:  # a node behind (an earlier test restarted the Registry) catches up by polling
-        first = placed()
-        time.sleep(NAMESPACE_POLL_S + 1)
-        return placed() == first
-    wait_until(at_rest, timeout=120, what="every node's namespace at rest")
+    def caught_up() -> bool:  # a node behind (an earlier test restarted the Registry) catches up by polling
+        current = registry.namespace_version(live_cluster.name)
+        return all(r["namespace_version"] == current for r in statuses(live_cluster))
+    wait_until(caught_up, timeout=3 * NAMESPACE_POLL_S + 30, what="every node's namespace at the Registry's version")
     before = placed()
     (tmp_path / "f").write_bytes(os.urandom(3 * 2**20 + 5))
     added = [put(config.load(overrides + ["replicas=2", "files.chunk_mb=1"]), tmp_path / "f", "status/placed.bin"),

@@ -20,25 +20,26 @@ from fasterfs.core.config import PROJECT_DIR
 def test_multirun_sweep_runs_each_in_its_own_directory_with_a_summary(live_cluster, overrides):
     """Three runs, the last failing as it runs (7 bytes are no whole record): the others still run
     and are summed up, the failed one is marked and named, and the sweep exits 1."""
-    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "-m", "size=1MB,2MB,7B", "graysort.baseline=false",
-              "graysort.reference_mb=0", *overrides, timeout=600)
+    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "-m", "graysort.size=1MB,2MB,7B",
+              "graysort.baseline=false", "graysort.reference_mb=0", *overrides, timeout=600)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "graysort: 1 run(s) failed: size=7B" in out.stderr, out.stderr[-3000:]
+    assert "graysort: 1 run(s) failed: graysort.size=7B" in out.stderr, out.stderr[-3000:]
     sweep_dir = Path(re.search(r"^sweep of 3 runs \(1 failed\): (\S+)/summary\.md$", out.stdout, re.M).group(1))
     summary = json.loads((sweep_dir / "sweep.json").read_text())
-    assert summary["swept"] == ["size"] and len(summary["runs"]) == 3
+    assert summary["swept"] == ["graysort.size"] and len(summary["runs"]) == 3
     assert [bool(r["failed"]) for r in summary["runs"]] == [False, False, True]
-    assert "option size='7B'" in summary["runs"][2]["failed"]
+    assert "option graysort.size='7B'" in summary["runs"][2]["failed"]
     for size, r in zip(("1MB", "2MB"), summary["runs"]):
         run_dir = Path(r["dir"])
         assert run_dir.parent == sweep_dir.parent and run_dir.name.startswith("graysort-")
-        assert f"size={size}" in yaml.safe_load((run_dir / ".hydra/overrides.yaml").read_text())
+        assert f"graysort.size={size}" in yaml.safe_load((run_dir / ".hydra/overrides.yaml").read_text())
         report = json.loads((run_dir / "graysort.json").read_text())
         assert report["bytes"] == {"1MB": 1_000_000, "2MB": 2_000_000}[size]
         assert r["figures"] == report["figures"] and r["figures"]["sort end to end (s)"] > 0
     assert len({r["dir"] for r in summary["runs"]}) == 3
     table = (sweep_dir / "summary.md").read_text().splitlines()
-    assert len(table) == 5 and "size=1MB" in table[2] and "size=2MB" in table[3] and "FAILED" in table[4]
+    assert len(table) == 5 and "FAILED" in table[4]
+    assert "graysort.size=1MB" in table[2] and "graysort.size=2MB" in table[3]
     assert (sweep_dir / "sweep.png").stat().st_size > 0
 
 
@@ -55,7 +56,7 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     from fasterfs.control import auth
     from fasterfs.ops import cluster
 
-    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "size=1MB", "graysort.baseline=false",
+    out = run(PYTHON, str(PROJECT_DIR / "jobs/graysort.py"), "graysort.size=1MB", "graysort.baseline=false",
               "graysort.reference_mb=0", *overrides, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     output = re.search(r"^output: (\S+)$", out.stdout, re.M).group(1)
@@ -66,7 +67,7 @@ def test_ray_dashboard_names_actors_tasks_jobs_and_carries_fasterfs_metrics(live
     jobs = json.loads(opener.open(request, timeout=30).read())
     mine = [j for j in jobs if (j.get("metadata") or {}).get("fasterfs.output") == output]
     assert len(mine) == 1 and mine[0]["metadata"]["fasterfs.ops.job"] == "graysort", jobs
-    assert "size=1MB" in mine[0]["metadata"]["fasterfs.overrides"].split()
+    assert "graysort.size=1MB" in mine[0]["metadata"]["fasterfs.overrides"].split()
     named = {"graysort.map[part 0 @ node 0]", "graysort.reduce[part 1 @ node 1]", "graysort.generate[part 1 @ node 1]"}
     tasks_ray_recorded(live_cluster, [("job_id", "=", mine[0]["job_id"])],
                        lambda tasks: named <= {t.name for t in tasks})
@@ -94,7 +95,7 @@ def test_fasterfs_env_lets_a_new_shell_submit_a_job(live_cluster, overrides):
 
     root = live_cluster.root
     script = (f'eval "$({PROJECT_DIR}/.venv/bin/fasterfs env cluster.root={root})" && '
-              "ray job submit --working-dir . -- python jobs/graysort.py size=2MB graysort.baseline=false "
+              "ray job submit --working-dir . -- python jobs/graysort.py graysort.size=2MB graysort.baseline=false "
               "graysort.reference_mb=0")
     out = subprocess.run(["env", "-i", "HOME=/root", "PATH=/usr/bin:/bin", "bash", "-c", script], cwd=PROJECT_DIR,
                          capture_output=True, text=True, timeout=600)

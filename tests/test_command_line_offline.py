@@ -59,9 +59,9 @@ BAD_OVERRIDES = [
     (["nodez=2"], "nodez"),                      # no such key
     (["nodes=abc"], "nodes"),                    # a bad value
     (["nodes=1,2"], "nodes=1,2"),                # a sweep without -m
-    (["size=[1"], "size=\\[1"),                   # not Hydra's override grammar
+    (["graysort.size=[1"], "graysort.size=\\[1"),  # not Hydra's override grammar
     (["-m", "nodes=1,abc"], "nodes"),            # the second run of a sweep is bad: nothing runs
-    (["-m", "size=1MB,2MB", "kernel.mode=imaginary"], "kernel.mode"),
+    (["-m", "graysort.size=1MB,2MB", "kernel.mode=imaginary"], "kernel.mode"),
 ]
 
 

@@ -119,5 +119,5 @@ def test_a_jobs_result_fails_only_on_an_error_or_its_own_checks():
 
     assert failure({"failed": 0, "passed": True, "reads": 131509}) is None
     assert failure({"figures": {"mb_s": 1.0}}) is None
-    assert failure({"error": "option size='7B': ..."}) == "option size='7B': ..."
+    assert failure({"error": "option graysort.size='7B': ..."}) == "option graysort.size='7B': ..."
     assert failure({"failed": 0, "passed": False}) == "did not pass its checks"

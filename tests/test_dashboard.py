@@ -123,7 +123,8 @@ def test_heatmap_past_its_cells_shows_the_names_being_read(ingest_as, client_for
 
 
 def test_job_runs_listed_with_their_reports(live_cluster, overrides):
-    result = load_job("graysort").main(overrides + ["size=2MB", "graysort.baseline=false", "graysort.reference_mb=0"])
+    result = load_job("graysort").main(overrides + ["graysort.size=2MB", "graysort.baseline=false",
+                                                    "graysort.reference_mb=0"])
     runs = api(live_cluster, "/api/runs")
     run = next(r for r in runs if r["job"] == "graysort")
     assert run["headline"]["sorted"] == "2 MB on 2 nodes, valid"

@@ -47,7 +47,7 @@ def assert_sorted_of(output: list[bytes], inputs: list[bytes], key: int) -> None
 @pytest.mark.parametrize("extra", [["graysort.format=gray"], ["graysort.format=fasterfs"],
                                    ["graysort.format=gray", "graysort.skew=3"]])
 def test_small_sorts_validate(live_cluster, overrides, extra):
-    p = graysort.plan(sort_cfg(overrides, "size=4MB", "graysort.partitions_per_node=3", *extra), 2)
+    p = graysort.plan(sort_cfg(overrides, "graysort.size=4MB", "graysort.partitions_per_node=3", *extra), 2)
     try:
         result = graysort.run(live_cluster, p, baseline=True, reference_mb=0)
         held = minio_listing(live_cluster, f"graysort/{p.run}/output/")
@@ -83,8 +83,8 @@ def test_the_output_is_the_input_sorted_as_python_sorts_it(live_cluster, overrid
     """The oracle is the standard library's, on the objects MinIO holds (boto3): the output
     partitions, in order, are exactly the input records sorted by key (any order among equal
     keys), whatever graysort's own validation says."""
-    p = graysort.plan(sort_cfg(overrides, "size=1MB", "graysort.partitions_per_node=2", f"graysort.format={fmt}",
-                               "graysort.skew=2"), 2)
+    p = graysort.plan(sort_cfg(overrides, "graysort.size=1MB", "graysort.partitions_per_node=2",
+                               f"graysort.format={fmt}", "graysort.skew=2"), 2)
     try:
         graysort.run(live_cluster, p, baseline=False, reference_mb=0)
         inputs, output = stored_records(live_cluster, p, "input"), stored_records(live_cluster, p, "output")
@@ -96,7 +96,7 @@ def test_the_output_is_the_input_sorted_as_python_sorts_it(live_cluster, overrid
 
 def test_job_reports_phases_baseline_and_reference(live_cluster, overrides):
     """The job's main in this process (its `ray job submit` from a new shell: test_command_line)."""
-    result = load_job("graysort").main(overrides + ["size=3MB", "graysort.reference_mb=1"])
+    result = load_job("graysort").main(overrides + ["graysort.size=3MB", "graysort.reference_mb=1"])
     out = sorted(Path(live_cluster.root, "outputs").glob("graysort-*"))[-1]
     assert (out / "graysort.png").stat().st_size > 0
     assert result["baseline"]["validation"]["records"] == result["records"] == 30_000
@@ -106,7 +106,7 @@ def test_job_reports_phases_baseline_and_reference(live_cluster, overrides):
 
 
 def test_maps_take_turns_across_nodes(overrides):
-    p = graysort.plan(sort_cfg(overrides, "size=6MB", "graysort.partitions_per_node=3"), 2)
+    p = graysort.plan(sort_cfg(overrides, "graysort.size=6MB", "graysort.partitions_per_node=3"), 2)
     order = p.map_order()
     assert sorted(order) == list(range(p.parts))
     assert [p.node_of(j) for j in order] == [0, 1] * 3  # both nodes busy from the first map
@@ -141,7 +141,7 @@ def _corrupt(live_cluster, p, how):
                                           ("drop", r"records, the input had"),
                                           ("flip", r"checksum .* differs")])
 def test_corrupted_output_fails_validation(live_cluster, overrides, how, message):
-    p = graysort.plan(sort_cfg(overrides, "size=2MB", "graysort.partitions_per_node=1"), 2)
+    p = graysort.plan(sort_cfg(overrides, "graysort.size=2MB", "graysort.partitions_per_node=1"), 2)
     try:
         result = graysort.run(live_cluster, p, baseline=False, reference_mb=0)
         graysort.validate(live_cluster, p, result["records"], result["input_checksum"])  # fine before
@@ -171,7 +171,7 @@ def _peak_growth(fn) -> float:
 def test_driver_memory_flat_as_size_grows(live_cluster, overrides):
     growth = {}
     for size in ("4MB", "60MB"):
-        p = graysort.plan(sort_cfg(overrides, f"size={size}", "graysort.partition_mb=8"), 2)
+        p = graysort.plan(sort_cfg(overrides, f"graysort.size={size}", "graysort.partition_mb=8"), 2)
         try:
             growth[size] = _peak_growth(lambda p=p: graysort.run(live_cluster, p, baseline=False, reference_mb=0))
         finally:
@@ -182,9 +182,9 @@ def test_driver_memory_flat_as_size_grows(live_cluster, overrides):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["size=1000001"], r"size=1000001 .* not a positive multiple of the 100-byte gray record"),
-    (["size=10MiB"], r"not a positive multiple"),
-    (["size=lots"], r"option size='lots'"),
+    (["graysort.size=1000001"], r"graysort.size=1000001 .* not a positive multiple of the 100-byte gray record"),
+    (["graysort.size=10MiB"], r"not a positive multiple"),
+    (["size=lots"], r"option graysort.size='lots'"),
     (["graysort.format=weird"], r"unknown record format 'weird'"),
 ])
 def test_bad_input_refused_before_anything_starts(live_cluster, overrides, extra, message):
@@ -219,5 +219,5 @@ def test_records_depend_only_on_seed_and_index():
 
 def test_two_runs_in_one_second_get_their_own_objects(overrides):
     """delete_run removes graysort/<run>/: two runs must never share a run id."""
-    plans = [graysort.plan(sort_cfg(overrides, "size=2MB"), 2) for _ in range(20)]  # well within a second or two
+    plans = [graysort.plan(sort_cfg(overrides, "graysort.size=2MB"), 2) for _ in range(20)]  # within a second or two
     assert len({p.run for p in plans}) == 20

@@ -191,7 +191,7 @@ def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(tl
     cfg = config.load(four)
     try:
         result = load_job("chaos").main(four + data_overrides() + SMALL_BACKTEST + [
-            "chaos.ec_data=2", "chaos.ec_parity=1", "chaos.victims=[2]", "chaos.kill_at_s=[2]", "chaos.rounds_after=1"])
+            "ec.data=2", "ec.parity=1", "chaos.victims=[2]", "chaos.kill_at_s=[2]", "chaos.rounds_after=1"])
         assert result["killed"][0]["processes"] > 0 and result["layout"] == "ec=2+1"
         assert result["failed_reads"] == 0, result["rounds"]
         # what every run read, undisturbed, in each round and after the host came back, against the

@@ -270,7 +270,7 @@ def test_the_jobs_on_share_nothing_hosts(lab3, sample):
         assert a["rows"] == b["rows"] == rows > 0 and a["pnl"] == b["pnl"]
         assert a["pnl"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert backtest["modes"]["FasterFS"]["cache_hits"] > 0  # replays served from the hosts' own caches
-    sort = submit_job(state, "graysort", overrides + ["size=3MB", "graysort.reference_mb=1"])
+    sort = submit_job(state, "graysort", overrides + ["graysort.size=3MB", "graysort.reference_mb=1"])
     assert sort["records"] == 30_000 and sort["reference"]["cores"] >= 1
 
 

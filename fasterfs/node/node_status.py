@@ -20,6 +20,7 @@ class NodeStatus(TypedDict):
     objects: int | None      # None: not counted (MinIO down): unknown, never 0
     bytes: int | None
     objects_age_s: float | None  # how old that count is (a listing of many objects is made seldom)
+    namespace_version: int   # the namespace's version this node's index is of (the Registry's, once caught up)
     placed_objects: int      # the objects the namespace places on this node (its index: current, nothing listed)
     placed_bytes: int
     kernel_mode: str

@@ -278,7 +278,7 @@ class StorageNode:
             chunks, size, age = self.minio.count(bucket_walk.Paced(self.marked(self.index), self.cfg.minio.list_share),
                                                  max_age_s)
         return {"index": self.index, "address": self.address, "node_id": ray.get_runtime_context().get_node_id(),
-                "actor_pid": os.getpid(),
+                "actor_pid": os.getpid(), "namespace_version": self.namespace.version,
                 "endpoint": self.minio.server.endpoint, "healthy": healthy, "held": held,
                 "minio_pid": pid, "minio_restarts": restarts, "objects": chunks, "bytes": size,
                 "objects_age_s": age, "placed_objects": len(self.ns_index.pieces),

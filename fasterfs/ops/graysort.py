@@ -49,7 +49,7 @@ def parse_size(text) -> int:
         return text
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*", str(text), re.IGNORECASE)
     if not m:
-        raise FasterFSError(f"option size={text!r}: use a byte count or e.g. 100MB, 4GB, 64MiB")
+        raise FasterFSError(f"option graysort.size={text!r}: use a byte count or e.g. 100MB, 4GB, 64MiB")
     unit = m.group(2).upper().rstrip("B")
     scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
              "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
@@ -108,10 +108,10 @@ def plan(cfg, cluster_nodes: int, nodes: int | None = None) -> SortPlan:
     if nodes > cluster_nodes:
         raise FasterFSError(f"option nodes={nodes}: the running cluster has {cluster_nodes} nodes")
     fmt = records.record_format(g.format)
-    size = parse_size(cfg.size)
+    size = parse_size(cfg.graysort.size)
     if size <= 0 or size % fmt.record:
-        raise FasterFSError(f"option size={cfg.size!r} ({size} bytes) is not a positive multiple of the "
-                            f"{fmt.record}-byte {fmt.name} record")
+        raise FasterFSError(f"option graysort.size={cfg.graysort.size!r} ({size} bytes) is not a positive "
+                            f"multiple of the {fmt.record}-byte {fmt.name} record")
     if g.skew < 0:
         raise FasterFSError(f"option graysort.skew={g.skew}: must be >= 0")
     per_node = g.partitions_per_node

@@ -1,9 +1,9 @@
 """The command line every job shares: Hydra's own (`@hydra.main`).
 
-    python jobs/graysort.py nodes=2 size=100MB        one run, in <output_dir>/graysort-<time>/
+    python jobs/graysort.py nodes=2 graysort.size=100MB        one run, in <output_dir>/graysort-<time>/
     python jobs/graysort.py --help                    what can be overridden, with the defaults
     python jobs/graysort.py --cfg job                 the composed configuration
-    python jobs/graysort.py -m nodes=1,2 size=50MB,100MB
+    python jobs/graysort.py -m nodes=1,2 graysort.size=50MB,100MB
         a sweep: every combination runs in its own <output_dir>/graysort-<time>_<n>/, and
         <output_dir>/sweep_graysort-<time>/ puts them side by side (summary.md, sweep.png)
 
