@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 import ray
 from conftest import (
+    first_source_rows,
     load_job,
     loop_pnl,
     minio_holdings,
@@ -26,7 +27,7 @@ SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],
 
 @pytest.mark.unit
 def test_crossover_pnl_equals_a_plain_loop():
-    rows = source_rows([])[:400]  # the source files' first rows (csv module): no cluster needed
+    rows = first_source_rows(400)  # the source files' first rows (csv module): no cluster needed
     frame = pl.DataFrame(rows, schema=lobster.columns((len(rows[0]) - 6) // 4), orient="row")
     mid = [Fraction(a + b, 20000) for a, b in zip(frame["AskPrice1"], frame["BidPrice1"])]  # USD
     job = load_job("backtest")

@@ -15,7 +15,7 @@ from fasterfs.node.counting_bloom import FALSE_POSITIVE
 
 pytestmark = pytest.mark.unit  # no root, no Ray, no MinIO
 
-NODES, ENTRIES = 16, 2_000
+NODES, ENTRIES = 16, 500
 
 
 def test_no_change_sends_nothing_and_changes_cost_what_changed():

@@ -15,7 +15,8 @@ from fasterfs.meta import ENGINES, NamespaceStore, open_engine
 from fasterfs.meta.redis_server import RedisServer
 from fasterfs.meta.store import whole
 
-pytestmark = pytest.mark.unit
+# SQLite's cases are unit tests; Redis's start a redis-server each: the cluster tier's
+WITH_ENGINES = [pytest.param(e, marks=pytest.mark.unit) if e == "sqlite" else e for e in ENGINES]
 
 
 def manifest(name: str, generation: str, nodes=((0, 1), (1, 2))) -> Manifest:
@@ -26,7 +27,7 @@ def manifest(name: str, generation: str, nodes=((0, 1), (1, 2))) -> Manifest:
 _SERVERS: dict[str, int] = {}  # root -> the PID of the Redis server started for it
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=WITH_ENGINES)
 def engine(request):
     yield request.param
     process.terminate_all(list(_SERVERS.values()))
@@ -273,6 +274,7 @@ def test_the_whole_namespace_is_read_in_pages_at_one_version_while_changes_go_on
     assert all(m == store.manifest(n) for n, m in manifests.items())
 
 
+@pytest.mark.unit
 def test_manifests_survive_pickling_and_a_text_that_is_not_json_is_named():
     m = manifest("d/x", "g1")
     assert pickle.loads(pickle.dumps(m)) == m and pickle.loads(pickle.dumps(m.chunks[0])) == m.chunks[0]
@@ -315,7 +317,7 @@ def test_a_follower_takes_pushes_in_order_and_fetches_what_it_missed(store):
         [("a", "g1"), ("b", None)], [("b", None), ("a", "g1")])
 
 
-def test_a_redis_directory_another_user_made_is_refused(tmp_path):
+def test_a_redis_directory_another_user_made_is_refused(tmp_path):  # chown: root, the cluster tier
     """A local user who made the server's directory first (to plant its password) is named, and
     no server starts."""
     planted = tmp_path / "redis"
@@ -387,6 +389,7 @@ def test_an_unreadable_file_of_an_earlier_namespace_is_named_and_nothing_adopted
     assert store.count() == 0 and (tmp_path / "namespace" / "d.json").exists()
 
 
+@pytest.mark.unit
 def test_a_pause_of_the_collector_nests_and_a_freezing_one_keeps_what_it_built():
     import gc
 

@@ -1,14 +1,10 @@
 """The FUSE daemon's own tests (native/ffs-mount: `cargo test`), in the suite so that CI runs
 them: its tree and deltas, the protocol against a scripted agent, and its fetch path against a
 small HTTP server (bytes refused by their checksum, kept-alive connections). Built in the
-release profile, whose crates `scripts/setup.sh` has compiled already."""
+release profile by `make setup-test`; in the cluster tier, as it runs cargo and its build."""
 import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
-
-pytestmark = pytest.mark.unit
 
 CRATE = Path(__file__).resolve().parents[1] / "native" / "ffs-mount"
 
