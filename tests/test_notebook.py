@@ -1,5 +1,9 @@
-"""The notebooks run top to bottom against the live cluster."""
+"""The notebooks run top to bottom against the live cluster, and so do the README's Python blocks."""
+import json
 import os
+import re
+import subprocess
+import sys
 
 import nbformat
 from nbclient import NotebookClient
@@ -135,23 +139,52 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         pass
 
 
-def test_the_readmes_first_python_block_runs(ingest_as, cluster_root):
-    """The README's "read it from Python" block, as printed there, against the test cluster: its
-    chunk 3 is the source files' rows of that chunk (gzip's read of them)."""
-    import re
-    import subprocess
-    import sys
+def readme_block(k: int, prelude: str, check: str, cluster_root) -> subprocess.CompletedProcess:
+    """The README's k-th Python block, as printed there, between `prelude` and `check`, in a
+    process of its own against the test cluster."""
+    block = re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / "README.md").read_text(), re.S)[k]
+    done = subprocess.run([sys.executable, "-c", prelude + block + check], capture_output=True, timeout=180,
+                          env={**os.environ, "FASTERFS_ROOT": str(cluster_root)}, cwd=config.PROJECT_DIR)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done
 
+
+def test_the_readmes_first_python_block_runs(ingest_as, cluster_root):
+    """The README's "read it from Python" block against the test cluster: its chunk 3 is the
+    source files' rows of that chunk (gzip's read of them), its window every message of it."""
     from conftest import source_csv, source_lines
 
     manifest = ingest_as("csv", reuse=True)  # connect()'s default: the dataset ingested last
-    block = re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / "README.md").read_text(), re.S)[0]
     check = "\nimport sys\nsys.stdout.buffer.write(raw)\nprint(len(df), len(window), file=sys.stderr)\n"
-    done = subprocess.run([sys.executable, "-c", block + check], capture_output=True, timeout=120,
-                          env={**os.environ, "FASTERFS_ROOT": str(cluster_root)}, cwd=config.PROJECT_DIR)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    done = readme_block(0, "", check, cluster_root)
     chunk = manifest.chunk(3)
     assert done.stdout == source_csv(chunk.first_row, chunk.rows)
     table_rows, window_rows = map(int, done.stderr.decode().split()[-2:])
     in_window = sum(36000 <= float(line.split(b",")[0]) < 37800 for line in source_lines([])[0])
     assert table_rows == chunk.rows and window_rows == in_window
+
+
+def test_the_readmes_fsspec_and_ray_data_block_runs(ingest_as, overrides, cluster_root, tmp_path):
+    """The README's block of the tools users have (pandas over fasterfs://, a pyarrow dataset of
+    Parquet files, Ray Data), with a Parquet file stored at research/aapl first: each reads what
+    it was given (the source's rows by gzip, the table pyarrow wrote)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import source_csv, source_lines
+
+    from fasterfs.write.ingest import put, remove
+
+    manifest = ingest_as("csv", reuse=True)
+    table = pa.table({"price": list(range(1000)), "size": [i % 7 for i in range(1000)]})
+    pq.write_table(table, tmp_path / "book.parquet")
+    put(config.load(overrides), tmp_path / "book.parquet", "research/aapl/book.parquet")
+    try:
+        check = "\nprint(json.dumps([len(df), book.to_pydict(), ds.count()]))\n"
+        done = readme_block(1, f"import json\ndataset = {manifest.name!r}\n", check, cluster_root)
+    finally:
+        remove(config.load(overrides), "research/aapl/book.parquet")
+    rows, book, count = json.loads(done.stdout.decode().splitlines()[-1])
+    chunk = manifest.chunk(3)
+    assert rows == source_csv(chunk.first_row, chunk.rows).count(b"\n")
+    assert book == table.to_pydict()
+    assert count == len(source_lines([])[0])

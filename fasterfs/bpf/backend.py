@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
-from .stale_marks import NoMarks, StaleMarks
+from .write_marks import NoWriteMarks, WriteMarks
 
 
 class KernelSnapshot(TypedDict):
@@ -37,7 +37,7 @@ class KernelBackend(Protocol):
     suspect_key: int  # the bucket's key: its mark makes every entry fetched before it suspect
 
     @property
-    def marks(self) -> StaleMarks | NoMarks: ...  # the kernel's record of writes, pinned for readers
+    def marks(self) -> WriteMarks | NoWriteMarks: ...  # the kernel's record of writes, pinned for readers
     def watch(self, address: str | None, port: int) -> None: ...
     def attach_tc(self, interface: str, name: str, direction: str = "egress", netns: str | None = None,
                   sole_owner: bool = False) -> None: ...

@@ -22,7 +22,7 @@ from ..core.errors import FasterFSError
 from . import events as ev
 from . import map_figures, tc
 from .backend import KernelSnapshot
-from .stale_marks import StaleMarks
+from .write_marks import WriteMarks
 
 log = logging.getLogger("fasterfs.bpf")
 MAX_NAMES = 65536
@@ -70,7 +70,7 @@ class KernelPrograms:
         self._keys_deleted = 0  # count entries user space removed (reset_key): not the LRU's doing
         # The suspect key is the bucket's own mark, which readers check already
         self.suspect_key = ev.key_hash(f"/{bucket}")
-        self.marks = StaleMarks(self.bpf, self.suspect_key)
+        self.marks = WriteMarks(self.bpf, self.suspect_key)
         self.hot_threshold, self.fill_mark, self.delack_max_us = hot_threshold, fill_mark, delack_max_us
         self.epoch = 0
         self._write_config()

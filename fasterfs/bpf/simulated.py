@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from . import events as ev
 from .backend import KernelSnapshot
-from .stale_marks import NoMarks
+from .write_marks import NoWriteMarks
 
 MAX_NAMES = 65536
 METHOD_IDS = {v: k for k, v in ev.METHODS.items()}
@@ -24,7 +24,7 @@ class SimulatedPrograms:
                  on_event: Callable[[dict], None] | None = None, reason: str = "", **maps):
         self.hot_threshold, self.on_event, self.reason = hot_threshold, on_event, reason
         self.suspect_key = ev.key_hash(f"/{maps.get('bucket', 'fasterfs')}")
-        self.marks = NoMarks()
+        self.marks = NoWriteMarks()
         self.epoch = 0
         self.ports: set[int] = set()
         self.counts: collections.Counter = collections.Counter()

@@ -13,7 +13,7 @@ import time
 from . import events as ev
 
 
-class StaleMarks:
+class WriteMarks:
     def __init__(self, bpf, suspect_key: int):
         self.table, self.counters = bpf[b"stale_keys"], bpf[b"counters"]
         # The suspect key is in the map from the start, so marking it succeeds however full it is.
@@ -82,7 +82,7 @@ class StaleMarks:
             self.pinned = None
 
 
-class NoMarks:
+class NoWriteMarks:
     """The simulated kernel's: no map, so nothing is pinned; the STALE callback alone drops an
     entry, and a peer's bucket-wide write is checked entry by entry all the same."""
     pinned = None
