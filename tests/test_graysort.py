@@ -184,7 +184,7 @@ def test_driver_memory_flat_as_size_grows(live_cluster, overrides):
 @pytest.mark.parametrize("extra, message", [
     (["graysort.size=1000001"], r"graysort.size=1000001 .* not a positive multiple of the 100-byte gray record"),
     (["graysort.size=10MiB"], r"not a positive multiple"),
-    (["size=lots"], r"option graysort.size='lots'"),
+    (["graysort.size=lots"], r"option graysort.size='lots'"),
     (["graysort.format=weird"], r"unknown record format 'weird'"),
 ])
 def test_bad_input_refused_before_anything_starts(live_cluster, overrides, extra, message):
