@@ -303,9 +303,10 @@ def test_a_flood_past_the_marks_and_the_ring_leaves_nothing_trusted(tmp_path):
 def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys, seen_bits):
     """300 chunks read in order, twice (the second pass would make each hot, threshold 2): with a
     counting map of 1,024 keys every chunk becomes hot (the kernel's HOT counter); with one of 128
-    and no second-chance filter, the first pass's counts are gone before the second reaches them,
-    none becomes hot, and the snapshot says how many counts the map let go (at least 600 made, at
-    most 128 held); with the filter, each chunk whose count went is known again and becomes hot."""
+    and no second-chance filter, the first pass's counts are gone before the second reaches them
+    (but for a few the kernel's approximate LRU kept), almost none becomes hot, and the snapshot
+    says how many counts the map let go (at least 600 made, at most 128 held); with the filter,
+    each chunk whose count went is known again and becomes hot."""
     progs = bpf.load("real", hot_threshold=2, count_keys=count_keys, seen_bits=seen_bits)
     try:
         progs.watch(None, 9000)
@@ -318,7 +319,9 @@ def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys, seen_bits)
         if count_keys == 1024:
             assert hot == 300 and counts["evicted"] == 0 and counts["second_chances"] == 0, (hot, counts)
         elif not seen_bits:
-            assert hot == 0 and counts["evicted"] >= 600 - count_keys, (hot, counts)
+            # the kernel's LRU is approximate (per-CPU free lists hand entries out in batches): a few
+            # first-pass counts may outlive later ones (16 of 300 seen once), never most of them
+            assert hot <= count_keys // 4 and counts["evicted"] >= 600 - count_keys, (hot, counts)
         else:  # every chunk hot; a first read may be too, if another key set its bit (~keys / bits)
             false = 2 * 300 * 300 / seen_bits
             assert 300 <= hot <= 300 + 2 * false + 1 and counts["second_chances"] >= 300, (hot, counts)
