@@ -532,3 +532,24 @@ def test_both_backends_report_one_snapshot_shape(programs):
     wanted = set(KernelSnapshot.__annotations__)
     assert set(programs.snapshot()) == wanted
     assert set(bpf.load("simulated").snapshot()) == wanted
+
+
+def test_unmounting_a_bpffs_takes_every_one_stacked_there(tmp_path):
+    """Two StorageNodes starting at once may each mount a bpffs at the cluster's path: `down`
+    (unmount_bpffs) leaves none, as /proc/mounts says."""
+    from fasterfs.bpf.pinned import unmount_bpffs
+
+    path = tmp_path / "bpf"
+    path.mkdir()
+    for _ in range(2):
+        subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(path)], check=True)
+
+    def at_path() -> int:
+        with open("/proc/mounts") as f:
+            return sum(line.split()[1] == str(path) for line in f)
+    assert at_path() == 2
+    try:
+        assert unmount_bpffs(path) and at_path() == 0
+    finally:
+        while at_path():
+            subprocess.run(["umount", str(path)], check=True)
