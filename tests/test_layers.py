@@ -55,8 +55,8 @@ def lines_of(path: Path) -> int:
 
 
 def test_every_source_file_is_at_most_400_lines():
-    daemon = ROOT / "native" / "ffs-mount" / "src"  # its src/tests/: test code alone
-    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "jobs").glob("*.py"), *daemon.glob("*.rs")]
+    daemon = ROOT / "native" / "ffs-mount" / "src"  # its unit tests in src/tests/, each file held to it too
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "jobs").glob("*.py"), *daemon.glob("*.rs"), *daemon.glob("tests/*.rs")]
     assert len(sources) > 100
     long = {str(p.relative_to(ROOT)): n for p in sources if (n := lines_of(p)) > 400}
     assert not long, long

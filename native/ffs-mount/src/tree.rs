@@ -322,3 +322,11 @@ impl Tree {
 #[path = "tests/tree_tests.rs"]
 #[cfg(test)]
 mod tests;
+
+#[path = "tests/tree_more_tests.rs"]
+#[cfg(test)]
+mod more_tests;
+
+#[path = "tests/tree_bench_tests.rs"]
+#[cfg(test)]
+mod bench_tests;
