@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cluster_overrides
+from conftest import cluster_overrides, mounts_under
 
 from fasterfs.control.state import leave
 from fasterfs.core import config
@@ -65,6 +65,7 @@ def own(tmp_path_factory):
         cluster.down(config.load(overrides))
     except FasterFSError:
         pass  # already down (or never up)
+    assert not mounts_under(str(root)), "a mount (bpffs, cgroup2) of the cluster is left"
 
 
 @pytest.mark.timeout(600)  # a cluster brought up, its head wiped, brought up again: 120 s under CI

@@ -147,11 +147,32 @@ def check_ports(cfg, head: Host, hosts: list[Host]) -> None:
             check_port_free(head.address, cfg.dashboard.port, "FasterFS dashboard (dashboard.port)")
     for i, host in enumerate(hosts):
         if host.netns is None:
-            check_port_free("127.0.0.1", cfg.cluster.agent_port + i, "Ray dashboard agent (cluster.agent_port)")
-            for port in range(node_ports(cfg, i), node_ports(cfg, i) + (7 if host == head else 5)):
-                check_port_free(host.address, port, f"Ray node {i} (cluster.node_ports)")
+            check_node_ports(cfg, host, i, host == head)
             check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
             check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
+
+
+def check_node_ports(cfg, host: Host, index: int | None, is_head: bool) -> None:
+    """The fixed ports of Ray node `index` (None: a head without storage), free on its address."""
+    agent = cfg.cluster.agent_port + (HEAD_SLOT if index is None else index)
+    check_port_free("127.0.0.1", agent, "Ray dashboard agent (cluster.agent_port)")
+    name = "the head" if index is None else f"node {index}"
+    for port in range(node_ports(cfg, index), node_ports(cfg, index) + (7 if is_head else 5)):
+        check_port_free(host.address, port, f"Ray {name} (cluster.node_ports)")
+
+
+def wait_node_ports(cfg, host: Host, index: int | None, is_head: bool, timeout: float) -> None:
+    """A Ray node started where one just died: the dead node's agents let go of its fixed ports
+    seconds after its raylet (its dashboard agent's gRPC port, on every interface, still held
+    10 s later was seen), and the new node's agent, failing to bind, takes the node down."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check_node_ports(cfg, host, index, is_head)
+        except FasterFSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

@@ -159,6 +159,8 @@ def resume(state: ClusterState) -> ClusterState:
         # Ray's `ray start --head` takes a raylet still naming this GCS for a cluster already running
         Path(ray_nodes.ray_temp_dir(state.root), "ray_current_cluster").unlink(missing_ok=True)
         env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
+        if head.netns is None:
+            ray_nodes.wait_node_ports(cfg, head, index, True, cfg.cluster.start_timeout_s)
         log_path = layout.paths.log_dir / ("ray-head.log" if index is None else f"ray-node-{index}.log")
         proc = ProjectCgroup.from_dict(state.cgroup).spawn(
             ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes.head_env(cfg, env, index),
