@@ -297,8 +297,10 @@ def test_a_write_is_told_only_to_the_nodes_caching_its_key(fresh, cluster_root, 
     before = task_ids(live_cluster, filters)
     creds = credentials.load(Paths(cluster_root).credentials_file).admin
     at_home = s3.client(live_cluster.nodes[home].endpoint, creds)
+    routed = ray.get(actors[home].cache_status.remote())["writes_told"]["writes"]
     at_home.put_object(Bucket=manifest.bucket, Key=manifest.chunk(j).key, Body=b"new j\n")
-    time.sleep(2.5)  # past the outbox's batch (1 s): j's write has been routed
+    wait_until(lambda: ray.get(actors[home].cache_status.remote())["writes_told"]["writes"] > routed, 10,
+               "the home to route j's write")
     new = b"new i\n" * 100
     at_home.put_object(Bucket=manifest.bucket, Key=manifest.chunk(i).key, Body=new)
     try:
@@ -306,7 +308,8 @@ def test_a_write_is_told_only_to_the_nodes_caching_its_key(fresh, cluster_root, 
     except AssertionError as e:  # what the nodes say they told and heard, to tell a lost record from no call
         rows = ray.get([a.cache_status.remote() for a in actors])
         raise AssertionError(f"{e}; {[(r['writes_told'], r['last_invalidation']) for r in rows]}") from None
-    time.sleep(2)  # ... and any other call's record by now
+    # a call for j would have been made before i's by the same caller (the home's StorageNode),
+    # whose task events reach Ray in the order it made them: recorded by now if it was made
     told = tasks_ray_recorded(live_cluster, filters, excluding=before)
     nodes = {n.ray_node_id: n.index for n in live_cluster.nodes}
     assert [nodes.get(t.node_id, t.node_id) for t in told] == [other]

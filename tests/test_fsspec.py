@@ -1,5 +1,5 @@
 """`fasterfs://` for the tools users have: DuckDB (register_filesystem) reading Parquet and CSV,
-fsspec's own abstract `get` tests (the ones a read-only filesystem can pass), and what fsspec's
+fsspec's own abstract `get` tests (their sources stored by `fasterfs put`), and what fsspec's
 caches and DuckDB ask of a file (modified, created, ukey, checksum). Expected values come from
 the local files, read with pyarrow and the standard library."""
 from __future__ import annotations
@@ -164,6 +164,16 @@ class TestFsspecGet(AbstractFixtures, AbstractGetTests):
     def fs_10_files_with_hashed_names(self, scenarios):
         return scenarios["10_files_with_hashed_names"]
 
-    @pytest.mark.skip(reason="builds its source with fs.mkdir and fs.touch: fasterfs:// is read-only")
-    def test_get_directory_recursive(self):
-        pass
+    def test_get_directory_recursive(self, fs, fs_join, local_fs, local_join, local_target, overrides, tmp_path,
+                                     monkeypatch):
+        """fsspec's own test, unchanged; the source it makes with fs.mkdir and fs.touch (fasterfs://
+        is read-only) made by `fasterfs put`."""
+        putter = _Putter(config.load(overrides), tmp_path)
+        monkeypatch.setattr(fs, "mkdir", putter.makedirs)
+        monkeypatch.setattr(fs, "touch", putter.touch)
+        try:
+            super().test_get_directory_recursive(fs, fs_join, "fsspec-get/recursive", local_fs, local_join,
+                                                 local_target)
+        finally:
+            for path in putter.paths:
+                remove(putter.cfg, path)

@@ -374,6 +374,9 @@ def test_a_write_across_a_cut_is_not_served_stale_after_the_heal(lab3):
           f"the new ones {time.monotonic() - healed:.1f} s after the heal")
 
 
+KEEP_OLD_S = 6  # longer than the two writes between the replacement and the step take on the lab
+
+
 def test_a_clock_step_expires_nothing_early(lab3):
     """The machine's wall clock stepped ahead past ingest.keep_old_s (every lab host's at once: they
     share one kernel, so a step on one host alone cannot be made here): a generation replaced a
@@ -389,10 +392,10 @@ def test_a_clock_step_expires_nothing_early(lab3):
     held = fasterfs.connect(state.root, ["cache.prefetch.enabled=false"], dataset=first.name, use_cache=False)
     src = Path(state.root) / "clock2.src"
     src.write_bytes(os.urandom(2**20))
-    keep = overrides + ["files.chunk_mb=1", "ingest.keep_old_s=10"]
+    keep = overrides + ["files.chunk_mb=1", f"ingest.keep_old_s={KEEP_OLD_S}"]
     put(config.load(keep), src, first.name, force=True)  # first is replaced now
     replaced = time.monotonic()
-    step = 20.0  # past keep_old_s on the wall clock; a second or two on the monotonic one
+    step = 2.0 * KEEP_OLD_S  # past keep_old_s on the wall clock; a second or two on the monotonic one
     time.clock_settime(time.CLOCK_REALTIME, time.time() + step)
     try:
         put(config.load(keep), src, "team/clock-other.bin")  # cleans up what expired
@@ -405,6 +408,6 @@ def test_a_clock_step_expires_nothing_early(lab3):
     old_keys = {k for c in first.chunks for k in first.object_keys(c)}
     prefix = first.chunks[0].key.rsplit("/", 1)[0]
     assert old_keys <= set().union(*minio_keys(state, prefix).values())
-    time.sleep(max(0.0, replaced + 10 + 1 - time.monotonic()))
+    time.sleep(max(0.0, replaced + KEEP_OLD_S + 1 - time.monotonic()))  # the control's own wait, no proof
     put(config.load(keep), src, "team/clock-third.bin")
     assert not old_keys & set().union(*minio_keys(state, prefix).values())

@@ -163,23 +163,32 @@ def test_a_wall_clock_step_neither_expires_nor_keeps_a_generation(store, monkeyp
     assert 7199 < stamp.age(before_reboot) < 7300 and 7199 < stamp.age(wall() - 7200) < 7300
 
 
-def test_the_heads_disk_full_names_the_store_and_changes_nothing(store, engine, tmp_path):
-    if engine != "sqlite":
-        pytest.skip("SQLite's file capped at its size stands for a full disk; Redis has no such cap per write")
-    """The head's disk full while the Registry writes the namespace (SQLite's file capped at its
-    size now): the error names the store, and nothing of the change is kept, in this store or
-    one opened anew (a history naming the current generation replaced would have its objects
-    deleted once keep_old_s passed)."""
+def fill(store, engine):
+    """The store made full: SQLite's file capped at its size (a full disk), Redis's memory capped
+    below what it uses (maxmemory, no eviction: what a full Redis refuses writes with). Returns
+    the undoing and what the refusal says."""
+    if engine == "sqlite":
+        db = store.engine.db
+        db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
+        return lambda: db.execute("PRAGMA max_page_count = 1073741823"), r"\S+namespace.sqlite: .*full"
+    r = store.engine.r
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)
+    return lambda: r.config_set("maxmemory", 0), r"\(Redis at \S+\): .*used memory > .maxmemory."
+
+
+def test_the_heads_store_full_names_the_store_and_changes_nothing(store, engine, tmp_path):
+    """The head's store full while the Registry writes the namespace: the error names the store,
+    and nothing of the change is kept, in this store or one opened anew (a history naming the
+    current generation replaced would have its objects deleted once keep_old_s passed)."""
     store.publish(manifest("d", "g1"), "d/g1/")
     version = store.version
-    db = store.engine.db
-    pages = db.execute("PRAGMA page_count").fetchone()[0]
-    db.execute(f"PRAGMA max_page_count = {pages}")
+    undo, says = fill(store, engine)
     big = manifest("d", "g2", nodes=[(0, 1)] * 5000)  # more pages than are left
-    with pytest.raises(FasterFSError, match=r"the head cannot write the namespace store \S+namespace.sqlite: "
-                                            ".*full.*; the namespace is unchanged"):
+    with pytest.raises(FasterFSError, match=r"the head cannot write the namespace store " + says +
+                       r".*; the namespace is unchanged"):
         store.publish(big, "d/g2/")
-    db.execute("PRAGMA max_page_count = 1073741823")
+    undo()
     for seen in (store, reopen(engine, tmp_path)):
         assert seen.manifest("d").generation == "g1" and seen.generations("d") == ["g1"]
         assert seen.expired(keep_old_s=0) == [] and seen.version == version
