@@ -327,7 +327,8 @@ def test_a_nodes_survey_fetches_not_the_whole_namespace(live_cluster, overrides,
     # whose events it reported before (in the order made): any manifest_page is recorded by then
     tasks_ray_recorded(live_cluster, survey, present=lambda ts: any(t.state == "FINISHED" for t in ts),
                        excluding=earlier["StorageNode.survey"])
-    assert tasks_ray_recorded(live_cluster, delta, present=lambda ts: len(ts) > 0, excluding=earlier["Registry.changes"])
+    assert tasks_ray_recorded(live_cluster, delta, present=lambda ts: len(ts) > 0,
+                              excluding=earlier["Registry.changes"])
     assert not task_ids(live_cluster, whole) - earlier["Registry.manifest_page"]
 
 

@@ -249,10 +249,19 @@ def _ray_address(cfg) -> str | None:
 
 
 def ask(cluster_name: str, what: str, *args, timeout: float = 120):
-    """The Registry's method `what` called with `args`, waited for up to `timeout`."""
+    """The Registry's method `what` called with `args`, waited for up to `timeout`. An error the
+    method raised comes as itself; the Registry gone or silent (its head lost, say) is one line
+    naming it, not Ray's traceback."""
     import ray
 
-    return ray.get(getattr(handle(cluster_name), what).remote(*args), timeout=timeout)
+    try:
+        return ray.get(getattr(handle(cluster_name), what).remote(*args), timeout=timeout)
+    except ray.exceptions.RayTaskError:
+        raise
+    except ray.exceptions.RayError as e:
+        said = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise FasterFSError(f"the Registry of cluster {cluster_name!r} (on the head) did not answer {what}: "
+                            f"{said}") from None
 
 
 def find_in_ray(cluster_name: str) -> ClusterState:
