@@ -68,6 +68,7 @@ class Harness:
         self.counts = {"writes": 0, "kills": 0, "reingests": 0, "polls": 0, **{a: 0 for a in ACTIONS + QUIET}}
         self.history = WriteHistory(cfg.faults.late_ms / 1e3)
         self.history.add_manifest(self.manifest)
+        self.overwrites: list[tuple[str, int, int]] = []  # (key, the number in its first line, chunk id)
         self.peak = {n.index: 0 for n in self.state.nodes}        # bytes on disk
         self.peak_ratio = {n.index: 0.0 for n in self.state.nodes}  # ... against the capacity in force then
         self.over_capacity = 0
@@ -156,6 +157,7 @@ class Harness:
             if original is None:
                 return f"no overwrite: no good copy of chunk {chunk.id} answered"
             other = b"overwritten %d\n" % self.counts["writes"] + original[::-1]
+            self.overwrites.append((chunk.key, self.counts["writes"], chunk.id))
             for body in (other, original):
                 begin = time.time()
                 for c in clients:
@@ -300,7 +302,7 @@ class Harness:
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
                 "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
-                "errors": (self.not_back + errors)[:20], "log": log}
+                "errors": (self.not_back + errors)[:20], "log": log, "overwrites": self.overwrites}
 
     def collect(self) -> dict:
         """Every reader's reads, checked against the write history; each reader that died
@@ -331,7 +333,7 @@ class Harness:
                     totals["no_good_copy"] += 1
                     hosts = ",".join(map(str, holders))
                     no_good_copy_hosts[hosts] = no_good_copy_hosts.get(hosts, 0) + 1
-                for key, got, start, end in r["reads"]:
+                for key, got, start, end, _ in r["reads"]:
                     totals["reads"] += 1
                     totals["read_overwritten"] += got != self.history.versions.get(key, [(got,)])[0][0]
                     verdict = self.history.check(key, got, start, end)
@@ -340,7 +342,7 @@ class Harness:
                         totals[verdict.split(":")[0]] += 1
                         errors.append(verdict)  # a late read too: shown, though it does not fail the run
         return {**totals, "by_kind": by_kind(self.windows, self.to_full, all_reads, all_failures, verdicts),
-                "no_good_copy_holders": no_good_copy_hosts, "errors": errors}
+                "no_good_copy_holders": no_good_copy_hosts, "errors": errors, "read_log": all_reads}
 
 
 def main(argv: list[str]) -> dict:

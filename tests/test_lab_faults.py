@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import data_overrides, load_job, minio_keys, source_xxh3, wait_until
+from conftest import data_overrides, load_job, minio_keys, source_csv, source_xxh3, wait_until
 from lab_hosts import chunk_xxh3, put_blob
 from xxhash import xxh3_64_intdigest as xxh3
 
@@ -324,9 +324,22 @@ def test_the_fault_harness_reads_right_through_the_quiet_failures(lab3):
     # every reader that died is one the harness killed (kill_reader, as its log says), and no other
     assert result["readers_killed"] == sum(" kill_reader on node " in f" {line} " for line in result["log"]) >= 1
     assert result["passed"]
+    # every read, checked here: its bytes are its chunk's rows of the source files (gzip's read;
+    # the chunking is the same in every generation the re-ingests made) or one of the overwrites
+    # the harness made of that object, each a numbered first line over the source's bytes reversed
+    m = registry.fetch_manifest(state.name)
+    source = {c.id: source_csv(c.first_row, c.rows) for c in m.chunks}
+    written: dict[str, set[int]] = {}
+    for key, number, chunk in result["overwrites"]:
+        written.setdefault(key, set()).add(xxh3(b"overwritten %d\n" % number + source[chunk][::-1]))
+    reads = result["read_log"]
+    assert len(reads) == result["reads"] > 0 and written  # every read the harness counted, and an overwrite
+    wrong = [r for r in reads if r[1] != xxh3(source[r[4]]) and r[1] not in written.get(r[0], set())]
+    assert not wrong, wrong[:5]
+    print(f"reads checked against the source: {len(reads)}, of them an overwrite's bytes: "
+          f"{sum(r[1] != xxh3(source[r[4]]) for r in reads)}")
     # what MinIO holds, by its own listing and bytes, against the source file's chunks
     creds = registry.fetch_credentials(state.name, "admin")
-    m = registry.fetch_manifest(state.name)
     clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
     assert m.layout == "replicas" and len(m.chunks[0].nodes) == 2
     for c in m.chunks:

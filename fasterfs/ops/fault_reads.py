@@ -26,7 +26,7 @@ class Reader:
         self.root, self.rng = root, random.Random(seed)
         self.counts = {"failed": 0, "generations": 0}
         self.errors: list[str] = []
-        self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end), wall-clock
+        self.reads: list[tuple] = []  # (key, xxh3 of the bytes, start, end, chunk id), wall-clock
         self.failures: list[tuple] = []  # (start, end) of each failed read
         self.no_good_copy: list[tuple] = []  # (start, end, holders) of each read no copy could serve
         self.stopped = threading.Event()
@@ -58,7 +58,7 @@ class Reader:
                 self.failures.append((start, time.time()))
                 self.errors.append(f"chunk {i}: {type(e).__name__}: {e}"[:1000])
                 continue
-            self.reads.append((client.manifest.chunk(i).key, xxh3_64_intdigest(data), start, time.time()))
+            self.reads.append((client.manifest.chunk(i).key, xxh3_64_intdigest(data), start, time.time(), i))
         self.counts["generations"] = len(seen)
         return {**self.counts, "reads": self.reads, "failures": self.failures, "no_good_copy": self.no_good_copy,
                 "errors": self.errors[-10:]}
