@@ -1,7 +1,7 @@
 """Labs of their own: outsiders kept out (MinIO over TLS), then on the same lab hosts losing power
 (the chaos job) and the secrets rotated, node ids following the disks and a machine gone reading as down, a
-failed `lab up`, the bandwidth profiles, leftovers; node identity decided from what the disks
-record. (The share-nothing behaviour of one lab: test_lab_share_nothing.py; its quiet failures:
+failed `lab up`, the bandwidth profiles, leftovers. (Node identity decided from what the disks
+record: test_identity.py. The share-nothing behaviour of one lab: test_lab_share_nothing.py; its quiet failures:
 test_lab_faults.py.)"""
 import json
 import re
@@ -25,7 +25,7 @@ from conftest import (
 )
 from lab_hosts import PROJECT, SUBNET, chunk_xxh3, in_ns, on_host, put_blob, read_ids
 
-from fasterfs.control import auth, identity, registry, s3
+from fasterfs.control import auth, registry, s3
 from fasterfs.core import config
 from fasterfs.core.cgroup import cgroup2_mount
 from fasterfs.core.errors import FasterFSError
@@ -179,8 +179,8 @@ def test_hosts_losing_power_then_node_ids_follow_the_disks_and_secrets_rotate(tl
 
     Then `lab up credentials.rotate=true` on 3 hosts with disks 0 and 1 swapped and disk 2 gone:
     new MinIO keys for both users, a new Ray token and a new CA; the old keys and token are
-    refused. Nodes 0, 1 and 3 keep their ids (their data; a new host's id is identity's unit
-    test below), and node 2 (gone) reads as a node that is down: a replicas=2 file and a 2+1
+    refused. Nodes 0, 1 and 3 keep their ids (their data; a new host's id:
+    test_identity.py), and node 2 (gone) reads as a node that is down: a replicas=2 file and a 2+1
     file with shards there, written under the old secrets, read whole (as the bytes stored,
     verified against the new CA), through the CLI on a host and the mount, and `status` names
     node 2 down."""
@@ -375,30 +375,3 @@ def test_bad_lab_disks_are_named(lab_overrides):
     with pytest.raises(FasterFSError, match="lab.disks"):
         lab.up(config.load(lab_overrides + ["lab.disks=[a,a,b]"]))
     assert lab.leftovers(config.load(lab_overrides).cluster.name) == []
-
-
-# -- node identity, decided from what the disks record (no cluster needed) ---------------------
-
-
-def _host(address, *ids_at):
-    return {"address": address, "identities": [{"node": i, "address": a} for i, a in ids_at]}
-
-
-def test_identity_keeps_ids_by_address_then_by_disk():
-    shared = [(0, "a"), (1, "b")]  # a one-machine cluster: every node sees every identity
-    assert identity.assign([_host("a", *shared), _host("b", *shared), _host("c", *shared)]) == {"a": 0, "b": 1, "c": 2}
-    # disks moved to other addresses, one new empty host
-    assert identity.assign([_host("x", (1, "b")), _host("y", (0, "a")), _host("z")]) == {"x": 1, "y": 0, "z": 2}
-    # a host left: the others keep their ids
-    assert identity.assign([_host("a", (0, "a")), _host("c", (2, "c"))]) == {"a": 0, "c": 2}
-
-
-def test_identity_refuses_an_id_on_two_hosts():
-    with pytest.raises(FasterFSError, match="node id 1 is recorded on two hosts"):
-        identity.assign([_host("a", (1, "a")), _host("b", (1, "b"))])
-
-
-def test_identity_refuses_another_version():
-    with pytest.raises(FasterFSError, match="host h2 runs FasterFS 0.0.1"):
-        identity.check_versions([{"address": "h2", "version": "0.0.1"}])
-
