@@ -3,7 +3,7 @@
 VENV := .venv/bin
 ARGS ?=
 
-.PHONY: setup setup-test run lab test lint notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
+.PHONY: setup setup-test run lab test lint docs notebook up ingest readback demo_a backtest demo_b cross_host graysort status down clean
 
 setup:            ## install what running needs (idempotent): Debian packages, kernel headers link, MinIO, virtualenv, the daemon
 	bash scripts/setup.sh
@@ -33,11 +33,15 @@ lab: setup        ## Demo B and cross-host caching on 4 lab hosts with per-host 
 test: setup-test  ## the whole test suite against real MinIO, Ray and kernel: the unit and cluster tiers beside the lab's
 	$(VENV)/python -m pytest tests -n 2
 
-lint: setup-test  ## ruff, the layers' import contract, mypy, the docs built strict: any finding fails
+lint: setup-test  ## ruff, the layers' import contract, mypy, the docs' tables current and built strict: any finding fails
 	$(VENV)/ruff check fasterfs jobs bench tests
 	$(VENV)/lint-imports --no-cache
 	$(VENV)/mypy fasterfs
+	$(VENV)/python -m fasterfs.ui.reference --check
 	$(VENV)/mkdocs build --strict --quiet
+
+docs:             ## docs/'s reference tables made again from conf/ and the CLI's table of commands
+	$(VENV)/python -m fasterfs.ui.reference
 
 notebook: setup   ## JupyterLab on the head's address, beside the dashboards (the cluster must be up)
 	$(VENV)/fasterfs notebook $(ARGS)

@@ -32,6 +32,15 @@ def test_each_load_is_a_copy_composed_for_the_environment_of_the_moment(monkeypa
     assert config.load(["nodes=3"]).cluster.root == again.cluster.root
 
 
+def test_the_lab_group_only_where_the_lab_is_named():
+    """conf/lab/ joins the lab's commands and whatever names it; other commands compose without it."""
+    assert "lab" not in config.load([])
+    assert config.load([], lab=True).lab.profile == "laptops"  # conf/with_lab.yaml's default
+    assert config.load(["lab=unlimited"]).lab.disk_mbit is None
+    assert config.load(["lab.subnet=198.18.7"]).lab.subnet == "198.18.7"
+    assert config.load([]).faults.replicas == 2 and config.load([]).chaos.layout == "ec"  # groups of their own
+
+
 def test_synthetic_data_group():
     cfg = config.load(["data=synthetic", "data.rows=5000", "data.level=5"])
     assert cfg.data.source == "synthetic" and cfg.data.name == "SYNTH_L5_5000"

@@ -38,27 +38,36 @@ if not OmegaConf.has_resolver("lobster_dir"):
     OmegaConf.register_new_resolver("lobster_dir", lobster_dir)
 
 
-def load(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose conf/config.yaml with Hydra overrides and check the result: a copy of the one
-    composed before for the same overrides and FASTERFS_* environment (what conf/ reads of it),
-    as composing takes a tenth of a second of CPU and readers, tasks and commands load often."""
+def load(overrides: Sequence[str] = (), lab: bool = False) -> DictConfig:
+    """Compose conf/config.yaml (with the lab group where `config_name` says) with Hydra
+    overrides and check the result: a copy of the one composed before for the same overrides
+    and FASTERFS_* environment (what conf/ reads of it), as composing takes a tenth of a second
+    of CPU and readers, tasks and commands load often."""
     from hydra.core.global_hydra import GlobalHydra
 
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTERFS_")))
-    return copy.deepcopy(_composed(tuple(overrides), env, GlobalHydra.instance().is_initialized()))
+    return copy.deepcopy(_composed(tuple(overrides), env, GlobalHydra.instance().is_initialized(),
+                                   config_name(overrides, lab)))
+
+
+def config_name(overrides: Sequence[str], lab: bool = False) -> str:
+    """conf/with_lab.yaml for the lab's commands (lab=True) and wherever an override names the
+    lab group (`lab=unlimited`, `lab.subnet=...`); conf/config.yaml, without it, elsewhere."""
+    named = any((m := OVERRIDE.match(o)) and m.group(2) == "lab" for o in overrides)
+    return "with_lab" if lab or named else "config"
 
 
 @functools.lru_cache(maxsize=128)
-def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool) -> DictConfig:
+def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool, name: str) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     try:
         if in_job:  # inside a job's @hydra.main: same conf/
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name=name, overrides=list(overrides))
         else:
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name="config", overrides=list(overrides))
+                cfg = compose(config_name=name, overrides=list(overrides))
     except HydraException as e:
         raise ConfigError(f"bad override{_culprit(overrides)}: {one_line(e)}") from None
     return checked(cfg)
@@ -175,7 +184,7 @@ def validate(cfg: DictConfig) -> None:
     f = cfg.client.hedge.factor
     if not isinstance(f, (int, float)) or isinstance(f, bool) or f < 1:
         bad("client.hedge.factor", "must be a number >= 1 (times a MinIO's average GET here)")
-    if cfg.lab.get("disk_mb") is not None and (not isinstance(cfg.lab.disk_mb, int) or cfg.lab.disk_mb < 64):
+    if "lab" in cfg and cfg.lab.get("disk_mb") is not None and (not isinstance(cfg.lab.disk_mb, int) or cfg.lab.disk_mb < 64):
         bad("lab.disk_mb", "must be null (a directory) or a whole number of MB >= 64")
     for opt in ("repair.check_s", "repair.survey_s", "mount.hung_s"):
         v = OmegaConf.select(cfg, opt)

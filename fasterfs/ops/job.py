@@ -68,7 +68,7 @@ def run(main: Callable[[list[str]], dict], doc: str | None, name: str) -> None:
             print(f"{name}: error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    @hydra.main(version_base="1.3", config_path=str(config.CONF_DIR), config_name="config")
+    @hydra.main(version_base="1.3", config_path=str(config.CONF_DIR), config_name=config.config_name(args.overrides))
     def task(_cfg) -> dict | None:
         overrides = list(HydraConfig.get().overrides.task)
         DRIVER_METADATA.update({"fasterfs.ops.job": name, "fasterfs.overrides": " ".join(overrides),

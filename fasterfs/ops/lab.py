@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..control.state import Host
 from ..core.config import Layout, as_cfg
-from ..core.errors import FasterFSError
+from ..core.errors import ConfigError, FasterFSError
 from ..hosts import lab_disks
 from ..hosts.lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names
 from . import cluster
@@ -45,6 +45,8 @@ from .teardown import teardown
 def up(cfg) -> cluster.ClusterState:
     """Create the hosts and start the cluster on them; nothing is left if any step fails."""
     cfg = as_cfg(cfg)
+    if "lab" not in cfg:
+        raise ConfigError("the lab's settings (conf/lab/) are missing: compose with config.load(overrides, lab=True)")
     # Kernel programs watch each host's lo and its own link for requests to any MinIO.
     cfg.kernel.host_interface, cfg.kernel.watch = LINK, "any"
     disk_names = _disks(cfg)

@@ -55,24 +55,49 @@ console = report.console()
 @dataclass(frozen=True)
 class Command:
     run: Callable
-    help: str
+    help: str     # one line, in `fasterfs --help`'s list
     example: str
     args: tuple[tuple[str, dict], ...] = ()  # positional arguments: (name, argparse keywords)
     flags: tuple[tuple[str, dict], ...] = ()
+    about: str = ""  # the whole story, where one line is not enough: `fasterfs CMD --help`, docs/commands.md
 
 
 NODE = ("node", dict(type=int, metavar="NODE", help="a lab host's node id (0, 1, ...)"))
 HOST = ("node", dict(type=host_or_head, metavar="NODE", help="a lab host's node id (0, 1, ...), or head"))
 COMMANDS = {
     "up": Command(cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO",
-                  "fasterfs up nodes=4"),
+                  "fasterfs up nodes=4",
+                  about=("start a local cluster: N Ray nodes (each with its own loopback address, object"
+                         " store, StorageNode actor and MinIO), the Registry actor and the dashboard on "
+                         "the head; with `cluster.attach=true`, StorageNodes on a Ray cluster started "
+                         "elsewhere. On a head whose GCS or machine went away: starts it again and "
+                         "adopts the hosts that ran on; on a head that lost its disk: rebuilds the "
+                         "namespace and keys from the hosts' copies (docs/failures.md#the-head-can-die)")),
     "status": Command(cmd_status, "show each node's Ray id, MinIO endpoint, health, contents and mounts",
-                      "fasterfs status cluster.ray_address=127.0.0.2:6379"),
+                      "fasterfs status cluster.ray_address=127.0.0.2:6379",
+                      about=("each node's Ray id, MinIO endpoint, health, objects and bytes the "
+                             "namespace places there, the last MinIO listing's count and age, mounts, "
+                             "how far each host's namespace replica reaches; the dashboard's and "
+                             "notebook's URLs, the token's file; a `Redundancy:` line (chunks at full "
+                             "redundancy, degraded, lost by name, nodes down; waits 10 s at most for the"
+                             " survey); works from any host with `cluster.ray_address=<head>:<port>`")),
     "env": Command(cmd_env, "print the shell lines that let Ray's own tools (`ray job submit`) drive this cluster",
-                   'eval "$(.venv/bin/fasterfs env)"; ray job submit --working-dir . -- python jobs/graysort.py'),
+                   'eval "$(.venv/bin/fasterfs env)"; ray job submit --working-dir . -- python jobs/graysort.py',
+                   about=("print the `export` lines that let Ray's own tools (`ray job submit`) drive "
+                          "this cluster: `RAY_ADDRESS`, `RAY_AUTH_MODE=token`, `RAY_AUTH_TOKEN_PATH` "
+                          "(the token's file, never the token), `FASTERFS_CLUSTER`, `FASTERFS_ROOT`, "
+                          "`.venv/bin` first on `PATH`")),
     "ingest": Command(cmd_ingest, "check a LOBSTER pair, cut it into chunks and store them on their nodes",
-                      "fasterfs ingest data.rows_per_chunk=500 replicas=2"),
-    "down": Command(cmd_down, "stop everything the cluster started", "fasterfs down"),
+                      "fasterfs ingest data.rows_per_chunk=500 replicas=2",
+                      about=("check a LOBSTER message/order-book pair, cut it into chunks, place each by"
+                             " rendezvous hashing and store it in the owning nodes' MinIO; publish the "
+                             "dataset's manifest last, atomically (replacing only a dataset of the same "
+                             "name)")),
+    "down": Command(cmd_down, "stop everything the cluster started", "fasterfs down",
+                    about=("stop everything the cluster started: the actors (each stops its MinIO), the "
+                           "mounts, JupyterLab, the Redis server, the `ray start` processes, whatever "
+                           "else is in the cluster's cgroup; removes the TC filters, pins, bpffs, "
+                           "cgroups and spill directory")),
     "notebook": Command(cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can "
                         "fasterfs.connect())", "fasterfs notebook"),
     "cache status": Command(cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions",
@@ -83,10 +108,12 @@ COMMANDS = {
                                            help="chunk ids: 'all' (the default), 5, 0-9 or 0-9,20,30-31")),)),
     "cache clear": Command(cmd_cache_clear, "empty every node's cache and start a new kernel epoch",
                            "fasterfs cache clear"),
-    "lab up": Command(cmd_lab_up, "create N hosts as network namespaces with bandwidth limits and start the cluster "
-                      "on them", "fasterfs lab up --nodes 4 lab=laptops"),
+    "lab up": Command(cmd_lab_up, "create N hosts as network and mount namespaces with bandwidth limits and "
+                      "start the cluster on them", "fasterfs lab up --nodes 4 lab=laptops"),
     "lab down": Command(cmd_lab_down, "stop the lab's cluster and remove its namespaces, links, bridge and qdiscs",
-                        "fasterfs lab down"),
+                        "fasterfs lab down",
+                        about=("stop the lab's cluster and remove its namespaces, links, bridge and "
+                               "qdiscs (the disks stay)")),
     "lab exec": Command(cmd_lab_exec, "run a command on a lab host, as on that machine (its own files and network)",
                         "fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391",
                         (NODE, ("command", dict(nargs="+", metavar="COMMAND",
@@ -106,10 +133,14 @@ COMMANDS = {
     "lab freeze": Command(cmd_lab_freeze, "SIGSTOP a lab host's MinIO or StorageNode: alive, never answering",
                           "fasterfs lab freeze 1 minio", (NODE, ("what", dict(choices=["minio", "storage-node"],
                                                                              metavar="WHAT",
-                                                                             help="minio or storage-node")))),
+                                                                             help="minio or storage-node"))),
+                          about=("SIGSTOP a lab host's MinIO or StorageNode by PID: connections "
+                                 "accepted, nothing answered")),
     "lab thaw": Command(cmd_lab_thaw, "SIGCONT what `lab freeze` stopped on a host", "fasterfs lab thaw 1",
                         (NODE, ("what", dict(nargs="?", choices=["minio", "storage-node"], metavar="WHAT",
-                                             help="minio or storage-node (default: both)")))),
+                                             help="minio or storage-node (default: both)"))),
+                        about=("SIGCONT what `lab freeze` stopped (only the process frozen: PID and "
+                               "start time)")),
     "lab slow": Command(cmd_lab_slow, "limit a lab host's link to N Mbit/s (until `lab heal`)",
                         "fasterfs lab slow 2 --mbit 2", (NODE,),
                         (("--mbit", dict(type=float, required=True, metavar="N", help="the link's rate")),)),
@@ -128,7 +159,10 @@ COMMANDS = {
                     ("dest", dict(metavar="DEST", help="their path in the namespace"))),
                    (("--force", dict(action="store_true", help="replace a file of the same name")),
                     ("-r", dict(action="store_true", dest="recursive",
-                                help="store each directory's whole tree, in batches (a rerun resumes)")))),
+                                help="store each directory's whole tree, in batches (a rerun resumes)"))),
+                   about=("store local files in the namespace, as `files.chunk_mb` chunks placed and "
+                          "replicated like a dataset's (DEST ending in `/`, or several LOCALs: a "
+                          "directory)")),
     "import": Command(cmd_import, "copy every object under an S3 prefix of another store into the namespace, in "
                       "batches, as Ray tasks (keys: --keys FILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
                       "fasterfs import s3://team-data/taq/2024/ taq/2024/ --endpoint http://s3.example:9000",
@@ -136,23 +170,37 @@ COMMANDS = {
                        ("dest", dict(metavar="DEST", help="the directory of the namespace it goes in"))),
                       (("--endpoint", dict(required=True, metavar="URL", help="the source store's S3 endpoint")),
                        ("--keys", dict(metavar="FILE", help="JSON {access_key, secret_key}, mode 0600")),
-                       ("--force", dict(action="store_true", help="replace files of the same names")))),
+                       ("--force", dict(action="store_true", help="replace files of the same names"))),
+                      about=("copy every object under an S3 prefix of another store into a directory of "
+                             "the namespace, in batches, as Ray tasks on the nodes (keys from `--keys` "
+                             "or `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, never the command line)")),
     "ls": Command(cmd_ls, "list the namespace: datasets, their chunks, stored files", "fasterfs ls research/",
                   (("path", dict(nargs="?", default="", metavar="PATH",
                                  help="a directory or file of the namespace (default: its top)")),)),
     "cat": Command(cmd_cat, "write a dataset's or file's bytes to stdout", "fasterfs cat research/book.parquet > b.pq",
                    (("path", dict(metavar="PATH", help="a file of the namespace")),)),
     "rm": Command(cmd_rm, "remove datasets or files from the namespace", "fasterfs rm research/book.parquet",
-                  (("names", dict(nargs="+", metavar="NAME", help="a dataset's name or a file's path")),)),
+                  (("names", dict(nargs="+", metavar="NAME", help="a dataset's name or a file's path")),),
+                  about=("remove datasets or files from the namespace (readers holding them keep them "
+                         "for `ingest.keep_old_s`)")),
     "mount": Command(cmd_mount, "mount the namespace read-only with FUSE on every host", "fasterfs mount /mnt/ffs",
                      (("mountpoint", dict(metavar="MOUNTPOINT",
-                                          help="an absolute path to an empty directory, the same on every host")),)),
+                                          help="an absolute path to an empty directory, the same on every host")),),
+                     about=("mount the namespace read-only with FUSE on every host, with the `mount.*` "
+                            "options `up` had (docs/namespace-and-mount.md#the-mount)")),
     "umount": Command(cmd_umount, "unmount it on every host", "fasterfs umount /mnt/ffs",
                       (("mountpoint", dict(metavar="MOUNTPOINT", help="the path given to `fasterfs mount`")),)),
     "repair": Command(cmd_repair, "put every missing replica or shard back (and pieces moved away back home); names "
-                      "chunks that are lost", "fasterfs repair repair.mb_per_s=50"),
+                      "chunks that are lost", "fasterfs repair repair.mb_per_s=50",
+                      about=("put every missing replica or shard back (and pieces moved away back home);"
+                             " names chunks that are lost and then exits 1 (docs/failures.md#repair)")),
     "kernel status": Command(cmd_kernel_status, "what each node's eBPF programs have seen: requests, hot keys, "
-                             "latency, tuning", "fasterfs kernel status"),
+                             "latency, tuning", "fasterfs kernel status",
+                             about=("what each node's eBPF programs have seen: mode, requests, HOT "
+                                    "events (emitted and received), stale marks, filler GETs skipped, "
+                                    "latency (avg, p50 bucket, histogram), connections tuned and option "
+                                    "failures, requests MinIO refused, suspect marks, the hottest keys "
+                                    "resolved to chunk names (docs/kernel.md)")),
 }
 
 OVERRIDES_RULE = """overrides: KEY=VALUE words whose KEY starts with a top-level option of conf/config.yaml
@@ -177,7 +225,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     groups: dict[str, argparse._SubParsersAction] = {}
     parsers = {}
     for name, c in COMMANDS.items():
-        kw: dict[str, Any] = dict(help=c.help, description=c.help,
+        kw: dict[str, Any] = dict(help=c.help, description=c.about or c.help,
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
                                   epilog=f"example:\n  {c.example}\n\n{OVERRIDES_RULE}")
         if " " in name:  # `fasterfs kernel status`
@@ -226,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     command = COMMANDS[name]
     was_joined = joined()  # main() called by a driver: its connection stays
     try:
-        cfg = config.load(([f"nodes={args.nodes}"] if args.nodes else []) + overrides)
+        cfg = config.load(([f"nodes={args.nodes}"] if args.nodes else []) + overrides, lab=name.startswith("lab "))
         if args.cfg:
             print(OmegaConf.to_yaml(cfg), end="")
             return 0
