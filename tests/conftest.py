@@ -165,9 +165,6 @@ def command_lines():
 # Roots of the clusters seen stopped and clean: their Ray directories on this machine's /tmp
 # (logs of a cluster a test made, ~5 MB each) go when the run ends; a cluster that failed its
 # check keeps them, to be read.
-STOPPED_ROOTS: set[str] = set()
-
-
 def assert_nothing_left(state: cluster.ClusterState) -> None:
     """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
     for node in state.nodes:
@@ -187,16 +184,20 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
     assert not listening.strip(), f"dashboard port {port} still listening: {listening}"
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
     assert f"fasterfs-{state.name}/" not in tree, "SOCK_OPS attachment left"
-    STOPPED_ROOTS.add(state.root)
 
 
 STAND_IN = pytest.StashKey[list]()  # what pytest_configure made, for pytest_unconfigure to remove
+RAY_DIRS = pytest.StashKey[set]()  # Ray's directories there before the run
+
+
+def default_root() -> Path:
+    return Path(config.load([]).cluster.root)
 
 
 def default_token() -> Path:
     from fasterfs.control import auth
 
-    return auth.token_file(Path(config.load([]).cluster.root))
+    return auth.token_file(default_root())
 
 
 def pytest_configure(config):
@@ -210,6 +211,7 @@ def pytest_configure(config):
         return
     if config.getoption("markexpr") == "unit":  # no cluster starts: nothing written outside tmp_path
         return
+    config.stash[RAY_DIRS] = ray_dirs()
     token = default_token()
     made = [] if token.exists() else [p for p in (token.parent, token) if not p.exists()]
     if made:
@@ -218,17 +220,27 @@ def pytest_configure(config):
     config.stash[STAND_IN] = made
 
 
+def ray_dirs() -> set[Path]:
+    """Ray's directories of every FasterFS cluster on this machine (fasterfs.hosts.ray_nodes.ray_temp_dir)."""
+    from fasterfs.hosts.ray_nodes import ray_temp_dir
+
+    return set(Path(ray_temp_dir("/")).parent.glob("ray-ffs-*"))
+
+
 def pytest_unconfigure(config):
-    from fasterfs.core.config import load
+    """What pytest_configure made goes; so do Ray's directories of the clusters the tests started
+    (their logs: `fasterfs down` keeps them for a user), once every worker is done: the
+    controller's, never those of a cluster at the default root (a user's, as after `make run`)."""
     from fasterfs.hosts.ray_nodes import ray_temp_dir
 
     for path in reversed(config.stash.get(STAND_IN, [])):
         with contextlib.suppress(OSError):  # never more than what was made here
             path.unlink() if path.is_file() else path.rmdir()
-    users = Path(load([]).cluster.root).resolve() if STOPPED_ROOTS else None  # never a user's cluster's
-    for root in {r for r in STOPPED_ROOTS if Path(r).resolve() != users}:  # the head's and nodes' (<dir>-<index>)
-        base = Path(ray_temp_dir(root))
-        for d in [base, *base.parent.glob(base.name + "-*")]:
+    if hasattr(config, "workerinput") or RAY_DIRS not in config.stash:
+        return
+    users = Path(ray_temp_dir(default_root()))
+    for d in ray_dirs() - config.stash[RAY_DIRS]:
+        if d != users and not d.name.startswith(users.name + "-"):
             shutil.rmtree(d, ignore_errors=True)
 
 
