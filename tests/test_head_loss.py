@@ -134,7 +134,7 @@ def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts
     assert started.returncode == 0, started.stderr[-3000:]
     leave()  # this process is no driver of the head's node when it goes
     # a load of many batches under way when the head goes: seen begun on node 1's disk, not yet done
-    bulk = {f"d{i % 5}/b{i:04d}": i.to_bytes(4, "big") * (1 + i % 300) for i in range(1500)}
+    bulk = {f"d{i % 5}/b{i:04d}": i.to_bytes(4, "big") * (1 + i % 300) for i in range(600)}
     for rel, data in bulk.items():
         (tmp_path / "bulk" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "bulk" / rel).write_bytes(data)
@@ -160,7 +160,12 @@ def test_the_heads_gcs_killed_then_readers_on_a_storage_host_go_on_and_up_adopts
     assert ls.returncode == 0, ls.stderr[-2000:]
     assert sorted(line.split()[-1] for line in ls.stdout.splitlines()) == \
         sorted(f"team/d1/{p.name}" for p in (src / "d1").iterdir())
-    print(f"cat and ls while the head was away: {time.monotonic() - killed:.1f} s")
+    # a client connected while the head is away: this host's copy names the file, the keys' copy reads it
+    code = ("import sys, fasterfs; c = fasterfs.connect(overrides=sys.argv[1:], dataset='team/d0/f000.bin'); "
+            "sys.stdout.buffer.write(c.read_chunk(0))")
+    got = subprocess.run([sys.executable, "-c", code, *overrides], capture_output=True, timeout=60)
+    assert got.returncode == 0 and got.stdout == (src / "d0/f000.bin").read_bytes(), got.stderr[-2000:]
+    print(f"cat, ls and connect() while the head was away: {time.monotonic() - killed:.1f} s")
     time.sleep(max(0.0, 8 - (time.monotonic() - killed)))
     back = subprocess.run([CLI, "up"] + overrides, capture_output=True, text=True, timeout=300)
     assert back.returncode == 0, back.stdout + back.stderr

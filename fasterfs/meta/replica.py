@@ -183,6 +183,15 @@ class ReplicaView:
         row = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
         return None if row is None else Manifest.from_json(row[0], f"{name!r} in {self.path}")
 
+    def manifest(self, name: str | None = None) -> Manifest | None:
+        """As the store's: `name`'s, or (None) the dataset ingested last. The latter reads every
+        name's kind and time (no index for it here: only while the head is away)."""
+        if name is not None:
+            return self._get(name)
+        row = self.db.execute("SELECT name, manifest FROM names WHERE json_extract(manifest, '$.kind') = 'dataset' "
+                              "ORDER BY json_extract(manifest, '$.created') DESC LIMIT 1").fetchone()
+        return None if row is None else Manifest.from_json(row[1], f"{row[0]!r} in {self.path}")
+
     def _under(self, path: str) -> list[Manifest]:
         if not path:
             rows = self.db.execute("SELECT manifest FROM names").fetchall()

@@ -34,7 +34,7 @@ class HeadAway(Exception):
 
 
 # the Registry's reads a replica answers too: Registry method -> ReplicaView method
-LOCAL = {"resolve": "resolve", "list_attrs": "attrs", "listdir": "listdir"}
+LOCAL = {"resolve": "resolve", "list_attrs": "attrs", "listdir": "listdir", "manifest": "manifest"}
 
 
 def _head_errors() -> tuple[type[BaseException], ...]:

@@ -13,9 +13,10 @@ import polars as pl
 
 from ..control import registry
 from ..core import config, lobster
-from ..core.errors import FasterFSError
+from ..core.errors import FasterFSError, HeadUnreachable
 from . import cache_entry
 from .client import Client
+from .head_link import HeadLink, without_head
 from .read_session import ReadSession
 
 
@@ -63,14 +64,20 @@ def connect(root=None, overrides: Sequence[str] = (), use_cache: bool = True,
     """A client of `dataset` (default: the one ingested last; or a file's path) in the running
     cluster, from any host: inside a Ray task or actor, the cluster it runs in; elsewhere
     the one at cluster.ray_address, or the one whose head state file is under `root`
-    (default cluster.root). Everything it needs comes from the cluster's Registry.
-    use_cache=False reads from MinIO only (baselines)."""
+    (default cluster.root). What it needs comes from the cluster's Registry; while the head does
+    not answer (within namespace.head_timeout_s), on a storage host, from this host's copy of the
+    namespace and keys (fasterfs.read.head_link). use_cache=False reads from MinIO only (baselines)."""
     cfg = config.load(overrides)
-    state = registry.find(cfg, root)
-    manifest = registry.fetch_manifest(state.name, dataset)
+    try:
+        state = registry.find(cfg, root)
+        creds = registry.fetch_credentials(state.name)
+        link = HeadLink(state.name, state.root, float(cfg.namespace.head_timeout_s), float(cfg.namespace.head_retry_s))
+    except HeadUnreachable as e:
+        state, creds, link = without_head(cfg, root, e)
+    manifest = link.read("manifest", dataset)
     if manifest is None:
         if dataset is None:
             raise FasterFSError(f"no dataset has been ingested into cluster {state.name!r}: run `fasterfs ingest`")
         raise FasterFSError(f"{dataset!r}: no such dataset or file in cluster {state.name!r} (`fasterfs ls`)")
-    session = ReadSession(state, registry.fetch_credentials(state.name), cfg, use_cache)
+    session = ReadSession(state, creds, cfg, use_cache)
     return TableClient(session, manifest)
