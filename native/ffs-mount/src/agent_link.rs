@@ -16,21 +16,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
-pub struct Reply {
-    pub v: Value,
-    /// Raw bytes that followed the JSON line (read replies only).
+use crate::wire::{self, Request, Sent};
+
+/// A reply, typed (a `Request`'s `Reply`), and the raw bytes that followed
+/// its line (read replies only).
+pub struct Reply<R> {
+    pub msg: R,
     pub data: Vec<u8>,
-    /// How many messages the reader had handed to the applier before this reply.
-    pub after: u64,
 }
 
-/// Run by the reader thread on a reply's JSON before its waiter sees it.
-pub type Hook = Box<dyn FnOnce(&Value) + Send>;
+/// Run by the reader thread on a reply before its waiter sees it.
+pub type Hook<R> = Box<dyn FnOnce(&R) + Send>;
+
+/// What the reader thread hands a waiter: the reply's line, parsed into the
+/// waiter's type (with its hook run) by `deliver`, the bytes after it, and
+/// how many messages the reader had handed to the applier before it.
+type Waiter = Box<dyn FnOnce(&[u8], Vec<u8>, u64) + Send>;
 
 struct Pending {
-    waiters: HashMap<u64, (mpsc::SyncSender<Reply>, Option<Hook>)>,
+    waiters: HashMap<u64, Waiter>,
     closed: bool,
 }
 
@@ -63,85 +69,89 @@ impl AgentLink {
         }
     }
 
-    /// Write one JSON line; the mutex keeps lines from different threads whole.
-    pub fn send(&self, v: &Value) -> io::Result<()> {
-        let mut buf = serde_json::to_vec(v).map_err(io::Error::other)?;
+    /// Write `m` as one JSON line; the mutex keeps lines from different
+    /// threads whole. The line, without its newline.
+    pub fn send<M: Serialize>(&self, m: &M) -> io::Result<Vec<u8>> {
+        let mut buf = serde_json::to_vec(m).map_err(io::Error::other)?;
         buf.push(b'\n');
-        self.writer.lock().unwrap().write_all(&buf)
+        self.writer.lock().unwrap().write_all(&buf)?;
+        buf.pop();
+        Ok(buf)
     }
 
-    /// Send request `req` (an object without "id") and wait for its reply.
-    /// Err carries the errno for the kernel: the agent's own, or EIO when
-    /// the socket is gone.
-    pub fn call(&self, req: Value) -> Result<Reply, i32> {
+    /// Send request `req` and wait for its reply. Err carries the errno for
+    /// the kernel: the agent's own, or EIO when the socket is gone or the
+    /// reply is not one to `req` (logged).
+    pub fn call<Q: Request>(&self, req: &Q) -> Result<Reply<Q::Reply>, i32> {
         self.call_with(req, None, false)
     }
 
     /// `call`, returning once the trees and deltas the agent sent before its
     /// reply are applied.
-    pub fn call_synced(&self, req: Value) -> Result<Reply, i32> {
+    pub fn call_synced<Q: Request>(&self, req: &Q) -> Result<Reply<Q::Reply>, i32> {
         self.call_with(req, None, true)
     }
 
     /// `call`, with `hook` run on the reply (error replies included); waits
     /// for the trees sent before the reply if `synced` or if it is an error.
-    pub fn call_with(
+    pub fn call_with<Q: Request>(
         &self,
-        mut req: Value,
-        hook: Option<Hook>,
+        req: &Q,
+        hook: Option<Hook<Q::Reply>>,
         synced: bool,
-    ) -> Result<Reply, i32> {
+    ) -> Result<Reply<Q::Reply>, i32> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
+        let waiter: Waiter = Box::new(move |line, data, after| {
+            let msg = wire::parse::<Q::Reply>(line, &format!("reply to {} (EIO)", Q::OP));
+            if let (Some(m), Some(hook)) = (&msg, hook) {
+                hook(m);
+            }
+            let _ = tx.send((msg, data, after));
+        });
         {
             let mut p = self.pending.lock().unwrap();
             if p.closed {
                 return Err(libc::EIO);
             }
-            p.waiters.insert(id, (tx, hook));
+            p.waiters.insert(id, waiter);
         }
-        req["id"] = json!(id);
-        if self.send(&req).is_err() {
+        let Ok(sent) = self.send(&Sent { op: Q::OP, req, id }) else {
             self.pending.lock().unwrap().waiters.remove(&id);
             return Err(libc::EIO);
-        }
-        let r = match rx.recv_timeout(self.timeout) {
+        };
+        let (msg, data, after) = match rx.recv_timeout(self.timeout) {
             Ok(r) => r,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // its late reply finds no waiter and is dropped
                 self.pending.lock().unwrap().waiters.remove(&id);
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
-                let op = req.get("op").and_then(Value::as_str).unwrap_or("?");
-                let what = req
-                    .get("path")
-                    .or_else(|| req.get("handle"))
-                    .cloned()
-                    .unwrap_or_default();
                 eprintln!(
-                    "ffs-mount: the agent did not answer {op} of {what} within {:?}: EIO",
+                    "ffs-mount: the agent did not answer {} within {:?}: EIO",
+                    String::from_utf8_lossy(&sent),
                     self.timeout
                 );
                 return Err(libc::EIO);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return Err(libc::EIO), // the socket closed
         };
-        if synced || r.v.get("errno").is_some() {
-            self.wait_applied(r.after);
+        // A reply not of its type fails the request like an error reply.
+        let errno = msg.as_ref().map_or(Some(0), wire::Reply::errno);
+        if synced || errno.is_some() {
+            self.wait_applied(after);
         }
-        match r.v.get("errno") {
-            Some(e) => Err(e.as_i64().filter(|&e| e > 0).unwrap_or(libc::EIO as i64) as i32),
-            None => Ok(r),
+        match (msg, errno) {
+            (Some(msg), None) => Ok(Reply { msg, data }),
+            (_, e) => Err(e.filter(|&e| e > 0).unwrap_or(libc::EIO as i64) as i32),
         }
     }
 
-    /// Called by the reader thread for every message without "op".
-    pub fn deliver(&self, id: u64, r: Reply) {
+    /// Called by the reader thread for every message without "op": `line`
+    /// and the `data` after it, the reply to request `id`.
+    pub fn deliver(&self, id: u64, line: &[u8], data: Vec<u8>, after: u64) {
         let waiter = self.pending.lock().unwrap().waiters.remove(&id);
-        if let Some((tx, hook)) = waiter {
-            if let Some(hook) = hook {
-                hook(&r.v);
-            }
-            let _ = tx.send(r);
+        if let Some(w) = waiter {
+            w(line, data, after);
         }
     }
 
@@ -176,21 +186,63 @@ mod tests {
         let (ours, _theirs) = UnixStream::pair().unwrap();
         let a = AgentLink::new(ours, Duration::from_millis(200));
         let t = Instant::now();
-        assert_eq!(
-            a.call(json!({"op": "read", "handle": 1})).err(),
-            Some(libc::EIO)
-        );
+        let read = wire::ReadRequest {
+            handle: 1,
+            offset: 0,
+            size: 1,
+        };
+        assert_eq!(a.call(&read).err(), Some(libc::EIO));
         assert!(t.elapsed() >= Duration::from_millis(200) && t.elapsed() < Duration::from_secs(5));
         assert_eq!(a.timeouts.load(Ordering::Relaxed), 1);
         assert!(
             a.pending.lock().unwrap().waiters.is_empty(),
             "its waiter is gone"
         );
-        let late = Reply {
-            v: json!({"id": 1}),
-            data: vec![],
-            after: 0,
+        a.deliver(1, br#"{"id":1}"#, vec![], 0); // the late reply is dropped
+    }
+
+    #[test]
+    fn requests_are_typed_on_the_wire_and_so_are_their_replies() {
+        use std::io::{BufRead, BufReader};
+        use std::sync::Arc;
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let a = Arc::new(AgentLink::new(ours, Duration::from_secs(10)));
+        let mut lines = BufReader::new(theirs).lines();
+        let mut ask = |q: wire::ReadRequest, reply: &[u8], data: &[u8]| {
+            let b = a.clone();
+            let t =
+                std::thread::spawn(move || b.call(&q).map(|r| (r.msg.cached.is_some(), r.data)));
+            let sent: serde_json::Value =
+                serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            let id = sent["id"].as_u64().unwrap();
+            let reply = String::from_utf8_lossy(reply).replace("ID", &id.to_string());
+            a.deliver(id, reply.as_bytes(), data.to_vec(), 0);
+            (sent, t.join().unwrap())
         };
-        a.deliver(1, late); // the late reply is dropped
+        let q = |handle| wire::ReadRequest {
+            handle,
+            offset: 5,
+            size: 2,
+        };
+        let (sent, got) = ask(q(7), br#"{"id":ID,"len":2,"more":[1]}"#, b"ab");
+        let want = serde_json::json!({"op": "read", "handle": 7, "offset": 5, "size": 2, "id": 1});
+        assert_eq!((sent, got), (want, Ok((false, b"ab".to_vec()))));
+        let bad = [
+            &br#"{"id":ID,"len":"2"}"#[..],            // a field of the wrong type
+            br#"{"id":ID,"cached":{"backing":"/b"}}"#, // an object missing fields
+            br#"{"id":ID,"errno":0}"#,                 // no errno of its own
+        ];
+        for reply in bad {
+            assert_eq!(ask(q(1), reply, b"").1, Err(libc::EIO));
+        }
+        assert_eq!(
+            ask(q(1), br#"{"id":ID,"errno":2}"#, b"").1,
+            Err(libc::ENOENT)
+        );
+        let why = Some("stale");
+        let b = a.clone();
+        std::thread::spawn(move || b.call(&wire::RefreshRequest { why }));
+        let sent = lines.next().unwrap().unwrap();
+        assert_eq!(sent, r#"{"op":"refresh","why":"stale","id":6}"#);
     }
 }

@@ -5,9 +5,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::change::Change;
+use crate::change::dir_path;
 use crate::edit::Edit;
 use crate::tree::{Dir, InoMap, Inval, Tree, ROOT_INO};
+use crate::wire::{DeltaMsg, ListingMsg, TreeMsg};
 
 impl Tree {
     /// The tree of a {"op":"tree","version":V,"entries":[...]} message, which
@@ -17,7 +18,7 @@ impl Tree {
     /// be reached).
     pub fn from_msg(
         old: &Tree,
-        msg: &Change,
+        msg: &TreeMsg,
         inos: &mut InoMap,
         open: &HashSet<u64>,
     ) -> (Tree, Vec<Inval>) {
@@ -50,7 +51,7 @@ impl Tree {
     /// of the last change.
     pub fn apply_delta(
         &self,
-        msg: &Change,
+        msg: &DeltaMsg,
         inos: &mut InoMap,
         open: &HashSet<u64>,
     ) -> Result<(Tree, Vec<Inval>), String> {
@@ -125,12 +126,13 @@ impl Tree {
     /// kernel must forget; with "partial" its entries are added, the others
     /// kept, and the directory stays as listed as it was. Nothing changes if
     /// P is no directory here (gone meanwhile). Costs O(listing * log tree).
-    pub fn apply_listing(&self, msg: &Change, inos: &mut InoMap) -> (Tree, Vec<Inval>) {
+    pub fn apply_listing(&self, msg: &ListingMsg, inos: &mut InoMap) -> (Tree, Vec<Inval>) {
         let mut t = Tree {
             seq: self.seq + 1,
             ..self.clone()
         };
-        let dir = match msg.path.as_deref() {
+        let path = dir_path(&msg.path);
+        let dir = match path {
             Some("") => Some(ROOT_INO),
             Some(p) => p
                 .split('/')
@@ -141,7 +143,7 @@ impl Tree {
         let Some(dir) = dir else {
             return (t, Vec::new());
         };
-        let prefix = msg.path.as_deref().map_or(String::new(), |p| {
+        let prefix = path.map_or(String::new(), |p| {
             if p.is_empty() {
                 String::new()
             } else {

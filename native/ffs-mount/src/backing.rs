@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{BackingId, ReplyOpen};
-use serde_json::Value;
 
 use crate::fetch::Remote;
 use crate::marks::{Marks, Pins};
+use crate::wire;
 
 /// A "hot" declaration: `path` of tree `version` is byte-identical to
 /// `backing`, unless `marks` show a write after it was fetched.
@@ -27,16 +27,15 @@ pub struct Hot {
     pub marks: Option<Marks>,
 }
 
-impl Hot {
+impl From<&wire::Hot> for Hot {
     /// From a "hot" message or the "hot" object of an open reply.
-    pub fn from_msg(v: &Value) -> Option<Hot> {
-        let f = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        Some(Hot {
-            backing: v.get("backing")?.as_str()?.to_string(),
-            inode: f("inode"),
-            version: f("version"),
-            marks: Marks::from_msg(v),
-        })
+    fn from(h: &wire::Hot) -> Hot {
+        Hot {
+            backing: h.backing.clone(),
+            inode: h.inode,
+            version: h.version,
+            marks: Marks::new(h.pin.as_deref(), &h.keys, h.bucket, h.fetched_ns),
+        }
     }
 }
 
@@ -52,21 +51,20 @@ impl Cached {
     /// From the "cached" object of an open or read reply: None unless the
     /// backing opens as a regular file with the declared inode and the marks
     /// do not say stale.
-    pub(crate) fn from_msg(v: &Value, pins: &Pins) -> Option<Cached> {
-        let inode = v.get("inode")?.as_u64()?;
-        let file = File::open(v.get("backing")?.as_str()?).ok()?;
+    pub(crate) fn from_msg(c: &wire::Cached, pins: &Pins) -> Option<Cached> {
+        let file = File::open(&c.backing).ok()?;
         let md = file.metadata().ok()?;
-        if !md.is_file() || md.ino() != inode {
+        if !md.is_file() || md.ino() != c.inode {
             return None;
         }
-        if Marks::from_msg(v).is_some_and(|m| pins.stale(&m)) {
+        let marks = Marks::new(c.pin.as_deref(), &c.keys, c.bucket, c.fetched_ns);
+        if marks.is_some_and(|m| pins.stale(&m)) {
             return None;
         }
-        let mut ranges: Vec<(u64, u64)> = v
-            .get("ranges")?
-            .as_array()?
+        let mut ranges: Vec<(u64, u64)> = c
+            .ranges
             .iter()
-            .filter_map(|r| Some((r.get(0)?.as_u64()?, r.get(1)?.as_u64()?)))
+            .copied()
             .filter(|&(a, b)| a < b && b <= md.len())
             .collect();
         ranges.sort_unstable();
@@ -120,7 +118,8 @@ pub(crate) enum Handle {
     },
     Agent {
         ino: u64,
-        h: Value,
+        /// The agent's handle.
+        h: u64,
         size: u64,
         cached: Option<Arc<Cached>>,
         /// Where its bytes are, if the agent said: misses fetched here.

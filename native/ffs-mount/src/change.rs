@@ -1,53 +1,16 @@
-//! "tree" and "delta" messages, parsed straight into entries: a million
-//! entries as a serde_json `Value` take ~10x the memory of their JSON, as
-//! `Entry`s under 2x. Tolerant as the rest of the protocol: a field of the
-//! wrong type counts as absent, an entry without a valid path is skipped.
+//! The lists of "tree", "delta" and "listing" messages (their types:
+//! wire.rs), visited by hand one element at a time, each entry read
+//! straight into an `Entry`: a million entries as a serde_json `Value` take
+//! ~10x the memory of their JSON, as `Entry`s under 2x. An element of the
+//! wrong type makes the message invalid (wire.rs); a path with an empty,
+//! "." or ".." component is skipped, outer slashes are stripped.
 
 use std::fmt;
 use std::marker::PhantomData;
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
+use serde::de::{Deserializer, SeqAccess, Visitor};
 
-/// One entry object of a "tree" or "delta" message.
-pub struct Entry {
-    pub path: String,
-    pub dir: bool,
-    pub size: u64,
-    pub mtime_ns: i64,
-    pub gen: String,
-}
-
-#[derive(Default)]
-pub struct Change {
-    pub op: String,
-    pub version: u64,
-    pub since: Option<u64>,
-    /// Valid entries, the last of each path, sorted by path (parents before
-    /// their children).
-    pub entries: Vec<Entry>,
-    /// Valid paths.
-    pub gone: Vec<String>,
-    /// A "listing"'s directory ("" the root); None if absent or not valid.
-    pub path: Option<String>,
-    /// A "tree" whose directories are listed only when asked ("list").
-    pub lazy: bool,
-    /// A "listing" of some names only.
-    pub partial: bool,
-    /// A delta's directories whose contents are exactly its entries below them.
-    pub exact: Vec<String>,
-}
-
-impl Change {
-    pub fn parse(line: &[u8]) -> serde_json::Result<Change> {
-        serde_json::from_slice(line)
-    }
-
-    /// From a message parsed already (one whose "op" did not come first).
-    pub fn from_value(v: &Value) -> Change {
-        Change::deserialize(v).unwrap_or_default()
-    }
-}
+use crate::wire::Entry;
 
 /// P with outer slashes stripped, or None if it has an empty, "." or ".." component.
 pub fn clean(p: &str) -> Option<&str> {
@@ -56,168 +19,94 @@ pub fn clean(p: &str) -> Option<&str> {
     (!bad).then_some(p)
 }
 
-/// An element of a list field, from its JSON; None skips it.
-trait Item: Sized {
-    fn from_value(v: &Value) -> Option<Self>;
-}
-
-impl Item for Entry {
-    fn from_value(e: &Value) -> Option<Entry> {
-        let path = clean(e.get("path")?.as_str()?)?.to_string();
-        let dir = e.get("dir").and_then(Value::as_bool).unwrap_or(false);
-        let size = match dir {
-            true => 0,
-            false => e.get("size").and_then(Value::as_u64).unwrap_or(0),
-        };
-        let mtime_ns = e.get("mtime_ns").and_then(Value::as_i64).unwrap_or(0);
-        let gen = e
-            .get("gen")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        Some(Entry {
-            path,
-            dir,
-            size,
-            mtime_ns,
-            gen,
-        })
+/// A listing's directory: "" the root, None if not a valid path.
+pub fn dir_path(p: &str) -> Option<&str> {
+    match p.trim_matches('/') {
+        "" => Some(""),
+        _ => clean(p),
     }
 }
 
-impl Item for String {
-    fn from_value(v: &Value) -> Option<String> {
-        Some(clean(v.as_str()?)?.to_string())
-    }
-}
-
-/// A JSON array read one element at a time (each a small `Value` while
-/// it is converted); anything else is an empty list.
-struct List<T>(Vec<T>);
-
-impl<'de, T: Item> Deserialize<'de> for List<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ListVisitor(PhantomData))
-    }
-}
-
-struct ListVisitor<T>(PhantomData<T>);
-
-impl<'de, T: Item> Visitor<'de> for ListVisitor<T> {
-    type Value = List<T>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<List<T>, A::Error> {
-        let mut out = Vec::with_capacity(s.size_hint().unwrap_or(0));
-        while let Some(v) = s.next_element::<Value>()? {
-            out.extend(T::from_value(&v));
+/// `s` cleaned in place; false if it is no valid path.
+fn clean_in_place(s: &mut String) -> bool {
+    match clean(s) {
+        None => false,
+        Some(p) if p.len() != s.len() => {
+            *s = p.to_string();
+            true
         }
-        Ok(List(out))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<List<T>, A::Error> {
-        while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(List(Vec::new()))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<List<T>, E> {
-        Ok(List(Vec::new()))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<List<T>, E> {
-        Ok(List(Vec::new()))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<List<T>, E> {
-        Ok(List(Vec::new()))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<List<T>, E> {
-        Ok(List(Vec::new()))
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<List<T>, E> {
-        Ok(List(Vec::new()))
-    }
-
-    fn visit_unit<E>(self) -> Result<List<T>, E> {
-        Ok(List(Vec::new()))
+        Some(_) => true,
     }
 }
 
-impl<'de> Deserialize<'de> for Change {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(ChangeVisitor)
-    }
-}
-
-struct ChangeVisitor;
-
-impl<'de> Visitor<'de> for ChangeVisitor {
-    type Value = Change;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Change, A::Error> {
-        let mut c = Change::default();
-        while let Some(k) = m.next_key::<String>()? {
-            match k.as_str() {
-                "entries" => c.entries = m.next_value::<List<Entry>>()?.0,
-                "gone" => c.gone = m.next_value::<List<String>>()?.0,
-                "exact" => c.exact = m.next_value::<List<String>>()?.0,
-                "path" => {
-                    let v: Value = m.next_value()?;
-                    c.path = match v.as_str() {
-                        Some(p) if p.trim_matches('/').is_empty() => Some(String::new()),
-                        Some(p) => clean(p).map(str::to_string),
-                        None => None,
-                    };
-                }
-                "lazy" => c.lazy = m.next_value::<Value>()?.as_bool().unwrap_or(false),
-                "partial" => c.partial = m.next_value::<Value>()?.as_bool().unwrap_or(false),
-                "op" | "version" | "since" => {
-                    let v: Value = m.next_value()?;
-                    match k.as_str() {
-                        "op" => c.op = v.as_str().unwrap_or_default().to_string(),
-                        "version" => c.version = v.as_u64().unwrap_or(0),
-                        _ => c.since = v.as_u64(),
-                    }
-                }
-                _ => _ = m.next_value::<IgnoredAny>()?,
+/// A message's "entries": the valid ones, the last of each path, sorted by
+/// path (parents before their children); a directory's size is 0.
+pub fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Entry>, D::Error> {
+    let mut v = d.deserialize_seq(Elements(
+        |mut e: Entry| {
+            e.size = if e.dir { 0 } else { e.size };
+            clean_in_place(&mut e.path).then_some(e)
+        },
+        PhantomData,
+    ))?;
+    if !v.is_sorted_by(|a, b| a.path < b.path) {
+        v.sort_by(|a, b| a.path.cmp(&b.path)); // stable: a path's entries stay in order
+        v.dedup_by(|later, kept| {
+            let same = later.path == kept.path;
+            if same {
+                std::mem::swap(later, kept);
             }
+            same
+        });
+    }
+    Ok(v)
+}
+
+/// A message's list of paths ("gone", "exact"): the valid ones.
+pub fn paths<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    d.deserialize_seq(Elements(
+        |mut p: String| clean_in_place(&mut p).then_some(p),
+        PhantomData,
+    ))
+}
+
+/// A JSON array read element by element as `T`, each kept if `F` keeps it.
+struct Elements<T, F>(F, PhantomData<T>);
+
+impl<'de, T: serde::Deserialize<'de>, F: Fn(T) -> Option<T>> Visitor<'de> for Elements<T, F> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Vec<T>, A::Error> {
+        let mut out = Vec::with_capacity(s.size_hint().unwrap_or(0));
+        while let Some(v) = s.next_element::<T>()? {
+            out.extend((self.0)(v));
         }
-        let v = &mut c.entries;
-        if !v.is_sorted_by(|a, b| a.path < b.path) {
-            v.sort_by(|a, b| a.path.cmp(&b.path)); // stable: a path's entries stay in order
-            v.dedup_by(|later, kept| {
-                let same = later.path == kept.path;
-                if same {
-                    std::mem::swap(later, kept);
-                }
-                same
-            });
-        }
-        Ok(c)
+        Ok(out)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{DeltaMsg, ListingMsg, TreeMsg};
+    use serde::Deserialize;
     use serde_json::json;
 
+    fn delta(line: &[u8]) -> serde_json::Result<DeltaMsg> {
+        serde_json::from_slice(line)
+    }
+
     #[test]
-    fn parses_tolerantly() {
+    fn parses_entries_and_paths_skipping_bad_paths() {
         let line = br#"{"op":"delta","version":3,"since":2,"x":[1,{"a":2}],"entries":[
-            {"path":"/b/","size":2,"gen":"g"},{"path":"a/./c"},{"nopath":1},{"path":"a","dir":true,"size":9,"mtime_ns":-5},
-            {"path":"b","size":"big","dir":"no","gen":7},7],"gone":["x/",5,"../y",""]}"#;
-        let c = Change::parse(line).unwrap();
-        assert_eq!((c.op.as_str(), c.version, c.since), ("delta", 3, Some(2)));
+            {"path":"/b/","size":2,"gen":"g"},{"path":"a/./c"},{"path":"","dir":true},{"path":"a","dir":true,"size":9,"mtime_ns":-5},
+            {"path":"b","extra":{"y":[]}}],"gone":["x/","../y","",".."],"exact":["/e"]}"#;
+        let c = delta(line).unwrap();
+        assert_eq!((c.version, c.since), (3, Some(2)));
         let got: Vec<_> = c
             .entries
             .iter()
@@ -226,27 +115,41 @@ mod tests {
         assert_eq!(
             got,
             [("a", true, 0, -5, ""), ("b", false, 0, 0, "")],
-            "the last entry of a path wins"
+            "the last entry of a path wins; unknown fields ignored; defaults"
         );
-        assert_eq!(c.gone, ["x"]);
-        let c = Change::parse(
-            br#"{"op":"tree","version":"1","since":-1,"entries":{"path":"a"},"gone":"a"}"#,
-        )
-        .unwrap();
         assert_eq!(
-            (c.version, c.since, c.entries.len(), c.gone.len()),
-            (0, None, 0, 0)
+            (c.gone, c.exact),
+            (vec!["x".to_string()], vec!["e".to_string()])
         );
+        let c = delta(br#"{"op":"delta","since":1}"#).unwrap();
+        assert_eq!((c.version, c.entries.len(), c.gone.len()), (0, 0, 0));
         let v = json!({"version": 4, "entries": [{"path": "z"}, {"path": "y"}], "op": "tree"});
-        let c = Change::from_value(&v);
-        assert_eq!((c.op.as_str(), c.version), ("tree", 4));
-        assert_eq!(
-            c.entries
-                .iter()
-                .map(|e| e.path.as_str())
-                .collect::<Vec<_>>(),
-            ["y", "z"]
-        );
-        assert!(Change::parse(b"{\"op\":\"tree\",").is_err());
+        let t = TreeMsg::deserialize(&v).unwrap();
+        assert_eq!((t.version, t.lazy), (4, false));
+        let paths: Vec<_> = t.entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["y", "z"]);
+        let l: ListingMsg = serde_json::from_slice(br#"{"op":"listing","path":"/"}"#).unwrap();
+        assert_eq!((dir_path(&l.path), l.partial), (Some(""), false));
+        assert_eq!((dir_path("a/b/"), dir_path("a/../b")), (Some("a/b"), None));
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_makes_the_message_invalid() {
+        for bad in [
+            &br#"{"op":"delta","version":"1","since":1}"#[..],
+            br#"{"op":"delta","since":-1}"#,
+            br#"{"op":"delta","entries":{"path":"a"}}"#,
+            br#"{"op":"delta","entries":[{"path":"a","size":"big"}]}"#,
+            br#"{"op":"delta","entries":[{"path":"a","dir":"no"}]}"#,
+            br#"{"op":"delta","entries":[{"path":"a","gen":7}]}"#,
+            br#"{"op":"delta","entries":[{"nopath":1}]}"#,
+            br#"{"op":"delta","entries":[7]}"#,
+            br#"{"op":"delta","gone":"a"}"#,
+            br#"{"op":"delta","gone":[5]}"#,
+            br#"{"op":"delta","#,
+        ] {
+            assert!(delta(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(serde_json::from_slice::<ListingMsg>(br#"{"op":"listing","entries":[]}"#).is_err());
     }
 }

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::change::Entry;
 use crate::tree::{key, Dir, InoMap, Inval, Node, Tree, ROOT_INO};
+use crate::wire::Entry;
 
 /// A change being made to a fresh clone of a tree.
 pub struct Edit<'a> {

@@ -24,10 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::fetcher::{Chunk, Fetcher, Shard};
 use crate::http::Url;
+use crate::wire;
 
 /// Chunks fetched ahead of a sequential reader, per handle.
 pub const AHEAD: usize = 2;
@@ -46,13 +45,9 @@ const WINDOW: usize = AHEAD + 2;
 const ASK_CACHED: Duration = Duration::from_millis(25);
 const ASK_CACHED_MAX: Duration = Duration::from_secs(1);
 
-fn urls(v: &Value) -> Vec<Url> {
-    v.get("urls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|u| Url::parse(u.as_str()?))
-        .collect()
+/// The URLs this daemon can GET (http://; https stays with the agent).
+fn urls(us: &[String]) -> Vec<Url> {
+    us.iter().filter_map(|u| Url::parse(u)).collect()
 }
 
 /// Where an agent-opened file's bytes are: its chunks in file order, each
@@ -108,36 +103,29 @@ impl Got {
 impl Remote {
     /// From the "fetch" object of an open reply; None if it describes
     /// nothing this daemon can fetch (then reads go to the agent).
-    pub fn from_msg(v: &Value, size: u64) -> Option<Remote> {
+    pub fn from_msg(f: &wire::Fetch, size: u64) -> Option<Remote> {
         let mut chunks = Vec::new();
-        for c in v.get("chunks")?.as_array()? {
-            let n = |k: &str| c.get(k).and_then(Value::as_u64);
+        for c in &f.chunks {
             let mut shards = Vec::new();
-            for s in c
-                .get("shards")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let n = |k: &str| s.get(k).and_then(Value::as_u64);
-                let urls = urls(s);
+            for s in &c.shards {
+                let urls = urls(&s.urls);
                 if urls.is_empty() {
                     return None;
                 }
                 shards.push(Shard {
-                    bytes: n("bytes")?,
-                    xxh3: n("xxh3")?,
+                    bytes: s.bytes,
+                    xxh3: s.xxh3,
                     urls,
                 });
             }
-            let urls = urls(c);
+            let urls = urls(&c.urls);
             if urls.is_empty() == shards.is_empty() {
                 return None; // one way to its bytes: copies or shards
             }
             chunks.push(Chunk {
-                start: n("start")?,
-                bytes: n("bytes")?,
-                xxh3: n("xxh3")?,
+                start: c.start,
+                bytes: c.bytes,
+                xxh3: c.xxh3,
                 urls,
                 shards,
             });

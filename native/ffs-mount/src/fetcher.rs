@@ -9,11 +9,11 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::fetch::Got;
 use crate::http::{connect, exchange, Answer, Url};
+use crate::wire::FetchCounters;
 
 /// Reads waiting on MinIO on threads of their own, at most.
 const MAX_WORKERS: usize = 64;
@@ -60,15 +60,21 @@ pub struct FetchStats {
 }
 
 impl FetchStats {
-    pub fn json(&self) -> Value {
+    pub fn counters(&self) -> FetchCounters {
         let g = |a: &AtomicU64| a.load(Relaxed);
-        json!({
-            "reads": g(&self.reads), "bytes": g(&self.bytes), "gets": g(&self.gets),
-            "get_bytes": g(&self.get_bytes), "ahead": g(&self.ahead), "ranged": g(&self.ranged),
-            "bad_checksum": g(&self.bad_checksum), "failed_gets": g(&self.failed_gets),
-            "fallbacks": g(&self.fallbacks), "sweeps": g(&self.sweeps),
-            "sweeps_refused": g(&self.sweeps_refused),
-        })
+        FetchCounters {
+            reads: g(&self.reads),
+            bytes: g(&self.bytes),
+            gets: g(&self.gets),
+            get_bytes: g(&self.get_bytes),
+            ahead: g(&self.ahead),
+            ranged: g(&self.ranged),
+            bad_checksum: g(&self.bad_checksum),
+            failed_gets: g(&self.failed_gets),
+            fallbacks: g(&self.fallbacks),
+            sweeps: g(&self.sweeps),
+            sweeps_refused: g(&self.sweeps_refused),
+        }
     }
 }
 

@@ -5,15 +5,13 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 
-use serde_json::{json, Value};
-
-use crate::agent_link::Reply;
 use crate::backing::Hot;
-use crate::change::Change;
 use crate::shared::Shared;
 use crate::tree::{InoMap, Inval, Tree};
+use crate::wire::{self, DeltaMsg, Frame, HotMsg, ListingMsg, Notice, StatsMsg, TreeMsg};
 
 /// What the main thread waits for: the first tree (then it mounts), or the end.
 pub enum Event {
@@ -24,10 +22,9 @@ pub enum Event {
 
 /// What the reader hands to the applier thread.
 pub enum Apply {
-    /// A "tree" or "delta" line, still to parse.
-    Line(Vec<u8>),
-    /// A "tree", "delta" or "stats" message.
-    Msg(Value),
+    /// A "tree", "delta" or "listing" line, still to parse.
+    Line(Notice, Vec<u8>),
+    Stats(StatsMsg),
 }
 
 /// Reader thread: dispatches replies by id and applies unsolicited messages,
@@ -48,61 +45,45 @@ pub fn reader(
             Ok(_) => {}
         }
         // Parsed by the applier: a big tree parsed here would hold up the
-        // replies behind it. (Not sent "op" first: parsed here, see below.)
-        if [
-            &br#"{"op":"tree","#[..],
-            br#"{"op":"delta","#,
-            br#"{"op":"listing","#,
-        ]
-        .iter()
-        .any(|p| line.starts_with(p))
-        {
+        // replies behind it. (Not sent "op" first: its frame is read here.)
+        let prefixed = Notice::PREFIXES.iter().find(|(p, _)| line.starts_with(p));
+        if let Some(&(_, n)) = prefixed {
             handed += 1;
-            let _ = apply.send(Apply::Line(std::mem::take(&mut line)));
+            let _ = apply.send(Apply::Line(n, std::mem::take(&mut line)));
             continue;
         }
-        let v: Value = match serde_json::from_slice(&line) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("ffs-mount: bad message from agent: {e}");
-                continue;
-            }
+        let Some(f) = wire::parse::<Frame>(&line, "message") else {
+            continue;
         };
-        match v.get("op").and_then(Value::as_str) {
-            None => {
-                // A reply. Read replies carry `len` raw bytes after the line.
-                let len = v.get("len").and_then(Value::as_u64).unwrap_or(0) as usize;
-                let mut data = vec![0u8; len];
-                if r.read_exact(&mut data).is_err() {
-                    break;
-                }
-                if let Some(id) = v.get("id").and_then(Value::as_u64) {
-                    s.agent.deliver(
-                        id,
-                        Reply {
-                            v,
-                            data,
-                            after: handed,
-                        },
-                    );
-                }
+        let Some(op) = f.op else {
+            // A reply. Read replies carry `len` raw bytes after the line.
+            let mut data = vec![0u8; f.len.unwrap_or(0) as usize];
+            if r.read_exact(&mut data).is_err() {
+                break;
             }
-            Some("tree" | "delta" | "listing" | "stats") => {
+            if let Some(id) = f.id {
+                s.agent.deliver(id, &line, data, handed);
+            }
+            continue;
+        };
+        match Notice::of(&op) {
+            Some(n @ (Notice::Tree | Notice::Delta | Notice::Listing)) => {
                 handed += 1;
-                let _ = apply.send(Apply::Msg(v));
+                let _ = apply.send(Apply::Line(n, std::mem::take(&mut line)));
             }
-            Some("hot") => {
-                let (Some(path), Some(hot)) =
-                    (v.get("path").and_then(Value::as_str), Hot::from_msg(&v))
-                else {
-                    continue;
-                };
-                s.hot
-                    .lock()
-                    .unwrap()
-                    .insert(path.trim_matches('/').to_string(), hot);
+            Some(Notice::Stats) => {
+                if let Some(m) = wire::parse::<StatsMsg>(&line, "stats") {
+                    handed += 1;
+                    let _ = apply.send(Apply::Stats(m));
+                }
             }
-            Some(op) => eprintln!("ffs-mount: unknown op from agent: {op}"),
+            Some(Notice::Hot) => {
+                if let Some(m) = wire::parse::<HotMsg>(&line, "hot") {
+                    let path = m.path.trim_matches('/').to_string();
+                    s.hot.lock().unwrap().insert(path, Hot::from(&m.hot));
+                }
+            }
+            None => eprintln!("ffs-mount: unknown op from agent: {op}"),
         }
     }
     s.agent.close();
@@ -119,48 +100,60 @@ pub fn applier(
 ) {
     let mut inos = InoMap::new();
     let mut have_tree = false;
+    let received = |n: usize| s.stats.entries_received.fetch_add(n as u64, Relaxed);
     for m in rx {
-        let c = match m {
-            Apply::Line(l) => Change::parse(&l)
-                .inspect_err(|e| eprintln!("ffs-mount: bad message from agent: {e}"))
-                .ok(),
-            Apply::Msg(v) if v.get("op").and_then(Value::as_str) == Some("stats") => {
-                let mut stats = s.stats.json();
-                stats["fetch"] = s.fetcher.stats.json();
-                stats["agent_timeouts"] =
-                    json!(s.agent.timeouts.load(std::sync::atomic::Ordering::Relaxed));
-                stats["entries_held"] = json!(s.tree().len());
-                stats["kernel_held"] = json!(s.refs.lock().unwrap().len());
-                let _ = s.agent.send(&json!({"id": v.get("id"), "stats": stats}));
-                None
+        match m {
+            Apply::Stats(m) => {
+                let stats = s.stats.counters(
+                    s.fetcher.stats.counters(),
+                    s.agent.timeouts.load(Relaxed),
+                    s.tree().len() as u64,
+                    s.refs.lock().unwrap().len() as u64,
+                );
+                let _ = s.agent.send(&wire::StatsReply { id: m.id, stats });
             }
-            Apply::Msg(v) => Some(Change::from_value(&v)),
-        };
-        if let Some(c) = &c {
-            s.stats
-                .entries_received
-                .fetch_add(c.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        }
-        match c {
-            Some(c) if c.op == "tree" => {
-                let (t, changed) = Tree::from_msg(&s.tree(), &c, &mut inos, &s.open_inodes());
-                drop(c);
-                publish(&s, t, changed, &inval);
-                if !have_tree {
-                    have_tree = true;
-                    let _ = ev.send(Event::FirstTree);
+            Apply::Line(Notice::Tree, l) => {
+                let m = wire::parse::<TreeMsg>(&l, "tree");
+                drop(l);
+                if let Some(m) = m {
+                    received(m.entries.len());
+                    let (t, changed) = Tree::from_msg(&s.tree(), &m, &mut inos, &s.open_inodes());
+                    drop(m);
+                    publish(&s, t, changed, &inval);
+                    if !have_tree {
+                        have_tree = true;
+                        let _ = ev.send(Event::FirstTree);
+                    }
                 }
             }
-            Some(_) if !have_tree => eprintln!("ffs-mount: delta before the first tree, ignored"),
-            Some(c) if c.op == "listing" => {
-                let (t, changed) = s.tree().apply_listing(&c, &mut inos);
-                publish(&s, t, changed, &inval);
+            Apply::Line(Notice::Listing, l) => {
+                let m = wire::parse::<ListingMsg>(&l, "listing");
+                drop(l);
+                if let Some(m) = m {
+                    received(m.entries.len());
+                    if !have_tree {
+                        eprintln!("ffs-mount: listing before the first tree, ignored");
+                    } else {
+                        let (t, changed) = s.tree().apply_listing(&m, &mut inos);
+                        publish(&s, t, changed, &inval);
+                    }
+                }
             }
-            Some(c) => match s.tree().apply_delta(&c, &mut inos, &s.open_inodes()) {
-                Ok((t, changed)) => publish(&s, t, changed, &inval),
-                Err(e) => eprintln!("ffs-mount: {e}: ignored"),
-            },
-            None => {}
+            Apply::Line(_, l) => {
+                let m = wire::parse::<DeltaMsg>(&l, "delta");
+                drop(l);
+                if let Some(m) = m {
+                    received(m.entries.len());
+                    if !have_tree {
+                        eprintln!("ffs-mount: delta before the first tree, ignored");
+                    } else {
+                        match s.tree().apply_delta(&m, &mut inos, &s.open_inodes()) {
+                            Ok((t, changed)) => publish(&s, t, changed, &inval),
+                            Err(e) => eprintln!("ffs-mount: {e}: ignored"),
+                        }
+                    }
+                }
+            }
         }
         evict(&s, &mut inos, &inval);
         s.agent.applied_one();
@@ -191,10 +184,9 @@ fn evict(s: &Shared, inos: &mut InoMap, inval: &mpsc::Sender<Vec<Inval>>) {
     let t = s.tree();
     let held = |i: u64| refs.contains_key(&i) || open.contains(&i);
     if let Some((smaller, let_go)) = t.evict(s.max_entries, held, inos) {
-        s.stats.evicted.fetch_add(
-            (t.len() - smaller.len()) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        s.stats
+            .evicted
+            .fetch_add((t.len() - smaller.len()) as u64, Relaxed);
         drop(t);
         publish(s, smaller, let_go, inval);
     }

@@ -8,11 +8,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use fuser::{Errno, FileAttr, Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
-use serde_json::json;
 
 use crate::fs::err;
 use crate::shared::Shared;
 use crate::tree::Tree;
+use crate::wire::{ListRequest, LookupRequest, RefreshRequest};
 
 /// Names that lookups found missing even after asking the agent, in the tree
 /// of `seq`: asked for again only once a newer tree or delta is applied.
@@ -103,7 +103,7 @@ impl Shared {
         }
         if t.listed(parent) {
             self.stats.lookup_refreshes.fetch_add(1, Relaxed);
-            self.agent.call_synced(json!({"op": "refresh"}))?;
+            self.agent.call_synced(&RefreshRequest { why: None })?;
         } else {
             let Some(dir) = t.nodes.get(&parent) else {
                 return Err(libc::ENOENT);
@@ -113,8 +113,7 @@ impl Shared {
                 false => format!("{}/{name}", dir.path),
             };
             self.stats.name_lookups.fetch_add(1, Relaxed);
-            self.agent
-                .call_synced(json!({"op": "lookup", "path": path}))?;
+            self.agent.call_synced(&LookupRequest { path: &path })?;
         }
         let t = self.tree();
         let found = find(&t);
@@ -141,8 +140,7 @@ impl Shared {
             return Err(libc::ENOENT);
         };
         self.stats.listings.fetch_add(1, Relaxed);
-        self.agent
-            .call_synced(json!({"op": "list", "path": path}))?;
+        self.agent.call_synced(&ListRequest { path: &path })?;
         Ok(self.tree())
     }
 

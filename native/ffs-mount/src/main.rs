@@ -43,6 +43,7 @@ mod stats;
 mod sweep;
 mod tree;
 mod unmount;
+mod wire;
 
 use std::ffi::CString;
 use std::os::fd::FromRawFd;

@@ -12,8 +12,6 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 /// The marks fields of a hot declaration.
 #[derive(Clone)]
 pub struct Marks {
@@ -24,21 +22,19 @@ pub struct Marks {
 }
 
 impl Marks {
-    /// None when there is nothing to check: no pin, no fetched_ns, or
-    /// no keys or bucket.
-    pub fn from_msg(v: &Value) -> Option<Marks> {
-        let u = |k: &str| v.get(k).and_then(Value::as_u64);
-        let listed = v
-            .get("keys")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_u64);
-        let keys: Vec<u64> = listed.chain(u("bucket")).collect();
+    /// From the marks fields of a "hot" or "cached" object: None when there
+    /// is nothing to check (no pin, no fetched_ns, or no keys or bucket).
+    pub fn new(
+        pin: Option<&str>,
+        keys: &[u64],
+        bucket: Option<u64>,
+        fetched_ns: Option<u64>,
+    ) -> Option<Marks> {
+        let keys: Vec<u64> = keys.iter().copied().chain(bucket).collect();
         let m = Marks {
-            pin: v.get("pin")?.as_str()?.to_string(),
+            pin: pin?.to_string(),
             keys,
-            fetched_ns: u("fetched_ns")?,
+            fetched_ns: fetched_ns?,
         };
         (!m.keys.is_empty()).then_some(m)
     }

@@ -10,13 +10,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use fuser::{Errno, FileHandle, FopenFlags, INodeNo, OpenFlags, ReplyOpen};
-use serde_json::{json, Value};
 
 use crate::agent_link::Hook;
 use crate::backing::{touch, Backing, Cached, Handle, Hot, Probe};
 use crate::fetch::Remote;
 use crate::fs::err;
 use crate::shared::Shared;
+use crate::wire::{OpenReply, OpenRequest, RefreshRequest, ReleaseRequest};
 
 impl Shared {
     /// Ready with the backing file if `path` is hot for tree `version`, its
@@ -60,9 +60,8 @@ impl Shared {
     /// The open then fails with ESTALE, and the kernel's retry looks the
     /// path up again and finds the new file's inode.
     fn replaced(&self, ino: u64) -> bool {
-        let _ = self
-            .agent
-            .call_synced(json!({"op": "refresh", "why": "stale"}));
+        let why = Some("stale");
+        let _ = self.agent.call_synced(&RefreshRequest { why });
         !self.tree().nodes.contains_key(&ino)
     }
 
@@ -93,49 +92,53 @@ impl Shared {
         let s = self;
         // The reply's "hot" is recorded by the reader thread, in stream order
         // with "hot" messages, exactly as a "hot" message would be.
-        let hook: Hook = {
+        let hook: Hook<OpenReply> = {
             let (s, path) = (s.clone(), path.clone());
-            Box::new(move |v: &Value| {
-                if let Some(h) = v.get("hot").and_then(Hot::from_msg) {
-                    s.hot.lock().unwrap().insert(path, h);
+            Box::new(move |r: &OpenReply| {
+                if let Some(h) = &r.hot {
+                    s.hot.lock().unwrap().insert(path, Hot::from(h));
                 }
             })
         };
-        let req = json!({"op": "open", "path": path, "gen": gen});
-        let r = match s.agent.call_with(req, Some(hook), false) {
-            Ok(r) => r,
-            Err(e) => {
-                let mut st = s.opens.lock().unwrap();
-                if let Some(io) = st.inodes.get_mut(&ino) {
-                    io.agent_count -= 1;
-                }
-                st.gc(ino);
-                drop(st);
-                return reply.error(err(e));
+        let fail = |e: i32, reply: ReplyOpen| {
+            let mut st = s.opens.lock().unwrap();
+            if let Some(io) = st.inodes.get_mut(&ino) {
+                io.agent_count -= 1;
             }
+            st.gc(ino);
+            drop(st);
+            reply.error(err(e))
         };
-        let h = r.v.get("handle").cloned().unwrap_or(Value::Null);
-        if r.v.get("hot").is_some_and(Value::is_object) {
+        let req = OpenRequest {
+            path: &path,
+            gen: &gen,
+        };
+        let r = match s.agent.call_with(&req, Some(hook), false) {
+            Ok(r) => r.msg,
+            Err(e) => return fail(e, reply),
+        };
+        if r.hot.is_some() {
             if let Some((fh, b)) = s.promote(ino, &path, version, size, &reply) {
                 s.stats.passthrough_opens.fetch_add(1, Relaxed);
                 s.stats.hot_from_open_reply.fetch_add(1, Relaxed);
                 reply.opened_passthrough(FileHandle(fh), oflags, &b.id);
                 // The agent's handle was never used; the kernel is answered first.
-                let _ = s.agent.call(json!({"op": "release", "handle": h}));
+                let _ = s.agent.call(&ReleaseRequest { handle: r.handle });
                 return;
             }
         }
-        let cached =
-            r.v.get("cached")
-                .and_then(|c| Cached::from_msg(c, &s.pins))
-                .map(Arc::new);
-        let remote =
-            r.v.get("fetch")
-                .and_then(|f| Remote::from_msg(f, size))
-                .map(|f| {
-                    let here = cached.as_ref().map_or(&[][..], |c| &c.ranges[..]);
-                    Arc::new(f.cached_here(here))
-                });
+        let Some(h) = r.handle else {
+            eprintln!("ffs-mount: the agent opened {path} without a handle: EIO");
+            return fail(libc::EIO, reply);
+        };
+        let cached = r
+            .cached
+            .and_then(|c| Cached::from_msg(&c, &s.pins))
+            .map(Arc::new);
+        let remote = r.fetch.and_then(|f| Remote::from_msg(&f, size)).map(|f| {
+            let here = cached.as_ref().map_or(&[][..], |c| &c.ranges[..]);
+            Arc::new(f.cached_here(here))
+        });
         let handle = Handle::Agent {
             ino,
             h,
@@ -148,8 +151,7 @@ impl Shared {
         // Without KEEP_CACHE the kernel drops the file's cached pages at this
         // open; with it the agent vouches that they are still right. Never on
         // a passthrough open (above): the kernel fails that combination.
-        let keep = r.v.get("keep_cache").and_then(Value::as_bool) == Some(true);
-        let flags = match keep {
+        let flags = match r.keep_cache {
             true => oflags | FopenFlags::FOPEN_KEEP_CACHE,
             false => oflags,
         };

@@ -1,15 +1,19 @@
 //! # Protocol (the agent must follow it exactly)
 //!
-//! Every message and field below is listed in protocol.json, which
-//! tests/test_mount_protocol.py checks both sides' sources against.
+//! Every message and field below is listed in protocol.json with its type,
+//! and the daemon reads and writes each as that type (wire.rs);
+//! tests/test_mount_protocol.py holds wire.rs and the agent's sources to it.
 //!
 //! Framing: each message is one compact JSON object on one line ending in
 //! "\n". A reply with "len": L is followed by exactly L raw bytes. Each side
-//! must write a message (line plus raw bytes) contiguously. Lines that are
-//! not JSON are logged and skipped. Integers are JSON numbers: u64 unless
-//! said otherwise; a field of the wrong type counts as absent.
-//! A message with "op" is a request or notice, one without is a reply,
-//! matched by "id". The two directions have separate id spaces.
+//! must write a message (line plus raw bytes) contiguously. Integers are
+//! JSON numbers: u64 unless said otherwise. A message is read whole as its
+//! type or not at all: a line that is not JSON, or a message with a field
+//! of the wrong type, or missing (but one whose default is said below), is
+//! logged and skipped; such a reply fails its request with EIO. Unknown
+//! fields are ignored. A message with "op" is a request or notice, one
+//! without is a reply, matched by "id". The two directions have separate
+//! id spaces.
 //!
 //! ## Agent -> daemon
 //!
@@ -28,13 +32,16 @@
 //!   back later gets a new one (numbers are never reused).
 //!   Best sent starting exactly {"op":"tree", (a delta {"op":"delta",):
 //!   then even its parsing is off the thread that delivers replies.
-//!   Defaults: version 0, dir false, size 0, mtime_ns 0, G "". Owner and modes: --uid, --gid, --file-mode, --dir-mode (0440, 0550, root).
+//!   Defaults: version 0, lazy false, entries [], dir false, size 0,
+//!   mtime_ns 0, G "" (an entry needs "path"; a directory's size is 0).
+//!   Owner and modes: --uid, --gid, --file-mode, --dir-mode (0440, 0550, root).
 //!   With "lazy":true the tree holds the root alone, not listed (entries
 //!   are ignored): a directory not listed asks the agent for a name it
 //!   lacks alone ("lookup"), and for all its names at its first readdir
 //!   ("list").
 //!
 //! {"op":"listing","path":P,"entries":[...as in "tree"...]}
+//!   ("partial" false and entries as in "tree" by default.)
 //!   Directory P ("" the root) now has these entries (its children: others
 //!   are skipped) and no others, and is listed; a subdirectory new to the
 //!   daemon is not listed. Ignored if P is not a directory in the tree (the
@@ -50,7 +57,8 @@
 //!
 //! {"op":"delta","version":V,"since":S,"entries":[...as in "tree"...],
 //!  "gone":[P, ...]}
-//!   Changes tree S into tree V, in O(size of the delta), not of the tree.
+//!   Changes tree S into tree V, in O(size of the delta), not of the tree
+//!   (defaults as in "tree", "gone" []; S has none).
 //!   Ignored (and logged) before the first tree and unless the daemon's
 //!   tree is version S: after any doubt, send a whole "tree". First each
 //!   path of "gone" leaves the tree (list every path removed, descendants
@@ -80,10 +88,10 @@
 //!   chunks lists each chunk's key in "keys"). "pin" is a BPF map
 //!   pinned on a bpffs: BPF_MAP_TYPE_HASH or LRU_HASH, 8-byte key and value,
 //!   native-endian u64s. The entry is stale if map[k] > F for any K of
-//!   "keys" or K2 (equal is fresh); no entry, or nothing pinned at S, means 0. Marks and
-//!   F are compared as plain numbers: they must come from the same clock.
-//!   A map that cannot be read or has another shape counts as stale
-//!   (logged). The map fd is kept per pin path and the pin re-stat'ed at
+//!   "keys" or K2 (equal is fresh); no entry means 0. Marks and F are
+//!   compared as plain numbers: they must come from the same clock. Nothing
+//!   pinned at S (the node restarting), a map that cannot be read or one of
+//!   another shape counts as stale (logged): nothing vouches for the file. The map fd is kept per pin path and the pin re-stat'ed at
 //!   most once a second: a map re-pinned or removed is seen within ~1 s.
 //!   While passthrough handles of P's inode are open, every new open must
 //!   reuse their backing (even after a "hot" naming another file): the kernel fails an agent open then. Such an open checks the
@@ -182,7 +190,9 @@
 //!                         B and checked against X; any failure sends the
 //!                         read to the agent (parity is its).
 //!                         Ignored unless it is so.
-//!   H is any JSON value (null if absent), echoed back verbatim.
+//!   H is an int, sent back as it is. A reply without H (nor errno) fails
+//!   the open with EIO, unless its "hot" makes the open passthrough (then
+//!   "release" gets H null).
 //!
 //! {"op":"read","handle":H,"offset":O,"size":S,"id":N}
 //!   -> {"id":N,"len":L} + L raw bytes. L < S means end of file; bytes

@@ -7,19 +7,19 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use fuser::{Errno, FileHandle, ReplyData, ReplyEmpty};
-use serde_json::{json, Value};
 
 use crate::backing::{Cached, Handle, KEPT_MAX};
 use crate::fetcher::spawn_anywhere;
 use crate::fs::err;
 use crate::shared::Shared;
+use crate::wire::{CachedRequest, ReadRequest, ReleaseRequest};
 
 impl Shared {
     /// What of agent handle `h`'s file (kernel handle `fh`) is cached here
     /// now, if the agent knows more than it said: kept for the handle's reads.
-    fn cached_now(&self, fh: u64, h: &Option<Value>) -> Option<Arc<Cached>> {
-        let r = self.agent.call(json!({"op": "cached", "handle": h})).ok()?;
-        let c = Arc::new(Cached::from_msg(r.v.get("cached")?, &self.pins)?);
+    fn cached_now(&self, fh: u64, h: u64) -> Option<Arc<Cached>> {
+        let r = self.agent.call(&CachedRequest { handle: h }).ok()?;
+        let c = Arc::new(Cached::from_msg(r.msg.cached.as_ref()?, &self.pins)?);
         self.keep_cached(fh, c.clone());
         Some(c)
     }
@@ -33,17 +33,21 @@ impl Shared {
     }
 
     /// A read of agent handle `h` (kernel handle `fh`) answered by the agent.
-    fn forward(&self, fh: u64, h: Option<Value>, offset: u64, size: u32, reply: ReplyData) {
+    fn forward(&self, fh: u64, h: u64, offset: u64, size: u32, reply: ReplyData) {
         let s = self;
-        let req = json!({"op": "read", "handle": h, "offset": offset, "size": size});
-        match s.agent.call(req) {
+        let req = ReadRequest {
+            handle: h,
+            offset,
+            size,
+        };
+        match s.agent.call(&req) {
             Ok(r) => {
                 let n = r.data.len().min(size as usize);
                 s.stats.reads_forwarded.fetch_add(1, Relaxed);
                 s.stats.bytes_forwarded.fetch_add(n as u64, Relaxed);
                 // More of the file cached since: later reads there are ours. Recorded
                 // before the reply, or the reader's next read may race past it.
-                if let Some(c) = r.v.get("cached").and_then(|c| Cached::from_msg(c, &s.pins)) {
+                if let Some(c) = r.msg.cached.and_then(|c| Cached::from_msg(&c, &s.pins)) {
                     s.keep_cached(fh, Arc::new(c));
                 }
                 reply.data(&r.data[..n]);
@@ -55,18 +59,29 @@ impl Shared {
     /// READ of kernel handle `fh`: bytes [offset, offset+size).
     pub fn read(self: &Arc<Self>, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
         let s = self;
-        let (agent_h, backing, cached, remote, file_size) =
-            match s.opens.lock().unwrap().handles.get(&fh.0) {
-                Some(Handle::Agent {
-                    h,
-                    cached,
-                    remote,
-                    size,
-                    ..
-                }) => (Some(h.clone()), None, cached.clone(), remote.clone(), *size),
-                Some(Handle::Passthrough { b, .. }) => (None, Some(b.clone()), None, None, 0),
-                None => return reply.error(Errno::EBADF),
-            };
+        let found = match s.opens.lock().unwrap().handles.get(&fh.0) {
+            Some(Handle::Agent {
+                h,
+                cached,
+                remote,
+                size,
+                ..
+            }) => Ok((*h, cached.clone(), remote.clone(), *size)),
+            Some(Handle::Passthrough { b, .. }) => Err(Some(b.clone())),
+            None => Err(None),
+        };
+        let (agent_h, cached, remote, file_size) = match found {
+            Ok(a) => a,
+            Err(None) => return reply.error(Errno::EBADF),
+            Err(Some(b)) => {
+                // The kernel reads passthrough files itself; this is just a safety net.
+                let mut buf = vec![0u8; size as usize];
+                return match b.file.read_at(&mut buf, offset) {
+                    Ok(n) => reply.data(&buf[..n]),
+                    Err(e) => reply.error(e.into()),
+                };
+            }
+        };
         if let Some(got) = cached.and_then(|c| c.read(offset, size, file_size)) {
             return match got {
                 Ok(buf) => {
@@ -77,21 +92,13 @@ impl Shared {
                 Err(e) => reply.error(e.into()),
             };
         }
-        if let Some(b) = backing {
-            // The kernel reads passthrough files itself; this is just a safety net.
-            let mut buf = vec![0u8; size as usize];
-            return match b.file.read_at(&mut buf, offset) {
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(e.into()),
-            };
-        }
         let Some(r) = remote else {
             return s.forward(fh.0, agent_h, offset, size, reply);
         };
         let at_hand = r.at_hand(offset, size);
         let fetch = move |s: &Shared, reply: ReplyData| {
             if !at_hand && r.ask_cached() {
-                let now = s.cached_now(fh.0, &agent_h);
+                let now = s.cached_now(fh.0, agent_h);
                 r.answered(now.is_some());
                 if let Some(Some(Ok(buf))) = now.map(|c| c.read(offset, size, file_size)) {
                     s.stats.reads_cached.fetch_add(1, Relaxed);
@@ -161,7 +168,7 @@ impl Shared {
         if let Some(h) = agent_h {
             let a = s.clone();
             s.clone().off_queue(move || {
-                let _ = a.agent.call(json!({"op": "release", "handle": h}));
+                let _ = a.agent.call(&ReleaseRequest { handle: Some(h) });
             });
         }
     }

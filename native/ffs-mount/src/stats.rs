@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use serde_json::{json, Value};
+use crate::wire::{Counters, FetchCounters};
 
 #[derive(Default)]
 pub struct Stats {
@@ -38,28 +38,40 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn json(&self) -> Value {
-        json!({
-            "passthrough_opens": self.passthrough_opens.load(Relaxed),
-            "agent_opens": self.agent_opens.load(Relaxed),
-            "reads_forwarded": self.reads_forwarded.load(Relaxed),
-            "bytes_forwarded": self.bytes_forwarded.load(Relaxed),
-            "reads_cached": self.reads_cached.load(Relaxed),
-            "bytes_cached": self.bytes_cached.load(Relaxed),
-            "lookups": self.lookups.load(Relaxed),
-            "getattrs": self.getattrs.load(Relaxed),
-            "readdirs": self.readdirs.load(Relaxed),
-            "stale_refused": self.stale_refused.load(Relaxed),
-            "hot_from_open_reply": self.hot_from_open_reply.load(Relaxed),
-            "lookup_refreshes": self.lookup_refreshes.load(Relaxed),
-            "listings": self.listings.load(Relaxed),
-            "name_lookups": self.name_lookups.load(Relaxed),
-            "entries_received": self.entries_received.load(Relaxed),
-            "negative_hits": self.negative_hits.load(Relaxed),
-            "evicted": self.evicted.load(Relaxed),
-            "releases": self.releases.load(Relaxed),
-            "passthrough_enabled": self.passthrough_enabled.load(Relaxed),
-            "uring": self.uring.load(Relaxed),
-        })
+    /// The counters the agent's "stats" is answered with: these, and the
+    /// others given.
+    pub fn counters(
+        &self,
+        fetch: FetchCounters,
+        agent_timeouts: u64,
+        entries_held: u64,
+        kernel_held: u64,
+    ) -> Counters {
+        Counters {
+            passthrough_opens: self.passthrough_opens.load(Relaxed),
+            agent_opens: self.agent_opens.load(Relaxed),
+            reads_forwarded: self.reads_forwarded.load(Relaxed),
+            bytes_forwarded: self.bytes_forwarded.load(Relaxed),
+            reads_cached: self.reads_cached.load(Relaxed),
+            bytes_cached: self.bytes_cached.load(Relaxed),
+            lookups: self.lookups.load(Relaxed),
+            getattrs: self.getattrs.load(Relaxed),
+            readdirs: self.readdirs.load(Relaxed),
+            stale_refused: self.stale_refused.load(Relaxed),
+            hot_from_open_reply: self.hot_from_open_reply.load(Relaxed),
+            lookup_refreshes: self.lookup_refreshes.load(Relaxed),
+            listings: self.listings.load(Relaxed),
+            name_lookups: self.name_lookups.load(Relaxed),
+            entries_received: self.entries_received.load(Relaxed),
+            negative_hits: self.negative_hits.load(Relaxed),
+            evicted: self.evicted.load(Relaxed),
+            releases: self.releases.load(Relaxed),
+            passthrough_enabled: self.passthrough_enabled.load(Relaxed),
+            uring: self.uring.load(Relaxed),
+            fetch,
+            agent_timeouts,
+            entries_held,
+            kernel_held,
+        }
     }
 }

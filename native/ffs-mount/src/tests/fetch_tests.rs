@@ -2,7 +2,7 @@ use super::*;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 
-use serde_json::json;
+use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::fetcher::EC_HEADER;
@@ -91,6 +91,11 @@ fn serve_concurrently(
     (host, counts)
 }
 
+/// The "fetch" object `v` (a JSON value) as a handle's `Remote` of a file of `size`.
+fn from_msg(v: &Value, size: u64) -> Option<Remote> {
+    Remote::from_msg(&serde_json::from_value(v.clone()).unwrap(), size)
+}
+
 fn remote(host: &str, parts: &[&[u8]], urls: &[&str]) -> Remote {
     let mut start = 0;
     let chunks: Vec<Value> = parts
@@ -103,7 +108,7 @@ fn remote(host: &str, parts: &[&[u8]], urls: &[&str]) -> Remote {
             c
         })
         .collect();
-    Remote::from_msg(&json!({ "chunks": chunks }), start).unwrap()
+    from_msg(&json!({ "chunks": chunks }), start).unwrap()
 }
 
 #[test]
@@ -270,17 +275,17 @@ fn an_erasure_coded_chunk_is_joined_from_its_data_shards_and_checked() {
                                      shard(&h1, "/bk/c.s1", &s1, x1)]}]})
     };
     let f = Arc::new(Fetcher::new(0, 0));
-    let r = Arc::new(Remote::from_msg(&plan(xxh3_64(&s1)), 999).unwrap());
+    let r = Arc::new(from_msg(&plan(xxh3_64(&s1)), 999).unwrap());
     assert_eq!(r.read(&f, 0, 999).unwrap().bytes(), &chunk[..]);
     assert_eq!(f.stats.gets.load(Relaxed), 2);
     // a shard whose bytes are not its checksum's: nothing served (the agent reads parity)
-    let wrong = Arc::new(Remote::from_msg(&plan(1), 999).unwrap());
+    let wrong = Arc::new(from_msg(&plan(1), 999).unwrap());
     assert!(wrong.read(&f, 0, 10).is_none());
     assert_eq!(f.stats.bad_checksum.load(Relaxed), 1);
     // copies and shards at once, or neither: not a plan
     let both = json!({"chunks": [{"start": 0, "bytes": 999, "xxh3": 1, "urls": ["http://h:1/b/k"],
                                   "shards": [shard(&h0, "/bk/c.s0", &s0, 1)]}]});
-    assert!(Remote::from_msg(&both, 999).is_none());
+    assert!(from_msg(&both, 999).is_none());
     for (h, n) in [(h0, n0), (h1, n1)] {
         let _ = f.get(&Url::parse(&format!("http://{h}/last")).unwrap(), None, 0);
         assert_eq!(
@@ -295,12 +300,12 @@ fn an_erasure_coded_chunk_is_joined_from_its_data_shards_and_checked() {
 fn a_plan_that_is_not_the_file_is_refused() {
     let c =
         |start: u64| json!({"start": start, "bytes": 10, "xxh3": 1, "urls": ["http://h:1/b/k"]});
-    assert!(Remote::from_msg(&json!({"chunks": [c(0), c(10)]}), 20).is_some());
-    assert!(Remote::from_msg(&json!({"chunks": [c(0), c(11)]}), 21).is_none());
-    assert!(Remote::from_msg(&json!({"chunks": [c(0)]}), 20).is_none());
+    assert!(from_msg(&json!({"chunks": [c(0), c(10)]}), 20).is_some());
+    assert!(from_msg(&json!({"chunks": [c(0), c(11)]}), 21).is_none());
+    assert!(from_msg(&json!({"chunks": [c(0)]}), 20).is_none());
     let https =
         json!({"chunks": [{"start": 0, "bytes": 1, "xxh3": 1, "urls": ["https://h:1/b/k"]}]});
-    assert!(Remote::from_msg(&https, 1).is_none());
+    assert!(from_msg(&https, 1).is_none());
 }
 
 #[test]

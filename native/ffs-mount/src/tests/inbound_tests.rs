@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use serde_json::{json, Value};
+
 use crate::agent_link::AgentLink;
 use crate::lookup::Misses;
 use crate::tree::ROOT_INO;
@@ -92,6 +94,10 @@ impl Daemon {
             on_refresh,
             replies: Mutex::new(replies),
         }
+    }
+
+    fn send_line(&self, l: &str) {
+        writeln!(self.w.lock().unwrap(), "{l}").unwrap();
     }
 
     fn send(&self, m: Value) {
@@ -237,4 +243,34 @@ fn misses_are_bounded_and_kept_per_tree() {
     }
     m.reset(2);
     assert_eq!(m.len(), 0);
+}
+
+#[test]
+fn a_message_that_breaks_its_types_is_skipped() {
+    let d = Daemon::start();
+    for l in [
+        r#"{"op":"tree","version":1,"entries":[{"path":"a"},{"path":"b","dir":true}]}"#,
+        r#"{"op":"tree","version":"2","entries":[{"path":"c"}]}"#, // a wrong type: skipped
+        r#"{"op":"delta","version":2,"since":1,"entries":[{"path":"c","size":-1}]}"#,
+        r#"{"op":"listing","partial":true,"entries":[{"path":"b/c"}]}"#, // no path
+        r#"{"op":"hot","path":"a","inode":1}"#,                          // no backing
+        r#"{"op":"hot","path":"/a/","backing":"/x","inode":3,"keys":[1],"x":{}}"#,
+        r#"{"op":5}"#,
+        r#"{"op":"chmod","path":"a"}"#,
+        "not json",
+        // not "op" first: its frame read by the reader, parsed by the applier
+        r#"{"since": 1, "op": "delta", "version": 3, "entries": [{"path": "d", "gen": "g"}]}"#,
+    ] {
+        d.send_line(l);
+    }
+    let st = d.stats();
+    let t = d.s.tree();
+    assert_eq!(t.version, 3);
+    assert!(t.child(ROOT_INO, "c").is_none() && t.child(ROOT_INO, "d").is_some());
+    let hot = d.s.hot.lock().unwrap();
+    let a = hot.get("a").expect("the valid hot message");
+    assert_eq!((hot.len(), a.inode, a.version), (1, 3, 0));
+    assert!(a.marks.is_none(), "no pin: nothing to check");
+    assert_eq!(st["entries_received"].as_u64(), Some(3));
+    assert_eq!(st["fetch"]["reads"].as_u64(), Some(0));
 }

@@ -2,7 +2,7 @@
 //! --release -- --ignored` (tests/tree_tests.rs has the helpers).
 use super::tests::*;
 use super::*;
-use crate::change::Change;
+use crate::wire::{DeltaMsg, TreeMsg};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -52,7 +52,7 @@ fn bench_1m_tree_then_1k_delta() {
     line.push_str("]}");
     let rss0 = rss_mib();
     let c0 = cpu();
-    let msg = Change::parse(line.as_bytes()).unwrap();
+    let msg: TreeMsg = serde_json::from_slice(line.as_bytes()).unwrap();
     let parse = cpu() - c0;
     let c0 = cpu();
     let value: Value = serde_json::from_slice(line.as_bytes()).unwrap();
@@ -93,7 +93,7 @@ fn bench_1m_tree_then_1k_delta() {
     )
     .unwrap();
     let c0 = cpu();
-    let dmsg = Change::parse(&dline).unwrap();
+    let dmsg: DeltaMsg = serde_json::from_slice(&dline).unwrap();
     let dparse = cpu() - c0;
     let t = Arc::new(t);
     let (mut apply, mut apply_cpu, mut publish) = (Vec::new(), Vec::new(), Vec::new());
@@ -123,9 +123,7 @@ fn bench_1m_tree_then_1k_delta() {
     drop(t3);
     let msg3 = json!({"op": "delta", "version": 3, "since": 2, "entries": [], "gone": []});
     let c0 = cpu();
-    let _ = t2
-        .apply_delta(&Change::from_value(&msg3), &mut inos, &none())
-        .unwrap();
+    let _ = t2.apply_delta(&typed(&msg3), &mut inos, &none()).unwrap();
     println!(
         "an empty delta after it (drops its {} orphans): CPU {:?}",
         t2.orphans.len(),
@@ -136,7 +134,7 @@ fn bench_1m_tree_then_1k_delta() {
     let big: Vec<Value> = (0..100_000)
         .map(|i| json!({"path": format!("big/f{i:06}")}))
         .collect();
-    let big = Change::from_value(&json!({"op": "tree", "version": 9, "entries": big}));
+    let big = typed(&json!({"op": "tree", "version": 9, "entries": big}));
     let (tb, _) = Tree::from_msg(&t, &big, &mut inos, &none());
     let b = tb.child(ROOT_INO, "big").unwrap();
     let c0 = cpu();

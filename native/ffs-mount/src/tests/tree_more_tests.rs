@@ -2,7 +2,6 @@
 //! cost at a million names (tests/tree_tests.rs has the helpers and the first cases).
 use super::tests::*;
 use super::*;
-use crate::change::Change;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -80,12 +79,15 @@ fn a_delta_with_the_wrong_since_is_refused() {
     let mut inos = InoMap::new();
     let t = tree(5, json!([{"path": "f"}]), &mut inos);
     let n = inos.len();
-    for since in [json!(4), json!(6), json!("5"), Value::Null] {
+    for since in [json!(4), json!(6), Value::Null] {
         let msg = json!({"op": "delta", "version": 7, "since": since, "entries": [{"path": "g"}], "gone": ["f"]});
-        assert!(t
-            .apply_delta(&Change::from_value(&msg), &mut inos, &none())
-            .is_err());
+        assert!(t.apply_delta(&typed(&msg), &mut inos, &none()).is_err());
     }
+    let msg = json!({"op": "delta", "version": 7, "since": "5", "entries": [], "gone": []});
+    assert!(
+        serde_json::from_value::<crate::wire::DeltaMsg>(msg).is_err(),
+        "not a delta at all"
+    );
     assert_eq!(inos.len(), n);
     assert!(ino(&t, "f").is_some() && ino(&t, "g").is_none());
 }
@@ -228,7 +230,7 @@ fn deltas_rebuild_what_a_whole_tree_gives() {
         .map(|(p, (dir, size, m, gen))| json!({"path": p, "dir": dir, "size": size, "mtime_ns": m, "gen": gen}))
         .collect();
     let msg = json!({"op": "tree", "version": 99, "entries": whole});
-    let (t2, inval) = Tree::from_msg(&t, &Change::from_value(&msg), &mut inos, &none());
+    let (t2, inval) = Tree::from_msg(&t, &typed(&msg), &mut inos, &none());
     assert_eq!(contents(&t2), want);
     assert!(inval.is_empty());
     for p in want.keys() {
@@ -314,7 +316,7 @@ fn inode_map_follows_the_tree() {
     for i in 0..100 {
         let e = json!([{"path": format!("w{i}")}, {"path": "keep/a"}]);
         let msg = json!({"op": "tree", "version": 10_000 + i, "entries": e});
-        t = Tree::from_msg(&t, &Change::from_value(&msg), &mut inos, &none()).0;
+        t = Tree::from_msg(&t, &typed(&msg), &mut inos, &none()).0;
         assert!(inos.len() <= base + 2, "{} at tree {i}", inos.len());
     }
 }

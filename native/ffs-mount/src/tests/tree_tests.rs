@@ -1,7 +1,11 @@
 use super::*;
-use crate::change::Change;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+
+/// Message `v` (a JSON value) as its type.
+pub(super) fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> T {
+    T::deserialize(v).expect("a valid message")
+}
 
 pub(super) fn none() -> HashSet<u64> {
     HashSet::new()
@@ -9,7 +13,7 @@ pub(super) fn none() -> HashSet<u64> {
 
 pub(super) fn tree(v: u64, entries: Value, inos: &mut InoMap) -> Tree {
     let msg = json!({"op": "tree", "version": v, "entries": entries});
-    Tree::from_msg(&Tree::empty(), &Change::from_value(&msg), inos, &none()).0
+    Tree::from_msg(&Tree::empty(), &typed(&msg), inos, &none()).0
 }
 
 pub(super) fn delta(
@@ -21,8 +25,7 @@ pub(super) fn delta(
 ) -> (Tree, Vec<Inval>) {
     let msg = json!({"op": "delta", "version": t.version + 1, "since": t.version,
                      "entries": entries, "gone": gone});
-    t.apply_delta(&Change::from_value(&msg), inos, open)
-        .unwrap()
+    t.apply_delta(&typed(&msg), inos, open).unwrap()
 }
 
 pub(super) fn ino(t: &Tree, path: &str) -> Option<u64> {
@@ -59,22 +62,21 @@ pub(super) fn contents(t: &Tree) -> BTreeMap<String, (bool, u64, i64, String)> {
     out
 }
 
-pub(super) fn listing(t: &Tree, path: &str, entries: Value, inos: &mut InoMap) -> (Tree, Vec<Inval>) {
+pub(super) fn listing(
+    t: &Tree,
+    path: &str,
+    entries: Value,
+    inos: &mut InoMap,
+) -> (Tree, Vec<Inval>) {
     let msg = json!({"op": "listing", "path": path, "entries": entries});
-    t.apply_listing(&Change::from_value(&msg), inos)
+    t.apply_listing(&typed(&msg), inos)
 }
 
 #[test]
 fn a_lazy_tree_holds_what_was_listed_and_what_deltas_made() {
     let mut inos = InoMap::new();
     let msg = json!({"op": "tree", "version": 1, "lazy": true, "entries": [{"path": "z"}]});
-    let t = Tree::from_msg(
-        &Tree::empty(),
-        &Change::from_value(&msg),
-        &mut inos,
-        &none(),
-    )
-    .0;
+    let t = Tree::from_msg(&Tree::empty(), &typed(&msg), &mut inos, &none()).0;
     assert!(
         !t.listed(ROOT_INO) && contents(&t).is_empty(),
         "the root alone, not listed"
@@ -146,13 +148,13 @@ fn a_lazy_tree_holds_what_was_listed_and_what_deltas_made() {
     let (t3, _) = {
         let msg =
             json!({"op": "listing", "path": "c", "partial": true, "entries": [{"path": "c/p"}]});
-        t3.apply_listing(&Change::from_value(&msg), &mut inos)
+        t3.apply_listing(&typed(&msg), &mut inos)
     };
     assert!(t3.listed(c) && ino(&t3, "c/h").is_some() && ino(&t3, "c/p").is_some());
     let msg = json!({"op": "tree", "version": 1, "lazy": true});
-    let lazy = Tree::from_msg(&t3, &Change::from_value(&msg), &mut inos, &none()).0;
+    let lazy = Tree::from_msg(&t3, &typed(&msg), &mut inos, &none()).0;
     let msg = json!({"op": "listing", "path": "", "partial": true, "entries": [{"path": "q", "dir": true}]});
-    let (lazy, _) = lazy.apply_listing(&Change::from_value(&msg), &mut inos);
+    let (lazy, _) = lazy.apply_listing(&typed(&msg), &mut inos);
     assert!(
         !lazy.listed(ROOT_INO)
             && ino(&lazy, "q").is_some()
@@ -164,7 +166,7 @@ fn a_lazy_tree_holds_what_was_listed_and_what_deltas_made() {
     assert!(contents(&t4) == contents(&t3));
     let q = ino(&lazy, "q").unwrap();
     let msg = json!({"op": "listing", "path": "q", "partial": true, "entries": [{"path": "q/k", "gen": "g1"}]});
-    let (lazy, _) = lazy.apply_listing(&Change::from_value(&msg), &mut inos);
+    let (lazy, _) = lazy.apply_listing(&typed(&msg), &mut inos);
     let k1 = ino(&lazy, "q/k").unwrap();
     let (lazy, inval) = delta(
         &lazy,
@@ -187,13 +189,7 @@ fn a_lazy_tree_holds_what_was_listed_and_what_deltas_made() {
 fn eviction_drops_the_least_recently_used_directories_names_but_the_held() {
     let mut inos = InoMap::new();
     let lazy = json!({"op": "tree", "version": 1, "lazy": true, "entries": []});
-    let mut t = Tree::from_msg(
-        &Tree::empty(),
-        &Change::from_value(&lazy),
-        &mut inos,
-        &none(),
-    )
-    .0;
+    let mut t = Tree::from_msg(&Tree::empty(), &typed(&lazy), &mut inos, &none()).0;
     let dirs = json!(["a", "b", "c"].map(|d| json!({"path": d, "dir": true})));
     t = listing(&t, "", dirs, &mut inos).0;
     for d in ["a", "b", "c"] {
@@ -263,9 +259,7 @@ fn an_exact_directory_keeps_only_the_deltas_entries_and_its_inode() {
     let msg = json!({"op": "delta", "version": 2, "since": 1, "exact": ["ds"], "gone": [],
                      "entries": [{"path": "ds", "dir": true}, {"path": "ds/chunks", "dir": true},
                                  {"path": "ds/chunks/c0", "gen": "2"}, {"path": "ds/all", "gen": "2"}]});
-    let (t2, _) = t
-        .apply_delta(&Change::from_value(&msg), &mut inos, &none())
-        .unwrap();
+    let (t2, _) = t.apply_delta(&typed(&msg), &mut inos, &none()).unwrap();
     assert_eq!(
         contents(&t2).keys().collect::<Vec<_>>(),
         ["ds", "ds/all", "ds/chunks", "ds/chunks/c0", "other"]
