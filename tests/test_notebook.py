@@ -139,10 +139,11 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         pass
 
 
-def readme_block(k: int, prelude: str, check: str, cluster_root) -> subprocess.CompletedProcess:
-    """The README's k-th Python block, as printed there, between `prelude` and `check`, in a
-    process of its own against the test cluster."""
-    block = re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / "README.md").read_text(), re.S)[k]
+def readme_block(k: int, prelude: str, check: str, cluster_root,
+                 page: str = "README.md") -> subprocess.CompletedProcess:
+    """The k-th Python block of the README (or another page), as printed there, between `prelude`
+    and `check`, in a process of its own against the test cluster."""
+    block = re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / page).read_text(), re.S)[k]
     done = subprocess.run([sys.executable, "-c", prelude + block + check], capture_output=True, timeout=180,
                           env={**os.environ, "FASTERFS_ROOT": str(cluster_root)}, cwd=config.PROJECT_DIR)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
@@ -162,6 +163,21 @@ def test_the_readmes_first_python_block_runs(ingest_as, cluster_root):
     table_rows, window_rows = map(int, done.stderr.decode().split()[-2:])
     in_window = sum(36000 <= float(line.split(b",")[0]) < 37800 for line in source_lines([])[0])
     assert table_rows == chunk.rows and window_rows == in_window
+
+
+def test_the_api_pages_block_runs(ingest_as, cluster_root):
+    """docs/api.md's block: chunk 0's table has the source's rows of that chunk, the window every
+    message of it in the source (gzip's read), the Ray Data dataset every row."""
+    from conftest import source_lines
+
+    manifest = ingest_as("csv", reuse=True)
+    check = "\nprint(len(book), len(window), ds.count())\n"
+    done = readme_block(0, "", check, cluster_root, "docs/api.md")
+    book, window, count = map(int, done.stdout.decode().split()[-3:])
+    times = [float(line.split(b",")[0]) for line in source_lines([])[0]]
+    assert book == manifest.chunk(0).rows
+    assert window == sum(34200.0 <= t < 34800.0 for t in times) > 0
+    assert count == len(times)
 
 
 def test_the_readmes_fsspec_and_ray_data_block_runs(ingest_as, overrides, cluster_root, tmp_path):

@@ -104,12 +104,13 @@ class ProjectCgroup:
                 pass  # removed while we walked
         return pids
 
-    def kill_all(self, timeout: float = 10.0) -> int:
-        """SIGKILL whatever is left in the cgroup; returns how many processes that was."""
-        left = self.pids()
+    def kill_all(self, timeout: float = 10.0, child: str | None = None) -> int:
+        """SIGKILL whatever is left in the cgroup (or its `child` cgroup); returns how many
+        processes that was."""
+        left = self.pids(child)
         if not left or self.path is None:  # (no cgroup: pids() found none)
             return 0
-        kill_file = self.path / "cgroup.kill"
+        kill_file = (self.path / child if child else self.path) / "cgroup.kill"
         if kill_file.exists():
             kill_file.write_text("1")
         else:
@@ -119,7 +120,7 @@ class ProjectCgroup:
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + timeout
-        while self.pids() and time.monotonic() < deadline:
+        while self.pids(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         return len(left)
 

@@ -159,12 +159,17 @@ def resume(state: ClusterState) -> ClusterState:
         # Ray's `ray start --head` takes a raylet still naming this GCS for a cluster already running
         Path(ray_nodes.ray_temp_dir(state.root), "ray_current_cluster").unlink(missing_ok=True)
         env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
+        child = "head" if index is None else f"node-{index}"
+        if not is_ray_start(state.head_pid if index is None else state.node(index).ray_pid):
+            # the head's Ray node is gone; its agents outlive its raylet by a minute, holding its
+            # fixed ports: what is left in its cgroup is of that dead node alone
+            ProjectCgroup.from_dict(state.cgroup).kill_all(child=child)
         if head.netns is None:
             ray_nodes.wait_node_ports(cfg, head, index, True, cfg.cluster.start_timeout_s)
         log_path = layout.paths.log_dir / ("ray-head.log" if index is None else f"ray-node-{index}.log")
         proc = ProjectCgroup.from_dict(state.cgroup).spawn(
             ray_nodes.ray_start_args(cfg, head, head, index, True), log_path, ray_nodes.head_env(cfg, env, index),
-            child="head" if index is None else f"node-{index}")
+            child=child)
         if index is None:
             state.head_pid = proc.pid
         else:
