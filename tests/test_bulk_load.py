@@ -50,11 +50,11 @@ def stored_keys(state, names: list[str]) -> set[str]:
 
 def test_put_r_stores_every_file_as_its_source_in_batches(live_cluster, overrides, tmp_path):
     src = tmp_path / "src"
-    files = tree(src, 3000, 30)
+    files = tree(src, 600, 30)  # 20 a directory
     big = os.urandom(3 * 1024 * 1024 + 5)  # several chunks at files.chunk_mb=1
     (src / "big.bin").write_bytes(big)
     files["big.bin"] = big
-    out = subprocess.run([CLI, "put", "-r", str(src), "bulk/a/", "files.batch_files=500", "files.chunk_mb=1"]
+    out = subprocess.run([CLI, "put", "-r", str(src), "bulk/a/", "files.batch_files=100", "files.chunk_mb=1"]
                          + overrides, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"stored {len(files)} files" in out.stdout and "7 batches" in out.stdout
@@ -62,9 +62,9 @@ def test_put_r_stores_every_file_as_its_source_in_batches(live_cluster, override
     for rel, data in files.items():
         assert ns.cat(f"bulk/a/{rel}") == data, rel
     assert [e.path for e in ns.listdir("bulk/a/y0")] == [f"bulk/a/y0/d{i}" for i in range(10)]
-    assert len(ns.listdir("bulk/a/y2/d25")) == 100
+    assert len(ns.listdir("bulk/a/y2/d25")) == 20
     listed = subprocess.run([CLI, "ls", "bulk/a/y1/d12"] + overrides, capture_output=True, text=True, timeout=120)
-    assert listed.stdout.count("bulk/a/y1/d12/f") == 100, listed.stderr
+    assert listed.stdout.count("bulk/a/y1/d12/f") == 20, listed.stderr
     # MinIO holds one object per file (big.bin: one per chunk, four), nothing else
     assert len(stored_keys(live_cluster, [f"bulk/a/{rel}" for rel in files])) == len(files) - 1 + 4
     # a rerun stores nothing again
@@ -76,9 +76,9 @@ def test_put_r_stores_every_file_as_its_source_in_batches(live_cluster, override
 
 def test_a_load_killed_mid_way_shows_whole_batches_only_and_a_rerun_completes_it(live_cluster, overrides, tmp_path):
     src = tmp_path / "src"
-    files = tree(src, 2000, 4, seed=2)
+    files = tree(src, 600, 4, seed=2)
     cfg = config.load(overrides)
-    load = subprocess.Popen([CLI, "put", "-r", str(src), "bulk/k/", "files.batch_files=100", "files.threads=2"]
+    load = subprocess.Popen([CLI, "put", "-r", str(src), "bulk/k/", "files.batch_files=50", "files.threads=2"]
                             + overrides,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -90,7 +90,7 @@ def test_a_load_killed_mid_way_shows_whole_batches_only_and_a_rerun_completes_it
     ns = Namespace(cfg)
     listings = [registry.listdir(live_cluster.name, f"bulk/k/y0/d{i}") for i in range(4)]
     visible = [m.name for listing in listings if listing is not None for m in listing.names]
-    assert 0 < len(visible) < len(files) and len(visible) % 100 == 0  # whole batches, never a part of one
+    assert 0 < len(visible) < len(files) and len(visible) % 50 == 0  # whole batches, never a part of one
     for name in visible:
         assert ns.cat(name) == files[name[len("bulk/k/"):]]
     # the rerun skips what is stored; objects the killed batch left are collected (keep_old_s passed)
