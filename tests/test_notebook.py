@@ -25,13 +25,13 @@ def execute(name: str, cluster_root) -> tuple[str, list]:
     return "".join(o.get("text", "") for o in outputs), outputs
 
 
-def test_quickstart_notebook_executes(ingest_as, cluster_root):
+def test_quickstart_notebook_executes(ingest_as, cluster_root, live_cluster):
     manifest = ingest_as("csv", reuse=True)
     text, outputs = execute("quickstart.ipynb", cluster_root)
     assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in text
-    assert "kernel mode real" in text and "FasterFS dashboard: http://127.0.1.2:" in text
+    assert "kernel mode real" in text and f"FasterFS dashboard: http://{live_cluster.head_address}:" in text
     status_html = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
-    for address in ("127.0.1.2", "127.0.1.3"):  # each node's row says healthy
+    for address in (n.address for n in live_cluster.nodes):  # each node's row says healthy
         row = next(line for line in status_html.splitlines() if f"┆ {address} ┆" in line)
         assert row.split("┆")[3].strip() == "true", row
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the mid-price chart

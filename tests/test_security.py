@@ -55,7 +55,10 @@ def test_ray_refuses_drivers_and_jobs_without_the_token(live_cluster, tmp_path):
     assert submit.returncode != 0
     from ray.job_submission import JobSubmissionClient
 
-    assert "test-no-token" not in {j.submission_id for j in JobSubmissionClient(live_cluster.dashboard_url).list_jobs()}
+    # asked with this cluster's token, whatever this process's environment names (an earlier test's cluster)
+    jobs = JobSubmissionClient(live_cluster.dashboard_url,
+                               headers={"Authorization": f"Bearer {token_file.read_text()}"})
+    assert "test-no-token" not in {j.submission_id for j in jobs.list_jobs()}
 
 
 def test_readers_hold_read_only_keys(live_cluster, ingest_as):
