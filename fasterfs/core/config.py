@@ -184,7 +184,8 @@ def validate(cfg: DictConfig) -> None:
     f = cfg.client.hedge.factor
     if not isinstance(f, (int, float)) or isinstance(f, bool) or f < 1:
         bad("client.hedge.factor", "must be a number >= 1 (times a MinIO's average GET here)")
-    if "lab" in cfg and cfg.lab.get("disk_mb") is not None and (not isinstance(cfg.lab.disk_mb, int) or cfg.lab.disk_mb < 64):
+    disk_mb = cfg.lab.get("disk_mb") if "lab" in cfg else None
+    if disk_mb is not None and (not isinstance(disk_mb, int) or disk_mb < 64):
         bad("lab.disk_mb", "must be null (a directory) or a whole number of MB >= 64")
     for opt in ("repair.check_s", "repair.survey_s", "mount.hung_s"):
         v = OmegaConf.select(cfg, opt)
