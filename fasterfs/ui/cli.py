@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -225,7 +226,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     groups: dict[str, argparse._SubParsersAction] = {}
     parsers = {}
     for name, c in COMMANDS.items():
-        kw: dict[str, Any] = dict(help=c.help, description=c.about or c.help,
+        kw: dict[str, Any] = dict(help=c.help, description=textwrap.fill(c.about or c.help, 100),
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
                                   epilog=f"example:\n  {c.example}\n\n{OVERRIDES_RULE}")
         if " " in name:  # `fasterfs kernel status`
