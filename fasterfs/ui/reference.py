@@ -26,7 +26,6 @@ KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):"
                  r"(?:[ \t]+(?P<value>[^#\n]*?))?[ \t]*(?:#[ \t]?(?P<note>.*))?$")
 COMMENT = re.compile(r"^(?P<indent> *)#[ \t]?(?P<text>.*)$")
 DOC_LINK = re.compile(r"docs/(?P<page>[\w-]+\.md)(?P<anchor>#[\w-]+)?")
-MD_LINK = re.compile(r"\[([^\]]*)\]\(([^)]*)\)")
 
 
 @dataclass(frozen=True)
