@@ -162,9 +162,6 @@ def command_lines():
                 continue
 
 
-# Roots of the clusters seen stopped and clean: their Ray directories on this machine's /tmp
-# (logs of a cluster a test made, ~5 MB each) go when the run ends; a cluster that failed its
-# check keeps them, to be read.
 def assert_nothing_left(state: cluster.ClusterState) -> None:
     """After down: no Ray or MinIO process, no cgroup, no state file of this cluster."""
     for node in state.nodes:
@@ -239,8 +236,9 @@ def pytest_unconfigure(config):
     if hasattr(config, "workerinput") or RAY_DIRS not in config.stash:
         return
     users = Path(ray_temp_dir(default_root()))
+    running = b"\0".join(cmd for _, cmd in command_lines())  # a cluster another user started meanwhile: its own
     for d in ray_dirs() - config.stash[RAY_DIRS]:
-        if d != users and not d.name.startswith(users.name + "-"):
+        if d != users and not d.name.startswith(users.name + "-") and str(d).encode() + b"/" not in running:
             shutil.rmtree(d, ignore_errors=True)
 
 
