@@ -54,8 +54,46 @@ def run_dir(cfg, job: str) -> Path:
     return path
 
 
+def provenance() -> dict:
+    """What a result was measured on and how, for the docs' tables (fasterfs.ui.bench_tables):
+    the date, the command line, the machine, its kernel and the code's commit."""
+    import os
+    import platform
+    import shlex
+    import subprocess
+    import sys
+
+    from ..core.config import PROJECT_DIR
+
+    def first(path: str, key: str, sep: str = ":") -> str:
+        """The value of the first `key<sep>value` line of a file."""
+        try:
+            return next(line.split(sep, 1)[1].strip().strip('"') for line in Path(path).read_text().splitlines()
+                        if line.split(sep, 1)[0].strip() == key)
+        except (OSError, StopIteration, IndexError):
+            return "unknown"
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(PROJECT_DIR), *args], capture_output=True, text=True, timeout=10)
+
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    shown = str(script.relative_to(PROJECT_DIR)) if script and script.is_relative_to(PROJECT_DIR) else sys.argv[0]
+    commit = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+    if commit != "unknown" and git("diff", "--quiet", "HEAD").returncode != 0:
+        commit += " with uncommitted changes"
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "command": shlex.join(["python", shown, *sys.argv[1:]]),
+            "cores": os.cpu_count(),
+            "memory_gib": round(int(first("/proc/meminfo", "MemTotal").split()[0]) / 2**20, 1),
+            "cpu": first("/proc/cpuinfo", "model name"),
+            "os": first("/etc/os-release", "PRETTY_NAME", "="),
+            "kernel": platform.release(),
+            "commit": commit}
+
+
 def write_json(directory: Path, name: str, result: dict) -> Path:
-    path = atomic_write_json(directory / name, result)
+    """A run's result, with where and how it was measured under "provenance"."""
+    path = atomic_write_json(directory / name, {**result, "provenance": provenance()})
     publish(path)
     return path
 

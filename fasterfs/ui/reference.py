@@ -1,9 +1,12 @@
-"""The reference tables of docs/configuration.md and docs/commands.md, generated from their one
-source each: conf/'s YAML files (each key's default and the comment written with it) and the
-CLI's table of commands (fasterfs.ui.cli.COMMANDS).
+"""The generated tables of docs/, each from its one source: the configuration reference from
+conf/'s YAML files (each key's default and the comment written with it), the CLI reference from
+the CLI's table of commands (fasterfs.ui.cli.COMMANDS), the benchmark tables from the results the
+benchmarks wrote (fasterfs.ui.bench_tables).
 
     python -m fasterfs.ui.reference           rewrite the tables in docs/
     python -m fasterfs.ui.reference --check   exit 1 naming each page whose tables are not current
+    python -m fasterfs.ui.reference --result RESULT.json [--as NAME]
+                                              keep a benchmark's result for the docs, then rewrite
 
 A table stands between `<!-- reference: WHAT -->` and `<!-- end reference -->`, WHAT being
 `conf/<file>.yaml [TOP-LEVEL KEY...]` (one file, or several of one group side by side) or
@@ -18,9 +21,9 @@ from pathlib import Path
 
 from ..core.config import CONF_DIR, PROJECT_DIR
 from ..core.errors import FasterFSError
+from . import bench_tables
 
 DOCS = PROJECT_DIR / "docs"
-PAGES = ("configuration.md", "commands.md")
 BLOCK = re.compile(r"(<!-- reference: (?P<what>[^>]*?) -->\n)(?P<table>.*?)(<!-- end reference -->)", re.S)
 KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):"
                  r"(?:[ \t]+(?P<value>[^#\n]*?))?[ \t]*(?:#[ \t]?(?P<note>.*))?$")
@@ -140,11 +143,15 @@ def render(text: str, page: str) -> str:
         made = commands_table(what, page) if kind == "commands" else config_table([kind, *what], page)
         return m.group(1) + made + m.group(4)
 
-    return BLOCK.sub(table, text)
+    return bench_tables.render(BLOCK.sub(table, text), page)
+
+
+def pages() -> list[str]:
+    return sorted(p.name for p in DOCS.glob("*.md"))
 
 
 def stale_pages() -> list[str]:
-    return [p for p in PAGES if render((DOCS / p).read_text(), p) != (DOCS / p).read_text()]
+    return [p for p in pages() if render((DOCS / p).read_text(), p) != (DOCS / p).read_text()]
 
 
 def documented_keys() -> set[str]:
@@ -153,14 +160,29 @@ def documented_keys() -> set[str]:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--check"]:
-        if stale := stale_pages():
-            print(f"not current: {', '.join('docs/' + p for p in stale)} (python -m fasterfs.ui.reference)",
-                  file=sys.stderr)
-            return 1
-        return 0
-    for page in PAGES:
-        (DOCS / page).write_text(render((DOCS / page).read_text(), page))
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fasterfs.ui.reference", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 naming each page whose tables are not current")
+    parser.add_argument("--result", type=Path, help="a benchmark's JSON result to keep in docs/results/")
+    parser.add_argument("--as", dest="name", help="the name the docs' templates give the result (default: its stem)")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            if stale := stale_pages():
+                print(f"not current: {', '.join('docs/' + p for p in stale)} (python -m fasterfs.ui.reference)",
+                      file=sys.stderr)
+                return 1
+            return 0
+        if args.result:
+            print(f"kept {bench_tables.keep(args.result, args.name).relative_to(PROJECT_DIR)}")
+        made = {page: render((DOCS / page).read_text(), page) for page in pages()}  # every page, before any is written
+    except FasterFSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for page, text in made.items():
+        if text != (DOCS / page).read_text():
+            (DOCS / page).write_text(text)
     return 0
 
 

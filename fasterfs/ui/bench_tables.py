@@ -1,0 +1,123 @@
+"""The docs' benchmark tables, generated from the results the benchmarks wrote: each bench and job
+writes its figures as JSON with where and how they were measured (fasterfs.control.report), a
+result is kept in docs/results/<name>.json, and each table is made from a template written beside
+it in the page, so no figure is ever copied by hand.
+
+In a page, a table stands between its template and `<!-- end bench -->`:
+
+    <!-- bench
+    | layout | read p50 |
+    |---|---|
+    | ec 2+1 | {erasure.ec.read_p50_ms:.1f} ms |
+    -->
+    (the table made from it, and a line per result saying how it was measured)
+    <!-- end bench -->
+
+`{NAME.PATH:FORMAT}` is the value at PATH (keys and list indices joined by dots) in
+docs/results/NAME.json, formatted with Python's format spec; `*N` or `/N` after PATH scales it
+(`{r.read_s*1000:.1f}` for milliseconds); a list of numbers is formatted item by item, joined
+by " / ".
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from ..core.config import PROJECT_DIR
+from ..core.errors import FasterFSError
+
+RESULTS = PROJECT_DIR / "docs" / "results"
+BLOCK = re.compile(r"(<!-- bench\n(?P<template>.*?)\n-->\n)(?P<made>.*?)(<!-- end bench -->)", re.S)
+FIELD = re.compile(r"\{(?P<name>[\w-]+)\.(?P<path>[\w.-]+?)(?:(?P<op>[*/])(?P<factor>[\d.e+-]+))?(?::(?P<fmt>[^{}]*))?\}")
+NAME = re.compile(r"^[\w-]+$")
+
+
+def load(name: str, cache: dict[str, dict]) -> dict:
+    if name not in cache:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            raise FasterFSError(f"no result {name!r}: {path.relative_to(PROJECT_DIR)} does not exist (run the "
+                                f"benchmark, then python -m fasterfs.ui.reference --result <its JSON> --as {name})")
+        cache[name] = json.loads(path.read_text())
+    return cache[name]
+
+
+def lookup(result: dict, name: str, path: str):
+    value = result
+    for part in path.split("."):
+        try:
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise FasterFSError(f"docs/results/{name}.json has no {path!r} (no {part!r} there)") from None
+    return value
+
+
+def fmt(value, spec: str) -> str:
+    if isinstance(value, list):
+        return " / ".join(fmt(v, spec) for v in value)
+    if value is None:
+        return "—"
+    return format(value, spec) if spec else str(value)
+
+
+def provenance_line(name: str, result: dict) -> str:
+    p = result.get("provenance")
+    if p is None:
+        raise FasterFSError(f"docs/results/{name}.json says nothing of how it was measured (no 'provenance': "
+                            f"written by fasterfs.control.report.write_json)")
+    return (f"<small>`{name}`: `{p['command']}` on {p['date']}, {p['cores']} cores ({p['cpu']}), "
+            f"{p['memory_gib']} GiB, {p['os']}, kernel {p['kernel']}, commit {p['commit']}</small>")
+
+
+def make(template: str, cache: dict[str, dict]) -> str:
+    names: list[str] = []
+
+    def field(m: re.Match) -> str:
+        result = load(m["name"], cache)
+        if m["name"] not in names:
+            names.append(m["name"])
+        value = lookup(result, m["name"], m["path"])
+        if m["op"]:
+            factor = float(m["factor"])
+            value = [v * factor if m["op"] == "*" else v / factor for v in value] if isinstance(value, list) \
+                else (value * factor if m["op"] == "*" else value / factor)
+        try:
+            return fmt(value, m["fmt"] or "")
+        except (ValueError, TypeError) as e:
+            raise FasterFSError(f"{m.group(0)}: {value!r} cannot be formatted: {e}") from None
+
+    table = FIELD.sub(field, template)
+    return table + "\n\n" + "<br>\n".join(provenance_line(n, cache[n]) for n in names) + "\n"
+
+
+def render(text: str, page: str) -> str:
+    """The page with each benchmark table made again from its results."""
+    cache: dict[str, dict] = {}
+
+    def block(m: re.Match) -> str:
+        try:
+            return m.group(1) + make(m["template"], cache) + m.group(4)
+        except FasterFSError as e:
+            line = text.count("\n", 0, m.start()) + 1
+            raise FasterFSError(f"docs/{page}:{line}: {e}") from None
+
+    return BLOCK.sub(block, text)
+
+
+def keep(source: Path, name: str | None = None) -> Path:
+    """A result kept for the docs under docs/results/<name>.json (the file's stem by default)."""
+    name = name or source.stem
+    if not NAME.match(name):
+        raise FasterFSError(f"--as {name!r}: a result's name is letters, digits, '_' and '-'")
+    result = json.loads(source.read_text())
+    if "provenance" not in result:
+        raise FasterFSError(f"{source}: no 'provenance' (written before results said how they were measured); "
+                            f"run the benchmark again")
+    RESULTS.mkdir(exist_ok=True)
+    dest = RESULTS / f"{name}.json"
+    tmp = dest.with_suffix(".tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(dest)
+    return dest
