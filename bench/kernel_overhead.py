@@ -60,7 +60,7 @@ def main(argv: list[str]) -> dict:
         sys.exit(f"kernel_overhead: real eBPF is needed: {bpf.unavailable_reason()}")
     cfg = config.load(args.overrides)
     work = Path(tempfile.mkdtemp(prefix="ffs-bench-"))
-    creds = credentials.create(work / "credentials.json")
+    creds = credentials.create(work / "credentials.json").admin
     cgroup = ProjectCgroup.create("bench-kernel-overhead", work)
     home = own_cgroup(allow_root=True)  # to return to before the cgroup is removed
     server = MinioServer(config.minio_binary(cfg), ADDRESS, PORT, PORT + 1, work / "minio", work / "minio.log", creds)

@@ -88,6 +88,47 @@ def test_a_table_edited_by_hand_is_made_again():
     assert edited != page and reference.render(edited, "configuration.md") == page
 
 
+def test_a_benchmark_table_shows_its_results_figures_and_how_they_were_measured(tmp_path, monkeypatch):
+    """A table made from a kept result: its figures are the result's, read here with json and
+    formatted here; a figure edited by hand is put back; a path the result lacks is named."""
+    import json
+    import os
+
+    from fasterfs.control import report
+    from fasterfs.core.errors import FasterFSError
+    from fasterfs.ui import bench_tables
+
+    written = report.write_json(tmp_path, "demo.json", {"reads": {"p50_ms": [0.0913, 0.1249]}, "files": 1234})
+    monkeypatch.setattr(bench_tables, "RESULTS", tmp_path)
+    result = json.loads(written.read_text())
+    assert result["provenance"]["kernel"] == os.uname().release
+    assert result["provenance"]["cores"] == os.cpu_count()
+    page = ("<!-- bench\n| files | p50 |\n|---|---|\n"
+            "| {demo.files:,} | {demo.reads.p50_ms * 1000:.0f} µs ({demo.files / 617:.1f}x) |\n-->\n"
+            "<!-- end bench -->\n")
+    made = bench_tables.render(page, "x.md")
+    assert "| 1,234 | 91 / 125 µs (2.0x) |" in made
+    assert f"`{result['provenance']['command']}` on {result['provenance']['date']}" in made
+    assert bench_tables.render(made.replace("1,234", "1,235"), "x.md") == made
+    with pytest.raises(FasterFSError, match=r"x.md:1: docs/results/demo.json has no 'reads.p99_ms'"):
+        bench_tables.render(page.replace("p50_ms", "p99_ms"), "x.md")
+    with pytest.raises(FasterFSError, match="no result 'other'"):
+        bench_tables.render(page.replace("demo.files", "other.files"), "x.md")
+
+
+def test_every_kept_result_is_shown_and_says_how_it_was_measured():
+    """docs/results/: each result is used by a table of docs/ and names its command, date and machine."""
+    import json
+
+    used = {m for page in DOCS for m in re.findall(r"\{([\w-]+)\.", "".join(
+        re.findall(r"<!-- bench\n(.*?)\n-->", page.read_text(), re.S)))}
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        p = json.loads(path.read_text())["provenance"]
+        assert p["command"].startswith(("python bench/", "python jobs/")), path.name
+        assert p["date"] and p["kernel"] and p["cores"], path.name
+        assert path.stem in used, f"{path.name} is shown by no table"
+
+
 def test_every_config_key_is_documented():
     """Every key Hydra composes (the lab group too; Hydra's own settings aside) has its row."""
     from omegaconf import OmegaConf

@@ -14,8 +14,9 @@ In a page, a table stands between its template and `<!-- end bench -->`:
     <!-- end bench -->
 
 `{NAME.PATH:FORMAT}` is the value at PATH (keys and list indices joined by dots) in
-docs/results/NAME.json, formatted with Python's format spec; `*N` or `/N` after PATH scales it
-(`{r.read_s*1000:.1f}` for milliseconds); a list of numbers is formatted item by item, joined
+docs/results/NAME.json, formatted with Python's format spec; two values or a value and a number
+with `*` or `/` between them make one (`{r.read_s * 1000:.1f}` for milliseconds,
+`{m.mount.p50_ms / m.local.p50_ms:.2f}x`); a list of numbers is formatted item by item, joined
 by " / ".
 """
 from __future__ import annotations
@@ -30,7 +31,9 @@ from ..core.errors import FasterFSError
 
 RESULTS = PROJECT_DIR / "docs" / "results"
 BLOCK = re.compile(r"(<!-- bench\n(?P<template>.*?)\n-->\n)(?P<made>.*?)(<!-- end bench -->)", re.S)
-FIELD = re.compile(r"\{(?P<name>[\w-]+)\.(?P<path>[\w.-]+?)(?:(?P<op>[*/])(?P<factor>[\d.e+-]+))?(?::(?P<fmt>[^{}]*))?\}")
+FIELD = re.compile(r"\{(?P<expr>[^{}:]+)(?::(?P<fmt>[^{}]*))?\}")
+TERM = r"(?:[A-Za-z][\w-]*\.[\w.-]+|\d+(?:\.\d+)?)"
+EXPR = re.compile(rf"^\s*(?P<a>{TERM})\s*(?:(?P<op>[*/])\s*(?P<b>{TERM})\s*)?$")
 NAME = re.compile(r"^[\w-]+$")
 
 
@@ -38,7 +41,7 @@ def load(name: str, cache: dict[str, dict]) -> dict:
     if name not in cache:
         path = RESULTS / f"{name}.json"
         if not path.exists():
-            raise FasterFSError(f"no result {name!r}: {path.relative_to(PROJECT_DIR)} does not exist (run the "
+            raise FasterFSError(f"no result {name!r}: {path} does not exist (run the "
                                 f"benchmark, then python -m fasterfs.ui.reference --result <its JSON> --as {name})")
         cache[name] = json.loads(path.read_text())
     return cache[name]
@@ -71,22 +74,38 @@ def provenance_line(name: str, result: dict) -> str:
             f"{p['memory_gib']} GiB, {p['os']}, kernel {p['kernel']}, commit {p['commit']}</small>")
 
 
+def apply(op: str, a, b):
+    """a op b, item by item where either is a list."""
+    if isinstance(a, list) or isinstance(b, list):
+        pairs = zip(a, b, strict=True) if isinstance(a, list) and isinstance(b, list) else \
+            ((x, b) for x in a) if isinstance(a, list) else ((a, y) for y in b)
+        return [apply(op, x, y) for x, y in pairs]
+    return a * b if op == "*" else a / b
+
+
 def make(template: str, cache: dict[str, dict]) -> str:
     names: list[str] = []
 
+    def term(text: str):
+        if text[0].isdigit():
+            return float(text)
+        name, path = text.split(".", 1)
+        result = load(name, cache)
+        if name not in names:
+            names.append(name)
+        return lookup(result, name, path)
+
     def field(m: re.Match) -> str:
-        result = load(m["name"], cache)
-        if m["name"] not in names:
-            names.append(m["name"])
-        value = lookup(result, m["name"], m["path"])
-        if m["op"]:
-            factor = float(m["factor"])
-            value = [v * factor if m["op"] == "*" else v / factor for v in value] if isinstance(value, list) \
-                else (value * factor if m["op"] == "*" else value / factor)
+        e = EXPR.match(m["expr"])
+        if e is None:
+            raise FasterFSError(f"{m.group(0)}: not NAME.PATH, or two of them (or a number) joined by * or /")
+        value = term(e["a"])
         try:
+            if e["op"]:
+                value = apply(e["op"], value, term(e["b"]))
             return fmt(value, m["fmt"] or "")
-        except (ValueError, TypeError) as e:
-            raise FasterFSError(f"{m.group(0)}: {value!r} cannot be formatted: {e}") from None
+        except (ValueError, TypeError, ZeroDivisionError) as err:
+            raise FasterFSError(f"{m.group(0)}: {value!r} cannot be made or formatted: {err}") from None
 
     table = FIELD.sub(field, template)
     return table + "\n\n" + "<br>\n".join(provenance_line(n, cache[n]) for n in names) + "\n"
