@@ -33,10 +33,25 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # No service a package brings is started by its install (policy-rc.d: 101, "not allowed"):
+  # Debian's redis-server would take port 6379 (Ray's head port on real machines,
+  # cluster.yaml); FasterFS starts its own Redis on a unix socket when it is asked for one.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ -n "$policy" ] && rm -f "$policy" && trap - EXIT
 else
   say "Debian packages present"
+fi
+# ... nor at boot, where systemd runs: the system's Redis service stays off (FasterFS never uses it).
+if [ -d /run/systemd/system ] && systemctl is-enabled --quiet redis-server 2>/dev/null; then
+  say "Debian's redis-server service disabled and stopped (it listens on 6379, Ray's head port in cluster.yaml)"
+  systemctl disable --now --quiet redis-server
 fi
 
 # 2. Kernel build directory for BCC -------------------------------------------
