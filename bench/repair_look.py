@@ -12,7 +12,6 @@ Writes repair_look.json to <output_dir>/bench-repair-look-<time>/ and prints one
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -48,10 +47,9 @@ def main(argv: list[str]) -> dict:
     walked, believed = result["looks"].values()
     result["same_finding"] = all(walked[k] == believed[k] for k in ("chunks", "degraded", "lost", "nodes_down"))
     result["walked_vs_believed_x"] = walked["seconds"] / believed["seconds"]
-    out = report.run_dir(cfg, "bench-repair-look")
-    (out / "repair_look.json").write_text(json.dumps(result, indent=1))
+    out = report.write_json(report.run_dir(cfg, "bench-repair-look"), "repair_look.json", result)
     print(f"the look believing the nodes: {result['walked_vs_believed_x']:.1f}x faster; same finding: "
-          f"{result['same_finding']}; {out / 'repair_look.json'}")
+          f"{result['same_finding']}; {out}")
     ray.shutdown()
     return result
 

@@ -13,7 +13,8 @@ In a page, a table stands between its template and `<!-- end bench -->`:
     (the table made from it, and a line per result saying how it was measured)
     <!-- end bench -->
 
-`{NAME.PATH:FORMAT}` is the value at PATH (keys and list indices joined by dots) in
+`{NAME.PATH:FORMAT}` is the value at PATH (keys and list indices joined by dots; a key that is
+not letters, digits, '_' and '-' in double quotes: `{m.paths."local copy".p50_ms}`) in
 docs/results/NAME.json, formatted with Python's format spec; two values or a value and a number
 with `*` or `/` between them make one (`{r.read_s * 1000:.1f}` for milliseconds,
 `{m.mount.p50_ms / m.local.p50_ms:.2f}x`); a list of numbers is formatted item by item, joined
@@ -31,8 +32,10 @@ from ..core.errors import FasterFSError
 
 RESULTS = PROJECT_DIR / "docs" / "results"
 BLOCK = re.compile(r"(<!-- bench\n(?P<template>.*?)\n-->\n)(?P<made>.*?)(<!-- end bench -->)", re.S)
-FIELD = re.compile(r"\{(?P<expr>[^{}:]+)(?::(?P<fmt>[^{}]*))?\}")
-TERM = r"(?:[A-Za-z][\w-]*\.[\w.-]+|\d+(?:\.\d+)?)"
+FIELD = re.compile(r'\{(?P<expr>(?:[^{}:"]|"[^"{}]*")+)(?::(?P<fmt>[^{}]*))?\}')
+KEY = r'(?:[\w-]+|"[^"{}]*")'  # a quoted key may hold spaces, dots, colons, slashes
+TERM = rf"(?:[A-Za-z][\w-]*(?:\.{KEY})+|\d+(?:\.\d+)?)"
+PART = re.compile(r'"(?P<quoted>[^"]*)"|(?P<plain>[\w-]+)')
 EXPR = re.compile(rf"^\s*(?P<a>{TERM})\s*(?:(?P<op>[*/])\s*(?P<b>{TERM})\s*)?$")
 NAME = re.compile(r"^[\w-]+$")
 
@@ -49,7 +52,8 @@ def load(name: str, cache: dict[str, dict]) -> dict:
 
 def lookup(result: dict, name: str, path: str):
     value = result
-    for part in path.split("."):
+    for m in PART.finditer(path):
+        part = m["plain"] if m["quoted"] is None else m["quoted"]
         try:
             value = value[int(part)] if isinstance(value, list) else value[part]
         except (KeyError, IndexError, ValueError, TypeError):
