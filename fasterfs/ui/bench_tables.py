@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 from ..core.config import PROJECT_DIR
 from ..core.errors import FasterFSError
+from ..core.fsutil import atomic_write_json
 
 RESULTS = PROJECT_DIR / "docs" / "results"
 BLOCK = re.compile(r"(<!-- bench\n(?P<template>.*?)\n-->\n)(?P<made>.*?)(<!-- end bench -->)", re.S)
@@ -129,8 +129,13 @@ def render(text: str, page: str) -> str:
     return BLOCK.sub(block, text)
 
 
+BULK = 32_000  # bytes: a result's top-level entry larger than this (a read log) is left out of the kept copy
+
+
 def keep(source: Path, name: str | None = None) -> Path:
-    """A result kept for the docs under docs/results/<name>.json (the file's stem by default)."""
+    """A result kept for the docs under docs/results/<name>.json (the file's stem by default). Its
+    bulky raw entries (per-read logs) are left out and named under "left_out" with their size; the
+    whole result stays where the benchmark wrote it."""
     name = name or source.stem
     if not NAME.match(name):
         raise FasterFSError(f"--as {name!r}: a result's name is letters, digits, '_' and '-'")
@@ -138,9 +143,9 @@ def keep(source: Path, name: str | None = None) -> Path:
     if "provenance" not in result:
         raise FasterFSError(f"{source}: no 'provenance' (written before results said how they were measured); "
                             f"run the benchmark again")
+    sizes = {k: len(json.dumps(v)) for k, v in result.items()}
+    kept = {k: v for k, v in result.items() if sizes[k] <= BULK or k == "provenance"}
+    if left_out := {k: sizes[k] for k in result if k not in kept}:
+        kept["left_out"] = {"bytes": left_out, "whole_result": str(source)}
     RESULTS.mkdir(exist_ok=True)
-    dest = RESULTS / f"{name}.json"
-    tmp = dest.with_suffix(".tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(dest)
-    return dest
+    return atomic_write_json(RESULTS / f"{name}.json", kept)
