@@ -40,7 +40,7 @@ lint: setup-test  ## ruff, the layers' import contract, mypy, the docs' tables c
 	$(VENV)/python -m fasterfs.ui.reference --check
 	$(VENV)/mkdocs build --strict --quiet
 
-docs:             ## docs/'s reference tables made again from conf/ and the CLI's table of commands
+docs:             ## docs/'s generated tables made again: from conf/, the CLI's table of commands, docs/results/
 	$(VENV)/python -m fasterfs.ui.reference
 
 notebook: setup   ## JupyterLab on the head's address, beside the dashboards (the cluster must be up)
