@@ -96,9 +96,12 @@ pub struct Fetcher {
 /// queue thread, pinned there: a read's worker, its fetches and a sweep
 /// started from it would all share that one CPU with the reader, leaving the
 /// other idle (measured: a quarter of the machine idle through a random
-/// pass). They take the main thread's affinity, which nothing pins.
+/// pass). They take the main thread's affinity, which nothing pins, and a
+/// name of their own (Linux gives an unnamed thread its creator's: a queue
+/// thread's name on an unpinned thread).
 pub fn spawn_anywhere<F: FnOnce() + Send + 'static>(f: F) {
-    std::thread::spawn(move || {
+    let named = std::thread::Builder::new().name("ffs-worker".into());
+    let spawned = named.spawn(move || {
         // SAFETY: a cpu_set_t of the size given, read then applied to this thread alone.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -109,6 +112,9 @@ pub fn spawn_anywhere<F: FnOnce() + Send + 'static>(f: F) {
         }
         f()
     });
+    if let Err(e) = spawned {
+        eprintln!("ffs-mount: cannot start a worker thread: {e}");
+    }
 }
 
 /// A read's own thread, counted while it lives.
