@@ -90,19 +90,26 @@ def test_a_table_edited_by_hand_is_made_again():
 
 def test_a_benchmark_table_shows_its_results_figures_and_how_they_were_measured(tmp_path, monkeypatch):
     """A table made from a kept result: its figures are the result's, read here with json and
-    formatted here; a figure edited by hand is put back; a path the result lacks is named."""
+    formatted here; a bulky raw entry is left out of the kept copy and named; a figure edited by
+    hand is put back; a path the result lacks is named."""
     import json
-    import os
 
     from fasterfs.control import report
     from fasterfs.core.errors import FasterFSError
     from fasterfs.ui import bench_tables
 
-    written = report.write_json(tmp_path, "demo.json", {"reads": {"p50_ms": [0.0913, 0.1249]}, "files": 1234})
-    monkeypatch.setattr(bench_tables, "RESULTS", tmp_path)
-    result = json.loads(written.read_text())
-    assert result["provenance"]["kernel"] == os.uname().release
-    assert result["provenance"]["cores"] == os.cpu_count()
+    log = list(range(20_000))  # a raw per-read log: past bench_tables.BULK, left out of the kept copy
+    written = report.write_json(tmp_path / "run", "demo.json",
+                                {"reads": {"p50_ms": [0.0913, 0.1249]}, "files": 1234, "read_log": log})
+    monkeypatch.setattr(bench_tables, "RESULTS", tmp_path / "results")
+    kept = bench_tables.keep(written)
+    result = json.loads(kept.read_text())
+    assert "read_log" not in result and result["left_out"]["bytes"] == {"read_log": len(json.dumps(log))}
+    assert result["files"] == 1234 and result["reads"] == {"p50_ms": [0.0913, 0.1249]}
+    # the machine as the kernel tells it, not through the code under test
+    assert result["provenance"]["kernel"] == Path("/proc/sys/kernel/osrelease").read_text().strip()
+    assert result["provenance"]["cores"] == sum(line.startswith("processor") for line in
+                                                Path("/proc/cpuinfo").read_text().splitlines())
     page = ("<!-- bench\n| files | p50 |\n|---|---|\n"
             "| {demo.files:,} | {demo.reads.p50_ms * 1000:.0f} µs ({demo.files / 617:.1f}x) |\n-->\n"
             "<!-- end bench -->\n")
