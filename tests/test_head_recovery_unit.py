@@ -34,7 +34,7 @@ def test_a_followers_changes_are_on_disk_before_it_returns_and_equal_the_names_h
     path = tmp_path / "r.sqlite"
     replica = Replica(path, "c")
     held: dict[str, Manifest] = {}
-    follower = Follower(lambda since: None, lambda: (0, {}), keep=replica.keep)
+    follower = Follower(lambda since: None, lambda texts: (0, {}), replica=replica)
     rng = random.Random(3)
     version = -1  # a new follower's
     for _ in range(200):
@@ -207,8 +207,8 @@ def test_a_node_starts_from_its_own_copy_and_asks_only_for_what_changed_since(tm
     asked, changed = [], []
     later = manifest("f1", "g2")
     follower = Follower(lambda since: asked.append(since) or Changes(since, 9, {"f1": later, "f2": None}),
-                        lambda: pytest.fail("the whole namespace was fetched"),
-                        lambda c, whole: changed.append((len(c), whole)), keep=replica.keep)
+                        lambda texts: pytest.fail("the whole namespace was fetched"),
+                        lambda c, whole: changed.append((len(c), whole)), replica=replica)
     follower.seed(*replica.load())
     follower.catch_up()
     assert asked == [7] and changed == [(50, True), (2, False)]

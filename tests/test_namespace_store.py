@@ -276,11 +276,50 @@ def test_the_whole_namespace_is_read_in_pages_at_one_version_while_changes_go_on
             store.publish(manifest("d/10", "g1"), "x/")
         return store.page(cursor)
 
-    version, manifests = whole(lambda: store.version, page, store.changes)
+    texts = {"stale": "{}"}
+    version, manifests = whole(lambda: store.version, page, store.changes, texts)
     assert len(pages) >= 2 and version == store.version  # Redis pages as HSCAN will: COUNT is a hint
     expected = {f"d/{i:02d}": "g1" for i in range(11) if i != 9} | {"d/00": "g2"}
     assert {n: m.generation for n, m in manifests.items()} == expected
     assert all(m == store.manifest(n) for n, m in manifests.items())
+    # the texts as the pages gave them: none for a name changed after its page (the log's is newer)
+    assert set(texts) == set(expected) - {"d/00", "d/10"}
+    assert all(text == manifests[n].to_json() for n, text in texts.items())
+
+
+def test_a_replica_written_from_the_pages_is_the_one_kept_from_manifests_and_a_cut_read_keeps_the_old(
+        store, tmp_path, monkeypatch):
+    """The store's texts written into a replica page by page, a name changed and one removed
+    mid-read: the same rows and digest as a replica kept from the manifests; a read cut short
+    leaves the replica as it was."""
+    from fasterfs.meta import engine as engines
+    from fasterfs.meta.replica import Replica
+
+    monkeypatch.setattr(engines, "PAGE", 4)
+    store.publish_batch([(manifest(f"d/{i:02d}", "g1"), "x/") for i in range(20)])
+    pages = []
+
+    def page(cursor):
+        pages.append(cursor)
+        if len(pages) == 2:
+            store.publish(manifest("d/00", "g2"), "x/")
+            store.remove("d/19")
+        return store.page(cursor)
+
+    streamed, encoded = Replica(tmp_path / "a", "c"), Replica(tmp_path / "b", "c")
+    with streamed.whole() as texts:
+        version, manifests = whole(lambda: store.version, page, store.changes, texts)
+        streamed.keep(dict(manifests), version, whole=True, texts=texts)
+    encoded.keep(dict(manifests), version, whole=True)
+    (a, rows_a), (b, rows_b) = Replica.verified(tmp_path / "a"), Replica.verified(tmp_path / "b")
+    assert len(pages) >= 2 and (a.version, a.names, a.digest) == (b.version, 19, b.digest)
+    assert sorted(rows_a) == sorted(rows_b) == sorted(store.manifest(n).to_json() for n in manifests)
+
+    def cut(cursor):
+        raise ConnectionError("the head went away")
+    with pytest.raises(ConnectionError), streamed.whole() as texts:
+        whole(lambda: store.version, cut, store.changes, texts)
+    assert Replica.verified(tmp_path / "a")[0] == a
 
 
 @pytest.mark.unit

@@ -29,7 +29,7 @@ from ..core.fsutil import atomic_write
 from ..core.lease import Lease
 from ..core.manifest import Manifest
 from ..meta import AttrsListing, Changes, Listing, Moves, NamespaceStore, Resolved, legacy, open_engine
-from ..meta.store import whole
+from ..meta.store import TextSink, whole
 from . import credentials, tls
 from .credentials import ClusterKeys
 from .node_directory import NodeDirectory
@@ -302,11 +302,12 @@ def fetch_manifest(cluster_name: str, name: str | None = None) -> Manifest | Non
     return ask(cluster_name, "manifest", name)
 
 
-def fetch_manifests(cluster_name: str) -> tuple[int, dict[str, Manifest]]:
+def fetch_manifests(cluster_name: str, texts: TextSink | None = None) -> tuple[int, dict[str, Manifest]]:
     """The whole namespace, decoded by the caller from pages of texts (a StorageNode starting at a
-    million names: the head serves rows, it does not parse or pickle a million manifests)."""
+    million names: the head serves rows, it does not parse or pickle a million manifests);
+    `texts` as `meta.store.whole`'s."""
     return whole(partial(namespace_version, cluster_name), partial(ask, cluster_name, "manifest_page"),
-                 partial(fetch_changes, cluster_name))
+                 partial(fetch_changes, cluster_name), texts)
 
 
 def fetch_manifests_of(cluster_name: str, names: list[str]) -> dict[str, Manifest]:

@@ -2,26 +2,31 @@
 those that need every name at hand (a StorageNode's index, a mount's tree). It takes pushed
 changes in order, asks for what it missed when one arrives out of order (or when it polls),
 and reloads everything only when the log no longer reaches back to its version. Given a `keep`
-(a StorageNode's Replica.keep), every change is handed to it before anyone hears of it: a push
+(a StorageNode's Replica), every change is written to it before anyone hears of it: a push
 is acknowledged only once the host holds it durably."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..core import gc_pause
 from ..core.manifest import Manifest
-from .store import Changes
+from .store import Changes, TextSink
+
+if TYPE_CHECKING:
+    from .replica import Replica
 
 Change = tuple[str, Manifest | None, Manifest | None]  # (name, before, now)
 
 
 class Follower:
     def __init__(self, fetch_changes: Callable[[int], Changes | None],
-                 fetch_all: Callable[[], tuple[int, dict[str, Manifest]]],
+                 fetch_all: Callable[[TextSink | None], tuple[int, dict[str, Manifest]]],
                  on_change: Callable[[list[Change], bool], None] = lambda changed, whole: None,
-                 keep: Callable[[dict[str, Manifest | None], int, bool], None] | None = None):
-        self.fetch_changes, self.fetch_all, self.on_change, self.keep = fetch_changes, fetch_all, on_change, keep
+                 replica: Replica | None = None):
+        self.fetch_changes, self.fetch_all, self.on_change, self.replica = fetch_changes, fetch_all, on_change, replica
         self.version, self.manifests = -1, {}  # type: int, dict[str, Manifest]
         self.reloads = 0  # whole namespaces fetched (the first included)
         self._lock = threading.RLock()
@@ -59,18 +64,22 @@ class Follower:
         with self._lock:
             changes = self.fetch_changes(self.version) if self.version >= 0 else None
             if changes is None:
-                with gc_pause.paused(freeze=True):  # from the first page to the index built on them
-                    version, manifests = self.fetch_all()
+                # from the first page to the index built on them; the pages' texts into the replica
+                with gc_pause.paused(freeze=True), \
+                        self.replica.whole() if self.replica else contextlib.nullcontext() as texts:
+                    version, manifests = self.fetch_all(texts)
                     self.reloads += 1
                     names = {n: manifests.get(n) for n in set(manifests) | set(self.manifests)}
-                    return self._apply(names, version, whole=True)
+                    return self._apply(names, version, whole=True, texts=texts)
             return self._apply(changes.names, changes.version)
 
-    def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> bool:
+    def _apply(self, names: dict[str, Manifest | None], version: int, whole: bool = False,
+               texts=None) -> bool:
         """`whole`: every name was fetched (on_change hears it even if nothing changed: a
-        consumer holds its own state to the whole namespace then)."""
-        if self.keep is not None:
-            self.keep(names, version, whole)
+        consumer holds its own state to the whole namespace then); `texts`: the replica's rows
+        written already (Replica.whole)."""
+        if self.replica is not None:
+            self.replica.keep(names, version, whole, texts)
         with gc_pause.paused():  # a whole namespace is a million changes at once (catch_up freezes it)
             changed = []
             for name, now in names.items():

@@ -15,9 +15,11 @@ either.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -80,27 +82,45 @@ class Replica:
     def version(self) -> int:
         return int(self._fact("version"))
 
-    def keep(self, names: dict[str, Manifest | None], version: int, whole: bool = False) -> None:
-        """Each name's manifest at `version` (None: removed), in one transaction, on disk when this
-        returns. `whole`: `names` is every name (any other row goes)."""
-        digest = 0 if whole else int(self._fact("digest"), 16)
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[WholeWrite]:
+        """The table written anew as a whole namespace's pages arrive (`meta.store.whole` fills
+        it as its `texts`), in one transaction that `keep(..., whole=True, texts=it)` ends; rolled
+        back if that never comes. The store's texts go in as they are: no million manifests
+        encoded again, none held until the last page."""
+        self.db.execute("BEGIN IMMEDIATE")
         try:
-            self.db.execute("BEGIN IMMEDIATE")
+            yield WholeWrite(self)
+        finally:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+
+    def keep(self, names: dict[str, Manifest | None], version: int, whole: bool = False,
+             texts: WholeWrite | None = None) -> None:
+        """Each name's manifest at `version` (None: removed), in one transaction, on disk when this
+        returns. `whole`: `names` is every name (any other row goes); `texts`: the rows written
+        already in this transaction (`Replica.whole`), the names' others are encoded here."""
+        try:
+            if texts is None:
+                self.db.execute("BEGIN IMMEDIATE")
+                digest = 0 if whole else int(self._fact("digest"), 16)
+                if whole:
+                    self.db.execute("DELETE FROM names")
+            else:
+                digest = texts.digest
             if whole:  # a million names: one statement, not a million
-                self.db.execute("DELETE FROM names")
-                rows = [(name, m.to_json()) for name, m in names.items() if m is not None]
+                written = texts.names if texts is not None else set()
+                rows = [(name, m.to_json()) for name, m in names.items() if m is not None and name not in written]
                 for name, text in rows:
                     digest ^= _hash(name, text)
                 self.db.executemany("INSERT INTO names VALUES (?, ?)", rows)
                 names = {}
             for name, m in names.items():
-                if not whole:
-                    row = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
-                    if row is not None:
-                        digest ^= _hash(name, row[0])
+                row = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
+                if row is not None:
+                    digest ^= _hash(name, row[0])
                 if m is None:
-                    if not whole:
-                        self.db.execute("DELETE FROM names WHERE name = ?", (name,))
+                    self.db.execute("DELETE FROM names WHERE name = ?", (name,))
                     continue
                 text = m.to_json()
                 digest ^= _hash(name, text)
@@ -165,6 +185,34 @@ class Replica:
             raise FasterFSError(f"namespace replica {path}: its {len(rows)} names do not give the digest it "
                                 f"records for version {s.version} (torn or altered): not taken")
         return s, [text for _, text in rows]
+
+
+class WholeWrite:
+    """The texts of a whole namespace's pages, written into a replica as they come (the
+    `texts` of `meta.store.whole`: cleared when its reading starts over, a name dropped when the
+    log changed it after its page)."""
+
+    def __init__(self, replica: Replica):
+        self.db, self.names, self.digest = replica.db, set(), 0  # type: sqlite3.Connection, set[str], int
+
+    def clear(self) -> None:
+        self.db.execute("DELETE FROM names")
+        self.names, self.digest = set(), 0
+
+    def update(self, pairs: Iterable[tuple[str, str]]) -> None:
+        rows = list(pairs)
+        self.db.executemany("INSERT OR REPLACE INTO names VALUES (?, ?)", rows)
+        for name, text in rows:
+            self.digest ^= _hash(name, text)
+            self.names.add(name)
+
+    def pop(self, name: str, default=None):
+        if name in self.names:
+            (text,) = self.db.execute("SELECT manifest FROM names WHERE name = ?", (name,)).fetchone()
+            self.db.execute("DELETE FROM names WHERE name = ?", (name,))
+            self.digest ^= _hash(name, text)
+            self.names.discard(name)
+        return default
 
 
 class ReplicaView:

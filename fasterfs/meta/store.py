@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..core import gc_pause, stamp
 from ..core.errors import FasterFSError
@@ -55,18 +56,33 @@ class AttrsListing:
     names: list[Attrs]
 
 
+class TextSink(Protocol):
+    """Where `whole` puts the store's texts (name -> text): a dict, or a replica's WholeWrite."""
+    def clear(self) -> None: ...
+    def update(self, pairs: Iterable[tuple[str, str]], /) -> None: ...
+    def pop(self, name: str, default: None = None, /) -> object: ...
+
+
 def whole(version: Callable[[], int], page: Callable[[str], tuple[list[str], str | None]],
-          changes: Callable[[int], Changes | None]) -> tuple[int, dict[str, Manifest]]:
+          changes: Callable[[int], Changes | None],
+          texts: TextSink | None = None) -> tuple[int, dict[str, Manifest]]:
     """Every name's manifest at one version, read a page at a time (the store's lock is not
     held across a whole namespace: changes go on meanwhile) and decoded here, not by the store.
-    A name changed while the pages were read is taken as the log says it is after them."""
+    A name changed while the pages were read is taken as the log says it is after them.
+    `texts`, if given, takes each name's text as the store holds it, a page at a time (a
+    replica keeps those as they are: encoding a million manifests again cost a node's start 13 s)."""
     while True:
         since, cursor = version(), ""
         manifests: dict[str, Manifest] = {}
+        if texts is not None:
+            texts.clear()
         with gc_pause.paused():  # the pages' rows are garbage the collector would walk the manifests for
             while True:
-                texts, more = page(cursor)
-                manifests.update((m.name, m) for m in decode_many(texts, "the namespace store"))
+                rows, more = page(cursor)
+                decoded = decode_many(rows, "the namespace store")
+                manifests.update((m.name, m) for m in decoded)
+                if texts is not None:
+                    texts.update((m.name, text) for m, text in zip(decoded, rows))
                 if more is None:
                     break
                 cursor = more
@@ -74,6 +90,8 @@ def whole(version: Callable[[], int], page: Callable[[str], tuple[list[str], str
         if after is not None:  # else the log moved past `since` while reading: again
             break
     for name, m in after.names.items():
+        if texts is not None:
+            texts.pop(name, None)
         if m is None:
             manifests.pop(name, None)
         else:
@@ -102,9 +120,9 @@ class NamespaceStore:
         with self._lock:
             return {n: m for n in names if (m := self.engine.get(n)) is not None}
 
-    def manifests(self) -> tuple[int, dict[str, Manifest]]:
-        """The whole namespace and its version: for a consumer that has nothing yet."""
-        return whole(lambda: self.version, self.page, self.changes)
+    def manifests(self, texts: TextSink | None = None) -> tuple[int, dict[str, Manifest]]:
+        """The whole namespace and its version: for a consumer that has nothing yet (`texts` as `whole`'s)."""
+        return whole(lambda: self.version, self.page, self.changes, texts)
 
     def page(self, cursor: str) -> tuple[list[str], str | None]:
         """A page of the whole namespace, as texts (`Engine.page`); `whole` reads them all."""

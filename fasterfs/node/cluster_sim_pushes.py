@@ -34,7 +34,7 @@ def measure_pushes(nodes: int, batch_files: int, batches: int, observers: int, w
     with ray.put; `once=False`: once per node, as a plain argument to each node's call) and an
     observer's applying it (Follower and NodeIndex)."""
     net = Network(nodes)
-    follow = [Follower(lambda since: None, lambda: (0, {})) for _ in range(min(observers, nodes))]
+    follow = [Follower(lambda since: None, lambda texts: (0, {})) for _ in range(min(observers, nodes))]
     index = [NodeIndex.build({}, n) for n in range(len(follow))]
     apply_cpu = [0.0] * len(follow)
 

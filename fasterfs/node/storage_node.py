@@ -104,7 +104,7 @@ class StorageNode:
         # every dataset's and file's current manifest, kept from the store's log
         self.namespace = Follower(partial(registry.fetch_changes, cfg.cluster.name),
                                   partial(registry.fetch_manifests, cfg.cluster.name), self._namespace_changed,
-                                  self.replica.keep if self.replica else None)
+                                  self.replica)
         self.ns_index = NodeIndex.build({}, index)
         self.minio = MinioSupervisor.of_node(cfg, index, address, keys)
         server = self.minio.server
