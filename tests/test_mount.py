@@ -26,6 +26,7 @@ from conftest import mounts_under, source_csv, wait_until
 from fasterfs.control import credentials, registry, s3
 from fasterfs.core import config
 from fasterfs.core.config import Paths
+from fasterfs.core.errors import FasterFSError
 from fasterfs.core.process import running
 from fasterfs.node.mount_supervisor import Mounts
 from fasterfs.ops import cluster
@@ -305,25 +306,32 @@ def stored_tree(cfg, src: Path, files: int, dirs: int, dest: str) -> Path:
     return src
 
 
+@pytest.fixture(scope="module")
+def tree(live_cluster, overrides, tmp_path_factory) -> tuple[Path, str]:
+    """600 small files in 12 directories, stored once with `put -r` under tree/ for the tests of
+    a mount's tree (each leaves it as it found it): (the source, the name it is stored at)."""
+    return stored_tree(config.load(overrides), tmp_path_factory.mktemp("tree"), 600, 12, "tree/"), "tree"
+
+
 def sizes(top: Path) -> dict[str, int]:
     """Every file under `top` (os.walk), by its path there, with its size (os.stat)."""
     return {str(Path(d, f).relative_to(top)): os.stat(Path(d, f)).st_size
             for d, _, files in os.walk(top) for f in files}
 
 
-def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, live_cluster, overrides, tmp_path):
-    """1,000 files stored with `put -r` in 20 directories, then the mount started: the daemon is
+def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, tree, overrides, tmp_path):
+    """600 files stored with `put -r` in 12 directories, then the mount started: the daemon is
     sent none of them at the start; a `stat` brings the names on its path alone, a listing its
     directory's; walking the mount gives exactly the source tree (os.walk of it, sizes from
     os.stat). A file put later is seen at once, and removed is gone, its emptied directory with
     it, with only those names crossing to the daemon (its own count of entries received)."""
     point, actor = mounted
     cfg = config.load(overrides)
-    src = stored_tree(cfg, tmp_path / "src", 1000, 20, "lazy/")
+    src, stored = tree
     ray.get(actor.umount.remote(str(point)))
     since = time.time()
     ray.get(actor.mount.remote(str(point)))
-    lazy = point / "lazy"
+    lazy = point / stored
     try:
         start = daemon_counts(actor, point, since)["entries_received"]
         assert start == 0, start  # the root alone
@@ -337,23 +345,24 @@ def test_a_namespace_is_mounted_lazily_and_learns_each_change_alone(mounted, liv
 
         walked = daemon_counts(actor, point, time.time())["entries_received"]
         (tmp_path / "new.bin").write_bytes(b"new")
-        put(cfg, tmp_path / "new.bin", "lazy/d07/new.bin")
-        put(cfg, tmp_path / "new.bin", "lazy/solo/new.bin")
+        put(cfg, tmp_path / "new.bin", f"{stored}/d07/new.bin")
+        put(cfg, tmp_path / "new.bin", f"{stored}/solo/new.bin")
         assert (lazy / "d07" / "new.bin").read_bytes() == b"new"
         assert (lazy / "solo" / "new.bin").read_bytes() == b"new"
         # the kernel keeps the listings it read (FOPEN_CACHE_DIR): a change drops d07's
         wait_until(lambda: sorted(os.listdir(lazy / "d07")) == sorted(os.listdir(src / "d07") + ["new.bin"]),
                    timeout=5, what="d07 listed with its new file")
-        remove(cfg, "lazy/solo/new.bin")
+        remove(cfg, f"{stored}/solo/new.bin")
         wait_until(lambda: not (lazy / "solo").exists(), timeout=10, what="the emptied directory gone")
         changed = daemon_counts(actor, point, time.time())["entries_received"]
         assert changed - walked <= 12, (walked, changed)  # each change's names (and their directories)
-        remove(cfg, "lazy/d07/new.bin")
+        remove(cfg, f"{stored}/d07/new.bin")
         wait_until(lambda: sorted(os.listdir(lazy / "d07")) == sorted(os.listdir(src / "d07")), timeout=5,
                    what="d07 listed without it")
     finally:
-        if (lazy / "d07" / "new.bin").exists():
-            remove(cfg, "lazy/d07/new.bin")
+        for name in (f"{stored}/d07/new.bin", f"{stored}/solo/new.bin"):  # the tree as the next test expects it
+            with contextlib.suppress(FasterFSError):
+                remove(cfg, name)
 
 
 class AgentProcess:
@@ -383,12 +392,11 @@ class AgentProcess:
         wait_until(lambda: str(self.point) not in mounts_under(cluster_root), timeout=15, what="the mount gone")
 
 
-def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster, overrides, cluster_root, tmp_path):
+def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(tree, overrides, cluster_root, tmp_path):
     """A mount agent warming its daemon's tree (mount.warm_entries): it is up at once, then lists
     directories unasked, so that walking a tree of 600 files finds every name at hand (the daemon
     asks its agent for no name and no listing) and gives exactly the source tree."""
-    cfg = config.load(overrides)
-    src = stored_tree(cfg, tmp_path / "src", 600, 12, "warm/")
+    src, stored = tree
     point = cluster_root / "mnt-warm"
     point.mkdir(exist_ok=True)
     agent = AgentProcess(point, [*overrides, "mount.warm_entries=1000000"], tmp_path)
@@ -396,7 +404,7 @@ def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster
         wait_until(lambda: str(point) in mounts_under(cluster_root), timeout=30, what="the mount")
         wait_until(lambda: agent.said("sent the daemon"), timeout=60, what="the agent to say it sent the tree")
         warmed = agent.counts(time.time())
-        assert sizes(point / "warm") == sizes(src)
+        assert sizes(point / stored) == sizes(src)
         walked = agent.counts(time.time())
         assert (walked["name_lookups"], walked["listings"]) == (warmed["name_lookups"], warmed["listings"]), \
             (warmed, walked)  # every name at hand
@@ -404,25 +412,23 @@ def test_a_mount_lists_its_tree_in_the_background_then_asks_nothing(live_cluster
         agent.stop(cluster_root)
 
 
-def test_a_mount_holds_at_most_its_bound_and_still_serves_every_name(live_cluster, overrides, cluster_root,
-                                                                      tmp_path):
+def test_a_mount_holds_at_most_its_bound_and_still_serves_every_name(tree, overrides, cluster_root, tmp_path):
     """A daemon bounded to 200 entries (mount.max_entries) over a tree of 600 files in 12
     directories: walked twice, the mount gives exactly the source tree each time (os.walk and
     os.stat of it); the second walk lists again directories the first one's eviction dropped; a
     file held open through it all still reads its bytes; once walked, the daemon holds at most its
     bound (the entries the kernel held meanwhile go once it lets go of them)."""
-    cfg = config.load(overrides)
-    src = stored_tree(cfg, tmp_path / "src", 600, 12, "bounded/")
+    src, stored = tree
     point = cluster_root / "mnt-bounded"
     point.mkdir(exist_ok=True)
     agent = AgentProcess(point, [*overrides, "mount.max_entries=200", "mount.warm_entries=1000000"], tmp_path)
     try:
         wait_until(lambda: str(point) in mounts_under(cluster_root), timeout=30, what="the mount")
-        held_open = open(point / "bounded" / "d03" / "f0003.bin", "rb")
-        assert sizes(point / "bounded") == sizes(src)
+        held_open = open(point / stored / "d03" / "f0003.bin", "rb")
+        assert sizes(point / stored) == sizes(src)
         first = agent.counts(time.time())
         assert first["evicted"] > 0, first
-        assert sizes(point / "bounded") == sizes(src)
+        assert sizes(point / stored) == sizes(src)
         second = agent.counts(time.time())
         assert second["listings"] > first["listings"], (first, second)  # evicted directories listed again
         assert held_open.read() == (src / "d03" / "f0003.bin").read_bytes()

@@ -34,7 +34,6 @@ from ..core.fsutil import owned
 from ..hosts import ray_nodes
 from ..meta.redis_server import RedisServer
 from ..node.minio_server import endpoint
-from ..node.storage_node import StorageNode
 from .teardown import teardown
 
 log = logging.getLogger("fasterfs.ops.cluster")
@@ -228,6 +227,8 @@ def _start_storage_nodes(cfg, state: ClusterState, nodes: list[NodeState] | None
     actor's arguments in the GCS's tables, on the head's disk; each node asks the Registry for the
     MinIO keys."""
     import ray
+
+    from ..node.storage_node import StorageNode  # here: a command that starts none loads none of it
 
     nodes = state.nodes if nodes is None else nodes
     actor_cls = ray.remote(concurrency_groups={LONG: LONG_THREADS})(StorageNode)  # type: ignore[call-overload]

@@ -14,8 +14,6 @@ from ..control import auth, registry, report
 from ..control.node_directory import LONG, NodeDirectory
 from ..core import config
 from ..core.errors import FasterFSError, UsageError
-from ..node import repair, repair_rebuild, repair_survey
-from ..node.minio_supervisor import COUNT_WAIT_S
 from ..node.mount_supervisor import mount_counts
 from ..ops import cluster
 
@@ -46,6 +44,8 @@ def _objects(row: dict) -> str:
         return "-"
     if row.get("objects") is None:
         return "counting"
+    from ..node.minio_supervisor import COUNT_WAIT_S  # here: boto3 comes with it, which `ls` needs not
+
     age = row.get("objects_age_s") or 0
     return f"{row['objects']:,}" + (f" ({age:.0f} s ago)" if age > 1 + COUNT_WAIT_S else "")
 
@@ -176,6 +176,8 @@ def _print_redundancy(health) -> None:
 
 def cmd_repair(cfg) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from ..node import repair, repair_rebuild, repair_survey  # here: every other command starts without them
 
     state = registry.find(cfg)
     creds = registry.fetch_credentials(state.name, "admin")
