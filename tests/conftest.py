@@ -592,7 +592,7 @@ def in_lab_tier(nodeid: str) -> bool:
 # Cluster-tier modules that start only clusters and servers of their own, never the session's:
 # they may run on the lab tier's worker, whichever keeps the workers even.
 OWN_CLUSTERS = ("test_lifecycle.py", "test_minio_supervisor.py", "test_command_line_offline.py", "test_head_loss.py",
-                "test_mark_keeper.py")
+                "test_mark_keeper.py", "test_notebook.py")
 DURATIONS = Path(__file__).with_name("durations.json")  # seconds per module, measured (scripts/test_durations.py)
 
 
@@ -633,7 +633,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
         elif item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.cluster)
-        if (in_lab_tier(item.nodeid) or _module(item.nodeid) in OWN_CLUSTERS) and "live_cluster" in item.fixturenames:
+        session = item._fixtureinfo.name2fixturedefs.get("live_cluster", ())  # conftest's, not a module's own
+        if ((in_lab_tier(item.nodeid) or _module(item.nodeid) in OWN_CLUSTERS)
+                and session and session[-1].func.__module__ == "conftest"):
             raise pytest.UsageError(f"{item.nodeid} uses the session's cluster: on the lab's worker it would start"
                                     " one beside the lab; move it to a cluster-tier module (conftest.OWN_CLUSTERS)")
     tier = {"unit": 0, "cluster": 1, "lab": 2}

@@ -24,8 +24,8 @@ READER = PROJECT / "bench" / "checked_reader.py"
 sys.path.insert(0, str(READER.parent))
 import checked_reader  # noqa: E402  (bench/: the readers' own script)
 
-AWAY_S = 20  # the head powered off this long
-READ_S = 45  # each reader reads this long from its start
+AWAY_S = 12  # the head powered off this long (4x the readers' head_timeout_s)
+READ_S = 36  # each reader reads this long from its start: past the power-on (~13 s) and the put
 
 
 def test_the_head_powered_off_then_on_and_no_read_on_any_host_failed(lab3):
