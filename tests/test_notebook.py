@@ -123,6 +123,9 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         kernel = api("/api/kernels", "POST", {"name": "python3"})
         kc = BlockingKernelClient(connection_file=str(cluster_root / "jupyter/runtime" / f"kernel-{kernel['id']}.json"))
         kc.load_connection_file()
+        # Jupyter's 1 s for a heartbeat: a kernel starting beside the suite's other work on 2 busy
+        # cores missed it, alive, and was called dead
+        kc.hb_channel.time_to_dead = 10.0
         kc.start_channels()
         texts = []
         try:

@@ -1,8 +1,8 @@
 """Follower: a copy of the whole namespace kept current from the store's version log, for
 those that need every name at hand (a StorageNode's index, a mount's tree). It takes pushed
 changes in order, asks for what it missed when one arrives out of order (or when it polls),
-and reloads everything only when the log no longer reaches back to its version. Given a `keep`
-(a StorageNode's Replica), every change is written to it before anyone hears of it: a push
+and reloads everything only when the log no longer reaches back to its version. Given a
+`replica` (a StorageNode's), every change is written to it before anyone hears of it: a push
 is acknowledged only once the host holds it durably."""
 from __future__ import annotations
 

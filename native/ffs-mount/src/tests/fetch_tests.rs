@@ -9,7 +9,13 @@ use crate::fetcher::EC_HEADER;
 
 /// Answers one GET on `r` with `bodies[path]` (its range if asked);
 /// its path, or None once the client closed.
-fn answer(r: &mut BufReader<TcpStream>, bodies: &HashMap<String, Vec<u8>>) -> Option<String> {
+/// One request answered from `bodies`; `asked` hears its path before the answer goes, so a
+/// client holding the bytes finds the request counted.
+fn answer(
+    r: &mut BufReader<TcpStream>,
+    bodies: &HashMap<String, Vec<u8>>,
+    asked: &dyn Fn(&str),
+) -> Option<String> {
     let mut line = String::new();
     if r.read_line(&mut line).unwrap_or(0) == 0 {
         return None;
@@ -41,6 +47,7 @@ fn answer(r: &mut BufReader<TcpStream>, bodies: &HashMap<String, Vec<u8>>) -> Op
     let claimed = if path == "/huge" { 1 << 40 } else { body.len() };
     let body = if path == "/huge" { vec![] } else { body };
     let head = format!("HTTP/1.1 {status}\r\nContent-Length: {claimed}\r\n\r\n");
+    asked(&path);
     let s = r.get_mut();
     s.write_all(head.as_bytes()).ok()?;
     s.write_all(&body).ok()?;
@@ -56,7 +63,7 @@ fn serve(bodies: HashMap<String, Vec<u8>>) -> (String, std::thread::JoinHandle<u
         let mut served = 0;
         while let Ok((s, _)) = l.accept() {
             let mut r = BufReader::new(s);
-            while let Some(path) = answer(&mut r, &bodies) {
+            while let Some(path) = answer(&mut r, &bodies, &|_| {}) {
                 served += 1;
                 if path == "/last" {
                     return served;
@@ -82,9 +89,8 @@ fn serve_concurrently(
             let (c, bodies) = (c.clone(), bodies.clone());
             std::thread::spawn(move || {
                 let mut r = BufReader::new(s);
-                while let Some(path) = answer(&mut r, &bodies) {
-                    *c.lock().unwrap().entry(path).or_insert(0) += 1;
-                }
+                let count = |path: &str| *c.lock().unwrap().entry(path.to_string()).or_insert(0) += 1;
+                while answer(&mut r, &bodies, &count).is_some() {}
             });
         }
     });
