@@ -89,7 +89,8 @@ fn serve_concurrently(
             let (c, bodies) = (c.clone(), bodies.clone());
             std::thread::spawn(move || {
                 let mut r = BufReader::new(s);
-                let count = |path: &str| *c.lock().unwrap().entry(path.to_string()).or_insert(0) += 1;
+                let count =
+                    |path: &str| *c.lock().unwrap().entry(path.to_string()).or_insert(0) += 1;
                 while answer(&mut r, &bodies, &count).is_some() {}
             });
         }
