@@ -3,6 +3,7 @@ The cluster is this module's own (conftest.OWN_CLUSTERS): the suite's workers ev
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from fasterfs.ops import cluster
 def cluster_root():
     root = Path(tempfile.mkdtemp(prefix="ffs-notebook-"))
     yield root
-    __import__("shutil").rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
