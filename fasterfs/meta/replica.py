@@ -200,11 +200,15 @@ class WholeWrite:
         self.names, self.digest = set(), 0
 
     def update(self, pairs: Iterable[tuple[str, str]]) -> None:
-        rows = list(pairs)
-        self.db.executemany("INSERT OR REPLACE INTO names VALUES (?, ?)", rows)
-        for name, text in rows:
-            self.digest ^= _hash(name, text)
-            self.names.add(name)
+        rows = []
+        for name, text in pairs:
+            # Redis's HSCAN may give a name twice: one row, hashed into the digest once (a name
+            # changed meanwhile is the log's, `pop`)
+            if name not in self.names:
+                self.names.add(name)
+                self.digest ^= _hash(name, text)
+                rows.append((name, text))
+        self.db.executemany("INSERT INTO names VALUES (?, ?)", rows)
 
     def pop(self, name: str, default=None):
         if name in self.names:
