@@ -633,9 +633,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
         elif item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.cluster)
-        session = item._fixtureinfo.name2fixturedefs.get("live_cluster", ())  # conftest's, not a module's own
-        if ((in_lab_tier(item.nodeid) or _module(item.nodeid) in OWN_CLUSTERS)
-                and session and session[-1].func.__module__ == "conftest"):
+        # the session's cluster, not one of the module's own (a module fixture of the same name)
+        session = "live_cluster" in item.fixturenames and not hasattr(item.module, "live_cluster")
+        if (in_lab_tier(item.nodeid) or _module(item.nodeid) in OWN_CLUSTERS) and session:
             raise pytest.UsageError(f"{item.nodeid} uses the session's cluster: on the lab's worker it would start"
                                     " one beside the lab; move it to a cluster-tier module (conftest.OWN_CLUSTERS)")
     tier = {"unit": 0, "cluster": 1, "lab": 2}
