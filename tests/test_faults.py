@@ -37,7 +37,7 @@ def test_a_reader_dying_unkilled_is_lost_and_fails_the_run(live_cluster, overrid
     monkeypatch.setattr(faults, "ingest", lambda cfg: ingest_as("csv", reuse=True))  # the session's dataset
     harness = faults.Harness(config.load(argv), argv)
     node = live_cluster.nodes[0]
-    harness.start_readers([node] * 3, seconds=6)
+    harness.start_readers([node] * 3, seconds=20)  # alive past the kills on a loaded machine (6 s was not)
     harness.deadline = time.monotonic() + 6  # what act() gives a replacement reader
     (crashed, _, _), _, (killed, _, _) = harness.readers[node.index]
     harness.act("kill_reader", node)  # the last reader started: its pid recorded as the harness's kill
