@@ -172,68 +172,53 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
         pass
 
 
-def readme_block(k: int, prelude: str, check: str, cluster_root,
-                 page: str = "README.md") -> subprocess.CompletedProcess:
-    """The k-th Python block of the README (or another page), as printed there, between `prelude`
-    and `check`, in a process of its own against the test cluster."""
-    block = re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / page).read_text(), re.S)[k]
-    done = subprocess.run([sys.executable, "-c", prelude + block + check], capture_output=True, timeout=180,
-                          env={**os.environ, "FASTERFS_ROOT": str(cluster_root)}, cwd=config.PROJECT_DIR)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    return done
+def python_blocks() -> str:
+    """The README's two Python blocks and docs/api.md's, as printed there, each followed by a line
+    of what it made (JSON, tagged): one interpreter runs them all, as a user's session would."""
+    def block(page: str, k: int) -> str:
+        return re.findall(r"```python\n(.*?)```", (config.PROJECT_DIR / page).read_text(), re.S)[k]
+    return "\n".join([
+        "import hashlib, json",
+        block("README.md", 0),
+        "print('readme0', json.dumps([hashlib.sha256(raw).hexdigest(), len(df), len(window)]))",
+        block("README.md", 1),
+        "print('readme1', json.dumps([len(df), book.to_pydict(), ds.count()]))",
+        block("docs/api.md", 0),
+        "print('api', json.dumps([len(book), len(window), ds.count()]))"])
 
 
-def test_the_readmes_first_python_block_runs(ingest_as, cluster_root):
-    """The README's "read it from Python" block against the test cluster: its chunk 3 is the
-    source files' rows of that chunk (gzip's read of them), its window every message of it."""
-    from conftest import source_csv, source_lines
+def test_the_python_blocks_of_the_readme_and_the_api_page_run(ingest_as, overrides, cluster_root, tmp_path):
+    """The README's blocks and docs/api.md's, in a process of their own against the test cluster
+    (a Parquet file stored at research/aapl first), each held to what it was given: the README's
+    chunk 3 is the source files' rows of that chunk (gzip's read of them), its window every message
+    of 10:00-10:30; pandas over fasterfs:// reads that chunk's rows, the pyarrow dataset the table
+    pyarrow wrote, Ray Data every row; the API page's chunk 0 has the source's first rows and its
+    window every message of 9:30-9:40."""
+    import hashlib
 
-    manifest = ingest_as("csv", reuse=True)  # connect()'s default: the dataset ingested last
-    check = "\nimport sys\nsys.stdout.buffer.write(raw)\nprint(len(df), len(window), file=sys.stderr)\n"
-    done = readme_block(0, "", check, cluster_root)
-    chunk = manifest.chunk(3)
-    assert done.stdout == source_csv(chunk.first_row, chunk.rows)
-    table_rows, window_rows = map(int, done.stderr.decode().split()[-2:])
-    in_window = sum(36000 <= float(line.split(b",")[0]) < 37800 for line in source_lines([])[0])
-    assert table_rows == chunk.rows and window_rows == in_window
-
-
-def test_the_api_pages_block_runs(ingest_as, cluster_root):
-    """docs/api.md's block: chunk 0's table has the source's rows of that chunk, the window every
-    message of it in the source (gzip's read), the Ray Data dataset every row."""
-    from conftest import data_overrides, source_lines
-
-    ingest_as("csv", reuse=True)
-    check = "\nprint(len(book), len(window), ds.count())\n"
-    done = readme_block(0, "", check, cluster_root, "docs/api.md")
-    book, window, count = map(int, done.stdout.decode().split()[-3:])
-    times = [float(line.split(b",")[0]) for line in source_lines([])[0]]
-    assert book == min(len(times), config.load(data_overrides()).data.rows_per_chunk)  # the source's first rows
-    assert window == sum(34200.0 <= t < 34800.0 for t in times) > 0
-    assert count == len(times)
-
-
-def test_the_readmes_fsspec_and_ray_data_block_runs(ingest_as, overrides, cluster_root, tmp_path):
-    """The README's block of the tools users have (pandas over fasterfs://, a pyarrow dataset of
-    Parquet files, Ray Data), with a Parquet file stored at research/aapl first: each reads what
-    it was given (the source's rows by gzip, the table pyarrow wrote)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from conftest import source_csv, source_lines
+    from conftest import data_overrides, source_csv, source_lines
 
     from fasterfs.write.ingest import put, remove
 
-    manifest = ingest_as("csv", reuse=True)
+    manifest = ingest_as("csv", reuse=True)  # connect()'s default: the dataset ingested last
     table = pa.table({"price": list(range(1000)), "size": [i % 7 for i in range(1000)]})
     pq.write_table(table, tmp_path / "book.parquet")
     put(config.load(overrides), tmp_path / "book.parquet", "research/aapl/book.parquet")
     try:
-        check = "\nprint(json.dumps([len(df), book.to_pydict(), ds.count()]))\n"
-        done = readme_block(1, f"import json\ndataset = {manifest.name!r}\n", check, cluster_root)
+        done = subprocess.run([sys.executable, "-c", f"dataset = {manifest.name!r}\n" + python_blocks()],
+                              capture_output=True, timeout=240, env={**os.environ, "FASTERFS_ROOT": str(cluster_root)},
+                              cwd=config.PROJECT_DIR)
     finally:
         remove(config.load(overrides), "research/aapl/book.parquet")
-    rows, book, count = json.loads(done.stdout.decode().splitlines()[-1])
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    said = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+            for line in done.stdout.decode().splitlines() if line.startswith(("readme0 ", "readme1 ", "api "))}
+    times = [float(line.split(b",")[0]) for line in source_lines([])[0]]
     chunk = manifest.chunk(3)
-    assert rows == source_csv(chunk.first_row, chunk.rows).count(b"\n")
-    assert book == table.to_pydict()
-    assert count == len(source_lines([])[0])
+    rows = source_csv(chunk.first_row, chunk.rows)
+    assert said["readme0"] == [hashlib.sha256(rows).hexdigest(), chunk.rows, sum(36000 <= t < 37800 for t in times)]
+    assert said["readme1"] == [rows.count(b"\n"), table.to_pydict(), len(times)]
+    first = min(len(times), config.load(data_overrides()).data.rows_per_chunk)  # the source's first rows
+    assert said["api"] == [first, sum(34200.0 <= t < 34800.0 for t in times), len(times)] and said["api"][1] > 0
