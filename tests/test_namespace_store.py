@@ -86,6 +86,23 @@ def test_repair_moves_apply_only_to_the_generation_repaired(store):
     assert store.expired_pieces(keep_old_s=0) == [(1, key)]                       # the copy moved away
 
 
+def test_spreading_places_the_narrower_names_over_every_node_and_moves_nothing_itself(store):
+    """Nodes joined: each name placed on fewer nodes is placed on them all (its node count
+    raised, marked for repair to move its pieces home), its chunks where they were; a wider one
+    and a second spread change nothing. One push per batch, naming what it changed."""
+    store.publish(manifest("a", "g1"), "a/g1/")                                  # on 3 nodes
+    store.publish(dataclasses.replace(manifest("b", "g1"), node_count=5), "b/g1/")
+    store.publish(manifest("c", "g1"), "c/g1/")
+    v, pushes = store.version, len(store.pushed)
+    assert store.spread(4, batch=1) == ["a", "c"]
+    for name in ("a", "c"):
+        now = store.manifest(name)
+        assert (now.node_count, now.moved, now.chunks) == (4, True, manifest(name, "g1").chunks)
+    assert (store.manifest("b").node_count, store.manifest("b").moved) == (5, False)
+    assert store.version == v + 2 and [set(c.names) for _, c in store.pushed[pushes:]] == [{"a"}, {"c"}]
+    assert store.spread(4) == [] and store.version == v + 2
+
+
 def test_a_move_another_repair_made_counts_and_a_lost_ones_pieces_go(store):
     store.publish(manifest("d", "g1"), "d/g1/")
     key = store.manifest("d").chunks[0].key

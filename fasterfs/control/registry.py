@@ -132,6 +132,9 @@ class Registry:
                                 f"{self.repair_lease.to_dict()}")
         return self.names.update_chunks_many(items)
 
+    def spread(self, node_count: int) -> list[str]:
+        return self.names.spread(node_count)
+
     def lease_repair(self, node: int, ttl_s: float) -> int | None:
         """The repair leader's lease for `node` (granted or renewed: its epoch), or None."""
         return self.repair_lease.acquire(node, ttl_s)
@@ -359,6 +362,11 @@ def publish_manifest(cluster_name: str, manifest: Manifest, prefix: str) -> list
 def update_chunks(cluster_name: str, items: list[tuple[str, str, Moves]],
                   fence: tuple[int, int] | None = None) -> dict[str, list[int]]:
     return ask(cluster_name, "update_chunks", items, fence)
+
+
+def spread(cluster_name: str, node_count: int) -> list[str]:
+    """Every name placed on `node_count` nodes from now on (NamespaceStore.spread)."""
+    return ask(cluster_name, "spread", node_count, timeout=600)
 
 
 def lease_repair(cluster_name: str, node: int, ttl_s: float) -> int | None:

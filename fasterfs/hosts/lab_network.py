@@ -66,27 +66,50 @@ def create_network(cluster_name: str, hosts: int, lab) -> tuple[dict, Host, list
             for i, h in enumerate(record["hosts"] + record["outsiders"]):
                 outsider = i >= hosts
                 address = f"{lab.subnet}.{200 + i - hosts if outsider else 10 + i}"
-                if h["netns"] in netns.listnetns():
-                    raise FasterFSError(f"network namespace {h['netns']} already exists: run `fasterfs lab down`")
-                _ip("netns", "add", h["netns"])
-                _ip("link", "add", h["veth"], "type", "veth", "peer", "name", LINK, "netns", h["netns"])
-                veth = ipr.link_lookup(ifname=h["veth"])[0]
-                ipr.link("set", index=veth, master=br, state="up")
-                _ip("-n", h["netns"], "addr", "add", f"{address}/24", "dev", LINK)
-                _ip("-n", h["netns"], "link", "set", LINK, "up")
-                _ip("-n", h["netns"], "link", "set", "lo", "up")
+                _plumb(ipr, br, h, address, None if outsider else record)
                 if outsider:
                     h["address"] = address
-                    continue
-                if lab.disk_mbit:
-                    _tbf(h["netns"], "lo", lab.disk_mbit, lab.burst_kb)
-                if lab.link_mbit:
-                    _tbf(h["netns"], LINK, lab.link_mbit, lab.burst_kb)
-                out.append(Host(address, h["netns"]))
+                else:
+                    out.append(Host(address, h["netns"]))
     except BaseException:
         destroy_network(record)
         raise
     return record, head, out
+
+
+def _plumb(ipr, bridge: int, h: dict, address: str, limits: dict | None) -> None:
+    """Machine `h` (netns, veth) on the bridge at `address`; a host's `limits` (the record's
+    link_mbit, disk_mbit, burst_kb) on its link and loopback (an outsider has none)."""
+    if h["netns"] in netns.listnetns():
+        raise FasterFSError(f"network namespace {h['netns']} already exists: run `fasterfs lab down`")
+    _ip("netns", "add", h["netns"])
+    _ip("link", "add", h["veth"], "type", "veth", "peer", "name", LINK, "netns", h["netns"])
+    veth = ipr.link_lookup(ifname=h["veth"])[0]
+    ipr.link("set", index=veth, master=bridge, state="up")
+    _ip("-n", h["netns"], "addr", "add", f"{address}/24", "dev", LINK)
+    _ip("-n", h["netns"], "link", "set", LINK, "up")
+    _ip("-n", h["netns"], "link", "set", "lo", "up")
+    if limits is not None and limits.get("disk_mbit"):
+        _tbf(h["netns"], "lo", limits["disk_mbit"], limits["burst_kb"])
+    if limits is not None and limits.get("link_mbit"):
+        _tbf(h["netns"], LINK, limits["link_mbit"], limits["burst_kb"])
+
+
+def add_host(cluster_name: str, record: dict) -> Host:
+    """One more host on a lab's network (a machine joining): the next one of names(), with the
+    record's limits; the record takes it, so destroy_network removes it with the rest."""
+    i = len(record["hosts"])
+    if i >= MAX_HOSTS:
+        raise FasterFSError(f"the lab has {i} hosts: {MAX_HOSTS} at most")
+    h = names(cluster_name, i + 1)["hosts"][i]
+    address = f"{record['subnet']}.{10 + i}"
+    with IPRoute() as ipr:
+        bridge = ipr.link_lookup(ifname=record["bridge"])
+        if not bridge:
+            raise FasterFSError(f"the lab's bridge {record['bridge']} is gone: is the lab up?")
+        record["hosts"].append(h)  # before anything is made: destroy_network undoes a part made
+        _plumb(ipr, bridge[0], h, address, record)
+    return Host(address, h["netns"])
 
 
 def destroy_network(record: dict) -> int:
@@ -100,7 +123,7 @@ def destroy_network(record: dict) -> int:
             _ip("netns", "del", h["netns"])
             removed += 1
     with IPRoute() as ipr:
-        for name in [h["veth"] for h in machines] + [record["bridge"]]:
+        for name in [h["veth"] for h in machines] + ([record["bridge"]] if "bridge" in record else []):
             found = ipr.link_lookup(ifname=name)
             if found:
                 try:

@@ -146,10 +146,16 @@ def check_ports(cfg, head: Host, hosts: list[Host]) -> None:
         if cfg.dashboard.enabled:
             check_port_free(head.address, cfg.dashboard.port, "FasterFS dashboard (dashboard.port)")
     for i, host in enumerate(hosts):
-        if host.netns is None:
-            check_node_ports(cfg, host, i, host == head)
-            check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
-            check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
+        check_host_ports(cfg, host, i, host == head)
+
+
+def check_host_ports(cfg, host: Host, index: int, is_head: bool = False) -> None:
+    """Storage host `host`'s ports as node `index` (Ray's and MinIO's), on an address of this
+    namespace (a lab host's fresh namespace has nothing listening)."""
+    if host.netns is None:
+        check_node_ports(cfg, host, index, is_head)
+        check_port_free(host.address, cfg.minio.port, "MinIO API (minio.port)")
+        check_port_free(host.address, cfg.minio.console_port, "MinIO console (minio.console_port)")
 
 
 def check_node_ports(cfg, host: Host, index: int | None, is_head: bool) -> None:

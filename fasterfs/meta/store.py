@@ -317,6 +317,31 @@ class NamespaceStore:
             self.push("apply_changes", changes)
         return out
 
+    def spread(self, node_count: int, batch: int = 1000) -> list[str]:
+        """Every name placed on fewer than `node_count` nodes is placed on them all from now on
+        (nodes joined): its manifest's node count raised and marked moved, so repair moves what
+        the new placement gives the new nodes, as it moves any piece home (rendezvous: about
+        1/N of the pieces); until then every piece is read where it is. A batch of names per
+        transaction and push; returns the names spread."""
+        _, every = self.manifests()
+        names = sorted(n for n, m in every.items() if m.node_count < node_count)
+        for at in range(0, len(names), batch):
+            changes = None
+            with self._lock:
+                with self.engine.transaction():
+                    self.engine.read_ahead(names[at:at + batch], [])
+                    changed = []
+                    for name in names[at:at + batch]:
+                        current = self.engine.get(name)
+                        if current is not None and current.node_count < node_count:
+                            self.engine.put(dataclasses.replace(current, node_count=node_count, moved=True))
+                            changed.append(name)
+                    if changed:
+                        changes = self._logged(changed)
+            if changes is not None:
+                self.push("apply_changes", changes)
+        return names
+
     def expired_pieces(self, keep_old_s: float) -> list[tuple[int, str]]:
         """Pieces retired more than keep_old_s ago, forgotten here: they can go. One its name's
         current manifest names again (moved back since, or a write's piece published) is only

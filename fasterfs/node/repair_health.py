@@ -42,8 +42,9 @@ class Health:
     def summary(self) -> str:
         down = f"; nodes down: {', '.join(map(str, self.nodes_down))}" if self.nodes_down else ""
         lost = f"; LOST {self.lost_count} ({self.lost_names()})" if self.lost else ""
+        moving = f"; {self.misplaced} pieces to move to their homes" if self.misplaced else ""
         return (f"{self.chunks} chunks: {self.chunks - self.degraded_count} at full redundancy, "
-                f"{self.degraded_count} degraded{lost}{down}")
+                f"{self.degraded_count} degraded{lost}{down}{moving}")
 
     def to_dict(self) -> dict:
         return {"chunks": self.chunks, "degraded": self.degraded_count, "lost": self.lost_count,

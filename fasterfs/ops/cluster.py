@@ -26,9 +26,8 @@ from ..control.state import (
     on_node,
     storage_nodes,
 )
-from ..core import process
 from ..core.cgroup import ProjectCgroup
-from ..core.config import Layout, Paths, as_cfg, minio_binary, to_dict
+from ..core.config import Layout, as_cfg, minio_binary, to_dict
 from ..core.errors import FasterFSError
 from ..core.fsutil import owned
 from ..hosts import ray_nodes
@@ -112,7 +111,7 @@ def up(cfg, hosts: list[Host] | None = None, head: Host | None = None, lab: dict
         _identify_nodes(cfg, state, alive, surveyed)
         state.config["nodes"] = len(state.nodes)
         state.save()
-        _start_storage_nodes(cfg, state)
+        start_storage_nodes(cfg, state)
         state.ready = True
         state.save()
         if cfg.dashboard.enabled:  # it reads the saved state
@@ -196,7 +195,7 @@ def resume(state: ClusterState) -> ClusterState:
     state.save()  # the Registry reads the nodes' Ray ids from here
     ready = [n for n in lost if n.ray_node_id is not None]
     if ready:
-        _start_storage_nodes(cfg, state, ready)
+        start_storage_nodes(cfg, state, ready)
     state.ready = True
     state.resumed = {"at": time.time(), "restarted": [n.index for n in ready],
                      "kept": [n.index for n in state.nodes if n not in lost],
@@ -222,7 +221,7 @@ def _identify_nodes(cfg, state: ClusterState, alive: dict[str, str], hosts: list
     state.nodes = sorted(nodes, key=lambda n: n.index)
 
 
-def _start_storage_nodes(cfg, state: ClusterState, nodes: list[NodeState] | None = None) -> None:
+def start_storage_nodes(cfg, state: ClusterState, nodes: list[NodeState] | None = None) -> None:
     """One StorageNode per node (default: every node). Its arguments hold no secret: Ray keeps an
     actor's arguments in the GCS's tables, on the head's disk; each node asks the Registry for the
     MinIO keys."""
@@ -252,40 +251,6 @@ def _start_storage_nodes(cfg, state: ClusterState, nodes: list[NodeState] | None
             raise FasterFSError(f"StorageNode {node.index} landed on the wrong Ray node")
         node.kernel_mode = info["kernel_mode"]
         node.host_id = info["host_id"]
-
-
-def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
-    """Node `index` back on `host` after its machine went down (every process of it gone): a
-    new `ray start` there, then its StorageNode, which finds its data on the host's disk or
-    starts empty (repair then refills it). The other nodes keep running throughout."""
-    import ray
-
-    node = state.node(index)
-    if process.running(node.ray_pid) and is_ray_start(node.ray_pid):
-        raise FasterFSError(f"node {index} ({node.address}) is running: its Ray node is pid {node.ray_pid}")
-    connect_ray(state)
-    old = NodeDirectory(state.ray_namespace).get(index)
-    if old is not None:  # the old actor is dead with its Ray node; make sure its name is free
-        ray.kill(old, no_restart=True)
-    cgroup = ProjectCgroup.from_dict(state.cgroup)
-    log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
-    head = Host(state.head_address)
-    ray_nodes.provision(host, state.root)
-    proc = cgroup.spawn(ray_nodes.ray_start_args(cfg, host, head, index, False), log_path,
-                        ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s), child=f"node-{index}")
-    node.ray_pid = proc.pid
-    state.save()
-    deadline = time.monotonic() + cfg.cluster.start_timeout_s
-    while not (node_id := next((n["NodeID"] for n in ray.nodes()
-                                if n["Alive"] and n["NodeManagerAddress"] == host.address), None)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise FasterFSError(f"Ray node {index} ({host.address}) did not rejoin within "
-                                f"{cfg.cluster.start_timeout_s} s:\n{ray_nodes.log_tail(log_path)}")
-        time.sleep(0.3)
-    node.ray_node_id = node_id
-    state.save()  # the Registry reads the state file: every host now finds the new Ray node
-    _start_storage_nodes(cfg, state, [node])
-    state.save()
 
 
 def _start_dashboard(cfg, state: ClusterState, head_id: str) -> str:

@@ -13,6 +13,7 @@ MB loop-mounted there: fasterfs.hosts.lab_disks) is its cluster root and
     fasterfs lab power-on head         # back on its disk: the hosts, their readers and mounts carried on
     fasterfs lab power-on head --empty # back blank: the names and keys taken back from the hosts
     fasterfs lab partition 0 1         # and the other quiet failures: fasterfs.hosts.lab_faults
+    fasterfs lab add-host              # a machine joins the running lab (node_join.add_node)
     fasterfs lab down
 
 Per host, `tbf` limits the host's loopback (what a local read can pull: the "disk") and
@@ -37,8 +38,8 @@ from ..control.state import Host
 from ..core.config import Layout, as_cfg
 from ..core.errors import ConfigError, FasterFSError
 from ..hosts import lab_disks
-from ..hosts.lab_network import LINK, MAX_HOSTS, create_network, destroy_network, leftovers, names
-from . import cluster
+from ..hosts.lab_network import LINK, MAX_HOSTS, add_host, create_network, destroy_network, leftovers, names
+from . import cluster, node_join
 from .teardown import teardown
 
 
@@ -88,6 +89,34 @@ def down(cfg) -> dict:
     lab_disks.release(mounted)
     return {"actors_stopped": 0, "actor_errors": [], "ray_nodes_stopped": 0, "processes_killed": 0,
             "lab_removed": len(left)}
+
+
+def add(cfg) -> cluster.NodeState:
+    """A machine joins the running lab: a host of its own (namespace, link and limits as the
+    others', a blank private disk), then node_join.add_node on it. Nothing of it is left if it
+    does not join."""
+    state = cluster.ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    if not state.lab:
+        raise FasterFSError(f"cluster {state.name!r} under {state.root} is not a lab: `fasterfs nodes add` adds a "
+                            "machine to it")
+    base = Path(state.root) / lab_disks.BASE
+    name = next(f"disk{i}" for i in range(MAX_HOSTS + len(state.nodes) + 1) if not (base / f"disk{i}").exists())
+    disks, mounted = lab_disks.prepare(base, [name], state.config.get("lab", {}).get("disk_mb"))
+    made = len(state.lab["hosts"])
+    try:
+        host = add_host(state.name, state.lab)
+        host.disk = str(disks[0])
+        state.lab.setdefault("disk_mounts", []).extend(mounted)
+        state.save()  # `lab down` removes the host and its disk from here on
+        return node_join.add_node(cfg, host)
+    except BaseException:
+        state.lab["disk_mounts"] = [m for m in state.lab.get("disk_mounts", []) if m not in mounted]
+        destroy_network({"hosts": state.lab["hosts"][made:]})
+        del state.lab["hosts"][made:]
+        state.save()
+        lab_disks.release(mounted)
+        shutil.rmtree(disks[0], ignore_errors=True)
+        raise
 
 
 def _disks(cfg) -> list[str]:
@@ -184,5 +213,5 @@ def power_on(cfg, index: int, empty: bool = False) -> cluster.ClusterState:
     if empty:  # emptied, not removed: an image disk's directory is its mount point
         for child in Path(node.disk).iterdir():
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    cluster.rejoin(cfg, state, index, Host(node.address, node.netns, node.disk))
+    node_join.rejoin(cfg, state, index, Host(node.address, node.netns, node.disk))
     return state

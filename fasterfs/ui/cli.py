@@ -26,6 +26,7 @@ from .cli_cluster import (
     cmd_env,
     cmd_kernel_status,
     cmd_mount,
+    cmd_nodes_add,
     cmd_notebook,
     cmd_repair,
     cmd_status,
@@ -34,6 +35,7 @@ from .cli_cluster import (
 )
 from .cli_data import cmd_cat, cmd_import, cmd_ingest, cmd_ls, cmd_put, cmd_rm
 from .cli_lab import (
+    cmd_lab_add_host,
     cmd_lab_down,
     cmd_lab_exec,
     cmd_lab_fill,
@@ -99,6 +101,15 @@ COMMANDS = {
                            "mounts, JupyterLab, the Redis server, the `ray start` processes, whatever "
                            "else is in the cluster's cgroup; removes the TC filters, pins, bpffs, "
                            "cgroups and spill directory")),
+    "nodes add": Command(cmd_nodes_add, "add a node to the running cluster: its Ray node, StorageNode and MinIO; its "
+                         "share of the data moves to it in the background", "fasterfs nodes add",
+                         about=("add a node to the running cluster on the next loopback address: its Ray "
+                                "node, StorageNode (MinIO, kernel programs, cache); every name is then "
+                                "placed over every node, and the repair leader moves the pieces rendezvous "
+                                "gives the new node (about 1/N) in the background at repair.mb_per_s, each "
+                                "read and checked before the namespace names its new home, the old copy "
+                                "serving until then; `fasterfs status` shows what is left to move "
+                                "(docs/multi-host.md)")),
     "notebook": Command(cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can "
                         "fasterfs.connect())", "fasterfs notebook"),
     "cache status": Command(cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions",
@@ -119,6 +130,8 @@ COMMANDS = {
                         "fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391",
                         (NODE, ("command", dict(nargs="+", metavar="COMMAND",
                                                 help="the command and its arguments, after --")))),
+    "lab add-host": Command(cmd_lab_add_host, "a machine joins the running lab: a host of its own, then `nodes add` "
+                            "on it", "fasterfs lab add-host"),
     "lab power-off": Command(cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing "
                              "power (head: the head's)", "fasterfs lab power-off 2", (HOST,)),
     "lab power-on": Command(cmd_lab_power_on, "start a powered-off lab host again (head: the head, adopting the "

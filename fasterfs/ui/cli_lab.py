@@ -5,7 +5,7 @@ from ..control import report
 from ..core import config
 from ..core.errors import UsageError
 from ..ops import cluster
-from .cli_cluster import cmd_status, print_recovered
+from .cli_cluster import cmd_status, print_joined, print_recovered
 
 console = report.console()
 
@@ -73,6 +73,14 @@ def cmd_lab_power_off(cfg, node: int | str) -> None:
     state, index = _lab_state(cfg, node), node
     killed = lab.power_off(state, index)
     console.print(f"lab host {index} powered off: {killed} processes killed at once; its disk is kept")
+
+
+def cmd_lab_add_host(cfg) -> None:
+    from ..ops import lab
+
+    with console.status("adding a lab host"):
+        node = lab.add(cfg)
+    print_joined(node)
 
 
 def cmd_lab_power_on(cfg, node: int | str, empty: bool = False) -> None:

@@ -1,0 +1,114 @@
+"""A machine joins the running lab (conftest's lab3; this module runs last on it): `fasterfs lab
+add-host` makes a fourth host and its node, every name is placed over the four, and the repair
+leader moves the new host its share while readers read on."""
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import minio_keys, wait_until
+from lab_hosts import PROJECT, chunk_xxh3, put_blob, read_ids
+from xxhash import xxh3_64_intdigest as xxh3
+
+import fasterfs
+from fasterfs.control import registry, s3
+from fasterfs.control.state import Host
+from fasterfs.core import config
+from fasterfs.core.errors import FasterFSError
+from fasterfs.core.placement import chunk_homes
+from fasterfs.node import repair_survey
+from fasterfs.ops import cluster, node_join
+
+READS = 400  # the readers' bound: reads in all (each a whole file), and READ_S seconds
+READ_S = 120
+
+
+class Readers:
+    """A thread reading the files whole, again and again, each time through a client made anew
+    (the namespace as it is now), every chunk held to the bytes the test stored."""
+
+    def __init__(self, root: str, blobs: dict[str, bytes]):
+        self.root, self.blobs = root, blobs
+        self.reads, self.wrong, self.failed = 0, [], []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + READ_S
+        while not self.stop.is_set() and self.reads < READS and time.monotonic() < deadline:
+            for name, blob in self.blobs.items():
+                try:
+                    client = fasterfs.connect(self.root, ["cache.prefetch.enabled=false"], dataset=name)
+                    got = [client.read_chunk(i) for i in range(len(client))]
+                    if b"".join(got) != blob:
+                        self.wrong.append(name)
+                except Exception as e:
+                    self.failed.append(f"{name}: {e}"[:300])
+                self.reads += 1
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+def test_a_host_added_live_takes_its_share_while_readers_read(lab3):
+    """`fasterfs lab add-host`: host 3 joins with its Ray node and StorageNode; the namespace then
+    places on it exactly the chunks placement over four nodes gives it, its MinIO (listed with
+    boto3) holds exactly the pieces the namespace names there, each with its bytes as stored, and
+    a task on it reads every file whole. Readers reading throughout get every byte right, none
+    failing. A second host under an address in use is refused, naming it, with nothing changed."""
+    state, overrides = lab3
+    before = len(state.nodes)
+    blobs = {}
+    for k in range(4):
+        blob, _ = put_blob(state, overrides, f"grow/f{k}.bin", 3)
+        blobs[f"grow/f{k}.bin"] = blob
+    readers = Readers(state.root, blobs)
+    try:
+        wait_until(lambda: readers.reads >= len(blobs), 60, "the readers' first round")
+        ffs = str(PROJECT / ".venv/bin/fasterfs")
+        reads_before = readers.reads
+        out = subprocess.run([ffs, "lab", "add-host", *overrides], capture_output=True, text=True, timeout=300)
+        said = " ".join(out.stdout.split())
+        now = cluster.ClusterState.load(Path(state.root))
+        new = now.nodes[-1]
+        assert out.returncode == 0 and f"node {new.index} joined at {new.address}" in said, out.stdout + out.stderr
+        assert len(now.nodes) == before + 1 and new.netns and cluster.is_ray_start(new.ray_pid)
+        ids, slack = [n.index for n in now.nodes], config.load(overrides).placement.load_slack
+        homes = {name: chunk_homes(name, -(-len(blob) // 2**20), ids, 1, slack)
+                 for name, blob in blobs.items()}
+        creds = registry.fetch_credentials(now.name, "admin")
+
+        def moved() -> bool:  # the namespace names the new host where placement does, and nothing is left to move
+            placed = all({c.id for c in registry.fetch_manifest(now.name, name).chunks if new.index in c.nodes}
+                         == {i for i, h in enumerate(homes[name]) if new.index in h} for name in blobs)
+            return placed and repair_survey.survey(now, creds, slack).misplaced == 0
+        wait_until(moved, 180, "the pieces placement gives the new host moved there")
+        wanted = {i for h in homes.values() for i, hs in enumerate(h) if new.index in hs}
+        assert wanted, "placement gave the new host none of the test's chunks: nothing was shown"
+        reads_moved = readers.reads
+    finally:
+        readers.end()
+    assert readers.failed == [] and readers.wrong == [], (readers.failed[:5], readers.wrong[:5])
+    assert reads_moved > reads_before  # they read on while the host joined and its share moved
+    # the new host's MinIO by its own listing: exactly what the namespace names there, each as stored
+    manifests = registry.fetch_manifests(now.name)[1]
+    named = {key for m in manifests.values() for c in m.chunks for node, key in m.pieces(c) if node == new.index}
+    assert minio_keys(now, "")[new.index] == named
+    mine = s3.client(new.endpoint, creds)
+    for name, blob in blobs.items():
+        for c in registry.fetch_manifest(now.name, name).chunks:
+            if new.index in c.nodes:
+                body = mine.get_object(Bucket=now.settings.bucket, Key=c.key)["Body"].read()
+                assert xxh3(body) == chunk_xxh3(blob, c.id)
+    # a task on the new host reads every file whole
+    for name, blob in blobs.items():
+        count = -(-len(blob) // 2**20)
+        node_id, got = ray.get(read_ids.options(**cluster.on_node(new)).remote(None, list(range(count)), name))
+        assert node_id == new.ray_node_id and [h for h, _ in got] == [chunk_xxh3(blob, i) for i in range(count)]
+    with pytest.raises(FasterFSError, match=f"host {now.nodes[0].address} is already node {now.nodes[0].index}"):
+        node_join.add_node(config.load(overrides), Host(now.nodes[0].address))
+    assert len(cluster.ClusterState.load(Path(state.root)).nodes) == before + 1
