@@ -44,6 +44,7 @@ class NodeState:
     netns: str | None = None        # the lab host's network namespace
     host_id: str | None = None      # machine + network and mount namespaces: equal ids share a host's files
     disk: str | None = None         # the lab host's private disk (directory behind its cluster root)
+    draining: bool = False          # leaving: placed on no more, its pieces moved to the others (node_join.drain)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class ClusterState:
                 return n
         raise FasterFSError(f"node {index} is not part of cluster {self.name!r} "
                             f"(its nodes are {[n.index for n in self.nodes]})")
+
+    def placing(self) -> list[NodeState]:
+        """The nodes placement puts data on: every node but those draining."""
+        return [n for n in self.nodes if not n.draining]
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -45,7 +45,7 @@ class Outcome:
     health: Health                      # as found, before repairing
     repaired: int = 0                   # chunks back to full redundancy
     pieces_written: int = 0
-    moved: int = 0                      # pieces moved back home
+    moved: int = 0                      # pieces moved home, or off a draining node
     bytes_written: int = 0
     seconds: float = 0.0
     failed: list[str] = field(default_factory=list)   # chunks a repair could not finish, and why
@@ -77,7 +77,8 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     if not plans:
         out.seconds = time.monotonic() - started
         return out
-    jobs, out.failed = assign(plans, alive)
+    draining = {n.index for n in state.nodes if n.draining}  # read from, never written to
+    jobs, out.failed = assign(plans, alive - draining)
     down = set(listing) - alive
     local: list[Rebuilder] = []
 
@@ -116,7 +117,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
         c = job.plan.chunk
         out.repaired += 1
         out.pieces_written += len(job.slots)
-        out.moved += len(job.plan.moves)
+        out.moved += len(job.plan.moves) + len(job.plan.leaving)
         out.bytes_written += result
         out.by_node[by] = out.by_node.get(by, 0) + 1
         if job.nodes != c.nodes:

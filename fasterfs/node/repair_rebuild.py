@@ -44,14 +44,15 @@ def assign(plans: Iterable[ChunkPlan], alive: Set[int]) -> tuple[list[Rebuild], 
     """Where every missing or moved piece goes, before anything is read: its own node if it
     answers, then its home, then of the live nodes holding nothing of this chunk the one this
     repair has given the fewest pieces (ties by the chunk's rendezvous score): a lost node's
-    pieces spread evenly over every other, so that each rebuilds an equal share. Also the
+    pieces spread evenly over every other, so that each rebuilds an equal share. A piece
+    leaving a draining node goes the same way (`alive` holds no draining node). Also the
     chunks with no such node, and why."""
     jobs: list[Rebuild] = []
     failed: list[str] = []
     given: collections.Counter = collections.Counter()
     for plan in plans:
         nodes = list(plan.chunk.nodes)
-        slots = plan.missing + [s for s in plan.moves if s not in plan.missing]
+        slots = plan.missing + [s for s in plan.moves + plan.leaving if s not in plan.missing]
         for slot in slots:
             others = set(nodes[:slot] + nodes[slot + 1:])
             node: int | None

@@ -4,6 +4,7 @@ have it, misplaced when it lives away from a home that answers again; a chunk wi
 pieces than it needs is lost. `plan_repairs` says, chunk by chunk, what a repair has to write or move."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ def needed(m: Manifest) -> int:
 
 def homes(m: Manifest, state: ClusterState, load_slack: float) -> list[list[int]]:
     width = m.ec_data + m.ec_parity if m.layout == "ec" else m.replicas
-    nodes = [n.index for n in state.nodes[:m.node_count]]
+    nodes = [n.index for n in state.placing()[:m.node_count]]  # a draining node is no piece's home
     if width > len(nodes):  # written on a larger cluster than runs now: no home for every piece
         return [list(c.nodes) for c in m.chunks]
     return chunk_homes(m.name, len(m), nodes, width, load_slack)
@@ -36,6 +37,7 @@ class ChunkPlan:
     missing: list[int]      # slots to rewrite
     moves: list[int]        # slots to move home
     home: list[int]
+    leaving: list[int] = dataclasses.field(default_factory=list)  # slots to move off a draining node
 
 
 def plan_repairs(manifests: Iterable[Manifest], state: ClusterState, listing: Mapping[int, Set[str] | None],
@@ -49,6 +51,7 @@ def plan_repairs(manifests: Iterable[Manifest], state: ClusterState, listing: Ma
     changed nodes held, not every chunk."""
     held = {n: keys for n, keys in listing.items() if keys is not None}
     alive = set(held)
+    draining = {n.index for n in state.nodes if n.draining}
     health = Health(nodes_down=sorted(set(listing) - alive),
                     believed=sorted(n for n, keys in held.items() if keys is TRUSTED))
     believed = set(health.believed) if only is None and not bad else set()
@@ -71,18 +74,19 @@ def plan_repairs(manifests: Iterable[Manifest], state: ClusterState, listing: Ma
                        if node in alive and key in held[node] and (node, key) not in bad]
             missing = [s for s in range(len(slots))
                        if s not in present and (slots[s][0] in alive or slots[s][0] not in waiting)]
-            if m.moved and home is None:
+            leaving = [s for s in present if slots[s][0] in draining]
+            if (m.moved or leaving) and home is None:
                 home = homes(m, state, load_slack)
             at = home[c.id] if home is not None else list(c.nodes)
             moves = [s for s in present if at[s] != c.nodes[s] and at[s] in alive and at[s] not in c.nodes
-                     ] if m.moved else []
-            health.misplaced += len(moves)
+                     and s not in leaving] if m.moved else []
+            health.misplaced += len(moves) + len(leaving)
             if len(present) < len(slots):
                 health.degraded.setdefault(m.name, []).append(c.id)
             if len(present) < needed(m):
                 health.lost.setdefault(m.name, []).append(c.id)
-            elif missing or moves:
-                plans.append(ChunkPlan(m, c, missing, moves, at))
+            elif missing or moves or leaving:
+                plans.append(ChunkPlan(m, c, missing, moves, at, leaving))
                 health.repairable += 1
             stored_on.update(c.nodes)
     # a node the data was stored on that is not part of the cluster now: down, as a machine that is

@@ -216,6 +216,10 @@ class StorageNode:
         self.namespace.apply(changes)
         return self.namespace.version
 
+    def nodes_changed(self) -> None:
+        """A node joined, began draining or left: the cluster's state looked up again."""
+        self.peers.reconnect()
+
     def invalidate(self, batch: list[Write], ages_s: list[float] | None = None) -> None:
         """Other hosts' kernels saw these keys written (None: a write they could not name), each
         at least `ages_s` ago if given (Invalidations.invalidate)."""

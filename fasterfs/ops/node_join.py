@@ -1,10 +1,12 @@
-"""Nodes joining a running cluster: a machine new to it (`add_node`: `fasterfs nodes add`,
-`fasterfs lab add-host`), or one back after its machine went down (`rejoin`: `fasterfs lab
-power-on`). Either way a `ray start` on the host joins the head, then its StorageNode starts;
-the other nodes serve throughout."""
+"""Nodes joining and leaving a running cluster: a machine new to it (`add_node`: `fasterfs nodes
+add`, `fasterfs lab add-host`), one back after its machine went down (`rejoin`: `fasterfs lab
+power-on`), one taken out after its data has moved to the others (`drain`: `fasterfs nodes
+drain`). A `ray start` on the host joins the head, then its StorageNode starts; the other nodes
+serve throughout."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..control import registry
@@ -77,6 +79,7 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
         state.save()  # the Registry, and through it every host, finds the new node
         start_storage_nodes(cfg, state, [node])
         state.save()
+        _tell_nodes_changed(state)
     except BaseException:
         actor = NodeDirectory(state.ray_namespace).get(index)
         if actor is not None:
@@ -113,3 +116,87 @@ def _joined(cfg, host: Host, index: int, proc, log_path: Path) -> str:
                                 f"{cfg.cluster.start_timeout_s} s:\n{ray_nodes.log_tail(log_path)}")
         time.sleep(0.3)
     return node_id
+
+
+DRAIN_ROUNDS = 5  # repairs a drain runs before it says what is still on the node
+
+
+def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Node `index` leaves the running cluster with the cluster at full redundancy throughout:
+    marked draining (placed on no more; new writes go to the others), its pieces moved by
+    repair to the nodes placement now gives them (each read through the verified path and
+    written before the namespace names its new home; the copy on the node serves until then),
+    and once the namespace names nothing on it, its StorageNode (MinIO, kernel programs, mounts)
+    and Ray node (not the head's: the cluster's GCS) stopped and the node out of the cluster's state. Refused, naming why, with
+    nothing moved: a node not in the cluster, a cluster attached to Ray started elsewhere, a
+    name whose layout needs more nodes than would be left. Run again, it resumes."""
+    import ray
+
+    from ..node import repair, repair_rebuild
+
+    state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    if not state.running():
+        raise FasterFSError(f"the cluster under {state.root} is not running: nothing to drain")
+    if state.attached:
+        raise FasterFSError("a cluster attached to a Ray cluster started elsewhere: its machines leave with "
+                            "that cluster (`ray down`), their data repaired after")
+    node = state.node(index)  # names the cluster's nodes when it is not one
+    connect_ray(state)
+    left = [n.index for n in state.placing() if n.index != index]
+    _, manifests = registry.fetch_manifests(state.name)
+    narrow = sorted(m.name for m in manifests.values() if _width(m) > len(left))
+    if narrow:
+        m = manifests[narrow[0]]
+        kind = f"ec={m.ec_data}+{m.ec_parity}" if m.layout == "ec" else f"replicas={m.replicas}"
+        raise FasterFSError(f"draining node {index} would leave {len(left)} nodes, fewer than {narrow[0]!r} needs "
+                            f"({kind}; {len(narrow)} names in all): nothing moved")
+    cfg = as_cfg(state.config)
+    creds = registry.fetch_credentials(state.name, "admin")
+    directory = NodeDirectory(state.ray_namespace)
+    node.draining = True
+    state.save()  # the Registry's state: every host's next look places nothing on it
+    _tell_nodes_changed(state)
+    began, moved, wrote = time.monotonic(), 0, 0
+    for _ in range(DRAIN_ROUNDS):  # a write or a leader's repair meanwhile may name it again
+        out = repair.run(cfg, state, creds, progress=progress, spread=repair_rebuild.through(directory))
+        moved, wrote = moved + out.moved, wrote + out.bytes_written
+        held = _named_on(state, index)
+        if not held:
+            break
+    else:
+        raise FasterFSError(f"node {index} still holds {held} pieces the namespace names after {DRAIN_ROUNDS} "
+                            f"repairs ({out.failed[:3]}); it stays draining: `fasterfs nodes drain {index}` again")
+    actor = directory.get(index)
+    if actor is not None:
+        ray.get(actor.stop.remote(), timeout=60)
+        ray.kill(actor, no_restart=True)
+    if node.address != state.head_address:  # the head's Ray node (its GCS) stays: the cluster's control plane
+        if node.ray_pid and is_ray_start(node.ray_pid):
+            process.terminate_all([node.ray_pid], 40)
+        ProjectCgroup.from_dict(state.cgroup).kill_all(child=f"node-{index}")
+    state.nodes.remove(node)
+    state.config["nodes"] = len(state.nodes)
+    state.save()
+    _tell_nodes_changed(state)
+    return {"node": index, "address": node.address, "moved": moved, "bytes": wrote,
+            "seconds": time.monotonic() - began}
+
+
+def _width(m) -> int:
+    return m.ec_data + m.ec_parity if m.layout == "ec" else m.replicas
+
+
+def _named_on(state: ClusterState, index: int) -> int:
+    """Pieces the namespace names on node `index`."""
+    _, manifests = registry.fetch_manifests(state.name)
+    return sum(node == index for m in manifests.values() for c in m.chunks for node, _ in m.pieces(c))
+
+
+def _tell_nodes_changed(state: ClusterState) -> None:
+    """Every StorageNode looks the cluster's state up again (fire and forget: one that is down
+    looks it up when it starts)."""
+    directory = NodeDirectory(state.ray_namespace)
+    for n in state.nodes:
+        actor = directory.get(n.index)
+        if actor is not None:
+            actor.nodes_changed.remote()

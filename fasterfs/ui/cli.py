@@ -26,7 +26,6 @@ from .cli_cluster import (
     cmd_env,
     cmd_kernel_status,
     cmd_mount,
-    cmd_nodes_add,
     cmd_notebook,
     cmd_repair,
     cmd_status,
@@ -51,6 +50,7 @@ from .cli_lab import (
     host_or_head,
     peer_list,
 )
+from .cli_nodes import cmd_nodes_add, cmd_nodes_drain
 
 console = report.console()
 
@@ -110,6 +110,16 @@ COMMANDS = {
                                 "read and checked before the namespace names its new home, the old copy "
                                 "serving until then; `fasterfs status` shows what is left to move "
                                 "(docs/multi-host.md)")),
+    "nodes drain": Command(cmd_nodes_drain, "move a node's data to the others, then stop it and take it out of the "
+                           "cluster", "fasterfs nodes drain 3",
+                           (("node", dict(type=int, metavar="NODE", help="the node's id (0, 1, ...)")),),
+                           about=("move a node's data to the others, then stop it: the node takes no new "
+                                  "data, repair moves each of its pieces to the node placement now gives it "
+                                  "(read and checked, the namespace naming the new home before the old copy "
+                                  "is retired: full redundancy throughout), and once the namespace names "
+                                  "nothing on it its StorageNode, MinIO and Ray node stop and it leaves the "
+                                  "cluster's state. Refused, naming why, when a name's layout needs more "
+                                  "nodes than would be left (docs/multi-host.md)")),
     "notebook": Command(cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can "
                         "fasterfs.connect())", "fasterfs notebook"),
     "cache status": Command(cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions",

@@ -201,19 +201,6 @@ def cmd_repair(cfg) -> None:
         raise FasterFSError(f"{len(out.failed)} chunks could not be repaired (above); run `fasterfs repair` again")
 
 
-def cmd_nodes_add(cfg) -> None:
-    from ..ops import node_join
-
-    with console.status("starting a node on the next loopback address"):
-        print_joined(node_join.add_node(cfg))
-
-
-def print_joined(node) -> None:
-    console.print(f"node {node.index} joined at {node.address} (Ray node {(node.ray_node_id or '-')[:12]}): every name "
-                  "is now placed over every node; the repair leader moves the new node's share to it in the background"
-                  " (repair.mb_per_s a node); `fasterfs status` shows the pieces left to move", highlight=False)
-
-
 def cmd_down(cfg) -> None:
     with console.status("stopping the cluster"):
         report = cluster.down(cfg)

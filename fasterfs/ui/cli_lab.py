@@ -5,7 +5,8 @@ from ..control import report
 from ..core import config
 from ..core.errors import UsageError
 from ..ops import cluster
-from .cli_cluster import cmd_status, print_joined, print_recovered
+from .cli_cluster import cmd_status, print_recovered
+from .cli_nodes import print_joined
 
 console = report.console()
 

@@ -206,7 +206,7 @@ def store_batch(cfg, state, source, batch: list[Planned], old: dict[str, Manifes
         chunks = [store_chunk(clients, state, i, key, body[i * chunk_size:(i + 1) * chunk_size], p.placement[i],
                               k, m, info) for i, key in enumerate(p.keys())]
         manifest = Manifest(dataset=p.name, format="bytes", level=0, rows_per_chunk=0, rows=0, kind="file",
-                            replicas=1 if ec else cfg.replicas, node_count=len(state.nodes),
+                            replicas=1 if ec else cfg.replicas, node_count=len(state.placing()),
                             bucket=state.settings.bucket, generation=p.generation, chunks=chunks,
                             layout=cfg.layout, ec_data=k, ec_parity=m)
         return manifest, object_prefix(p.name, "file")
@@ -230,7 +230,7 @@ def load(cfg, source: LocalTree | S3Prefix, dest: str, force: bool = False, prog
     if chunk_size <= 0:
         raise FasterFSError(f"option files.chunk_mb={cfg.files.chunk_mb}: must be > 0")
     width = int(cfg.ec.data) + int(cfg.ec.parity) if cfg.layout == "ec" else int(cfg.replicas)
-    node_ids = [n.index for n in state.nodes[:n_nodes]]
+    node_ids = [n.index for n in state.placing()[:n_nodes]]
     # every name checked before anything is stored: a bad one is refused alone, naming it
     files = list(source.files())
     names = [check_path(f"{dest}/{f.rel}" if dest else f.rel) for f in files]

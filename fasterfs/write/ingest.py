@@ -124,7 +124,7 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
         raise FasterFSError(f"cannot store {kind} {name!r} in the namespace: {why}")
     ec = cfg.layout == "ec"
     k, m = (int(cfg.ec.data), int(cfg.ec.parity)) if ec else (0, 0)
-    placement = chunk_homes(name, count, [n.index for n in state.nodes[:n_nodes]], k + m if ec else cfg.replicas,
+    placement = chunk_homes(name, count, [n.index for n in state.placing()[:n_nodes]], k + m if ec else cfg.replicas,
                             cfg.placement.load_slack)
     generation = time.strftime("g%Y%m%dT%H%M%S") + secrets.token_hex(4)
     prefix = object_prefix(name, kind)
@@ -180,9 +180,11 @@ def store_chunk(clients: dict, state, cid: int, key: str, body: bytes, nodes: li
 def _target(cfg, nodes: int | None):
     """The running cluster and how many of its nodes the data goes on, checked."""
     state = registry.find(cfg)
-    n_nodes = nodes or len(state.nodes)
-    if n_nodes > len(state.nodes):
-        raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {len(state.nodes)}")
+    placing = len(state.placing())  # a node draining takes no new data
+    n_nodes = nodes or placing
+    if n_nodes > placing:
+        raise FasterFSError(f"cannot place data on {n_nodes} nodes: the running cluster has {placing}"
+                            + (" not draining" if placing < len(state.nodes) else ""))
     if cfg.layout not in ("replicas", "ec"):
         raise FasterFSError(f"option layout={cfg.layout!r}: replicas or ec")
     if cfg.layout == "ec":

@@ -1,0 +1,34 @@
+"""`fasterfs nodes ...`: machines joining and leaving the running cluster (fasterfs.ops.node_join)."""
+from __future__ import annotations
+
+from ..control import report
+
+console = report.console()
+
+
+def cmd_nodes_add(cfg) -> None:
+    from ..ops import node_join
+
+    with console.status("starting a node on the next loopback address"):
+        print_joined(node_join.add_node(cfg))
+
+
+def print_joined(node) -> None:
+    console.print(f"node {node.index} joined at {node.address} (Ray node {(node.ray_node_id or '-')[:12]}): every name "
+                  "is now placed over every node; the repair leader moves the new node's share to it in the background"
+                  " (repair.mb_per_s a node); `fasterfs status` shows the pieces left to move", highlight=False)
+
+
+def cmd_nodes_drain(cfg, node: int) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from ..ops import node_join
+
+    with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"moving node {node}'s pieces to the others (at most {cfg.repair.mb_per_s:g} MB/s a node)",
+                            total=None)
+        done = node_join.drain(cfg, node, lambda moved, total: bar.update(task, completed=moved, total=total))
+    console.print(f"node {done['node']} ({done['address']}) drained and stopped: {done['moved']} pieces moved, "
+                  f"{report.fmt_bytes(done['bytes'])} in {done['seconds']:.1f} s; the namespace names nothing on it",
+                  highlight=False)
