@@ -7,6 +7,7 @@ removes it. The clsact qdisc is removed by its sole owner (or `down`) with the l
 from __future__ import annotations
 
 import errno
+import ipaddress
 import zlib
 
 from pyroute2 import IPRoute, NetNS
@@ -110,3 +111,14 @@ def list_filters(interface: str, netns: str | None = None) -> list[str]:
             except NetlinkError:
                 pass
     return names
+
+
+def interface_of(address: str) -> str:
+    """The interface that holds `address` in this network namespace (`kernel.host_interface=auto`:
+    a machine's own, whatever the distribution named it: eth0, ens3, enp0s31f6, lab0)."""
+    with IPRoute() as ipr:
+        for msg in ipr.get_addr(address=address):
+            return ipr.get_links(msg["index"])[0].get_attr("IFLA_IFNAME")
+    if ipaddress.ip_address(address).is_loopback:  # 127.0.0.0/8 is lo's whole, not one address on it
+        return "lo"
+    raise FasterFSError(f"no interface of this host holds address {address} (kernel.host_interface=auto)")

@@ -30,7 +30,8 @@ def measure_repair(nodes: int, chunks: int, chunks_per_file: int = 16, chunk_mb:
     with one leader against every target rebuilding. `every_home`: also the planner's CPU placing
     every chunk again (as before manifests said which a repair had moved)."""
     ids = list(range(nodes))
-    state = cast(ClusterState, SimpleNamespace(nodes=[SimpleNamespace(index=i) for i in ids]))
+    members = [SimpleNamespace(index=i, draining=False) for i in ids]
+    state = cast(ClusterState, SimpleNamespace(nodes=members, placing=lambda: members))
     size = int(chunk_mb * 2**20)
     manifests: list[Manifest] = []
     listing: dict[int, set[str] | None] = {n: set() for n in ids}

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 
 from .. import bpf
+from ..bpf import tc
 from ..bpf.pinned import mount_bpffs, unmount_bpffs
 from ..control.state import filter_prefix
 from ..core.cgroup import own_cgroup
@@ -33,9 +34,10 @@ class NodeKernel:
             # hosts leave on it (egress) and other hosts' writes arrive on it (ingress).
             prefix = filter_prefix(cfg.cluster.name, node)
             programs.attach_tc(k.interface, f"{prefix}{k.interface}:egress")
-            if k.host_interface:
+            host_interface = tc.interface_of(address) if k.host_interface == "auto" else k.host_interface
+            if host_interface and host_interface != k.interface:
                 for direction in ("egress", "ingress"):
-                    programs.attach_tc(k.host_interface, f"{prefix}{k.host_interface}:{direction}", direction,
+                    programs.attach_tc(host_interface, f"{prefix}{host_interface}:{direction}", direction,
                                        sole_owner=True)  # one StorageNode per host
             if programs.mode == "real":
                 try:

@@ -211,8 +211,7 @@ class StorageNode:
     # -- the actor's surface: the namespace and peers -------------------------------------
 
     def apply_changes(self, changes: Changes) -> int:
-        """Names a write changed (pushed by the Registry once stored); returns this node's
-        namespace version after them."""
+        """Names a write changed (pushed by the Registry once stored); this node's namespace version after."""
         self.namespace.apply(changes)
         return self.namespace.version
 
@@ -221,13 +220,11 @@ class StorageNode:
         self.peers.reconnect()
 
     def invalidate(self, batch: list[Write], ages_s: list[float] | None = None) -> None:
-        """Other hosts' kernels saw these keys written (None: a write they could not name), each
-        at least `ages_s` ago if given (Invalidations.invalidate)."""
+        """Other hosts' kernels saw these keys written (None: unnamed), each `ages_s` ago if given."""
         self.invalidations.invalidate(batch, ages_s)
 
     def fill(self, key: str, reason: str) -> None:
-        """Another node asks for a fill of a chunk whose file is at home here (reason: its
-        kernel found it hot, or a reader found its entry damaged)."""
+        """Another node asks for a fill of a chunk at home here (its kernel found it hot, a reader it damaged)."""
         self.filler.request(key, reason)
 
     def peer_cache(self, news: CacheNews) -> None:

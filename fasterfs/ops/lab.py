@@ -38,7 +38,7 @@ from ..control.state import Host
 from ..core.config import Layout, as_cfg
 from ..core.errors import ConfigError, FasterFSError
 from ..hosts import lab_disks
-from ..hosts.lab_network import LINK, MAX_HOSTS, add_host, create_network, destroy_network, leftovers, names
+from ..hosts.lab_network import MAX_HOSTS, add_host, create_network, destroy_network, leftovers, names
 from . import cluster, node_join
 from .teardown import teardown
 
@@ -48,8 +48,9 @@ def up(cfg) -> cluster.ClusterState:
     cfg = as_cfg(cfg)
     if "lab" not in cfg:
         raise ConfigError("the lab's settings (conf/lab/) are missing: compose with config.load(overrides, lab=True)")
-    # Kernel programs watch each host's lo and its own link for requests to any MinIO.
-    cfg.kernel.host_interface, cfg.kernel.watch = LINK, "any"
+    # Kernel programs watch each host's lo and its own link (found as on a real machine: the
+    # interface holding the host's address, lab0) for requests to any MinIO.
+    cfg.kernel.host_interface, cfg.kernel.watch = "auto", "any"
     disk_names = _disks(cfg)
     state_file = Layout.of(cfg).paths.state_file
     if state_file.exists() and cluster.ClusterState.load(state_file.parent).running():

@@ -90,7 +90,7 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
             state.config["nodes"] = len(state.nodes)
             state.save()
         raise
-    registry.spread(state.name, len(state.nodes))
+    registry.spread(state.name, len(state.placing()))
     return node
 
 
@@ -127,9 +127,10 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     repair to the nodes placement now gives them (each read through the verified path and
     written before the namespace names its new home; the copy on the node serves until then),
     and once the namespace names nothing on it, its StorageNode (MinIO, kernel programs, mounts)
-    and Ray node (not the head's: the cluster's GCS) stopped and the node out of the cluster's state. Refused, naming why, with
-    nothing moved: a node not in the cluster, a cluster attached to Ray started elsewhere, a
-    name whose layout needs more nodes than would be left. Run again, it resumes."""
+    and Ray node (not the head's: the cluster's GCS) stopped and the node out of the cluster's
+    state. Refused, naming why, with nothing moved: a node not in the cluster, a cluster attached
+    to Ray started elsewhere, a name whose layout needs more nodes than would be left. Run
+    again, it resumes."""
     import ray
 
     from ..node import repair, repair_rebuild

@@ -1,0 +1,163 @@
+"""Demo B live (issue 66): a lab of 2 storage hosts serving a read workload, then 2 more hosts
+added to the same running cluster (`fasterfs lab add-host`), in one run:
+
+- aggregate read MB/s before, while the data moves and after, each host reading the chunks
+  whose first copy the namespace puts on it (locality, as Demo B), every chunk checked against
+  its stored xxh3 by the reader; the ratio after/before;
+- failed reads (a chunk that does not come back whole and right fails its read) and read
+  latency p99 during the moves against the same workload before;
+- bytes moved, against rendezvous' share (what placement over 4 nodes gives the new hosts);
+  time from the first `add-host` until nothing is left to move, against bytes / the pace;
+- Demo B's separately built 4-host cluster (jobs/demo_b.py on a lab of its own) for comparison.
+
+    python bench/growth.py [bench.growth_mb=2000] [bench.growth_window_s=20] [lab=laptops]
+
+Writes growth.json to <output_dir>/bench-growth-<time>/. Its labs are its own, removed after.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fasterfs
+from fasterfs.control import registry, report
+from fasterfs.core import config
+from fasterfs.node import repair_survey
+from fasterfs.ops import cluster
+
+CLI = [sys.executable, "-m", "fasterfs.ui.cli"]
+
+
+def fasterfs_cli(*args: str, timeout: float = 1800) -> str:
+    out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    if out.returncode:
+        raise RuntimeError(f"fasterfs {' '.join(args[:2])} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+@ray.remote(num_cpus=0)
+def read_window(root: str, names: list[str], ids: dict[str, list[int]], seconds: float) -> dict:
+    """Read this host's chunks of `names` round and round for `seconds`: bytes, each read's
+    latency, failures (a chunk not whole and right raises in read_chunk: xxh3 checked)."""
+    clients = {n: fasterfs.connect(root, ["client.hedge.enabled=false", "cache.prefetch.enabled=false"],
+                                   dataset=n, use_cache=False) for n in names if ids.get(n)}
+    work = [(n, i) for n in clients for i in ids[n]]
+    got, lat, failed = 0, [], []
+    end = time.monotonic() + seconds
+    k = 0
+    while work and time.monotonic() < end:
+        name, i = work[k % len(work)]
+        k += 1
+        t = time.perf_counter()
+        try:
+            got += len(clients[name].read_chunk(i))
+            lat.append(time.perf_counter() - t)
+        except Exception as e:
+            failed.append(f"{name} chunk {i}: {e}"[:200])
+    return {"bytes": got, "latencies": lat, "failed": failed, "node": ray.get_runtime_context().get_node_id()}
+
+
+def phase(state, names: list[str], seconds: float) -> dict:
+    """Every storage host reads its partition (the chunks whose first copy is on it) for `seconds`."""
+    manifests = {n: registry.fetch_manifest(state.name, n) for n in names}
+    futures = []
+    for node in state.nodes:
+        ids = {n: [c.id for c in m.chunks if c.nodes[0] == node.index] for n, m in manifests.items()}
+        futures.append(read_window.options(**cluster.on_node(node)).remote(state.root, names, ids, seconds))
+    t = time.monotonic()
+    results = ray.get(futures)
+    wall = time.monotonic() - t
+    lat = sorted(x for r in results for x in r["latencies"])
+    return {"hosts": len(state.nodes), "mb_s": sum(r["bytes"] for r in results) / 1e6 / seconds, "wall_s": wall,
+            "reads": len(lat), "failed": sum(len(r["failed"]) for r in results),
+            "failures": [f for r in results for f in r["failed"]][:5],
+            "p50_ms": 1000 * statistics.median(lat) if lat else None,
+            "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None}
+
+
+def main(argv: list[str]) -> dict:
+    cfg = config.load(argv, lab=True)
+    b = cfg.bench
+    root = Path(tempfile.mkdtemp(prefix="ffs-growth-", dir="/var/tmp"))
+    # ports of its own beside any other cluster on this machine (a user's, the suite's)
+    base = [f"cluster.root={root}", "cluster.name=ffs-growth", "cluster.ray_port=6480", "cluster.dashboard_port=8380",
+            "cluster.client_port=7180", "cluster.agent_port=23800", "cluster.node_ports=40000", "dashboard.port=8480",
+            *argv]
+    out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.growth_mb,
+                 "window_s": b.growth_window_s, "repair_mb_per_s": cfg.repair.mb_per_s}
+    fasterfs_cli("lab", "up", "--nodes", "2", *base)
+    try:
+        state = cluster.ClusterState.load(root)
+        cluster.connect_ray(state)
+        files = max(2, int(b.growth_mb) // int(b.growth_file_mb))
+        names = []
+        for k in range(files):
+            src = root / "src.bin"
+            src.write_bytes(os.urandom(int(b.growth_file_mb) * 2**20))
+            name = f"growth/f{k:03d}.bin"
+            fasterfs_cli("put", str(src), name, "files.chunk_mb=4", *base)
+            names.append(name)
+        src.unlink()
+        before_m = {n: registry.fetch_manifest(state.name, n) for n in names}
+        out["before"] = phase(state, names, b.growth_window_s)
+        began = time.monotonic()
+        for _ in range(2):
+            fasterfs_cli("lab", "add-host", *base)
+        out["add_s"] = time.monotonic() - began
+        state = cluster.ClusterState.load(root)
+        creds = registry.fetch_credentials(state.name, "admin")
+        during = []
+        while repair_survey.survey(state, creds, cfg.placement.load_slack).misplaced:
+            during.append(phase(cluster.ClusterState.load(root), names, b.growth_window_s))
+            if time.monotonic() - began > 3600:
+                raise RuntimeError("the moves did not finish within an hour")
+        out["moves_done_s"] = time.monotonic() - began
+        out["during"] = during
+        out["after"] = phase(state, names, b.growth_window_s)
+        after_m = {n: registry.fetch_manifest(state.name, n) for n in names}
+        moved = sum(c.bytes for n in names for c0, c in zip(before_m[n].chunks, after_m[n].chunks)
+                    if c0.nodes != c.nodes)
+        new = {n.index for n in state.nodes[2:]}
+        share = sum(c.bytes for n in names for c in after_m[n].chunks if c.nodes[0] in new)
+        total = sum(c.bytes for m in after_m.values() for c in m.chunks)
+        out.update(bytes_total=total, bytes_moved=moved, rendezvous_share=share,
+                   moved_vs_share=moved / share if share else None,
+                   pace_bound_s=moved / 1e6 / (cfg.repair.mb_per_s * 2) if cfg.repair.mb_per_s else None)
+    finally:
+        fasterfs_cli("lab", "down", *base)
+    # Demo B's 4 hosts built as such, for the same reads
+    fasterfs_cli("lab", "up", "--nodes", "4", *base)
+    try:
+        state = cluster.ClusterState.load(root)
+        cluster.connect_ray(state)
+        names = []
+        for k in range(files):
+            (root / "src.bin").write_bytes(os.urandom(int(b.growth_file_mb) * 2**20))
+            fasterfs_cli("put", str(root / "src.bin"), f"growth/f{k:03d}.bin", "files.chunk_mb=4", *base)
+            names.append(f"growth/f{k:03d}.bin")
+        out["built_4"] = phase(state, names, b.growth_window_s)
+    finally:
+        fasterfs_cli("lab", "down", *base)
+    out["after_vs_before"] = out["after"]["mb_s"] / out["before"]["mb_s"]
+    out["after_vs_built_4"] = out["after"]["mb_s"] / out["built_4"]["mb_s"]
+    worst = max((p["p99_ms"] for p in out["during"] if p["p99_ms"]), default=None)
+    out["p99_during_vs_before"] = worst / out["before"]["p99_ms"] if worst and out["before"]["p99_ms"] else None
+    out["failed_reads"] = out["before"]["failed"] + sum(p["failed"] for p in out["during"]) + out["after"]["failed"]
+    d = report.run_dir(cfg, "bench-growth")
+    report.write_json(d, "growth.json", out)
+    print({k: v for k, v in out.items() if k not in ("during",)})
+    print(f"report: {d / 'growth.json'}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
