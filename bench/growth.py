@@ -17,6 +17,7 @@ Writes growth.json to <output_dir>/bench-growth-<time>/. Its labs are its own, r
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,9 +90,9 @@ def main(argv: list[str]) -> dict:
     b = cfg.bench
     root = Path(tempfile.mkdtemp(prefix="ffs-growth-", dir="/var/tmp"))
     # ports of its own beside any other cluster on this machine (a user's, the suite's)
-    base = [f"cluster.root={root}", "cluster.name=ffs-growth", "cluster.ray_port=6480", "cluster.dashboard_port=8380",
-            "cluster.client_port=7180", "cluster.agent_port=23800", "cluster.node_ports=40000", "dashboard.port=8480",
-            *argv]
+    ports = ["cluster.name=ffs-growth", "cluster.ray_port=6480", "cluster.dashboard_port=8380",
+             "cluster.client_port=7180", "cluster.agent_port=23800", "cluster.node_ports=40000", "dashboard.port=8480"]
+    base = [f"cluster.root={root}", *ports, *argv]
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.growth_mb,
                  "window_s": b.growth_window_s, "repair_mb_per_s": cfg.repair.mb_per_s}
     fasterfs_cli("lab", "up", "--nodes", "2", *base)
@@ -131,10 +132,17 @@ def main(argv: list[str]) -> dict:
         total = sum(c.bytes for m in after_m.values() for c in m.chunks)
         out.update(bytes_total=total, bytes_moved=moved, rendezvous_share=share,
                    moved_vs_share=moved / share if share else None,
-                   pace_bound_s=moved / 1e6 / (cfg.repair.mb_per_s * 2) if cfg.repair.mb_per_s else None)
+                   # what bounds the moves' time: the 2 new writers' repair pace, the 2 old hosts' links
+                   pace_bound_s=moved / 1e6 / (cfg.repair.mb_per_s * 2) if cfg.repair.mb_per_s else None,
+                   link_bound_s=moved * 8 / 1e6 / (cfg.lab.link_mbit * 2) if cfg.lab.link_mbit else None)
     finally:
+        ray.shutdown()
         fasterfs_cli("lab", "down", *base)
+        shutil.rmtree(root)  # its hosts' disks: the next lab is built anew
+    print("grown:", {k: out.get(k) for k in ("before", "after", "moves_done_s", "bytes_moved", "rendezvous_share")},
+          flush=True)
     # Demo B's 4 hosts built as such, for the same reads
+    root.mkdir()
     fasterfs_cli("lab", "up", "--nodes", "4", *base)
     try:
         state = cluster.ClusterState.load(root)
@@ -146,7 +154,9 @@ def main(argv: list[str]) -> dict:
             names.append(f"growth/f{k:03d}.bin")
         out["built_4"] = phase(state, names, b.growth_window_s)
     finally:
+        ray.shutdown()
         fasterfs_cli("lab", "down", *base)
+        shutil.rmtree(root)
     out["after_vs_before"] = out["after"]["mb_s"] / out["before"]["mb_s"]
     out["after_vs_built_4"] = out["after"]["mb_s"] / out["built_4"]["mb_s"]
     worst = max((p["p99_ms"] for p in out["during"] if p["p99_ms"]), default=None)
