@@ -3,7 +3,8 @@ added to the same running cluster (`fasterfs lab add-host`), in one run:
 
 - aggregate read MB/s before, while the data moves and after, each host reading the chunks
   whose first copy the namespace puts on it (locality, as Demo B), every chunk checked against
-  its stored xxh3 by the reader; the ratio after/before;
+  its stored xxh3 by the reader, no chunk made hot (kernel.hot_threshold past any count: a
+  fill would share the host's disk with the readers); the ratio after/before;
 - failed reads (a chunk that does not come back whole and right fails its read) and read
   latency p99 during the moves against the same workload before;
 - bytes moved, against rendezvous' share (what placement over 4 nodes gives the new hosts);
@@ -64,7 +65,8 @@ def read_window(root: str, names: list[str], ids: dict[str, list[int]], seconds:
             lat.append(time.perf_counter() - t)
         except Exception as e:
             failed.append(f"{name} chunk {i}: {e}"[:200])
-    return {"bytes": got, "latencies": lat, "failed": failed, "node": ray.get_runtime_context().get_node_id()}
+    return {"bytes": got, "latencies": lat, "failed": failed, "node": ray.get_runtime_context().get_node_id(),
+            "peer_reads": sum(c.peer_reads for c in clients.values())}  # chunks another host's cache served
 
 
 def phase(state, names: list[str], seconds: float) -> dict:
@@ -80,6 +82,7 @@ def phase(state, names: list[str], seconds: float) -> dict:
     lat = sorted(x for r in results for x in r["latencies"])
     return {"hosts": len(state.nodes), "mb_s": sum(r["bytes"] for r in results) / 1e6 / seconds, "wall_s": wall,
             "reads": len(lat), "failed": sum(len(r["failed"]) for r in results),
+            "peer_reads": sum(r["peer_reads"] for r in results),
             "failures": [f for r in results for f in r["failed"]][:5],
             "p50_ms": 1000 * statistics.median(lat) if lat else None,
             "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None}
@@ -92,7 +95,8 @@ def main(argv: list[str]) -> dict:
     # ports of its own beside any other cluster on this machine (a user's, the suite's)
     ports = ["cluster.name=ffs-growth", "cluster.ray_port=6480", "cluster.dashboard_port=8380",
              "cluster.client_port=7180", "cluster.agent_port=23800", "cluster.node_ports=40000", "dashboard.port=8480"]
-    base = [f"cluster.root={root}", *ports, *argv]
+    # no chunk made hot: the reads measure the hosts' disks (a fill would share a disk with them)
+    base = [f"cluster.root={root}", *ports, "kernel.hot_threshold=1000000000", *argv]
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.growth_mb,
                  "window_s": b.growth_window_s, "repair_mb_per_s": cfg.repair.mb_per_s}
     fasterfs_cli("lab", "up", "--nodes", "2", *base)

@@ -3,6 +3,7 @@ erasure-coded chunk's shards, checked) or, while its holders are down or slow, a
 (the peer tier). Each read counted in the reader's stats and reported as the kernel would see it."""
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -34,11 +35,13 @@ def from_peer(client: Client, chunk) -> bytes | None:
     else:
         return None
     for node in cached_on:
+        began = time.perf_counter()
         try:
             data = client.session.ask(node, "cache_read", chunk.key, timeout=10.0)
         except Exception:
             continue
         if data is not None and len(data) == chunk.bytes and xxhash.xxh3_64_intdigest(data) == chunk.xxh3:
+            client.session.note_peer((time.perf_counter() - began) * 1e3)
             client.session.peer_reads += 1
             client.session.count_hit(node, len(data))
             return data

@@ -108,6 +108,7 @@ class ReadSession:
         self._stats: dict[int, reader_stats.ReaderStats | reader_stats.Uncounted] = {}
         self._refused: dict[int, float] = {}  # node -> until when it is tried last
         self._origin_ms: dict[int, float] = {}  # node -> moving average of a GET from its MinIO here
+        self._peer_ms: float | None = None      # moving average of a chunk read from another host's cache
         self._out: dict[int, dict[object, float]] = {}  # node -> when each GET to it still out began
         self.served_by: collections.Counter = collections.Counter()  # node -> reads its MinIO answered
         self.degraded_reads = 0  # erasure-coded chunks rebuilt with parity (a shard missing or bad)
@@ -248,8 +249,13 @@ class ReadSession:
             self._refused[node] = time.monotonic() + self.read_timeout_s
 
     def slow(self, holders: list[int]) -> bool:
-        """Every holder answered this process slower than cache.peer_slower_ms of late."""
-        return bool(self.peer_slower_ms) and all(self._origin_ms.get(n, 0.0) > self.peer_slower_ms for n in holders)
+        """Every holder answered this process slower than cache.peer_slower_ms of late, and the
+        peer tier faster than they did (prefer_peer)."""
+        return prefer_peer([self._origin_ms.get(n, 0.0) for n in holders], self._peer_ms, self.peer_slower_ms)
+
+    def note_peer(self, ms: float) -> None:
+        """A chunk came from another host's cache in `ms`."""
+        self._peer_ms = ms if self._peer_ms is None else 0.7 * self._peer_ms + 0.3 * ms
 
     # -- counters and marks ------------------------------------------------------------------
 
@@ -319,3 +325,15 @@ class ReadSession:
         import ray
 
         return ray.get(getattr(self.nodes.require(node), method).remote(*args), timeout=timeout)
+
+
+def prefer_peer(holder_ms: list[float], peer_ms: float | None, slower_ms: float) -> bool:
+    """Whether a chunk is asked of the peer tier before its holders: every holder slower than
+    `slower_ms` of late (0: never), and the peer tier faster than the fastest of them — or not
+    timed yet, tried once to learn. A holder merely busy (its disk shared with a fill) is not
+    left for a peer behind a slower link (the lab's laptops: a third of the disk's rate), as
+    after a cluster grows, when the old hosts still cache the chunks that moved away."""
+    if not slower_ms or not holder_ms or min(holder_ms) <= slower_ms:
+        return False
+    return peer_ms is None or peer_ms < min(holder_ms)
+
