@@ -224,7 +224,7 @@ class StorageNode:
         self.invalidations.invalidate(batch, ages_s)
 
     def fill(self, key: str, reason: str) -> None:
-        """Another node asks for a fill of a chunk at home here (its kernel found it hot, a reader it damaged)."""
+        """Another node asks for a fill of a chunk at home here (its kernel found it hot, or its entry damaged)."""
         self.filler.request(key, reason)
 
     def peer_cache(self, news: CacheNews) -> None:
