@@ -71,16 +71,24 @@ def read_window(root: str, names: list[str], ids: dict[str, list[int]], seconds:
 
 def phase(state, names: list[str], seconds: float) -> dict:
     """Every storage host reads its partition (the chunks whose first copy is on it) for `seconds`."""
+    return phase_result(*begin_phase(state, names, seconds), seconds)
+
+
+def begin_phase(state, names: list[str], seconds: float) -> tuple[list, float]:
+    """The reads of `phase` begun (what else the caller does meanwhile is what they measure)."""
     manifests = {n: registry.fetch_manifest(state.name, n) for n in names}
     futures = []
     for node in state.nodes:
         ids = {n: [c.id for c in m.chunks if c.nodes[0] == node.index] for n, m in manifests.items()}
         futures.append(read_window.options(**cluster.on_node(node)).remote(state.root, names, ids, seconds))
-    t = time.monotonic()
+    return futures, time.monotonic()
+
+
+def phase_result(futures: list, began: float, seconds: float) -> dict:
     results = ray.get(futures)
-    wall = time.monotonic() - t
+    wall = time.monotonic() - began
     lat = sorted(x for r in results for x in r["latencies"])
-    return {"hosts": len(state.nodes), "mb_s": sum(r["bytes"] for r in results) / 1e6 / seconds, "wall_s": wall,
+    return {"hosts": len(futures), "mb_s": sum(r["bytes"] for r in results) / 1e6 / seconds, "wall_s": wall,
             "reads": len(lat), "failed": sum(len(r["failed"]) for r in results),
             "peer_reads": sum(r["peer_reads"] for r in results),
             "failures": [f for r in results for f in r["failed"]][:5],

@@ -181,3 +181,63 @@ def test_a_host_drained_under_readers_holds_nothing_the_namespace_needs_then_sto
                 assert xxh3(body) == chunk_xxh3(blob, c.id)
     left = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout.split()
     assert left == [], f"processes still on the drained host: {left}"
+
+
+def _storage_node_pids(state) -> dict[str, int]:
+    """Ray's own record (its actor table): each live StorageNode's name and worker pid."""
+    from ray.util.state import list_actors
+
+    return {a.name: a.pid for a in list_actors(address=state.dashboard_url, timeout=60, raise_on_missing_output=False,
+                                               filters=[("class_name", "=", "StorageNode"), ("state", "=", "ALIVE")])}
+
+
+def _minio_pids(state) -> dict[int, tuple[int, float]]:
+    """Each host's MinIO as the kernel shows it: the pid in the host's network namespace running
+    `minio server`, and its start time (clock ticks since boot)."""
+    out = {}
+    for n in state.nodes:
+        for pid in subprocess.run(["ip", "netns", "pids", n.netns], capture_output=True, text=True,
+                                  check=True).stdout.split():
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"server"]:
+                    started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+                    out[n.index] = (int(pid), float(started))
+            except (OSError, IndexError):
+                pass
+    return out
+
+
+def test_every_storage_node_restarted_in_turn_under_readers_loses_no_read(lab3):
+    """`fasterfs nodes restart cache.capacity_mb=900`: with readers reading files whose chunks
+    have one copy each throughout, every StorageNode is started again in turn — Ray's actor
+    table shows each with a new worker process, the kernel shows each host's MinIO the same
+    process as before (it served on) — and no read fails or returns a wrong byte; the new setting
+    is what each node now runs with. An option `up` fixed is refused naming it, nothing restarted."""
+    state, overrides = lab3
+    now = cluster.ClusterState.load(Path(state.root))
+    blobs = {f"restart/f{k}.bin": put_blob(state, overrides, f"restart/f{k}.bin", 3)[0] for k in range(3)}
+    ffs = str(PROJECT / ".venv/bin/fasterfs")
+    actors, minios = _storage_node_pids(now), _minio_pids(now)
+    assert len(actors) == len(minios) == len(now.nodes), (actors, minios)
+    out = subprocess.run([ffs, "nodes", "restart", *overrides, "minio.port=9999"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "option minio.port is fixed" in " ".join(out.stderr.split()), out.stdout + out.stderr
+    assert _storage_node_pids(now) == actors
+    readers = Readers(state.root, blobs)
+    try:
+        wait_until(lambda: readers.reads >= len(blobs), 60, "the readers' first round")
+        out = subprocess.run([ffs, "nodes", "restart", *overrides, "cache.capacity_mb=900"], capture_output=True,
+                             text=True, timeout=600)
+        said = " ".join(out.stdout.split())
+        assert out.returncode == 0 and said.count("restarted in") == len(now.nodes), out.stdout + out.stderr
+        restarted = readers.reads
+        wait_until(lambda: readers.reads >= restarted + len(blobs), 60, "a round of reads after the restarts")
+    finally:
+        readers.end()
+    assert readers.failed == [] and readers.wrong == [], (readers.failed[:5], readers.wrong[:5])
+    assert readers.reads > restarted > len(blobs)
+    again = _storage_node_pids(now)
+    assert again.keys() == actors.keys() and not set(again.values()) & set(actors.values()), (actors, again)
+    assert _minio_pids(now) == minios
+    capacities = ray.get([a.cache_status.remote() for a in cluster.storage_nodes(now)])
+    assert [c["capacity"] for c in capacities] == [900_000_000] * len(now.nodes)

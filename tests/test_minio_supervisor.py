@@ -1,5 +1,6 @@
 """MinioSupervisor with a real MinIO and no Ray: a killed server comes back ready for readers
-(its bucket and its read-only user, even from a wiped disk); a held one stays down; its bucket
+(its bucket and its read-only user, even from a wiped disk); a held one stays down; the next
+incarnation takes over a server serving as it would run it, and stops one it would not; its bucket
 counted, and listed in paced slices (bucket_walk)."""
 import os
 import shutil
@@ -10,9 +11,10 @@ import time
 import boto3
 import pytest
 from botocore.config import Config
+from conftest import wait_until
 
 from fasterfs.control import credentials
-from fasterfs.core import config, manifest
+from fasterfs.core import config, manifest, process
 from fasterfs.core.config import minio_binary
 from fasterfs.node.minio_server import MinioServer
 from fasterfs.node.minio_supervisor import MinioSupervisor
@@ -36,7 +38,7 @@ def supervisor(tmp_path):
     sup.start()
     yield sup, keys
     sup.stop()
-    assert server.pid is None
+    assert sup.server.pid is None
 
 
 def _reader(sup, keys):
@@ -50,13 +52,47 @@ def test_a_killed_minio_comes_back_with_its_bucket_and_reader(supervisor):
     assert sup.tick() is False  # alive: nothing to do
     first = sup.server.pid
     os.kill(first, signal.SIGKILL)
-    sup.server.proc.wait()
+    wait_until(lambda: not process.running(first), 10, "the killed MinIO gone")
     shutil.rmtree(sup.server.data_dir)  # the disk was replaced too
     assert sup.tick() is True
     healthy, pid, restarts, held = sup.health()
     assert healthy and pid != first and restarts == 1 and not held
     # what a reader needs, as MinIO itself answers it: the bucket lists with the reader's keys
     assert _reader(sup, keys).list_objects_v2(Bucket="bkt")["KeyCount"] == 0
+
+
+def test_the_next_incarnation_takes_over_a_serving_minio_and_stops_one_with_other_keys(supervisor, tmp_path):
+    """A StorageNode restarted (`fasterfs nodes restart`): the server its last incarnation left
+    serving is taken over — the same pid, which the kernel shows running its command line, no
+    child of this process (it outlives whoever started it) — and an object put before reads
+    after with no restart between (MinIO's own uptime metric, not ours, says so). With rotated
+    keys it is not taken over: it is stopped and a new server answers only the new keys."""
+    sup, keys = supervisor
+    server, first = sup.server, sup.server.pid
+    assert int(open(f"/proc/{first}/stat").read().rsplit(")", 1)[1].split()[1]) != os.getpid()  # not our child
+    admin = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=keys.admin.access_key,
+                         aws_secret_access_key=keys.admin.secret_key, region_name="us-east-1")
+    admin.put_object(Bucket="bkt", Key="before", Body=b"kept")
+    again = MinioServer(server.binary, server.address, server.port, server.console_port, server.data_dir,
+                        server.log_path, keys.admin)
+    assert again.adopt(lambda s: boto3.client("s3", endpoint_url=s.endpoint, aws_access_key_id=s.creds.access_key,
+                                              aws_secret_access_key=s.creds.secret_key,
+                                              region_name="us-east-1").list_buckets()) == first
+    assert again.alive() and process.running(first)
+    assert _reader(sup, keys).get_object(Bucket="bkt", Key="before")["Body"].read() == b"kept"
+    rotated = credentials.create(tmp_path / "rotated.json")
+    other = MinioServer(server.binary, server.address, server.port, server.console_port, server.data_dir,
+                        server.log_path, rotated.admin)
+    assert other.adopt(lambda s: boto3.client("s3", endpoint_url=s.endpoint, aws_access_key_id=s.creds.access_key,
+                                              aws_secret_access_key=s.creds.secret_key, region_name="us-east-1",
+                                              config=Config(retries={"max_attempts": 1})).list_buckets()) is None
+    assert other.reap_stale() == first and not process.running(first)
+    sup.server, sup.reader = other, rotated.reader
+    sup.start()  # none serves: a new server, with the new keys
+    assert other.pid not in (None, first)
+    with pytest.raises(Exception, match="InvalidAccessKeyId|SignatureDoesNotMatch|Forbidden"):
+        admin.list_buckets()
+    assert _reader(sup, rotated).list_objects_v2(Bucket="bkt")["KeyCount"] == 1  # its bucket's object kept
 
 
 def test_a_held_minio_stays_down_until_released(supervisor):

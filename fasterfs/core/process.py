@@ -1,4 +1,5 @@
-"""Stopping a process FasterFS started, by its PID (never by name)."""
+"""Starting a process that outlives its starter, and stopping a process FasterFS started, by its
+PID (never by name)."""
 from __future__ import annotations
 
 import os
@@ -38,13 +39,27 @@ def terminate_all(pids: list[int], timeout: float = 10.0) -> None:
             pass
 
 
+def spawn_detached(argv: list[str], log_path: Path, env: dict) -> int:
+    """Start `argv` in a session of its own and as no child of this process, its output appended
+    to `log_path`, and return its pid: it outlives this process however that ends (Ray kills a
+    worker's children and its process group with the worker; a server one StorageNode hands to
+    the next must be neither): a shell in a new session starts it in the background and exits."""
+    out = subprocess.run(["sh", "-c", 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!', "sh", str(log_path),
+                          *argv], env=env, capture_output=True, text=True, check=True, timeout=30,
+                         start_new_session=True)
+    return int(out.stdout)
+
+
 def running(pid: int | None) -> bool:
     """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
     return pid is not None and pid > 0 and Path(f"/proc/{pid}").exists() and not _is_zombie(pid)
 
 
 def _is_zombie(pid: int) -> bool:
+    """Exited and waiting to be reaped: its main thread a zombie and no other thread left (a
+    process whose other threads are still exiting holds its sockets and files)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        return (Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+                and len(os.listdir(f"/proc/{pid}/task")) <= 1)
     except OSError:
         return True

@@ -1,11 +1,10 @@
 """One MinIO server process: started bound to its node's address, health-checked,
 and stopped by the PID it was started with (recorded in a pidfile, so a restarted
-StorageNode can stop the server its previous incarnation left behind)."""
+StorageNode can take over the server its previous incarnation left serving, or stop it)."""
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import urllib3
 from ..control import tls
 from ..control.credentials import Credentials
 from ..control.s3 import MarkedGetter
+from ..core import process
 from ..core.errors import FasterFSError
-from ..core.process import terminate
+from ..core.process import spawn_detached, terminate
 
 READER_POLICY = "fasterfs-reader"
 
@@ -51,28 +51,50 @@ class MinioServer:
         self.md5_etags, self.certs_dir = md5_etags, certs_dir
         self.data_dir, self.log_path, self.creds = Path(data_dir), Path(log_path), creds
         self.pidfile = self.data_dir.parent / "minio.pid"
-        self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None  # the server's, started by this incarnation or taken over from the last
         self._health: MarkedGetter | None = None
 
     @property
     def endpoint(self) -> str:
         return endpoint(self.address, self.port, self.certs_dir is not None)
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+    def command(self) -> list[str]:
+        return [str(self.binary), "server", str(self.data_dir), "--quiet",
+                "--address", f"{self.address}:{self.port}",
+                "--console-address", f"{self.address}:{self.console_port}",
+                *([] if self.md5_etags else ["--no-compat"]),
+                *([] if self.certs_dir is None else ["--certs-dir", str(self.certs_dir)])]
 
-    def reap_stale(self) -> int | None:
-        """Stop a server left by an earlier incarnation (same binary, same data dir)."""
+    def _left(self) -> int | None:
+        """The pid of a server an earlier incarnation left running (same binary, same data dir)."""
         try:
             pid = int(self.pidfile.read_text())
         except (OSError, ValueError):
             return None
         cmd = _cmdline(pid)
-        if cmd and cmd[0] == str(self.binary) and str(self.data_dir) in cmd:
+        return pid if cmd and cmd[0] == str(self.binary) and str(self.data_dir) in cmd else None
+
+    def adopt(self, signed_check) -> int | None:
+        """Serve on with the server an earlier incarnation left (a rolling restart: readers of
+        this host's chunks never see it stop): taken only if it runs exactly what `start` would
+        run, answers, and `signed_check(self)` passes with this incarnation's keys (rotated keys
+        mean a new server). Its pid, or None (the caller then stops it: reap_stale)."""
+        pid = self._left()
+        if pid is None or _cmdline(pid)[:-1] != self.command() or not self.healthy():
+            return None
+        try:
+            signed_check(self)
+        except Exception:
+            return None
+        self.pid = pid
+        return pid
+
+    def reap_stale(self) -> int | None:
+        """Stop a server left by an earlier incarnation and not adopted."""
+        pid = self._left()
+        if pid is not None:
             terminate(pid)
-            return pid
-        return None
+        return pid
 
     def start(self, timeout: float) -> None:
         check_port_free(self.address, self.port, "MinIO API")
@@ -82,20 +104,12 @@ class MinioServer:
         env = dict(os.environ, MINIO_ROOT_USER=self.creds.access_key, MINIO_ROOT_PASSWORD=self.creds.secret_key,
                    MINIO_UPDATE="off", MINIO_CALLHOME_ENABLE="off",
                    MINIO_BROWSER="off")  # no web console: one listener per MinIO, its S3 API
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "server", str(self.data_dir), "--quiet",
-                 "--address", f"{self.address}:{self.port}",
-                 "--console-address", f"{self.address}:{self.console_port}",
-                 *([] if self.md5_etags else ["--no-compat"]),
-                 *([] if self.certs_dir is None else ["--certs-dir", str(self.certs_dir)])],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.pidfile.write_text(str(self.proc.pid))
+        self.pid = spawn_detached(self.command(), self.log_path, env)  # not our child: it may outlive us
+        self.pidfile.write_text(str(self.pid))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise FasterFSError(f"MinIO on {self.endpoint} exited with code {self.proc.returncode} at start; "
-                                    f"see {self.log_path}")
+            if not self.alive():
+                raise FasterFSError(f"MinIO on {self.endpoint} exited at start; see {self.log_path}")
             if self.healthy():
                 return
             time.sleep(0.1)
@@ -137,7 +151,8 @@ class MinioServer:
                                     f"{str(e).splitlines()[0][:300]}") from None
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Its pid still runs this server (a pid taken by another process does not)."""
+        return self.pid is not None and process.running(self.pid) and _cmdline(self.pid)[:-1] == self.command()
 
     def healthy(self, timeout: float = 1.0) -> bool:
         """MinIO's liveness probe, over one kept-alive connection: the dashboard asks every
@@ -147,9 +162,9 @@ class MinioServer:
         return self._health.live(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is not None:
-            terminate(self.proc.pid, timeout, self.proc)
-            self.proc = None
+        if self.pid is not None:
+            terminate(self.pid, timeout)
+            self.pid = None
         if self._health is not None:
             self._health.close()
             self._health = None

@@ -24,6 +24,15 @@ COUNT_SHARE = 0.02  # of a node's time its object count may take, asked as often
 COUNT_WAIT_S = 5.0  # a count asked for now waits this long for its listing (a million objects take a minute)
 
 
+def _signed_check(server: MinioServer) -> None:
+    """A request signed with the server's keys (its liveness probe is not signed): raises if refused."""
+    client = s3.client(server.endpoint, server.creds)
+    try:
+        client.list_buckets()
+    finally:
+        client.close()
+
+
 class MinioSupervisor:
     def __init__(self, server: MinioServer, bucket: str, reader: Credentials, start_timeout_s: float):
         self.server, self.bucket, self.reader, self.start_timeout_s = server, bucket, reader, start_timeout_s
@@ -36,8 +45,10 @@ class MinioSupervisor:
 
     @classmethod
     def of_node(cls, cfg, index: int, address: str, keys: ClusterKeys) -> MinioSupervisor:
-        """Node `index`'s (its server not started yet), with a fresh TLS key signed by the head's
-        Registry when minio.tls; a server an earlier incarnation of its actor left running is stopped."""
+        """Node `index`'s, with a fresh TLS key signed by the head's Registry when minio.tls. A
+        server an earlier incarnation of its actor left serving is taken over when it runs what
+        this one would, with these keys (`fasterfs nodes restart`: its readers never see it
+        stop), and stopped otherwise; `start` starts one only if none serves."""
         paths = Layout.of(cfg).paths
         certs = None
         if cfg.minio.tls:
@@ -46,8 +57,10 @@ class MinioSupervisor:
         server = MinioServer(minio_binary(cfg), address, cfg.minio.port, cfg.minio.console_port,
                              paths.node_dir(index) / "minio", paths.log_dir / f"minio-{index}.log", keys.admin,
                              cfg.minio.md5_etags, certs)
-        stale = server.reap_stale()
-        if stale:
+        adopted = server.adopt(_signed_check)
+        if adopted:
+            log.info("took over MinIO pid %d from the previous StorageNode", adopted)
+        elif stale := server.reap_stale():
             log.warning("stopped MinIO pid %d left by a previous StorageNode", stale)
         return cls(server, cfg.minio.bucket, keys.reader, cfg.minio.health_timeout_s)
 
@@ -56,7 +69,8 @@ class MinioSupervisor:
             self._start()
 
     def _start(self) -> None:
-        self.server.start(self.start_timeout_s)
+        if not self.server.alive():
+            self.server.start(self.start_timeout_s)
         admin = s3.client(self.server.endpoint, self.server.creds)
         try:
             admin.head_bucket(Bucket=self.bucket)

@@ -6,8 +6,9 @@ A mount is hung when its counters file has not been written for `hung_s`: the ag
 daemon for them every half second and writes the answer, so the file's age is how long ago the
 two last spoke (a daemon stuck, or an agent whose reader or whose watch stopped).
 
-The mounts a node serves are recorded beside its data, so an incarnation restarted after a
-crash takes over the daemons the last one left and mounts them again.
+The mounts a node serves are recorded beside its data, so the next incarnation of the node takes
+over the daemons the last one left: one that still serves its mount (a restart, `fasterfs nodes
+restart`) serves on, its readers never see it stop; one that does not is stopped and mounted again.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..core import process
 from ..core.errors import FasterFSError
 from ..core.fsutil import atomic_write_json, read_json
 from ..core.process import terminate
@@ -49,6 +51,14 @@ def _detach(path: str) -> None:
     subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, timeout=30)
 
 
+def _answers(path: str) -> bool:
+    """Whether the mount at `path` is there and its daemon answers a stat of its root."""
+    try:
+        return is_mounted(path) and os.path.isdir(path)
+    except OSError:
+        return False
+
+
 def _ours(pid: int) -> bool:
     try:
         return b"fasterfs.read.mount" in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -56,29 +66,48 @@ def _ours(pid: int) -> bool:
         return False
 
 
+class _Agent:
+    """A mount's agent, no child of this process (it outlives the node's incarnation that
+    started it), supervised by its pid as a child would be."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return None if _ours(self.pid) and process.running(self.pid) else 0
+
+
 class Mounts:
     def __init__(self, record: Path, log_dir: Path, daemon_overrides: list[str], read_ahead_kb: int = 4096,
                  timeout: float = 60, hung_s: float = 60):
         self.record, self.log_dir, self.overrides, self.timeout = record, log_dir, daemon_overrides, timeout
         self.read_ahead_kb, self.hung_s = read_ahead_kb, hung_s
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, _Agent] = {}
         self._mounted_at: dict[str, float] = {}  # path -> when its daemon mounted it
         self._lock = threading.RLock()  # the supervisor thread and the actor's calls
         self.stopped = False
         self.restarts = 0
 
     def adopt(self) -> list[str]:
-        """Mount again what an earlier incarnation of this node served (its daemons stopped)."""
+        """What an earlier incarnation of this node served: a daemon still serving its mount
+        (its agent running, the mount answering) is taken over as it is; the others are
+        stopped and mounted again."""
         with self._lock:
             old = read_json(self.record, "mount record") if self.record.exists() else {}
+            again = []
             for path, pid in old.items():
+                if _ours(pid) and process.running(pid) and _answers(path):
+                    self._procs[path] = _Agent(pid)
+                    self._mounted_at[path] = time.time()
+                    continue
                 if _ours(pid):
                     terminate(pid)
                 if is_mounted(path):
                     _detach(path)
+                again.append(path)
             self._save()
-        back = []
-        for path in old:
+        back = list(self._procs)
+        for path in again:
             try:
                 self.mount(path)  # takes the lock
                 back.append(path)
@@ -113,15 +142,13 @@ class Mounts:
         log_file = self.log_dir / f"mount-{self._slug(real)}.log"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._stats_file(real).unlink(missing_ok=True)
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "fasterfs.read.mount", real, *self.overrides],
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True,
-                                    env=dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real))))
+        proc = _Agent(process.spawn_detached(
+            [sys.executable, "-m", "fasterfs.read.mount", real, *self.overrides], log_file,
+            dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real)))))
         deadline = time.monotonic() + self.timeout
         while not is_mounted(real):
             if proc.poll() is not None or time.monotonic() > deadline:
-                terminate(proc.pid, proc=proc)
+                terminate(proc.pid)
                 tail = log_file.read_text(errors="replace")[-1500:]
                 raise FasterFSError(f"the FUSE daemon for {path} did not mount it (see {log_file}):\n{tail}")
             time.sleep(0.1)
@@ -151,7 +178,7 @@ class Mounts:
         r = subprocess.run(["fusermount3", "-u", real], capture_output=True, timeout=30)
         if r.returncode != 0:  # busy: detach now, the kernel lets go when the last user does
             _detach(real)
-        terminate(proc.pid, proc=proc)
+        terminate(proc.pid)
         self._save()
         return True
 
@@ -186,9 +213,9 @@ class Mounts:
                     continue
                 log.warning("the mount of %s has been silent for %.0f s (mount.hung_s=%s): agent %d stopped, "
                             "mounting again", path, silent, self.hung_s, proc.pid)
-                terminate(proc.pid, timeout=2, proc=proc)  # its daemon follows it (PR_SET_PDEATHSIG)
+                terminate(proc.pid, timeout=2)  # its daemon follows it (PR_SET_PDEATHSIG)
             else:
-                log.warning("FUSE daemon of %s exited with %s; mounting again", path, proc.returncode)
+                log.warning("FUSE daemon of %s exited; mounting again", path)
             del self._procs[path]
             _detach(path)
             self.restarts += 1

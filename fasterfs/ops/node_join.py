@@ -1,18 +1,20 @@
 """Nodes joining and leaving a running cluster: a machine new to it (`add_node`: `fasterfs nodes
 add`, `fasterfs lab add-host`), one back after its machine went down (`rejoin`: `fasterfs lab
 power-on`), one taken out after its data has moved to the others (`drain`: `fasterfs nodes
-drain`). A `ray start` on the host joins the head, then its StorageNode starts; the other nodes
-serve throughout."""
+drain`), each StorageNode started again in turn with new code or settings (`restart`: `fasterfs
+nodes restart`). A `ray start` on the host joins the head, then its StorageNode starts; the other
+nodes serve throughout."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from ..control import registry
-from ..control.node_directory import NodeDirectory
+from ..control.node_directory import NodeDirectory, actor_name
 from ..control.state import ClusterState, Host, NodeState, connect_ray, is_ray_start
-from ..core import process
+from ..core import config, process
 from ..core.cgroup import ProjectCgroup
 from ..core.config import Layout, Paths, as_cfg
 from ..core.errors import FasterFSError
@@ -181,6 +183,98 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     _tell_nodes_changed(state)
     return {"node": index, "address": node.address, "moved": moved, "bytes": wrote,
             "seconds": time.monotonic() - began}
+
+
+# what `up` fixed for the cluster's life: where it lives, how it is addressed, how names are placed
+FIXED = ("cluster.", "minio.port", "minio.console_port", "minio.bucket", "minio.tls", "nodes", "layout", "replicas",
+         "ec.", "credentials.")
+
+
+def settings_given(cfg) -> dict[str, object]:
+    """The options a command line set (`key=value` overrides): where `cfg` differs from the
+    configuration composed without them. The cluster's name and root only pick the cluster; what
+    else names the running cluster as it is changes nothing (`restart` drops it)."""
+    from omegaconf import OmegaConf
+
+    given, bare = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (cfg, config.load([])))
+    return {k: v for k, v in given.items() if bare.get(k) != v and k not in ("cluster.root", "cluster.name")}
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def restart(cfg, indices: list[int] | None = None, settings: dict | None = None,
+            progress: Callable[[dict], None] | None = None) -> tuple[list[dict], dict]:
+    """Each StorageNode of `indices` (default: all) stopped and started again, one after the
+    other, with `settings` (option -> value) over the cluster's configuration and whatever code
+    is installed now: the old one hands over (its MinIO and mounts' daemons serve on; the new
+    one takes them over: readers of the node's chunks never see them stop), the new one starts
+    with the namespace caught up, then the next. Refused, nothing restarted, for an option `up`
+    fixed (FIXED) or a node not in the cluster. (each node's {node, seconds, minio_served_on},
+    the settings that changed)."""
+    import ray
+    from omegaconf import DictConfig, OmegaConf
+
+    state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    if not state.running():
+        raise FasterFSError(f"the cluster under {state.root} is not running: nothing to restart")
+    stored = _flatten(state.config)
+    settings = {k: v for k, v in (settings or {}).items() if stored.get(k) != v}  # what would change
+    fixed = sorted(k for k in settings if k.startswith(FIXED))
+    if fixed:
+        raise FasterFSError(f"option {fixed[0]} is fixed while the cluster runs (set at `fasterfs up`): a restart "
+                            f"cannot change it; nothing restarted")
+    order = [state.node(i).index for i in indices] if indices else [n.index for n in state.nodes]  # names bad ones
+    merged = OmegaConf.merge(as_cfg(state.config), OmegaConf.from_dotlist([f"{k}={v}" for k, v in settings.items()]))
+    assert isinstance(merged, DictConfig)
+    new = config.checked(merged)  # a bad value is refused here, before any node stops
+    connect_ray(state)
+    state.config = cast(dict, OmegaConf.to_container(new, resolve=True))
+    state.save()  # the Registry's state: what every host and the next incarnation read
+    directory, done = NodeDirectory(state.ray_namespace), []
+    for index in order:
+        node, began = state.node(index), time.monotonic()
+        actor = directory.get(index)
+        minio_pid = None
+        if actor is not None:
+            try:
+                minio_pid = ray.get(actor.status.remote(1e9), timeout=30)["minio_pid"]
+                ray.get(actor.stop.remote(True), timeout=60)  # hand over: MinIO and mounts serve on
+            except (ray.exceptions.RayError, KeyError):
+                pass  # a node already down starts anew
+            ray.kill(actor, no_restart=True)
+            _name_free(directory, index, state.ray_namespace)
+        start_storage_nodes(new, state, [node])
+        state.save()
+        after = ray.get(directory.require(index).status.remote(1e9), timeout=30)["minio_pid"]
+        done.append({"node": index, "seconds": round(time.monotonic() - began, 2),
+                     "minio_served_on": minio_pid is not None and after == minio_pid})
+        if progress:
+            progress(done[-1])
+    _tell_nodes_changed(state)
+    return done, settings
+
+
+def _name_free(directory: NodeDirectory, index: int, namespace: str, timeout: float = 30.0) -> None:
+    """Wait until Ray has let go of the killed actor's name (a new actor may take it)."""
+    import ray
+
+    directory.forget(index)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(actor_name(index), namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise FasterFSError(f"Ray kept the name of node {index}'s stopped StorageNode for {timeout:.0f} s")
 
 
 def _width(m) -> int:

@@ -50,7 +50,7 @@ from .cli_lab import (
     host_or_head,
     peer_list,
 )
-from .cli_nodes import cmd_nodes_add, cmd_nodes_drain
+from .cli_nodes import cmd_nodes_add, cmd_nodes_drain, cmd_nodes_restart
 
 console = report.console()
 
@@ -120,6 +120,17 @@ COMMANDS = {
                                   "nothing on it its StorageNode, MinIO and Ray node stop and it leaves the "
                                   "cluster's state. Refused, naming why, when a name's layout needs more "
                                   "nodes than would be left (docs/multi-host.md)")),
+    "nodes restart": Command(cmd_nodes_restart, "start each StorageNode again in turn, with the code installed now and "
+                             "the settings given", "fasterfs nodes restart cache.capacity_mb=2048",
+                             (("nodes", dict(type=int, nargs="*", metavar="NODE",
+                                             help="the nodes' ids (default: every node)")),),
+                             about=("start each StorageNode again, one after the other, with the code installed "
+                                    "now and the options given (key=value) over the cluster's: the old one "
+                                    "hands its MinIO and its mounts' daemons to the new one, which serve on "
+                                    "throughout, so no read fails; the next node restarts once this one has "
+                                    "caught up with the namespace. An option `up` fixed (cluster.*, MinIO's "
+                                    "ports, bucket and TLS, the layout) is refused, nothing restarted "
+                                    "(docs/multi-host.md)")),
     "notebook": Command(cmd_notebook, "start JupyterLab on the head's address (notebooks/, kernels that can "
                         "fasterfs.connect())", "fasterfs notebook"),
     "cache status": Command(cmd_cache_status, "each node's cache: entries, size, hits, misses, fills, evictions",

@@ -32,3 +32,14 @@ def cmd_nodes_drain(cfg, node: int) -> None:
     console.print(f"node {done['node']} ({done['address']}) drained and stopped: {done['moved']} pieces moved, "
                   f"{report.fmt_bytes(done['bytes'])} in {done['seconds']:.1f} s; the namespace names nothing on it",
                   highlight=False)
+
+
+def cmd_nodes_restart(cfg, nodes: list[int]) -> None:
+    from ..ops import node_join
+
+    def one(done: dict) -> None:
+        served = "its MinIO and mounts served on" if done["minio_served_on"] else "its MinIO started anew"
+        console.print(f"node {done['node']} restarted in {done['seconds']:.1f} s ({served})", highlight=False)
+    changed = node_join.restart(cfg, nodes, node_join.settings_given(cfg), one)[1]
+    console.print("restarted with " + (", ".join(f"{k}={v}" for k, v in changed.items()) or "the settings it had"),
+                  highlight=False)
