@@ -942,3 +942,27 @@ def test_a_health_with_many_lost_names_names_a_few_and_counts_the_rest():
     assert len(d["summary"]) < 100 * LOST_SHOWN
     few = Health(chunks=3, degraded={"a": [1]}, lost={"a": [1]}).to_dict()
     assert few["lost_chunks"] == {"a": [1]} and "more names" not in few["summary"]
+
+
+def test_pieces_on_their_way_home_say_their_bytes_and_at_the_leaders_rate_how_long(monkeypatch):
+    """Two moves of 40 MB each, the first begun 20 s before the second ended: 80 MB over 20 s of
+    wall time is 4 MB/s, and 120 MB left at that rate is 30 s; a survey with nothing to move says
+    nothing of it, and moves older than the window give no rate."""
+    from fasterfs.node import repair_leader
+
+    leader = Cluster().leader(0)
+    clock = [1000.0]
+    monkeypatch.setattr(repair_leader.time, "time", lambda: clock[0])
+    left = Health(chunks=10, misplaced=3, misplaced_bytes=120_000_000)
+    assert left.moving() == "3 pieces (120.0 MB) to move to their homes"  # no move yet: no rate
+    clock[0] = 990.0
+    leader.record("moves", Outcome(left, moved=1, bytes_written=40_000_000, seconds=10.0))  # began at 980
+    clock[0] = 1000.0
+    leader.record("moves", Outcome(left, moved=1, bytes_written=40_000_000, seconds=5.0))
+    assert leader.moving_mb_s() == pytest.approx(80 / 20)
+    found = leader.repairs[-1]["found"]
+    assert found["moving"] == "3 pieces (120.0 MB) to move to their homes, moving at 4.0 MB/s: about 30 s left"
+    assert found["moving"] in found["summary"]
+    assert Health(chunks=10).to_dict()["moving"] == "" and "to move" not in Health(chunks=10).summary()
+    clock[0] = 1000.0 + repair_leader.MOVES_RECENT_S + 1
+    assert leader.moving_mb_s() == 0.0

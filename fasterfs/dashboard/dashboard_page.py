@@ -117,8 +117,9 @@ def _redundancy(snap: dict) -> str:
     more = r.get("lost_names", 0) - len(r["lost_chunks"])
     lost += f"; and {more:,} more names with lost chunks" if more > 0 else ""
     cls = "bad" if r["lost"] else "warn" if r["degraded"] else "ok"
+    moving = f"; {e(r['moving'])}" if r.get("moving") else ""  # growth or a drain: pieces on their way home
     return (f'<p>Redundancy: <span class="{cls}">{r["chunks"] - r["degraded"]:,} of {r["chunks"]:,} chunks at full '
-            f'redundancy, {r["degraded"]:,} degraded</span>{lost}{down} '
+            f'redundancy, {r["degraded"]:,} degraded</span>{lost}{down}{moving} '
             f'<span class="muted">(surveyed {e(time.strftime("%H:%M:%S", time.localtime(r["time"])))})</span></p>')
 
 

@@ -11,6 +11,7 @@ from ..control.node_directory import NodeDirectory
 from ..control.state import ClusterState
 from ..core.errors import FasterFSError
 from ..core.manifest import Manifest
+from ..core.pace import Throttle
 from ..meta.follower import Follower
 from . import repair, repair_rebuild, repair_survey
 from .repair_health import Health
@@ -64,13 +65,18 @@ class NodeRepair:
     def spread(self) -> repair_rebuild.Spread:
         return repair_rebuild.through(self.nodes, own=self.index, here=self.rebuild)
 
-    def rebuild(self, jobs: list[repair_rebuild.Rebuild], down: Iterable[int]) -> list[int | str]:
+    def rebuild(self, jobs: list[repair_rebuild.Rebuild], down: Iterable[int],
+                mb_per_s: float | None = None) -> list[int | str]:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
-        survivors here, so a lost node's data is rebuilt by every target at once. Bytes written
-        per job, or why it failed."""
+        survivors here, so a lost node's data is rebuilt by every target at once, at most
+        `mb_per_s` (default repair.mb_per_s: a drain may ask for less). Bytes written per job,
+        or why it failed."""
         state, avoid = self.state(), frozenset(down)
+        rate = (self.cfg.repair.mb_per_s if mb_per_s is None else mb_per_s) * 1e6
         with self._rebuilder_lock:  # kept across a repair's calls: its clients are one per node to make
             if self._rebuilder is None or self._rebuilder[0] is not state or self._rebuilder[1] != avoid:
                 self._rebuilder = (state, avoid, repair_rebuild.Rebuilder(self.cfg, state, self.creds, avoid))
             rebuilder = self._rebuilder[2]
+            if rebuilder.throttle.rate != rate:
+                rebuilder.throttle = Throttle(rate)
         return rebuilder.many(jobs)

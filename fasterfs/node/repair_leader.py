@@ -37,6 +37,7 @@ from .repair_health import Health
 log = logging.getLogger("fasterfs.node.repair_leader")
 
 HISTORY = 20  # repairs kept for `status`
+MOVES_RECENT_S = 300  # moves this recent make the rate `status` and the dashboard show
 SURVEY_SHARE = 0.05  # of the leader's time its periodic surveys may take
 DEFER_MAX = 4  # a periodic survey waits for the namespace to rest at most this many times its spacing
 
@@ -183,15 +184,29 @@ class RepairLeader:
         minutes, and `up`, a `status` and the leader's own round need not each run it. One that
         believes `trusted` nodes lists only the others, and is not shared."""
         if trusted:
-            self.health = self.survey(trusted).to_dict()
+            self.health = self._with_rate(self.survey(trusted))
             return self.health
         asked = time.monotonic()
         with self._survey_lock:
             if self._survey_began < asked:  # else one began after the ask and has just ended
                 self._survey_began = time.monotonic()
-                self._surveyed_health = self.survey(frozenset()).to_dict()
+                self._surveyed_health = self._with_rate(self.survey(frozenset()))
             self.health = self._surveyed_health
             return self._surveyed_health
+
+    def moving_mb_s(self) -> float:
+        """Bytes this leader's moves wrote of late over the wall time since the first of them
+        began (the pauses between rounds count: what an ETA needs); 0 without moves of late."""
+        now = time.time()
+        recent = [r for r in self.repairs if r["moved"] and now - r["time"] < MOVES_RECENT_S]
+        if not recent:
+            return 0.0
+        began = min(r["time"] - r["seconds"] for r in recent)
+        return sum(r["bytes_written"] for r in recent) / 1e6 / max(now - began, 1e-3)
+
+    def _with_rate(self, health: Health) -> dict:
+        health.moving_mb_s = self.moving_mb_s()
+        return health.to_dict()
 
     def record(self, why: str, out: Outcome) -> None:
         log.warning("%s repair: %d chunks repaired, %d pieces written (%d moved home), %d failed; found %s",
@@ -199,5 +214,6 @@ class RepairLeader:
         self.repairs.append({"why": why, "time": time.time(), "repaired": out.repaired,
                              "pieces_written": out.pieces_written, "moved": out.moved,
                              "bytes_written": out.bytes_written, "seconds": out.seconds, "by_node": out.by_node,
-                             "failed": out.failed[:10], "found": out.health.to_dict()})
+                             "failed": out.failed[:10]})
+        self.repairs[-1]["found"] = self._with_rate(out.health)  # its own moves in the rate
         del self.repairs[:-HISTORY]

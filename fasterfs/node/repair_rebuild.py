@@ -150,14 +150,17 @@ BATCH_BYTES = 64 << 20  # a writer's chunks per call: a lease renewal at least e
 CALL_TIMEOUT_S = 600.0   # one batch at a node, queued behind its other work; past it, rebuilt here
 
 
-def through(directory, own: int | None = None, here: Callable[[list[Rebuild], Set[int]], list] | None = None) -> Spread:
+def through(directory, own: int | None = None, here: Callable[[list[Rebuild], Set[int]], list] | None = None,
+            mb_per_s: float | None = None) -> Spread:
     """Spread over the StorageNodes `directory` (a NodeDirectory) finds; node `own`'s jobs by
-    `here` in this process (a StorageNode calling itself through Ray would wait on itself)."""
+    `here` in this process (a StorageNode calling itself through Ray would wait on itself);
+    `mb_per_s`: each node's pace for these jobs (default: its repair.mb_per_s)."""
     def spread(node: int, jobs: list[Rebuild], down: Set[int]) -> list:
         import ray
 
         if node == own and here is not None:
             return here(jobs, down)
-        return ray.get(directory.require(node).rebuild.options(concurrency_group=LONG).remote(jobs, sorted(down)),
+        return ray.get(directory.require(node).rebuild.options(concurrency_group=LONG).remote(jobs, sorted(down),
+                                                                                            mb_per_s),
                        timeout=CALL_TIMEOUT_S)
     return spread

@@ -81,6 +81,7 @@ def plan_repairs(manifests: Iterable[Manifest], state: ClusterState, listing: Ma
             moves = [s for s in present if at[s] != c.nodes[s] and at[s] in alive and at[s] not in c.nodes
                      and s not in leaving] if m.moved else []
             health.misplaced += len(moves) + len(leaving)
+            health.misplaced_bytes += (len(moves) + len(leaving)) * piece_bytes(m, c)
             if len(present) < len(slots):
                 health.degraded.setdefault(m.name, []).append(c.id)
             if len(present) < needed(m):
@@ -92,6 +93,11 @@ def plan_repairs(manifests: Iterable[Manifest], state: ClusterState, listing: Ma
     # a node the data was stored on that is not part of the cluster now: down, as a machine that is
     health.nodes_down = sorted(set(health.nodes_down) | (stored_on - {n.index for n in state.nodes}))
     return health, plans
+
+
+def piece_bytes(m: Manifest, c) -> int:
+    """What one piece of chunk `c` holds: the chunk (a replica), or its share (an ec shard)."""
+    return -(-c.bytes // m.ec_data) if m.layout == "ec" else c.bytes
 
 
 def check(state: ClusterState, creds, manifests: list[Manifest], load_slack: float) -> Health:

@@ -184,10 +184,10 @@ class StorageNode:
         self.leader.record("scrub", out)
         return out.repaired
 
-    def rebuild(self, jobs: list[Rebuild], down: Iterable[int]) -> list[int | str]:
+    def rebuild(self, jobs: list[Rebuild], down: Iterable[int], mb_per_s: float | None = None) -> list[int | str]:
         """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
-        survivors here. Bytes written per job, or why it failed."""
-        return self.node_repair.rebuild(jobs, down)
+        survivors here (at most mb_per_s; default repair.mb_per_s). Bytes written per job, or why it failed."""
+        return self.node_repair.rebuild(jobs, down, mb_per_s)
 
     def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced

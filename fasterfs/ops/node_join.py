@@ -132,7 +132,8 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     and Ray node (not the head's: the cluster's GCS) stopped and the node out of the cluster's
     state. Refused, naming why, with nothing moved: a node not in the cluster, a cluster attached
     to Ray started elsewhere, a name whose layout needs more nodes than would be left. Run
-    again, it resumes."""
+    again, it resumes. `repair.mb_per_s` given in `cfg`'s overrides paces this drain's moves on
+    every node (readers share the disks with them); otherwise each node's own."""
     import ray
 
     from ..node import repair, repair_rebuild
@@ -153,6 +154,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
         kind = f"ec={m.ec_data}+{m.ec_parity}" if m.layout == "ec" else f"replicas={m.replicas}"
         raise FasterFSError(f"draining node {index} would leave {len(left)} nodes, fewer than {narrow[0]!r} needs "
                             f"({kind}; {len(narrow)} names in all): nothing moved")
+    pace = settings_given(cfg).get("repair.mb_per_s")  # given for this drain: gentler (or faster) than the nodes'
     cfg = as_cfg(state.config)
     creds = registry.fetch_credentials(state.name, "admin")
     directory = NodeDirectory(state.ray_namespace)
@@ -161,7 +163,8 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     _tell_nodes_changed(state)
     began, moved, wrote = time.monotonic(), 0, 0
     for _ in range(DRAIN_ROUNDS):  # a write or a leader's repair meanwhile may name it again
-        out = repair.run(cfg, state, creds, progress=progress, spread=repair_rebuild.through(directory))
+        out = repair.run(cfg, state, creds, progress=progress,
+                         spread=repair_rebuild.through(directory, mb_per_s=None if pace is None else float(str(pace))))
         moved, wrote = moved + out.moved, wrote + out.bytes_written
         held = _named_on(state, index)
         if not held:

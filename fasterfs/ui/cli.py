@@ -111,15 +111,16 @@ COMMANDS = {
                                 "serving until then; `fasterfs status` shows what is left to move "
                                 "(docs/multi-host.md)")),
     "nodes drain": Command(cmd_nodes_drain, "move a node's data to the others, then stop it and take it out of the "
-                           "cluster", "fasterfs nodes drain 3",
+                           "cluster", "fasterfs nodes drain 3 repair.mb_per_s=20",
                            (("node", dict(type=int, metavar="NODE", help="the node's id (0, 1, ...)")),),
                            about=("move a node's data to the others, then stop it: the node takes no new "
                                   "data, repair moves each of its pieces to the node placement now gives it "
                                   "(read and checked, the namespace naming the new home before the old copy "
                                   "is retired: full redundancy throughout), and once the namespace names "
                                   "nothing on it its StorageNode, MinIO and Ray node stop and it leaves the "
-                                  "cluster's state. Refused, naming why, when a name's layout needs more "
-                                  "nodes than would be left (docs/multi-host.md)")),
+                                  "cluster's state. repair.mb_per_s=N paces its moves on every node (the "
+                                  "readers share the disks with them). Refused, naming why, when a name's "
+                                  "layout needs more nodes than would be left (docs/multi-host.md)")),
     "nodes restart": Command(cmd_nodes_restart, "start each StorageNode again in turn, with the code installed now and "
                              "the settings given", "fasterfs nodes restart cache.capacity_mb=2048",
                              (("nodes", dict(type=int, nargs="*", metavar="NODE",
