@@ -185,9 +185,7 @@ class StorageNode:
         return out.repaired
 
     def rebuild(self, jobs: list[Rebuild], down: Iterable[int], mb_per_s: float | None = None) -> list[int | str]:
-        """Chunks a repair assigned to this node (it takes their pieces): rebuilt from the
-        survivors here (at most mb_per_s; default repair.mb_per_s). Bytes written per job, or why it failed."""
-        return self.node_repair.rebuild(jobs, down, mb_per_s)
+        return self.node_repair.rebuild(jobs, down, mb_per_s)  # NodeRepair.rebuild says what
 
     def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced
@@ -370,8 +368,7 @@ class StorageNode:
         return self.mounts.unmount(path)
 
     def stop(self, hand_over: bool = False) -> None:
-        """Stop the node. hand_over (a restart: `fasterfs nodes restart`): MinIO and the mounts'
-        daemons serve on, for the next incarnation to take over; readers never see them stop."""
+        """hand_over (`nodes restart`): MinIO and the mounts' daemons serve on for the next incarnation."""
         self.stopping.set()
         if not hand_over:
             self.mounts.unmount_all()
