@@ -39,21 +39,14 @@ def terminate_all(pids: list[int], timeout: float = 10.0) -> None:
             pass
 
 
-def spawn_detached(argv: list[str], log_path: Path, env: dict, tied_to: int | None = None) -> int:
+def spawn_detached(argv: list[str], log_path: Path, env: dict) -> int:
     """Start `argv` in a session of its own and as no child of this process, its output appended
     to `log_path`, and return its pid: it outlives this process however that ends (Ray kills a
     worker's children and its process group with the worker; a server one StorageNode hands to
-    the next must be neither). With `tied_to` (a StorageNode's raylet), a watcher stops it within
-    two seconds of that process's end (`ray stop`): nothing outlives the node it served."""
-    script = """log=$1; tie=$2; shift 2
-"$@" </dev/null >>"$log" 2>&1 &
-child=$!
-echo $child
-if [ "$tie" -gt 0 ]; then
-  (while kill -0 "$tie" && kill -0 "$child"; do sleep 2; done; kill "$child") </dev/null >/dev/null 2>&1 &
-fi"""
-    out = subprocess.run(["sh", "-c", script, "sh", str(log_path), str(tied_to or 0), *argv], env=env,
-                         capture_output=True, text=True, check=True, timeout=30, start_new_session=True)
+    the next must be neither): a shell in a new session starts it in the background and exits."""
+    out = subprocess.run(["sh", "-c", 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!', "sh", str(log_path),
+                          *argv], env=env, capture_output=True, text=True, check=True, timeout=30,
+                         start_new_session=True)
     return int(out.stdout)
 
 

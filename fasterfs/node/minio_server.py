@@ -104,8 +104,7 @@ class MinioServer:
         env = dict(os.environ, MINIO_ROOT_USER=self.creds.access_key, MINIO_ROOT_PASSWORD=self.creds.secret_key,
                    MINIO_UPDATE="off", MINIO_CALLHOME_ENABLE="off",
                    MINIO_BROWSER="off")  # no web console: one listener per MinIO, its S3 API
-        # not our child: it outlives this process (a restart hands it over), not our parent (the raylet)
-        self.pid = spawn_detached(self.command(), self.log_path, env, tied_to=os.getppid())
+        self.pid = spawn_detached(self.command(), self.log_path, env)  # not our child: a restart hands it over
         self.pidfile.write_text(str(self.pid))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

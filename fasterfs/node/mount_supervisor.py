@@ -144,7 +144,7 @@ class Mounts:
         self._stats_file(real).unlink(missing_ok=True)
         proc = _Agent(process.spawn_detached(
             [sys.executable, "-m", "fasterfs.read.mount", real, *self.overrides], log_file,
-            dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real))), tied_to=os.getppid()))
+            dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real)))))
         deadline = time.monotonic() + self.timeout
         while not is_mounted(real):
             if proc.poll() is not None or time.monotonic() > deadline:

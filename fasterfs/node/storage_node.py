@@ -185,7 +185,7 @@ class StorageNode:
         return out.repaired
 
     def rebuild(self, jobs: list[Rebuild], down: Iterable[int], mb_per_s: float | None = None) -> list[int | str]:
-        return self.node_repair.rebuild(jobs, down, mb_per_s)  # NodeRepair.rebuild says what
+        return self.node_repair.rebuild(jobs, down, mb_per_s)  # see NodeRepair.rebuild
 
     def _namespace_changed(self, changed: list[Change], whole: bool) -> None:
         """The NodeIndex with the changed names; the cache keeps no entry of a replaced
@@ -367,8 +367,7 @@ class StorageNode:
     def umount(self, path: str) -> bool:
         return self.mounts.unmount(path)
 
-    def stop(self, hand_over: bool = False) -> None:
-        """hand_over (`nodes restart`): MinIO and the mounts' daemons serve on for the next incarnation."""
+    def stop(self, hand_over: bool = False) -> None:  # hand_over (nodes restart): MinIO and mounts serve on
         self.stopping.set()
         if not hand_over:
             self.mounts.unmount_all()
