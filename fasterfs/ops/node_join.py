@@ -63,7 +63,7 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
     if state.attached:
         raise FasterFSError("a cluster attached to a Ray cluster started elsewhere grows with that cluster "
                             "(`ray up` with the machine added): its nodes are not FasterFS's to start")
-    cfg = as_cfg(state.config)
+    cfg = stored_config(state)
     index = max(n.index for n in state.nodes) + 1
     host = host or Host(Layout(layout.paths, cfg.cluster.first_address, index + 1).address(index))
     taken = {n.address: f"node {n.index}" for n in state.nodes} | {state.head_address: "the head"}
@@ -155,7 +155,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
         raise FasterFSError(f"draining node {index} would leave {len(left)} nodes, fewer than {narrow[0]!r} needs "
                             f"({kind}; {len(narrow)} names in all): nothing moved")
     pace = settings_given(cfg).get("repair.mb_per_s")  # given for this drain: gentler (or faster) than the nodes'
-    cfg = as_cfg(state.config)
+    cfg = stored_config(state)
     creds = registry.fetch_credentials(state.name, "admin")
     directory = NodeDirectory(state.ray_namespace)
     node.draining = True
@@ -172,6 +172,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     else:
         raise FasterFSError(f"node {index} still holds {held} pieces the namespace names after {DRAIN_ROUNDS} "
                             f"repairs ({out.failed[:3]}); it stays draining: `fasterfs nodes drain {index}` again")
+    time.sleep(cfg.repair.drain_grace_s)  # readers holding a manifest from before the last move read there
     actor = directory.get(index)
     if actor is not None:
         ray.get(actor.stop.remote(), timeout=60)
@@ -201,6 +202,17 @@ def settings_given(cfg) -> dict[str, object]:
 
     given, bare = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (cfg, config.load([])))
     return {k: v for k, v in given.items() if bare.get(k) != v and k not in ("cluster.root", "cluster.name")}
+
+
+def stored_config(state: ClusterState):
+    """The cluster's configuration as stored at `up` (and changed by restarts), over the defaults
+    of the code installed now: an option this code added has its default (a node started by new
+    code reads it), every stored value wins."""
+    from omegaconf import OmegaConf
+
+    defaults = config.load([])
+    OmegaConf.set_struct(defaults, False)
+    return OmegaConf.merge(defaults, as_cfg(state.config))
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -235,7 +247,7 @@ def restart(cfg, indices: list[int] | None = None, settings: dict | None = None,
         raise FasterFSError(f"option {fixed[0]} is fixed while the cluster runs (set at `fasterfs up`): a restart "
                             f"cannot change it; nothing restarted")
     order = [state.node(i).index for i in indices] if indices else [n.index for n in state.nodes]  # names bad ones
-    merged = OmegaConf.merge(as_cfg(state.config), OmegaConf.from_dotlist([f"{k}={v}" for k, v in settings.items()]))
+    merged = OmegaConf.merge(stored_config(state), OmegaConf.from_dotlist([f"{k}={v}" for k, v in settings.items()]))
     assert isinstance(merged, DictConfig)
     new = config.checked(merged)  # a bad value is refused here, before any node stops
     connect_ray(state)
