@@ -96,15 +96,21 @@ def phase_result(futures: list, began: float, seconds: float) -> dict:
             "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None}
 
 
+def lab_overrides(root: Path, name: str, k: int, argv: list[str]) -> list[str]:
+    """A bench lab's overrides: ports of its own (slot k) beside any other cluster on this machine
+    (a user's, the suite's), and no chunk made hot: the reads measure the hosts' disks (a fill
+    would share a disk with them)."""
+    return [f"cluster.root={root}", f"cluster.name={name}", f"cluster.ray_port={6480 + k}",
+            f"cluster.dashboard_port={8380 + k}", f"cluster.client_port={7180 + k}",
+            f"cluster.agent_port={23800 + 100 * k}", f"cluster.node_ports={40000 + 1000 * k}",
+            f"dashboard.port={8480 + k}", "kernel.hot_threshold=1000000000", *argv]
+
+
 def main(argv: list[str]) -> dict:
     cfg = config.load(argv, lab=True)
     b = cfg.bench
     root = Path(tempfile.mkdtemp(prefix="ffs-growth-", dir="/var/tmp"))
-    # ports of its own beside any other cluster on this machine (a user's, the suite's)
-    ports = ["cluster.name=ffs-growth", "cluster.ray_port=6480", "cluster.dashboard_port=8380",
-             "cluster.client_port=7180", "cluster.agent_port=23800", "cluster.node_ports=40000", "dashboard.port=8480"]
-    # no chunk made hot: the reads measure the hosts' disks (a fill would share a disk with them)
-    base = [f"cluster.root={root}", *ports, "kernel.hot_threshold=1000000000", *argv]
+    base = lab_overrides(root, "ffs-growth", 0, argv)
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.growth_mb,
                  "window_s": b.growth_window_s, "repair_mb_per_s": cfg.repair.mb_per_s}
     fasterfs_cli("lab", "up", "--nodes", "2", *base)

@@ -31,7 +31,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from growth import begin_phase, fasterfs_cli, phase, phase_result
+from growth import begin_phase, fasterfs_cli, lab_overrides, phase, phase_result
 
 from fasterfs.control import registry, report
 from fasterfs.core import config
@@ -48,9 +48,7 @@ def main(argv: list[str]) -> dict:
     cfg = config.load(argv, lab=True)
     b = cfg.bench
     root = Path(tempfile.mkdtemp(prefix="ffs-restart-", dir="/var/tmp"))
-    ports = ["cluster.name=ffs-restart", "cluster.ray_port=6481", "cluster.dashboard_port=8381",
-             "cluster.client_port=7181", "cluster.agent_port=23900", "cluster.node_ports=41000", "dashboard.port=8481"]
-    base = [f"cluster.root={root}", *ports, "kernel.hot_threshold=1000000000", *argv]
+    base = lab_overrides(root, "ffs-restart", 1, argv)
     window = float(b.growth_window_s)
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.restart_mb,
                  "window_s": window, "repair_mb_per_s": cfg.repair.mb_per_s}
