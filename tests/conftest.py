@@ -592,7 +592,7 @@ def in_lab_tier(nodeid: str) -> bool:
 # Cluster-tier modules that start only clusters and servers of their own, never the session's:
 # they may run on the lab tier's worker, whichever keeps the workers even.
 OWN_CLUSTERS = ("test_lifecycle.py", "test_minio_supervisor.py", "test_command_line_offline.py", "test_head_loss.py",
-                "test_mark_keeper.py", "test_notebook.py")
+                "test_mark_keeper.py")
 DURATIONS = Path(__file__).with_name("durations.json")  # seconds per module, measured (scripts/test_durations.py)
 
 

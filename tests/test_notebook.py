@@ -1,44 +1,16 @@
-"""The notebooks run top to bottom against a live cluster, and so do the README's Python blocks.
-The cluster is this module's own (conftest.OWN_CLUSTERS): the suite's workers even by time."""
+"""The notebooks run top to bottom against the session's live cluster, and so do the README's
+Python blocks."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import nbformat
-import pytest
-from conftest import assert_nothing_left, cluster_overrides
 from nbclient import NotebookClient
 
 from fasterfs.core import config
 from fasterfs.ops import cluster
-
-
-@pytest.fixture(scope="module")
-def cluster_root():
-    root = Path(tempfile.mkdtemp(prefix="ffs-notebook-"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def overrides(cluster_root) -> list[str]:
-    return cluster_overrides(cluster_root, "127.0.8.2", 8)
-
-
-@pytest.fixture(scope="module")
-def live_cluster(overrides):
-    cfg = config.load(overrides)
-    state = cluster.up(cfg)
-    try:
-        yield state
-    finally:
-        cluster.down(cfg)
-        assert_nothing_left(state)
 
 
 def execute(name: str, cluster_root) -> tuple[str, list]:
@@ -91,7 +63,6 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
     from jupyter_client import BlockingKernelClient
 
     from fasterfs.dashboard import notebook
-    from fasterfs.ops import cluster
 
     manifest = ingest_as("csv", reuse=True)
     fasterfs = str(config.PROJECT_DIR / ".venv/bin/fasterfs")
