@@ -66,7 +66,12 @@ def test_failed_actor_start_tears_everything_down(own, tmp_path):
 def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch, capsys, secured):
     """cluster.yaml's path: Ray is started by someone else (with token authentication, as
     cluster.yaml does; or without, which FasterFS refuses unless cluster.insecure=true, and
-    then says so); FasterFS adds StorageNodes and on down stops only what it started."""
+    then says so); FasterFS adds StorageNodes and on down stops only what it started. With the
+    token (the data path, once): a machine joins the Ray cluster (`ray start --address`) and
+    `fasterfs nodes add` gives it a StorageNode; the namespace then names it exactly where
+    placement over both nodes does, its MinIO (listed with boto3) holds exactly those pieces, and
+    the file reads whole; `fasterfs nodes drain` moves them back and stops its StorageNode, the
+    machine's Ray node running on (its owner's)."""
     import os
     import signal
     import sys
@@ -93,7 +98,8 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
                           "--num-cpus=1", "--object-store-memory=200000000", "--include-dashboard=false",
                           "--ray-client-server-port=7150", "--dashboard-agent-listen-port=52480",
                           "--disable-usage-stats"], root / "head.log", dict(env, RAY_USAGE_STATS_ENABLED="0"))
-    attach = own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500"]
+    attach = own + ["cluster.attach=true", "cluster.ray_address=127.0.3.2:6500", "repair.drain_grace_s=1"]
+    worker = None
     try:
         ray_nodes.wait_for_head(config.load(own + ["cluster.ray_port=6500"]), cluster.Host("127.0.3.2"), head,
                                root / "head.log")
@@ -113,15 +119,70 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
             put(config.load(own + ["files.chunk_mb=1"]), src, "team/blob.bin")
             client = fasterfs.connect(root, dataset="team/blob.bin")
             assert b"".join(client.read_chunk(i) for i in range(len(client))) == src.read_bytes()
+            worker = outside.spawn([ray_bin, "start", "--block", "--address=127.0.3.2:6500",
+                                    "--node-ip-address=127.0.3.3", "--num-cpus=1", "--object-store-memory=200000000",
+                                    "--dashboard-agent-listen-port=52481", "--disable-usage-stats"],
+                                   root / "worker.log", dict(env, RAY_USAGE_STATS_ENABLED="0"))
+            grown(attach, src.read_bytes(), worker)
         report = cluster.down(cfg)
         assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 0
         assert head.poll() is None  # the Ray cluster we did not start keeps running
+        assert worker is None or worker.poll() is None
         minio_left = [pid for pid, cmd in command_lines() if str(root).encode() in cmd and b"minio" in cmd]
         assert not minio_left
     finally:
-        head.send_signal(signal.SIGTERM)
-        head.wait(60)
+        for started in (worker, head):
+            if started is not None:
+                started.send_signal(signal.SIGTERM)
+                started.wait(60)
         outside.remove()
+
+
+def grown(attach: list[str], blob: bytes, worker) -> None:
+    """The attached cluster (node 0 holding team/blob.bin) grown by the Ray node at 127.0.3.3, then
+    drained of it (test_attach_to_a_ray_cluster_started_elsewhere)."""
+    import ray
+    from conftest import minio_keys, wait_until
+    from xxhash import xxh3_64_intdigest as xxh3
+
+    import fasterfs
+    from fasterfs.control import registry, s3
+    from fasterfs.core.placement import chunk_homes
+    from fasterfs.node import repair_survey
+    from fasterfs.ui.cli import main
+
+    cfg = config.load(attach)
+    wait_until(lambda: any(n["Alive"] and n["NodeManagerAddress"] == "127.0.3.3" for n in ray.nodes()), 60,
+               "the machine's Ray node to join")
+    assert main(["nodes", "add", *attach]) == 0
+    state = cluster.ClusterState.load(cfg.cluster.root)
+    assert [(n.index, n.address) for n in state.nodes] == [(0, "127.0.3.2"), (1, "127.0.3.3")]
+    assert main(["nodes", "add", *attach]) == 1  # nothing new: refused, naming how a machine joins
+    homes = chunk_homes("team/blob.bin", -(-len(blob) // 2**20), [0, 1], 1, cfg.placement.load_slack)
+    wanted = {i for i, h in enumerate(homes) if 1 in h}
+    assert wanted, "placement gave the new node none of the file's chunks: nothing was shown"
+    creds = registry.fetch_credentials(state.name, "admin")
+
+    def moved() -> bool:
+        named = {c.id for c in registry.fetch_manifest(state.name, "team/blob.bin").chunks if 1 in c.nodes}
+        return named == wanted and repair_survey.survey(state, creds, cfg.placement.load_slack).misplaced == 0
+    wait_until(moved, 120, "the new node's share moved to it")
+    m = registry.fetch_manifest(state.name, "team/blob.bin")
+    held = minio_keys(state, "")
+    assert held[1] == {c.key for c in m.chunks if 1 in c.nodes}  # its MinIO's own listing: exactly its share
+    mine = s3.client(state.node(1).endpoint, creds)
+    for c in (c for c in m.chunks if 1 in c.nodes):  # each piece there as stored: the source's bytes
+        body = mine.get_object(Bucket=m.bucket, Key=c.key)["Body"].read()
+        assert xxh3(body) == xxh3(blob[c.id * 2**20:(c.id + 1) * 2**20]), c.id
+    client = fasterfs.connect(cfg.cluster.root, dataset="team/blob.bin")
+    assert b"".join(client.read_chunk(i) for i in range(len(client))) == blob
+    assert main(["nodes", "drain", "1", *attach]) == 0
+    state = cluster.ClusterState.load(cfg.cluster.root)
+    assert [n.index for n in state.nodes] == [0]
+    assert not [c.id for c in registry.fetch_manifest(state.name, "team/blob.bin").chunks if 1 in c.nodes]
+    assert any(n["Alive"] and n["NodeManagerAddress"] == "127.0.3.3" for n in ray.nodes()) and worker.poll() is None
+    client = fasterfs.connect(cfg.cluster.root, dataset="team/blob.bin")
+    assert b"".join(client.read_chunk(i) for i in range(len(client))) == blob
 
 
 def test_a_cluster_whose_namespace_is_in_redis(own, tmp_path):

@@ -96,6 +96,67 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
     return node
 
 
+def add_nodes(cfg) -> list[NodeState]:
+    """`fasterfs nodes add`: on a cluster FasterFS started, a machine of its own starting (add_node);
+    on one attached to a Ray cluster started elsewhere, a StorageNode on each Ray node that joined
+    since (add_ray_nodes)."""
+    state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    return add_ray_nodes(cfg) if state.attached else [add_node(cfg)]
+
+
+def add_ray_nodes(cfg) -> list[NodeState]:
+    """A cluster attached to a Ray cluster started elsewhere grows with it: every Ray node that
+    joined it (`ray up` with a machine added, a `ray start --address` there) and has no StorageNode
+    gets one, as `up` starts them (the node id its disk records, else a new one; MinIO, kernel
+    programs, cache; not the head's unless cluster.storage_on_head); then every name is placed over
+    all the nodes and the repair leader moves each new node's share in the background. Ray's
+    nodes are not FasterFS's to start or stop: none new is an error saying how one joins."""
+    import ray
+
+    from ..control import head_recovery, identity
+
+    state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
+    if not state.running():
+        raise FasterFSError(f"the cluster under {state.root} is not running: `fasterfs up` first")
+    cfg = stored_config(state)
+    connect_ray(state)
+    alive, surveyed = head_recovery.survey_hosts(cfg, state, ray_nodes.head_node_id(state))
+    known = {n.address for n in state.nodes}
+    joined = [h for h in surveyed if h["address"] not in known]
+    if not joined:
+        raise FasterFSError(f"every node of the Ray cluster at {state.ray_address} has a StorageNode already: a "
+                            "machine joins with `ray up` (it added to cluster.yaml's worker_ips) or `ray start "
+                            f"--address={state.ray_address}` on it, then `fasterfs nodes add`")
+    identity.check_versions(joined)
+    taken = {n.index for n in state.nodes}
+    ids = identity.assign([{"address": n.address, "identities": [{"node": n.index, "address": n.address}]}
+                           for n in state.nodes] + joined)
+    clash = [h["address"] for h in joined if ids[h["address"]] in taken]
+    if clash:  # a disk recording the id of a node that runs elsewhere: assign names the copied disk
+        raise FasterFSError(f"host {clash[0]} records node id {ids[clash[0]]}, which node "
+                            f"{state.node(ids[clash[0]]).address} has: remove node-{ids[clash[0]]} from its disk")
+    new = [NodeState(ids[h["address"]], h["address"], endpoint(h["address"], cfg.minio.port, cfg.minio.tls), None,
+                     alive[h["address"]], host_id=h["host_id"]) for h in joined]
+    state.nodes = sorted(state.nodes + new, key=lambda n: n.index)
+    state.config["nodes"] = len(state.nodes)
+    state.save()
+    try:
+        start_storage_nodes(cfg, state, new)
+        state.save()
+        _tell_nodes_changed(state)
+    except BaseException:
+        for node in new:
+            actor = NodeDirectory(state.ray_namespace).get(node.index)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+            state.nodes.remove(node)
+        state.config["nodes"] = len(state.nodes)
+        state.save()
+        raise
+    registry.spread(state.name, len(state.placing()))
+    return new
+
+
 def _spawn_ray_node(cfg, state: ClusterState, index: int, host: Host):
     """`ray start` of node `index` on `host`, joining the head, in the node's own cgroup."""
     log_path = Paths(Path(state.root)).log_dir / f"ray-node-{index}.log"
@@ -129,9 +190,10 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     repair to the nodes placement now gives them (each read through the verified path and
     written before the namespace names its new home; the copy on the node serves until then),
     and once the namespace names nothing on it, its StorageNode (MinIO, kernel programs, mounts)
-    and Ray node (not the head's: the cluster's GCS) stopped and the node out of the cluster's
-    state. Refused, naming why, with nothing moved: a node not in the cluster, a cluster attached
-    to Ray started elsewhere, a name whose layout needs more nodes than would be left. Run
+    and Ray node (not the head's: the cluster's GCS; nor one of a Ray cluster started elsewhere,
+    whose owner removes the machine: `ray down`, cluster.yaml's worker_ips) stopped and the node out
+    of the cluster's state. Refused, naming why, with nothing moved: a node not in the cluster, a
+    name whose layout needs more nodes than would be left. Run
     again, it resumes. `repair.mb_per_s` given in `cfg`'s overrides paces this drain's moves on
     every node (readers share the disks with them); otherwise each node's own."""
     import ray
@@ -141,9 +203,6 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     state = ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
     if not state.running():
         raise FasterFSError(f"the cluster under {state.root} is not running: nothing to drain")
-    if state.attached:
-        raise FasterFSError("a cluster attached to a Ray cluster started elsewhere: its machines leave with "
-                            "that cluster (`ray down`), their data repaired after")
     node = state.node(index)  # names the cluster's nodes when it is not one
     connect_ray(state)
     left = [n.index for n in state.placing() if n.index != index]
@@ -186,7 +245,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     state.save()
     _tell_nodes_changed(state)
     return {"node": index, "address": node.address, "moved": moved, "bytes": wrote,
-            "seconds": time.monotonic() - began}
+            "seconds": time.monotonic() - began, "ray_node_left": state.attached}
 
 
 # what `up` fixed for the cluster's life: where it lives, how it is addressed, how names are placed

@@ -108,8 +108,9 @@ COMMANDS = {
                                 "placed over every node, and the repair leader moves the pieces rendezvous "
                                 "gives the new node (about 1/N) in the background at repair.mb_per_s, each "
                                 "read and checked before the namespace names its new home, the old copy "
-                                "serving until then; `fasterfs status` shows what is left to move "
-                                "(docs/multi-host.md)")),
+                                "serving until then; `fasterfs status` shows what is left to move. On a "
+                                "cluster attached to a Ray cluster started elsewhere (cluster.yaml), a "
+                                "StorageNode on each Ray node that joined it since instead (docs/multi-host.md)")),
     "nodes drain": Command(cmd_nodes_drain, "move a node's data to the others, then stop it and take it out of the "
                            "cluster", "fasterfs nodes drain 3 repair.mb_per_s=20",
                            (("node", dict(type=int, metavar="NODE", help="the node's id (0, 1, ...)")),),
@@ -117,8 +118,9 @@ COMMANDS = {
                                   "data, repair moves each of its pieces to the node placement now gives it "
                                   "(read and checked, the namespace naming the new home before the old copy "
                                   "is retired: full redundancy throughout), and once the namespace names "
-                                  "nothing on it its StorageNode, MinIO and Ray node stop and it leaves the "
-                                  "cluster's state. repair.mb_per_s=N paces its moves on every node (the "
+                                  "nothing on it its StorageNode, MinIO and Ray node (not one of a Ray "
+                                  "cluster started elsewhere: its owner's) stop and it leaves the cluster's state. "
+                                  "repair.mb_per_s=N paces its moves on every node (the "
                                   "readers share the disks with them). Refused, naming why, when a name's "
                                   "layout needs more nodes than would be left (docs/multi-host.md)")),
     "nodes restart": Command(cmd_nodes_restart, "start each StorageNode again in turn, with the code installed now and "

@@ -9,8 +9,10 @@ console = report.console()
 def cmd_nodes_add(cfg) -> None:
     from ..ops import node_join
 
-    with console.status("starting a node on the next loopback address"):
-        print_joined(node_join.add_node(cfg))
+    with console.status("adding a node: its StorageNode, MinIO, kernel programs and cache"):
+        added = node_join.add_nodes(cfg)
+    for node in added:
+        print_joined(node)
 
 
 def print_joined(node) -> None:
@@ -30,8 +32,9 @@ def cmd_nodes_drain(cfg, node: int) -> None:
                             total=None)
         done = node_join.drain(cfg, node, lambda moved, total: bar.update(task, completed=moved, total=total))
     console.print(f"node {done['node']} ({done['address']}) drained and stopped: {done['moved']} pieces moved, "
-                  f"{report.fmt_bytes(done['bytes'])} in {done['seconds']:.1f} s; the namespace names nothing on it",
-                  highlight=False)
+                  f"{report.fmt_bytes(done['bytes'])} in {done['seconds']:.1f} s; the namespace names nothing on it"
+                  + ("; its Ray node runs on, its owner's to remove (`ray down`, or the machine out of cluster.yaml's"
+                     " worker_ips and `ray up`)" if done["ray_node_left"] else ""), highlight=False)
 
 
 def cmd_nodes_restart(cfg, nodes: list[int]) -> None:
