@@ -70,8 +70,9 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
     token (the data path, once): a machine joins the Ray cluster (`ray start --address`) and
     `fasterfs nodes add` gives it a StorageNode; the namespace then names it exactly where
     placement over both nodes does, its MinIO (listed with boto3) holds exactly those pieces, and
-    the file reads whole; `fasterfs nodes drain` moves them back and stops its StorageNode, the
-    machine's Ray node running on (its owner's)."""
+    the file reads whole (`nodes add` run as on that machine, whose disk holds no cluster state;
+    run again on the head, nothing new, it is refused); `fasterfs nodes drain` moves them back and
+    stops its StorageNode, the machine's Ray node running on (its owner's)."""
     import os
     import signal
     import sys
@@ -141,6 +142,8 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
 def grown(attach: list[str], blob: bytes, worker) -> None:
     """The attached cluster (node 0 holding team/blob.bin) grown by the Ray node at 127.0.3.3, then
     drained of it (test_attach_to_a_ray_cluster_started_elsewhere)."""
+    import sys
+
     import ray
     from conftest import minio_keys, wait_until
     from xxhash import xxh3_64_intdigest as xxh3
@@ -154,7 +157,14 @@ def grown(attach: list[str], blob: bytes, worker) -> None:
     cfg = config.load(attach)
     wait_until(lambda: any(n["Alive"] and n["NodeManagerAddress"] == "127.0.3.3" for n in ray.nodes()), 60,
                "the machine's Ray node to join")
-    assert main(["nodes", "add", *attach]) == 0
+    # run on the machine that joined, as cluster.yaml's worker start commands do: no cluster state on its disk
+    elsewhere = [o for o in attach if not o.startswith("cluster.root=")] + [f"cluster.root={cfg.cluster.root}-w"]
+    out = subprocess.run([str(Path(sys.executable).with_name("fasterfs")), "nodes", "add", *elsewhere],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "node 1 joined at 127.0.3.3" in " ".join(out.stdout.split()), out.stdout + out.stderr
+    assert not Path(f"{cfg.cluster.root}-w", "cluster.json").exists()
+    again = subprocess.run(out.args, capture_output=True, text=True, timeout=300)  # its start commands run again
+    assert again.returncode == 0 and "has its StorageNode already" in again.stdout, again.stdout + again.stderr
     state = cluster.ClusterState.load(cfg.cluster.root)
     assert [(n.index, n.address) for n in state.nodes] == [(0, "127.0.3.2"), (1, "127.0.3.3")]
     assert main(["nodes", "add", *attach]) == 1  # nothing new: refused, naming how a machine joins

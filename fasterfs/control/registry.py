@@ -234,7 +234,7 @@ def find(cfg, root=None) -> ClusterState:
 
         ns = ray.get_runtime_context().namespace or ""
         name = ns[len(ray_namespace("")):] if ns.startswith(ray_namespace("")) else cfg.cluster.name
-    elif address := _ray_address(cfg):
+    elif address := ray_address(cfg):
         name = cfg.cluster.name
         join(address, name, cfg.cluster.root, cfg.cluster.head_wait_s)
     else:
@@ -244,7 +244,7 @@ def find(cfg, root=None) -> ClusterState:
     return find_in_ray(name)
 
 
-def _ray_address(cfg) -> str | None:
+def ray_address(cfg) -> str | None:
     """cluster.ray_address, else RAY_ADDRESS as Ray sets it for a `ray job submit` driver
     (<host>:<port>; not "auto" nor a dashboard URL)."""
     env = os.environ.get("RAY_ADDRESS", "")

@@ -13,6 +13,8 @@ def cmd_nodes_add(cfg) -> None:
         added = node_join.add_nodes(cfg)
     for node in added:
         print_joined(node)
+    if not added:  # asked from a machine that joined earlier (cluster.yaml's worker start commands run again)
+        console.print("every Ray node has its StorageNode already: nothing to add", highlight=False)
 
 
 def print_joined(node) -> None:
