@@ -20,8 +20,9 @@ VENV="$ROOT/.venv"
 # fuse3: the mount; redis-server: cluster.namespace_store=redis
 APT_PACKAGES=(bpfcc-tools python3-bpfcc linux-headers-amd64 libbpf1 iproute2 python3-venv fuse3 redis-server)
 # tests and benchmarks only: chromium, the headless browser the dashboard's page test drives; fio, the
-# mount's benchmark; s3fs, rclone, the peer mounts it measures against; bpftool, the kernel's own view
-[ "$MODE" = test ] && APT_PACKAGES+=(chromium fio s3fs rclone bpftool)
+# mount's benchmark; s3fs, rclone, the peer mounts it measures against; bpftool, the kernel's own view;
+# openssh-server and rsync, what Ray's cluster launcher needs of the lab machines `ray up` is tested on
+[ "$MODE" = test ] && APT_PACKAGES+=(chromium fio s3fs rclone bpftool openssh-server rsync)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -30,6 +31,8 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+ssh_new=0  # openssh-server installed by this run (not a server the machine had before)
+case " ${missing[*]} " in *" openssh-server "*) ssh_new=1 ;; esac
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -48,10 +51,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   say "Debian packages present"
 fi
-# ... nor at boot, where systemd runs: the system's Redis service stays off (FasterFS never uses it).
+# ... nor at boot, where systemd runs: the system's Redis service stays off (FasterFS never uses it),
+# and so does the SSH server the tests' lab machines each start for themselves.
 if [ -d /run/systemd/system ] && systemctl is-enabled --quiet redis-server 2>/dev/null; then
   say "Debian's redis-server service disabled and stopped (it listens on 6379, Ray's head port in cluster.yaml)"
   systemctl disable --now --quiet redis-server
+fi
+if [ "$ssh_new" = 1 ] && [ -d /run/systemd/system ] && systemctl is-enabled --quiet ssh 2>/dev/null; then
+  say "Debian's ssh service (installed for the tests' lab machines) disabled and stopped"
+  systemctl disable --now --quiet ssh ssh.socket 2>/dev/null || true
 fi
 
 # 2. Kernel build directory for BCC -------------------------------------------

@@ -23,7 +23,9 @@ console = report.console()
 
 
 def cmd_up(cfg) -> None:
-    with console.status(f"starting {cfg.nodes} Ray nodes with their MinIO servers"):
+    doing = (f"attaching to the Ray cluster at {cfg.cluster.ray_address}: a StorageNode and MinIO on each of its "
+             "nodes" if cfg.cluster.attach else f"starting {cfg.nodes} Ray nodes with their MinIO servers")
+    with console.status(doing):
         state = cluster.up(cfg)
     console.print(f"[green]FasterFS cluster up[/]: {len(state.nodes)} nodes, Ray at {state.ray_address}, "
                   f"FasterFS dashboard {state.web_url or '(disabled)'}")
