@@ -3,10 +3,10 @@ add`, `fasterfs lab add-host`), one back after its machine went down (`rejoin`: 
 power-on`), one taken out after its data has moved to the others (`drain`: `fasterfs nodes
 drain`), each StorageNode started again in turn with new code or settings (`restart`: `fasterfs
 nodes restart`). A `ray start` on the host joins the head, then its StorageNode starts; the other
-nodes serve throughout."""
+nodes serve throughout. (A cluster attached to a Ray cluster started elsewhere grows with it:
+fasterfs.ops.attached_growth.)"""
 from __future__ import annotations
 
-import fcntl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,7 +82,7 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
         state.save()  # the Registry, and through it every host, finds the new node
         start_storage_nodes(cfg, state, [node])
         state.save()
-        _tell_nodes_changed(state)
+        tell_nodes_changed(state)
     except BaseException:
         actor = NodeDirectory(state.ray_namespace).get(index)
         if actor is not None:
@@ -95,100 +95,6 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
         raise
     registry.spread(state.name, len(state.placing()))
     return node
-
-
-def add_nodes(cfg) -> list[NodeState]:
-    """`fasterfs nodes add`: on a cluster FasterFS started, a machine of its own starting (add_node);
-    on one attached to a Ray cluster started elsewhere, a StorageNode on each Ray node that joined
-    since (add_ray_nodes) — also from a machine other than the head (cluster.ray_address given,
-    no cluster state on this disk: the machine that just joined, as cluster.yaml's worker start
-    commands run it), in a task on the head, where the cluster's state is; from there, every Ray
-    node having its StorageNode already is no error (a machine's start commands run again)."""
-    layout = Layout.of(as_cfg(cfg))
-    if not layout.paths.state_file.exists() and registry.ray_address(cfg):
-        return _add_on_head(cfg)
-    state = ClusterState.load(layout.paths.root)
-    return add_ray_nodes(cfg) if state.attached else [add_node(cfg)]
-
-
-def _add_on_head(cfg) -> list[NodeState]:
-    import ray
-
-    from ..control.head_recovery import on_ray_node
-
-    state = registry.find(cfg)
-    if not state.attached:
-        raise FasterFSError(f"cluster {state.name!r} runs the Ray nodes FasterFS started: `fasterfs nodes add` on its "
-                            f"head ({state.head_address}) starts a machine for it")
-    here = [f"cluster.root={state.root}", f"cluster.name={state.name}"]  # the head's disk, where its state is
-    task = ray.remote(num_cpus=0, max_retries=0)(_add_here).options(
-        scheduling_strategy=on_ray_node(ray_nodes.head_node_id(state)))
-    return ray.get(task.remote(here), timeout=stored_config(state).cluster.start_timeout_s + 120)
-
-
-def _add_here(overrides: list[str]) -> list[NodeState]:
-    return add_ray_nodes(config.load(overrides), none_new_is_error=False)
-
-
-def add_ray_nodes(cfg, none_new_is_error: bool = True) -> list[NodeState]:
-    """A cluster attached to a Ray cluster started elsewhere grows with it: every Ray node that
-    joined it (`ray up` with a machine added, a `ray start --address` there) and has no StorageNode
-    gets one, as `up` starts them (the node id its disk records, else a new one; MinIO, kernel
-    programs, cache; not the head's unless cluster.storage_on_head); then every name is placed over
-    all the nodes and the repair leader moves each new node's share in the background. Ray's
-    nodes are not FasterFS's to start or stop: none new is an error saying how one joins."""
-    root = Layout.of(as_cfg(cfg)).paths.root
-    with open(root / "nodes-add.lock", "a") as lock:  # machines joining at once (`ray up`): one add at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _add_ray_nodes(ClusterState.load(root), none_new_is_error)
-
-
-def _add_ray_nodes(state: ClusterState, none_new_is_error: bool) -> list[NodeState]:
-    import ray
-
-    from ..control import head_recovery, identity
-
-    if not state.running():
-        raise FasterFSError(f"the cluster under {state.root} is not running: `fasterfs up` first")
-    cfg = stored_config(state)
-    connect_ray(state)
-    alive, surveyed = head_recovery.survey_hosts(cfg, state, ray_nodes.head_node_id(state))
-    known = {n.address for n in state.nodes}
-    joined = [h for h in surveyed if h["address"] not in known]
-    if not joined and not none_new_is_error:
-        return []
-    if not joined:
-        raise FasterFSError(f"every node of the Ray cluster at {state.ray_address} has a StorageNode already: a "
-                            "machine joins with `ray up` (it added to cluster.yaml's worker_ips) or `ray start "
-                            f"--address={state.ray_address}` on it, then `fasterfs nodes add`")
-    identity.check_versions(joined)
-    taken = {n.index for n in state.nodes}
-    ids = identity.assign([{"address": n.address, "identities": [{"node": n.index, "address": n.address}]}
-                           for n in state.nodes] + joined)
-    clash = [h["address"] for h in joined if ids[h["address"]] in taken]
-    if clash:  # a disk recording the id of a node that runs elsewhere: assign names the copied disk
-        raise FasterFSError(f"host {clash[0]} records node id {ids[clash[0]]}, which node "
-                            f"{state.node(ids[clash[0]]).address} has: remove node-{ids[clash[0]]} from its disk")
-    new = [NodeState(ids[h["address"]], h["address"], endpoint(h["address"], cfg.minio.port, cfg.minio.tls), None,
-                     alive[h["address"]], host_id=h["host_id"]) for h in joined]
-    state.nodes = sorted(state.nodes + new, key=lambda n: n.index)
-    state.config["nodes"] = len(state.nodes)
-    state.save()
-    try:
-        start_storage_nodes(cfg, state, new)
-        state.save()
-        _tell_nodes_changed(state)
-    except BaseException:
-        for node in new:
-            actor = NodeDirectory(state.ray_namespace).get(node.index)
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
-            state.nodes.remove(node)
-        state.config["nodes"] = len(state.nodes)
-        state.save()
-        raise
-    registry.spread(state.name, len(state.placing()))
-    return new
 
 
 def _spawn_ray_node(cfg, state: ClusterState, index: int, host: Host):
@@ -253,7 +159,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     directory = NodeDirectory(state.ray_namespace)
     node.draining = True
     state.save()  # the Registry's state: every host's next look places nothing on it
-    _tell_nodes_changed(state)
+    tell_nodes_changed(state)
     began, moved, wrote = time.monotonic(), 0, 0
     for _ in range(DRAIN_ROUNDS):  # a write or a leader's repair meanwhile may name it again
         out = repair.run(cfg, state, creds, progress=progress,
@@ -277,7 +183,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     state.nodes.remove(node)
     state.config["nodes"] = len(state.nodes)
     state.save()
-    _tell_nodes_changed(state)
+    tell_nodes_changed(state)
     return {"node": index, "address": node.address, "moved": moved, "bytes": wrote,
             "seconds": time.monotonic() - began, "ray_node_left": state.attached}
 
@@ -366,7 +272,7 @@ def restart(cfg, indices: list[int] | None = None, settings: dict | None = None,
                      "minio_served_on": minio_pid is not None and after == minio_pid})
         if progress:
             progress(done[-1])
-    _tell_nodes_changed(state)
+    tell_nodes_changed(state)
     return done, settings
 
 
@@ -395,7 +301,7 @@ def _named_on(state: ClusterState, index: int) -> int:
     return sum(node == index for m in manifests.values() for c in m.chunks for node, _ in m.pieces(c))
 
 
-def _tell_nodes_changed(state: ClusterState) -> None:
+def tell_nodes_changed(state: ClusterState) -> None:
     """Every StorageNode looks the cluster's state up again (fire and forget: one that is down
     looks it up when it starts)."""
     directory = NodeDirectory(state.ray_namespace)

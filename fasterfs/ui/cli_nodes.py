@@ -7,10 +7,10 @@ console = report.console()
 
 
 def cmd_nodes_add(cfg) -> None:
-    from ..ops import node_join
+    from ..ops import attached_growth
 
     with console.status("adding a node: its StorageNode, MinIO, kernel programs and cache"):
-        added = node_join.add_nodes(cfg)
+        added = attached_growth.add_nodes(cfg)
     for node in added:
         print_joined(node)
     if not added:  # asked from a machine that joined earlier (cluster.yaml's worker start commands run again)
