@@ -83,13 +83,9 @@ def _add_ray_nodes(state: ClusterState, none_new_is_error: bool) -> list[NodeSta
                             "machine joins with `ray up` (it added to cluster.yaml's worker_ips) or `ray start "
                             f"--address={state.ray_address}` on it, then `fasterfs nodes add`")
     identity.check_versions(joined)
-    taken = {n.index for n in state.nodes}
+    # the running nodes keep their ids; a joined disk recording one of them is refused there (a copied disk)
     ids = identity.assign([{"address": n.address, "identities": [{"node": n.index, "address": n.address}]}
                            for n in state.nodes] + joined)
-    clash = [h["address"] for h in joined if ids[h["address"]] in taken]
-    if clash:  # a disk recording the id of a node that runs elsewhere: assign names the copied disk
-        raise FasterFSError(f"host {clash[0]} records node id {ids[clash[0]]}, which node "
-                            f"{state.node(ids[clash[0]]).address} has: remove node-{ids[clash[0]]} from its disk")
     new = [NodeState(ids[h["address"]], h["address"], endpoint(h["address"], cfg.minio.port, cfg.minio.tls), None,
                      alive[h["address"]], host_id=h["host_id"]) for h in joined]
     state.nodes = sorted(state.nodes + new, key=lambda n: n.index)
