@@ -2,8 +2,9 @@
 `python -m fasterfs.hosts.private_host ROOT DISK KEEP CMD...` inside `unshare --mount`.
 
 A lab host shares nothing but the network (and the installed software) with the others: its
-own mount namespace, in which its disk is its cluster root and /tmp (Ray's session directory)
-and /dev/shm (the object store's files) are its own. The disk, and the software when it lies
+own mount namespace, in which its disk is its cluster root (whatever this machine has mounted
+there is detached first) and /tmp (Ray's session directory) and /dev/shm (the object store's
+files) are its own. The disk, and the software when it lies
 under /tmp (a checkout there), are opened before the new /tmp hides them and bound back from
 their file descriptors. The final exec keeps the PID, so the PID FasterFS records is the
 `ray start` process itself.
@@ -21,6 +22,12 @@ def main() -> None:
         subprocess.run(["mount", "--no-canonicalize", *args], check=True, pass_fds=tuple(fds.values()))
 
     mount("--make-rprivate", "/")
+    # what this machine has mounted under the host's root (another cluster's bpffs at the same
+    # path, say) is not the host's: detached here, in this namespace only, before its disk goes there
+    # (not the mounts the disk and the software lie on: they are bound from them below)
+    for point in sorted(_mounted_under(root), key=len, reverse=True):
+        if not any(p == point or p.startswith(point + "/") for p in [disk, *keep]):
+            subprocess.run(["umount", "--lazy", point], check=True)
     mount("-t", "tmpfs", "-o", "mode=1777", "ffs-tmp", "/tmp")
     mount("-t", "tmpfs", "-o", "mode=1777", "ffs-shm", "/dev/shm")
     for path in [*keep, root]:
@@ -28,6 +35,14 @@ def main() -> None:
         mount("--bind", f"/proc/self/fd/{fds[disk if path == root else path]}", path)
     os.chdir("/")
     os.execvp(cmd[0], cmd)
+
+
+def _mounted_under(root: str) -> list[str]:
+    """Mount points at or below `root` in this mount namespace (/proc/self/mountinfo's fifth field)."""
+    top = root.rstrip("/")
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return [p for p in points if p == top or p.startswith(top + "/")]
 
 
 if __name__ == "__main__":
