@@ -7,7 +7,6 @@ from __future__ import annotations
 import fcntl
 
 from ..control import registry
-from ..control.node_directory import NodeDirectory
 from ..control.state import ClusterState, NodeState, connect_ray
 from ..core import config
 from ..core.config import Layout, as_cfg
@@ -15,7 +14,6 @@ from ..core.errors import FasterFSError
 from ..hosts import ray_nodes
 from ..node.minio_server import endpoint
 from . import node_join
-from .cluster import start_storage_nodes
 
 
 def add_nodes(cfg) -> list[NodeState]:
@@ -65,8 +63,6 @@ def add_ray_nodes(cfg, none_new_is_error: bool = True) -> list[NodeState]:
 
 
 def _add_ray_nodes(state: ClusterState, none_new_is_error: bool) -> list[NodeState]:
-    import ray
-
     from ..control import head_recovery, identity
 
     if not state.running():
@@ -88,21 +84,5 @@ def _add_ray_nodes(state: ClusterState, none_new_is_error: bool) -> list[NodeSta
                            for n in state.nodes] + joined)
     new = [NodeState(ids[h["address"]], h["address"], endpoint(h["address"], cfg.minio.port, cfg.minio.tls), None,
                      alive[h["address"]], host_id=h["host_id"]) for h in joined]
-    state.nodes = sorted(state.nodes + new, key=lambda n: n.index)
-    state.config["nodes"] = len(state.nodes)
-    state.save()
-    try:
-        start_storage_nodes(cfg, state, new)
-        state.save()
-        node_join.tell_nodes_changed(state)
-    except BaseException:
-        for node in new:
-            actor = NodeDirectory(state.ray_namespace).get(node.index)
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
-            state.nodes.remove(node)
-        state.config["nodes"] = len(state.nodes)
-        state.save()
-        raise
-    registry.spread(state.name, len(state.placing()))
+    node_join.place_new(cfg, state, new)  # Ray's nodes stay: their owner's
     return new

@@ -55,15 +55,13 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
     is deleted ingest.keep_old_s after. `host`: a lab host made for it; by default the next
     loopback address. A host already in the cluster, a port in use or a host that does not
     join is refused, naming it, with nothing started left behind and nothing moved."""
-    import ray
-
     layout = Layout.of(as_cfg(cfg))
     state = ClusterState.load(layout.paths.root)
     if not state.running():
         raise FasterFSError(f"the cluster under {state.root} is not running: `fasterfs up` first")
     if state.attached:
-        raise FasterFSError("a cluster attached to a Ray cluster started elsewhere grows with that cluster "
-                            "(`ray up` with the machine added): its nodes are not FasterFS's to start")
+        raise FasterFSError("a cluster attached to a Ray cluster started elsewhere grows with that cluster: "
+                            "its machines join Ray (`ray up`), then `fasterfs nodes add` gives them StorageNodes")
     cfg = stored_config(state)
     index = max(n.index for n in state.nodes) + 1
     host = host or Host(Layout(layout.paths, cfg.cluster.first_address, index + 1).address(index))
@@ -75,26 +73,45 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
     proc, log_path = _spawn_ray_node(cfg, state, index, host)
     node = NodeState(index, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid, None,
                      netns=host.netns, disk=host.disk)
+
+    def stop_ray_node(n: NodeState) -> None:
+        ProjectCgroup.from_dict(state.cgroup).kill_all(child=f"node-{n.index}")
     try:
         node.ray_node_id = _joined(cfg, host, index, proc, log_path)
-        state.nodes.append(node)
-        state.config["nodes"] = len(state.nodes)
-        state.save()  # the Registry, and through it every host, finds the new node
-        start_storage_nodes(cfg, state, [node])
+    except BaseException:
+        stop_ray_node(node)
+        raise
+    place_new(cfg, state, [node], undo=stop_ray_node)
+    return node
+
+
+def place_new(cfg, state: ClusterState, new: list[NodeState],
+              undo: Callable[[NodeState], None] = lambda node: None) -> None:
+    """Nodes whose Ray nodes have joined enter the cluster: in its state (the Registry, and
+    through it every host, finds them), their StorageNodes started, every node told; then every
+    name is placed over all the nodes, the repair leader moving the new nodes' shares. If a
+    StorageNode does not start, none of `new` is left: their actors killed, `undo(node)` for each
+    (its Ray node stopped, where FasterFS started it), the state as before."""
+    import ray
+
+    state.nodes = sorted(state.nodes + new, key=lambda n: n.index)
+    state.config["nodes"] = len(state.nodes)
+    state.save()
+    try:
+        start_storage_nodes(cfg, state, new)
         state.save()
         tell_nodes_changed(state)
     except BaseException:
-        actor = NodeDirectory(state.ray_namespace).get(index)
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
-        ProjectCgroup.from_dict(state.cgroup).kill_all(child=f"node-{index}")
-        if node in state.nodes:
+        for node in new:
+            actor = NodeDirectory(state.ray_namespace).get(node.index)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+            undo(node)
             state.nodes.remove(node)
-            state.config["nodes"] = len(state.nodes)
-            state.save()
+        state.config["nodes"] = len(state.nodes)
+        state.save()
         raise
     registry.spread(state.name, len(state.placing()))
-    return node
 
 
 def _spawn_ray_node(cfg, state: ClusterState, index: int, host: Host):
