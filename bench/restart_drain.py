@@ -8,10 +8,10 @@
 - `fasterfs nodes drain 3` while the workload reads on the other hosts: time to drained, the
   redundancy of every chunk at each survey taken during it (a survey lists every MinIO: a chunk
   with fewer copies than replicas=2 is degraded), failed reads, p99 against the same readers
-  reading just before it without moves. The drain's pace is the nodes' repair.mb_per_s (reads
-  and writes of a node's moves; `fasterfs nodes restart repair.mb_per_s=N` sets it live).
+  reading just before it without moves. The drain's pace is repair.drain_mb_per_s (reads and
+  writes of each node's moves).
 
-    python bench/restart_drain.py [bench.restart_mb=1000] [bench.growth_window_s=20] [repair.mb_per_s=200]
+    python bench/restart_drain.py [bench.restart_mb=1000] [bench.growth_window_s=20] [repair.drain_mb_per_s=200]
 
 Writes restart-drain.json to <output_dir>/bench-restart-drain-<time>/. Its lab is its own, removed after.
 """
@@ -51,7 +51,8 @@ def main(argv: list[str]) -> dict:
     base = lab_overrides(root, "ffs-restart", 1, argv)
     window = float(b.growth_window_s)
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.restart_mb,
-                 "window_s": window, "repair_mb_per_s": cfg.repair.mb_per_s}
+                 "window_s": window, "repair_mb_per_s": cfg.repair.mb_per_s,
+                 "drain_mb_per_s": cfg.repair.drain_mb_per_s}
     fasterfs_cli("lab", "up", "--nodes", "4", *base)
     try:
         state = cluster.ClusterState.load(root)

@@ -1,6 +1,6 @@
 """Machines join and leave the running lab (conftest's lab3; this module runs last on it): `fasterfs
-lab add-host` makes one more host and its node, every name is placed over them all, and the repair
-leader moves the new host its share while readers read on; `fasterfs nodes drain` moves a host's
+lab add-host 2` makes two more hosts and their nodes in one step, every name is placed over them
+all, and the repair leader moves the new hosts their shares while readers read on; `fasterfs nodes drain` moves a host's
 data to the others, copies first, then stops it."""
 import subprocess
 import threading
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import minio_keys, wait_until
+from conftest import minio_keys, minio_requests, wait_until
 from lab_hosts import PROJECT, chunk_xxh3, put_blob, read_ids
 from xxhash import xxh3_64_intdigest as xxh3
 
@@ -24,6 +24,7 @@ from fasterfs.ops import cluster, node_join
 
 READS = 400  # the readers' bound: reads in all (each a whole file), and READ_S seconds
 READ_S = 120
+PACE_S = 0.25  # between reads: readers throughout the change, not a load that starves the machine's two cores
 
 
 class Readers:
@@ -49,18 +50,21 @@ class Readers:
                 except Exception as e:
                     self.failed.append(f"{name}: {e}"[:300])
                 self.reads += 1
+                self.stop.wait(PACE_S)
 
     def end(self) -> None:
         self.stop.set()
         self.thread.join(60)
 
 
-def test_a_host_added_live_takes_its_share_while_readers_read(lab3):
-    """`fasterfs lab add-host`: host 3 joins with its Ray node and StorageNode; the namespace then
-    places on it exactly the chunks placement over four nodes gives it, its MinIO (listed with
-    boto3) holds exactly the pieces the namespace names there, each with its bytes as stored, and
-    a task on it reads every file whole. Readers reading throughout get every byte right, none
-    failing. A second host under an address in use is refused, naming it, with nothing changed."""
+def test_hosts_added_live_take_their_share_while_readers_read(lab3):
+    """`fasterfs lab add-host 2`: hosts 3 and 4 join in one step, each with its Ray node and
+    StorageNode; the namespace then places on each exactly the chunks placement over five nodes
+    gives it, each one's MinIO (listed with boto3) holds exactly the pieces the namespace names
+    there, each with its bytes as stored, and wrote no other (MinIO's own count of PUTs: no piece
+    moved twice), and a task on each reads every file whole. Readers reading throughout get every
+    byte right, none failing. A host under an address in use, or given twice, is refused, naming
+    it, with nothing changed."""
     state, overrides = lab3
     before = len(state.nodes)
     blobs = {}
@@ -72,47 +76,57 @@ def test_a_host_added_live_takes_its_share_while_readers_read(lab3):
         wait_until(lambda: readers.reads >= len(blobs), 60, "the readers' first round")
         ffs = str(PROJECT / ".venv/bin/fasterfs")
         reads_before = readers.reads
-        out = subprocess.run([ffs, "lab", "add-host", *overrides], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([ffs, "lab", "add-host", "2", *overrides], capture_output=True, text=True, timeout=300)
         said = " ".join(out.stdout.split())
         now = cluster.ClusterState.load(Path(state.root))
-        new = now.nodes[-1]
-        assert out.returncode == 0 and f"node {new.index} joined at {new.address}" in said, out.stdout + out.stderr
-        assert len(now.nodes) == before + 1 and new.netns and cluster.is_ray_start(new.ray_pid)
+        added = now.nodes[-2:]
+        for new in added:
+            assert f"node {new.index} joined at {new.address}" in said, out.stdout + out.stderr
+            assert new.netns and cluster.is_ray_start(new.ray_pid)
+        assert out.returncode == 0 and len(now.nodes) == before + 2, out.stdout + out.stderr
         ids, slack = [n.index for n in now.nodes], config.load(overrides).placement.load_slack
         homes = {name: chunk_homes(name, -(-len(blob) // 2**20), ids, 1, slack)
                  for name, blob in blobs.items()}
         creds = registry.fetch_credentials(now.name, "admin")
 
-        def moved() -> bool:  # the namespace names the new host where placement does, and nothing is left to move
+        def moved() -> bool:  # the namespace names each new host where placement does, and nothing is left to move
             placed = all({c.id for c in registry.fetch_manifest(now.name, name).chunks if new.index in c.nodes}
-                         == {i for i, h in enumerate(homes[name]) if new.index in h} for name in blobs)
+                         == {i for i, h in enumerate(homes[name]) if new.index in h} for name in blobs for new in added)
             return placed and repair_survey.survey(now, creds, slack).misplaced == 0
-        wait_until(moved, 180, "the pieces placement gives the new host moved there")
-        wanted = {i for h in homes.values() for i, hs in enumerate(h) if new.index in hs}
-        assert wanted, "placement gave the new host none of the test's chunks: nothing was shown"
+        wait_until(moved, 180, "the pieces placement gives the new hosts moved there")
+        for new in added:
+            wanted = {i for h in homes.values() for i, hs in enumerate(h) if new.index in hs}
+            assert wanted, f"placement gave node {new.index} none of the test's chunks: nothing was shown"
         reads_moved = readers.reads
     finally:
         readers.end()
     assert readers.failed == [] and readers.wrong == [], (readers.failed[:5], readers.wrong[:5])
     assert reads_moved > reads_before  # they read on while the host joined and its share moved
-    # the new host's MinIO by its own listing: exactly what the namespace names there, each as stored
+    # each new host's MinIO by its own listing and count of PUTs: exactly what the namespace names
+    # there, each as stored, each written once
     manifests = registry.fetch_manifests(now.name)[1]
-    named = {key for m in manifests.values() for c in m.chunks for node, key in m.pieces(c) if node == new.index}
-    assert minio_keys(now, "")[new.index] == named
-    mine = s3.client(new.endpoint, creds)
-    for name, blob in blobs.items():
-        for c in registry.fetch_manifest(now.name, name).chunks:
-            if new.index in c.nodes:
-                body = mine.get_object(Bucket=now.settings.bucket, Key=c.key)["Body"].read()
-                assert xxh3(body) == chunk_xxh3(blob, c.id)
-    # a task on the new host reads every file whole
-    for name, blob in blobs.items():
-        count = -(-len(blob) // 2**20)
-        node_id, got = ray.get(read_ids.options(**cluster.on_node(new)).remote(None, list(range(count)), name))
-        assert node_id == new.ray_node_id and [h for h, _ in got] == [chunk_xxh3(blob, i) for i in range(count)]
+    listed = minio_keys(now, "")
+    for new in added:
+        named = {key for m in manifests.values() for c in m.chunks for node, key in m.pieces(c) if node == new.index}
+        assert listed[new.index] == named
+        assert minio_requests(new.endpoint, creds, "PutObject") == len(named), f"node {new.index}: a piece moved twice"
+        mine = s3.client(new.endpoint, creds)
+        for name, blob in blobs.items():
+            for c in registry.fetch_manifest(now.name, name).chunks:
+                if new.index in c.nodes:
+                    body = mine.get_object(Bucket=now.settings.bucket, Key=c.key)["Body"].read()
+                    assert xxh3(body) == chunk_xxh3(blob, c.id)
+        # a task on the new host reads every file whole
+        for name, blob in blobs.items():
+            count = -(-len(blob) // 2**20)
+            node_id, got = ray.get(read_ids.options(**cluster.on_node(new)).remote(None, list(range(count)), name))
+            assert node_id == new.ray_node_id and [h for h, _ in got] == [chunk_xxh3(blob, i) for i in range(count)]
     with pytest.raises(FasterFSError, match=f"host {now.nodes[0].address} is already node {now.nodes[0].index}"):
-        node_join.add_node(config.load(overrides), Host(now.nodes[0].address))
-    assert len(cluster.ClusterState.load(Path(state.root)).nodes) == before + 1
+        node_join.add_nodes(config.load(overrides), [Host(now.nodes[0].address)])
+    twice = Host("127.0.9.250")
+    with pytest.raises(FasterFSError, match="host 127.0.9.250 is given twice"):
+        node_join.add_nodes(config.load(overrides), [twice, twice])
+    assert len(cluster.ClusterState.load(Path(state.root)).nodes) == before + 2
 
 
 def test_a_host_drained_under_readers_holds_nothing_the_namespace_needs_then_stops(lab3):
@@ -214,6 +228,7 @@ def test_every_storage_node_restarted_in_turn_under_readers_loses_no_read(lab3):
     process as before (it served on) — and no read fails or returns a wrong byte; the new setting
     is what each node now runs with. An option `up` fixed is refused naming it, nothing restarted."""
     state, overrides = lab3
+    overrides = [o for o in overrides if not o.startswith("nodes=")]  # the lab's count at `up`: grown since
     now = cluster.ClusterState.load(Path(state.root))
     blobs = {f"restart/f{k}.bin": put_blob(state, overrides, f"restart/f{k}.bin", 3)[0] for k in range(3)}
     ffs = str(PROJECT / ".venv/bin/fasterfs")

@@ -16,21 +16,32 @@ from ..node.minio_server import endpoint
 from . import node_join
 
 
-def add_nodes(cfg) -> list[NodeState]:
-    """`fasterfs nodes add`: on a cluster FasterFS started, a machine of its own starting (add_node);
+def add_nodes(cfg, count: int = 1) -> list[NodeState]:
+    """`fasterfs nodes add`: on a cluster FasterFS started, `count` machines of their own starting (add_nodes);
     on one attached to a Ray cluster started elsewhere, a StorageNode on each Ray node that joined
     since (add_ray_nodes) — also from a machine other than the head (cluster.ray_address given,
     no cluster state on this disk: the machine that just joined, as cluster.yaml's worker start
     commands run it), in a task on the head, where the cluster's state is; from there, every Ray
     node having its StorageNode already is no error (a machine's start commands run again)."""
+    if count < 1:
+        raise FasterFSError(f"nodes add: COUNT must be 1 or more, not {count}")
     layout = Layout.of(as_cfg(cfg))
     if not layout.paths.state_file.exists() and registry.ray_address(cfg):
-        return _add_on_head(cfg)
+        return _add_on_head(cfg, count)
     state = ClusterState.load(layout.paths.root)
-    return add_ray_nodes(cfg) if state.attached else [node_join.add_node(cfg)]
+    if not state.attached:
+        return node_join.add_nodes(cfg, [None] * count)
+    _each_joined(count)
+    return add_ray_nodes(cfg)
 
 
-def _add_on_head(cfg) -> list[NodeState]:
+def _each_joined(count: int) -> None:
+    if count != 1:  # COUNT given: the joined machines are Ray's to count
+        raise FasterFSError(f"nodes add {count}: a cluster attached to a Ray cluster started elsewhere gives a "
+                            "StorageNode to every Ray node that joined it, however many: no COUNT")
+
+
+def _add_on_head(cfg, count: int) -> list[NodeState]:
     import ray
 
     from ..control.head_recovery import on_ray_node
@@ -39,6 +50,7 @@ def _add_on_head(cfg) -> list[NodeState]:
     if not state.attached:
         raise FasterFSError(f"cluster {state.name!r} runs the Ray nodes FasterFS started: `fasterfs nodes add` on its "
                             f"head ({state.head_address}) starts a machine for it")
+    _each_joined(count)
     here = [f"cluster.root={state.root}", f"cluster.name={state.name}"]  # the head's disk, where its state is
     task = ray.remote(num_cpus=0, max_retries=0)(_add_here).options(
         scheduling_strategy=on_ray_node(ray_nodes.head_node_id(state)))

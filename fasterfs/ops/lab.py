@@ -13,7 +13,7 @@ MB loop-mounted there: fasterfs.hosts.lab_disks) is its cluster root and
     fasterfs lab power-on head         # back on its disk: the hosts, their readers and mounts carried on
     fasterfs lab power-on head --empty # back blank: the names and keys taken back from the hosts
     fasterfs lab partition 0 1         # and the other quiet failures: fasterfs.hosts.lab_faults
-    fasterfs lab add-host              # a machine joins the running lab (node_join.add_node)
+    fasterfs lab add-host [COUNT]      # machines join the running lab (node_join.add_nodes)
     fasterfs lab down
 
 Per host, `tbf` limits the host's loopback (what a local read can pull: the "disk") and
@@ -92,31 +92,37 @@ def down(cfg) -> dict:
             "lab_removed": len(left)}
 
 
-def add(cfg) -> cluster.NodeState:
-    """A machine joins the running lab: a host of its own (namespace, link and limits as the
-    others', a blank private disk), then node_join.add_node on it. Nothing of it is left if it
-    does not join."""
+def add(cfg, count: int = 1) -> list[cluster.NodeState]:
+    """Machines join the running lab in one step: `count` hosts of their own (namespace, link and
+    limits as the others', a blank private disk each), then node_join.add_nodes on them. Nothing
+    of them is left if one does not join."""
     state = cluster.ClusterState.load(Layout.of(as_cfg(cfg)).paths.root)
     if not state.lab:
         raise FasterFSError(f"cluster {state.name!r} under {state.root} is not a lab: `fasterfs nodes add` adds a "
                             "machine to it")
+    if count < 1:
+        raise FasterFSError(f"lab add-host: COUNT must be 1 or more, not {count}")
     base = Path(state.root) / lab_disks.BASE
-    name = next(f"disk{i}" for i in range(MAX_HOSTS + len(state.nodes) + 1) if not (base / f"disk{i}").exists())
-    disks, mounted = lab_disks.prepare(base, [name], state.config.get("lab", {}).get("disk_mb"))
+    free = (f"disk{i}" for i in range(MAX_HOSTS + len(state.nodes) + count) if not (base / f"disk{i}").exists())
+    disks, mounted = lab_disks.prepare(base, [next(free) for _ in range(count)],
+                                       state.config.get("lab", {}).get("disk_mb"))
     made = len(state.lab["hosts"])
     try:
-        host = add_host(state.name, state.lab)
-        host.disk = str(disks[0])
+        hosts = []
+        for disk in disks:
+            hosts.append(add_host(state.name, state.lab))
+            hosts[-1].disk = str(disk)
         state.lab.setdefault("disk_mounts", []).extend(mounted)
-        state.save()  # `lab down` removes the host and its disk from here on
-        return node_join.add_node(cfg, host)
+        state.save()  # `lab down` removes the hosts and their disks from here on
+        return node_join.add_nodes(cfg, list(hosts))
     except BaseException:
         state.lab["disk_mounts"] = [m for m in state.lab.get("disk_mounts", []) if m not in mounted]
         destroy_network({"hosts": state.lab["hosts"][made:]})
         del state.lab["hosts"][made:]
         state.save()
         lab_disks.release(mounted)
-        shutil.rmtree(disks[0], ignore_errors=True)
+        for disk in disks:
+            shutil.rmtree(disk, ignore_errors=True)
         raise
 
 

@@ -1,4 +1,4 @@
-"""Nodes joining and leaving a running cluster: a machine new to it (`add_node`: `fasterfs nodes
+"""Nodes joining and leaving a running cluster: machines new to it (`add_nodes`: `fasterfs nodes
 add`, `fasterfs lab add-host`), one back after its machine went down (`rejoin`: `fasterfs lab
 power-on`), one taken out after its data has moved to the others (`drain`: `fasterfs nodes
 drain`), each StorageNode started again in turn with new code or settings (`restart`: `fasterfs
@@ -46,15 +46,16 @@ def rejoin(cfg, state: ClusterState, index: int, host: Host) -> None:
     state.save()
 
 
-def add_node(cfg, host: Host | None = None) -> NodeState:
-    """A machine joins the running cluster: its Ray node (`ray start` joining the head), its
-    StorageNode with MinIO, kernel programs and cache; then every name is placed over all the
-    nodes (NamespaceStore.spread), and the repair leader moves, in the background at
-    repair.mb_per_s, the pieces the new placement gives the new node, each read through the
-    verified path before the namespace names its new home; the old copy serves until then and
-    is deleted ingest.keep_old_s after. `host`: a lab host made for it; by default the next
-    loopback address. A host already in the cluster, a port in use or a host that does not
-    join is refused, naming it, with nothing started left behind and nothing moved."""
+def add_nodes(cfg, hosts: list[Host | None]) -> list[NodeState]:
+    """Machines join the running cluster in one step: each its Ray node (`ray start` joining the
+    head), its StorageNode with MinIO, kernel programs and cache; then every name is placed over
+    all the nodes once (NamespaceStore.spread: a piece moves at most once, however many join),
+    and the repair leader moves, in the background at repair.mb_per_s, the pieces the new
+    placement gives the new nodes, each read through the verified path before the namespace
+    names its new home; the old copy serves until then and is deleted ingest.keep_old_s after.
+    `hosts`: lab hosts made for them, or None for the next loopback address. A host already in
+    the cluster or given twice, a port in use or a host that does not join is refused, naming
+    it, with nothing started left behind and nothing moved."""
     layout = Layout.of(as_cfg(cfg))
     state = ClusterState.load(layout.paths.root)
     if not state.running():
@@ -63,26 +64,37 @@ def add_node(cfg, host: Host | None = None) -> NodeState:
         raise FasterFSError("a cluster attached to a Ray cluster started elsewhere grows with that cluster: "
                             "its machines join Ray (`ray up`), then `fasterfs nodes add` gives them StorageNodes")
     cfg = stored_config(state)
-    index = max(n.index for n in state.nodes) + 1
-    host = host or Host(Layout(layout.paths, cfg.cluster.first_address, index + 1).address(index))
+    first = max(n.index for n in state.nodes) + 1
     taken = {n.address: f"node {n.index}" for n in state.nodes} | {state.head_address: "the head"}
-    if host.address in taken:
-        raise FasterFSError(f"host {host.address} is already {taken[host.address]} of cluster {state.name!r}")
-    ray_nodes.check_host_ports(cfg, host, index)
+    chosen: list[tuple[int, Host]] = []
+    for index, host in enumerate(hosts, first):
+        host = host or Host(Layout(layout.paths, cfg.cluster.first_address, index + 1).address(index))
+        if host.address in taken:
+            raise FasterFSError(f"host {host.address} is already {taken[host.address]} of cluster {state.name!r}")
+        if host.address in {h.address for _, h in chosen}:
+            raise FasterFSError(f"host {host.address} is given twice")
+        ray_nodes.check_host_ports(cfg, host, index)
+        chosen.append((index, host))
     connect_ray(state)
-    proc, log_path = _spawn_ray_node(cfg, state, index, host)
-    node = NodeState(index, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid, None,
-                     netns=host.netns, disk=host.disk)
 
     def stop_ray_node(n: NodeState) -> None:
         ProjectCgroup.from_dict(state.cgroup).kill_all(child=f"node-{n.index}")
+    new: list[NodeState] = []
     try:
-        node.ray_node_id = _joined(cfg, host, index, proc, log_path)
+        started = []
+        for index, host in chosen:  # every `ray start` at once: they join side by side
+            proc, log_path = _spawn_ray_node(cfg, state, index, host)
+            new.append(NodeState(index, host.address, endpoint(host.address, cfg.minio.port, cfg.minio.tls), proc.pid,
+                                 None, netns=host.netns, disk=host.disk))
+            started.append((index, host, proc, log_path))
+        for node, (index, host, proc, log_path) in zip(new, started):
+            node.ray_node_id = _joined(cfg, host, index, proc, log_path)
     except BaseException:
-        stop_ray_node(node)
+        for node in new:
+            stop_ray_node(node)
         raise
-    place_new(cfg, state, [node], undo=stop_ray_node)
-    return node
+    place_new(cfg, state, new, undo=stop_ray_node)
+    return new
 
 
 def place_new(cfg, state: ClusterState, new: list[NodeState],
@@ -151,8 +163,8 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     whose owner removes the machine: `ray down`, cluster.yaml's worker_ips) stopped and the node out
     of the cluster's state. Refused, naming why, with nothing moved: a node not in the cluster, a
     name whose layout needs more nodes than would be left. Run
-    again, it resumes. `repair.mb_per_s` given in `cfg`'s overrides paces this drain's moves on
-    every node (readers share the disks with them); otherwise each node's own."""
+    again, it resumes. Its moves go at `repair.drain_mb_per_s` on every node (given in `cfg`'s
+    overrides, else the cluster's; 0: each node's repair.mb_per_s): readers share the disks with them."""
     import ray
 
     from ..node import repair, repair_rebuild
@@ -170,8 +182,10 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
         kind = f"ec={m.ec_data}+{m.ec_parity}" if m.layout == "ec" else f"replicas={m.replicas}"
         raise FasterFSError(f"draining node {index} would leave {len(left)} nodes, fewer than {narrow[0]!r} needs "
                             f"({kind}; {len(narrow)} names in all): nothing moved")
-    pace = settings_given(cfg).get("repair.mb_per_s")  # given for this drain: gentler (or faster) than the nodes'
+    given = settings_given(cfg)
     cfg = stored_config(state)
+    # a planned move yields to readers: the drain's own pace, given to it or the cluster's
+    pace = float(str(given.get("repair.drain_mb_per_s", cfg.repair.drain_mb_per_s))) or None
     creds = registry.fetch_credentials(state.name, "admin")
     directory = NodeDirectory(state.ray_namespace)
     node.draining = True
@@ -180,7 +194,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     began, moved, wrote = time.monotonic(), 0, 0
     for _ in range(DRAIN_ROUNDS):  # a write or a leader's repair meanwhile may name it again
         out = repair.run(cfg, state, creds, progress=progress,
-                         spread=repair_rebuild.through(directory, mb_per_s=None if pace is None else float(str(pace))))
+                         spread=repair_rebuild.through(directory, mb_per_s=pace))
         moved, wrote = moved + out.moved, wrote + out.bytes_written
         held = _named_on(state, index)
         if not held:
@@ -202,7 +216,7 @@ def drain(cfg, index: int, progress: Callable[[int, int], None] | None = None) -
     state.save()
     tell_nodes_changed(state)
     return {"node": index, "address": node.address, "moved": moved, "bytes": wrote,
-            "seconds": time.monotonic() - began, "ray_node_left": state.attached}
+            "seconds": time.monotonic() - began, "ray_node_left": state.attached, "mb_per_s": pace}
 
 
 # what `up` fixed for the cluster's life: where it lives, how it is addressed, how names are placed

@@ -67,6 +67,8 @@ class Command:
 
 NODE = ("node", dict(type=int, metavar="NODE", help="a lab host's node id (0, 1, ...)"))
 HOST = ("node", dict(type=host_or_head, metavar="NODE", help="a lab host's node id (0, 1, ...), or head"))
+COUNT = ("count", dict(type=int, nargs="?", default=1, metavar="COUNT",
+                       help="how many join in this one step (default 1): each piece moves at most once"))
 COMMANDS = {
     "up": Command(cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO",
                   "fasterfs up nodes=4",
@@ -101,18 +103,18 @@ COMMANDS = {
                            "mounts, JupyterLab, the Redis server, the `ray start` processes, whatever "
                            "else is in the cluster's cgroup; removes the TC filters, pins, bpffs, "
                            "cgroups and spill directory")),
-    "nodes add": Command(cmd_nodes_add, "add a node to the running cluster: its Ray node, StorageNode and MinIO; its "
-                         "share of the data moves to it in the background", "fasterfs nodes add",
-                         about=("add a node to the running cluster on the next loopback address: its Ray "
-                                "node, StorageNode (MinIO, kernel programs, cache); every name is then "
+    "nodes add": Command(cmd_nodes_add, "add nodes to the running cluster: their Ray nodes, StorageNodes and MinIO; "
+                         "their share of the data moves to them in the background", "fasterfs nodes add 2", (COUNT,),
+                         about=("add COUNT nodes to the running cluster on the next loopback addresses: each "
+                                "its Ray node, StorageNode (MinIO, kernel programs, cache); every name is then "
                                 "placed over every node, and the repair leader moves the pieces rendezvous "
-                                "gives the new node (about 1/N) in the background at repair.mb_per_s, each "
+                                "gives the new nodes in the background at repair.mb_per_s, each "
                                 "read and checked before the namespace names its new home, the old copy "
                                 "serving until then; `fasterfs status` shows what is left to move. On a "
                                 "cluster attached to a Ray cluster started elsewhere (cluster.yaml), a "
                                 "StorageNode on each Ray node that joined it since instead (docs/multi-host.md)")),
     "nodes drain": Command(cmd_nodes_drain, "move a node's data to the others, then stop it and take it out of the "
-                           "cluster", "fasterfs nodes drain 3 repair.mb_per_s=20",
+                           "cluster", "fasterfs nodes drain 3 repair.drain_mb_per_s=50",
                            (("node", dict(type=int, metavar="NODE", help="the node's id (0, 1, ...)")),),
                            about=("move a node's data to the others, then stop it: the node takes no new "
                                   "data, repair moves each of its pieces to the node placement now gives it "
@@ -120,7 +122,7 @@ COMMANDS = {
                                   "is retired: full redundancy throughout), and once the namespace names "
                                   "nothing on it its StorageNode, MinIO and Ray node (not one of a Ray "
                                   "cluster started elsewhere: its owner's) stop and it leaves the cluster's state. "
-                                  "repair.mb_per_s=N paces its moves on every node (the "
+                                  "Its moves go at repair.drain_mb_per_s on every node (the "
                                   "readers share the disks with them). Refused, naming why, when a name's "
                                   "layout needs more nodes than would be left (docs/multi-host.md)")),
     "nodes restart": Command(cmd_nodes_restart, "start each StorageNode again in turn, with the code installed now and "
@@ -154,8 +156,8 @@ COMMANDS = {
                         "fasterfs lab exec 1 -- fasterfs status cluster.ray_address=198.18.0.1:6391",
                         (NODE, ("command", dict(nargs="+", metavar="COMMAND",
                                                 help="the command and its arguments, after --")))),
-    "lab add-host": Command(cmd_lab_add_host, "a machine joins the running lab: a host of its own, then `nodes add` "
-                            "on it", "fasterfs lab add-host"),
+    "lab add-host": Command(cmd_lab_add_host, "machines join the running lab: hosts of their own, then `nodes add` "
+                            "on them", "fasterfs lab add-host 2", (COUNT,)),
     "lab power-off": Command(cmd_lab_power_off, "kill every process of a lab host at once, as a machine losing "
                              "power (head: the head's)", "fasterfs lab power-off 2", (HOST,)),
     "lab power-on": Command(cmd_lab_power_on, "start a powered-off lab host again (head: the head, adopting the "

@@ -76,12 +76,13 @@ def cmd_lab_power_off(cfg, node: int | str) -> None:
     console.print(f"lab host {index} powered off: {killed} processes killed at once; its disk is kept")
 
 
-def cmd_lab_add_host(cfg) -> None:
+def cmd_lab_add_host(cfg, count: int = 1) -> None:
     from ..ops import lab
 
-    with console.status("adding a lab host"):
-        node = lab.add(cfg)
-    print_joined(node)
+    with console.status("adding lab hosts" if count > 1 else "adding a lab host"):
+        added = lab.add(cfg, count)
+    for node in added:
+        print_joined(node)
 
 
 def cmd_lab_power_on(cfg, node: int | str, empty: bool = False) -> None:

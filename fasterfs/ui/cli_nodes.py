@@ -6,11 +6,11 @@ from ..control import report
 console = report.console()
 
 
-def cmd_nodes_add(cfg) -> None:
+def cmd_nodes_add(cfg, count: int = 1) -> None:
     from ..ops import attached_growth
 
-    with console.status("adding a node: its StorageNode, MinIO, kernel programs and cache"):
-        added = attached_growth.add_nodes(cfg)
+    with console.status("adding nodes: their StorageNodes, MinIO, kernel programs and caches"):
+        added = attached_growth.add_nodes(cfg, count)
     for node in added:
         print_joined(node)
     if not added:  # asked from a machine that joined earlier (cluster.yaml's worker start commands run again)
@@ -30,11 +30,12 @@ def cmd_nodes_drain(cfg, node: int) -> None:
 
     with Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console) as bar:
-        task = bar.add_task(f"moving node {node}'s pieces to the others (at most {cfg.repair.mb_per_s:g} MB/s a node)",
-                            total=None)
+        task = bar.add_task(f"moving node {node}'s pieces to the others", total=None)
         done = node_join.drain(cfg, node, lambda moved, total: bar.update(task, completed=moved, total=total))
+    pace = f"at most {done['mb_per_s']:g} MB/s a node" if done["mb_per_s"] else "each node's repair.mb_per_s"
     console.print(f"node {done['node']} ({done['address']}) drained and stopped: {done['moved']} pieces moved, "
-                  f"{report.fmt_bytes(done['bytes'])} in {done['seconds']:.1f} s; the namespace names nothing on it"
+                  f"{report.fmt_bytes(done['bytes'])} in {done['seconds']:.1f} s ({pace}); "
+                  "the namespace names nothing on it"
                   + ("; its Ray node runs on, its owner's to remove (`ray down`, or the machine out of cluster.yaml's"
                      " worker_ips and `ray up`)" if done["ray_node_left"] else ""), highlight=False)
 
