@@ -12,7 +12,7 @@ from fasterfs.core import config
 from fasterfs.core.cgroup import cgroup2_mount
 from fasterfs.core.errors import FasterFSError
 from fasterfs.hosts import ray_nodes
-from fasterfs.ops import cluster
+from fasterfs.ops import attached_growth, cluster
 
 
 @pytest.fixture
@@ -168,6 +168,8 @@ def grown(attach: list[str], blob: bytes, worker) -> None:
     state = cluster.ClusterState.load(cfg.cluster.root)
     assert [(n.index, n.address) for n in state.nodes] == [(0, "127.0.3.2"), (1, "127.0.3.3")]
     assert main(["nodes", "add", *attach]) == 1  # nothing new: refused, naming how a machine joins
+    with pytest.raises(FasterFSError, match="however many: no COUNT"):  # the joined machines are Ray's to count
+        attached_growth.add_nodes(config.load(attach), 2)
     homes = chunk_homes("team/blob.bin", -(-len(blob) // 2**20), [0, 1], 1, cfg.placement.load_slack)
     wanted = {i for i, h in enumerate(homes) if 1 in h}
     assert wanted, "placement gave the new node none of the file's chunks: nothing was shown"
