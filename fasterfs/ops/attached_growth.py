@@ -23,8 +23,6 @@ def add_nodes(cfg, count: int = 1) -> list[NodeState]:
     no cluster state on this disk: the machine that just joined, as cluster.yaml's worker start
     commands run it), in a task on the head, where the cluster's state is; from there, every Ray
     node having its StorageNode already is no error (a machine's start commands run again)."""
-    if count < 1:
-        raise FasterFSError(f"nodes add: COUNT must be 1 or more, not {count}")
     layout = Layout.of(as_cfg(cfg))
     if not layout.paths.state_file.exists() and registry.ray_address(cfg):
         return _add_on_head(cfg, count)

@@ -100,8 +100,6 @@ def add(cfg, count: int = 1) -> list[cluster.NodeState]:
     if not state.lab:
         raise FasterFSError(f"cluster {state.name!r} under {state.root} is not a lab: `fasterfs nodes add` adds a "
                             "machine to it")
-    if count < 1:
-        raise FasterFSError(f"lab add-host: COUNT must be 1 or more, not {count}")
     base = Path(state.root) / lab_disks.BASE
     free = (f"disk{i}" for i in range(MAX_HOSTS + len(state.nodes) + count) if not (base / f"disk{i}").exists())
     disks, mounted = lab_disks.prepare(base, [next(free) for _ in range(count)],

@@ -63,6 +63,8 @@ def add_nodes(cfg, hosts: list[Host | None]) -> list[NodeState]:
     if state.attached:
         raise FasterFSError("a cluster attached to a Ray cluster started elsewhere grows with that cluster: "
                             "its machines join Ray (`ray up`), then `fasterfs nodes add` gives them StorageNodes")
+    if not hosts:
+        raise FasterFSError("no machine to add: give 1 or more")
     cfg = stored_config(state)
     first = max(n.index for n in state.nodes) + 1
     taken = {n.address: f"node {n.index}" for n in state.nodes} | {state.head_address: "the head"}

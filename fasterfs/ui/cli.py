@@ -50,7 +50,7 @@ from .cli_lab import (
     host_or_head,
     peer_list,
 )
-from .cli_nodes import cmd_nodes_add, cmd_nodes_drain, cmd_nodes_restart
+from .cli_nodes import cmd_nodes_add, cmd_nodes_drain, cmd_nodes_restart, how_many
 
 console = report.console()
 
@@ -67,7 +67,7 @@ class Command:
 
 NODE = ("node", dict(type=int, metavar="NODE", help="a lab host's node id (0, 1, ...)"))
 HOST = ("node", dict(type=host_or_head, metavar="NODE", help="a lab host's node id (0, 1, ...), or head"))
-COUNT = ("count", dict(type=int, nargs="?", default=1, metavar="COUNT",
+COUNT = ("count", dict(type=how_many, nargs="?", default=1, metavar="COUNT",
                        help="how many join in this one step (default 1): each piece moves at most once"))
 COMMANDS = {
     "up": Command(cmd_up, "start a local cluster: N Ray nodes, each with a StorageNode and its MinIO",

@@ -6,6 +6,15 @@ from ..control import report
 console = report.console()
 
 
+def how_many(text: str) -> int:
+    """argparse type of `nodes add` and `lab add-host`'s COUNT: 1 or more."""
+    import argparse
+
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r}: give how many machines join, 1 or more")
+
+
 def cmd_nodes_add(cfg, count: int = 1) -> None:
     from ..ops import attached_growth
 
