@@ -1,5 +1,6 @@
 """up/down of a cluster of its own: what is started is all stopped; bad starts clean up
 after themselves and name the culprit."""
+import contextlib
 import socket
 import subprocess
 from pathlib import Path
@@ -132,11 +133,15 @@ def test_attach_to_a_ray_cluster_started_elsewhere(tmp_path_factory, monkeypatch
         minio_left = [pid for pid, cmd in command_lines() if str(root).encode() in cmd and b"minio" in cmd]
         assert not minio_left
     finally:
+        if config.Layout.of(cfg).paths.state_file.exists():  # failed part-way: down what FasterFS started (bpffs too)
+            with contextlib.suppress(FasterFSError):
+                cluster.down(cfg)
         for started in (worker, head):
             if started is not None:
                 started.send_signal(signal.SIGTERM)
                 started.wait(60)
         outside.remove()
+    assert not mounts_under(str(root)), "a mount (bpffs) of the attached cluster is left"
 
 
 def grown(attach: list[str], blob: bytes, worker) -> None:
