@@ -135,6 +135,36 @@ def test_a_multi_object_delete_drops_what_it_deleted_and_keeps_the_rest(fresh, c
     assert after == before
 
 
+def test_a_clean_up_deletes_exactly_its_keys_and_on_this_host_the_kernel_skips_it(live_cluster, cluster_root):
+    """What every clean-up deletes with (replaced generations, retired pieces: objects no manifest
+    names): to a MinIO of this host, a DeleteObjects on sockets with the filler's mark, which the
+    kernel programs skip (their stale and suspect marks do not move: no node checks its whole
+    cache for it); without the mark (another host's MinIO, where the mark does not travel), one
+    DELETE a key, each of which the kernel marks stale. Either way exactly the keys named are gone
+    by boto3's listing, names with &, <, quotes, spaces and UTF-8 among them; a key never there
+    is no error."""
+    creds = credentials.load(Paths(cluster_root).credentials_file).admin
+    node = live_cluster.nodes[0]
+    bucket, actors = live_cluster.settings.bucket, cluster.storage_nodes(live_cluster)
+    boto = s3.client(node.endpoint, creds)
+    prefix = f"cleanup-{uuid.uuid4().hex}/"
+    keys = [f"{prefix}{i} a&b<c>\"d'e ü" for i in range(6)]
+    for k in keys + [f"{prefix}kept"]:
+        boto.put_object(Bucket=bucket, Key=k, Body=b"x")
+
+    def marks() -> tuple[int, int]:
+        return sum(kernel_counts(actors, "stale_marks")), sum(kernel_counts(actors, "suspect_marks"))
+    before = marks()
+    assert s3.MarkedGetter(node.endpoint, creds, live_cluster.settings.fill_mark).delete(
+        bucket, keys[:3] + [f"{prefix}never"]) == []
+    assert marks() == before
+    assert s3.MarkedGetter(node.endpoint, creds, 0).delete(bucket, keys[3:]) == []
+    assert marks() == (before[0] + 3, before[1])
+    listed = boto.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    assert [o["Key"] for o in listed] == [f"{prefix}kept"]
+    boto.delete_object(Bucket=bucket, Key=f"{prefix}kept")
+
+
 def _pinned_map(path: Path) -> int:
     lib = libbpf()
     lib.bpf_obj_get.argtypes = [ct.c_char_p]

@@ -68,8 +68,27 @@ def is_missing(error: BaseException) -> bool:
 
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"  # S3's XML namespace
+DELETE_BATCH = 1000  # S3's most keys in one DeleteObjects
 Listed = list[tuple[str, int]]  # (key, size) of objects; named here, where `list` is not MarkedGetter.list
 Prefixes = list[str]
+Keys = list[str]
+
+
+def _own_address(host: str) -> bool:
+    """Whether `host` (an address) is this host's own: a socket can be bound to it."""
+    import ipaddress
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:  # a name, not an address
+        return False
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            return False
+    return True
 
 
 class MarkedGetter:
@@ -90,7 +109,7 @@ class MarkedGetter:
         url = urlparse(endpoint)
         if url.hostname is None:
             raise FasterFSError(f"MinIO endpoint {endpoint!r} names no host")
-        self.endpoint = endpoint
+        self.endpoint, self.mark, self.host = endpoint, mark, url.hostname
         options = HTTPConnection.default_socket_options + ([(socket.SOL_SOCKET, socket.SO_MARK, mark)] if mark else [])
         pool_cls = HTTPSConnectionPool if url.scheme == "https" else HTTPConnectionPool
         self.pool = pool_cls(url.hostname, url.port, maxsize=pool, block=False, timeout=timeout,
@@ -181,6 +200,41 @@ class MarkedGetter:
             if root.findtext(f"{_NS}IsTruncated") != "true" or not token:
                 return
 
+    def delete(self, bucket: str, keys: Keys) -> Keys:
+        """Delete `keys`; those MinIO did not delete. To a MinIO of this host, over sockets with
+        the mark the kernel programs skip: a thousand a request (DeleteObjects, which they would
+        see as a write to the whole bucket). Elsewhere the mark does not travel (a packet's mark
+        is its host's own): one DELETE a key, which the programs there see key by key. A key
+        cost boto3 1.4 ms of this process's CPU and 2.7 ms (measured); a DeleteObjects, 0.012 ms
+        and 0.29 ms, a signed DELETE 0.6 ms and 1.7 ms."""
+        from urllib.parse import quote
+
+        if self.mark and _own_address(self.host):
+            return [key for i in range(0, len(keys), DELETE_BATCH)
+                    for key in self._delete_many(bucket, keys[i:i + DELETE_BATCH])]
+        missed = []
+        for key in keys:
+            response = self._signed("DELETE", f"/{bucket}/{quote(key)}")
+            if response.status != 204:
+                missed.append(key)
+        return missed
+
+    def _delete_many(self, bucket: str, keys: Keys) -> Keys:
+        import base64
+        import hashlib
+        from xml.etree import ElementTree
+        from xml.sax.saxutils import escape
+
+        body = ("<Delete><Quiet>true</Quiet>" + "".join(f"<Object><Key>{escape(k)}</Key></Object>" for k in keys)
+                + "</Delete>").encode()
+        headers = {"Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode(),  # MinIO requires it
+                   "Content-Type": "application/xml"}
+        response = self._signed("POST", f"/{bucket}?delete", headers, body)
+        if response.status != 200:
+            raise ServerError(response.status, f"DeleteObjects in {bucket} on {self.endpoint}: HTTP "
+                                               f"{response.status} {response.data[:200]!r}")
+        return [e.findtext(f"{_NS}Key") or "" for e in ElementTree.fromstring(response.data).iter(f"{_NS}Error")]
+
     def answers(self, bucket: str, timeout: float = 1.0) -> bool:
         """Whether this MinIO serves `bucket` now: a signed HEAD of it within `timeout`."""
         return self._probe(lambda **o: self._signed("HEAD", f"/{bucket}", None, **o), timeout)
@@ -204,12 +258,12 @@ class MarkedGetter:
         except (HTTPError, OSError):
             return False
 
-    def _signed(self, method: str, path: str, headers: dict | None = None, **options):
+    def _signed(self, method: str, path: str, headers: dict | None = None, body: bytes | None = None, **options):
         from botocore.awsrequest import AWSRequest
 
-        request = AWSRequest(method=method, url=self.endpoint + path, headers=headers or {})
+        request = AWSRequest(method=method, url=self.endpoint + path, headers=headers or {}, data=body)
         self.signer.add_auth(request)
-        return self.pool.request(method, path, headers=dict(request.headers.items()), **options)
+        return self.pool.request(method, path, headers=dict(request.headers.items()), body=body, **options)
 
     def close(self) -> None:
         self.pool.close()

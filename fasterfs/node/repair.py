@@ -27,7 +27,7 @@ from collections.abc import Callable, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..control import registry, s3
+from ..control import registry
 from ..control.state import ClusterState
 from ..write import ingest
 from .repair_health import Health
@@ -68,7 +68,7 @@ def run(cfg, state: ClusterState, creds, progress: Callable[[int, int], None] | 
     `trusted`: nodes believed to hold what the namespace places on them, not listed (the
     leader's repair after a change of the nodes: what a lost node held is in the manifests)."""
     started = time.monotonic()
-    ingest.collect_garbage(cfg, state, {n.index: s3.client(n.endpoint, creds) for n in state.nodes})
+    ingest.collect_garbage(cfg, state)
     listing, manifests, health, plans = look(state, creds, lambda listing, ms: plan_repairs(
         ms.values(), state, listing, cfg.placement.load_slack, waiting, bad, only), names or registry_names(state),
         share, trusted)

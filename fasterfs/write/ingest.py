@@ -148,16 +148,17 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
                        chunks=chunks, layout=cfg.layout, ec_data=k, ec_parity=m)
         took = registry.publish_manifest(state.name, new, prefix)  # the head keeps it; every StorageNode gets it
     except BaseException:
-        _delete_objects(clients.values(), bucket, f"{prefix}{generation}/", lambda key: True)
+        _delete_objects(cleaners(state), bucket, f"{prefix}{generation}/", lambda key: True)
         raise
     missed = sorted({n.index for n in state.nodes} - set(took))
     if missed:  # readers still see it (they ask the Registry); those nodes learn it when they restart
         log.warning("nodes %s did not take generation %s of %s in time", missed, generation, name)
     # Generations no manifest ever named (a crashed write's) go at once
     kept = set(registry.generations(state.name, name))
-    _delete_objects(clients.values(), bucket, prefix,
+    getters = cleaners(state)
+    _delete_objects(getters, bucket, prefix,
                     lambda key: key[len(prefix):].split("/")[0] not in kept if "/" in key[len(prefix):] else False)
-    collect_garbage(cfg, state, clients)
+    collect_garbage(cfg, state, getters)
     return new
 
 
@@ -194,7 +195,7 @@ def _target(cfg, nodes: int | None):
     return state, n_nodes
 
 
-def collect_garbage(cfg, state, clients=None) -> None:
+def collect_garbage(cfg, state, getters: dict[int, s3.MarkedGetter] | None = None) -> None:
     """Delete the objects of generations replaced or removed more than ingest.keep_old_s ago
     (readers holding their manifests have had that long), and the pieces retired as long ago:
     moved away by repair, or stored by a write that never published them."""
@@ -202,28 +203,36 @@ def collect_garbage(cfg, state, clients=None) -> None:
     pieces = registry.expired_pieces(state.name, cfg.ingest.keep_old_s)
     if not gone and not pieces:
         return
-    if clients is None:
-        creds = registry.fetch_credentials(state.name, "admin")
-        clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}
+    getters = getters or cleaners(state)
     bucket = state.settings.bucket
     for g in gone:
-        _delete_objects(clients.values(), bucket, f"{g['prefix']}{g['generation']}/", lambda key: True)
+        _delete_objects(getters, bucket, f"{g['prefix']}{g['generation']}/", lambda key: True)
+    by_node: dict[int, list[str]] = {}
     for node, key in pieces:
+        by_node.setdefault(node, []).append(key)
+    for node, keys in by_node.items():
         try:
-            clients[node].delete_object(Bucket=bucket, Key=key)
-        except Exception as e:  # a node down keeps it (an orphan of a generation: goes with it)
-            log.warning("could not delete retired piece %s on node %d: %s", key, node, e)
+            missed = getters[node].delete(bucket, keys)
+        except Exception as e:  # a node down keeps them (orphans of a generation: they go with it)
+            missed = keys
+            log.warning("could not delete %d retired pieces on node %d: %s", len(keys), node, e)
+        for key in missed[:3]:
+            log.warning("could not delete retired piece %s on node %d", key, node)
 
 
-def _delete_objects(clients, bucket: str, prefix: str, doomed: Callable[[str], bool]) -> None:
-    """Best effort: remove matching objects from every node (a dead node keeps its orphans).
-    One DELETE per key, not DeleteObjects: the kernel sees each key, and marks only it stale
-    (DeleteObjects names its keys in the body, so it would mark the whole bucket)."""
-    for c in clients:
+def cleaners(state) -> dict[int, s3.MarkedGetter]:
+    """A client of each node's MinIO for clean-up, on sockets with the cache filler's mark: the
+    kernel programs skip them, as no manifest names these objects any more (no cache entry to
+    mark stale), and a DeleteObjects they saw would mark the whole bucket suspect."""
+    creds = registry.fetch_credentials(state.name, "admin")
+    return {n.index: s3.MarkedGetter(n.endpoint, creds, state.settings.fill_mark) for n in state.nodes}
+
+
+def _delete_objects(getters: dict[int, s3.MarkedGetter], bucket: str, prefix: str,
+                    doomed: Callable[[str], bool]) -> None:
+    """Best effort: remove matching objects from every node (a dead node keeps its orphans)."""
+    for getter in getters.values():
         try:
-            for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                for o in page.get("Contents", []):
-                    if doomed(o["Key"]):
-                        c.delete_object(Bucket=bucket, Key=o["Key"])
-        except Exception:
-            pass
+            getter.delete(bucket, [key for key, _ in getter.list(bucket, prefix) if doomed(key)])
+        except Exception as e:
+            log.info("could not clean %s on %s: %s", prefix, getter.endpoint, e)
