@@ -148,14 +148,14 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
                        chunks=chunks, layout=cfg.layout, ec_data=k, ec_parity=m)
         took = registry.publish_manifest(state.name, new, prefix)  # the head keeps it; every StorageNode gets it
     except BaseException:
-        _delete_objects(cleaners(state), bucket, f"{prefix}{generation}/", lambda key: True)
+        _delete_objects(cleaners(state, creds), bucket, f"{prefix}{generation}/", lambda key: True)
         raise
     missed = sorted({n.index for n in state.nodes} - set(took))
     if missed:  # readers still see it (they ask the Registry); those nodes learn it when they restart
         log.warning("nodes %s did not take generation %s of %s in time", missed, generation, name)
     # Generations no manifest ever named (a crashed write's) go at once
     kept = set(registry.generations(state.name, name))
-    getters = cleaners(state)
+    getters = cleaners(state, creds)
     _delete_objects(getters, bucket, prefix,
                     lambda key: key[len(prefix):].split("/")[0] not in kept if "/" in key[len(prefix):] else False)
     collect_garbage(cfg, state, getters)
@@ -220,11 +220,11 @@ def collect_garbage(cfg, state, getters: dict[int, s3.MarkedGetter] | None = Non
             log.warning("could not delete retired piece %s on node %d", key, node)
 
 
-def cleaners(state) -> dict[int, s3.MarkedGetter]:
+def cleaners(state, creds=None) -> dict[int, s3.MarkedGetter]:
     """A client of each node's MinIO for clean-up, on sockets with the cache filler's mark: the
     kernel programs skip them, as no manifest names these objects any more (no cache entry to
     mark stale), and a DeleteObjects they saw would mark the whole bucket suspect."""
-    creds = registry.fetch_credentials(state.name, "admin")
+    creds = creds or registry.fetch_credentials(state.name, "admin")
     return {n.index: s3.MarkedGetter(n.endpoint, creds, state.settings.fill_mark) for n in state.nodes}
 
 
