@@ -212,12 +212,12 @@ def collect_garbage(cfg, state, getters: dict[int, s3.MarkedGetter] | None = Non
         by_node.setdefault(node, []).append(key)
     for node, keys in by_node.items():
         try:
-            missed = getters[node].delete(bucket, keys)
+            missed, why = getters[node].delete(bucket, keys), "MinIO refused them"
         except Exception as e:  # a node down keeps them (orphans of a generation: they go with it)
-            missed = keys
-            log.warning("could not delete %d retired pieces on node %d: %s", len(keys), node, e)
-        for key in missed[:3]:
-            log.warning("could not delete retired piece %s on node %d", key, node)
+            missed, why = keys, str(e)
+        if missed:
+            log.warning("could not delete %d retired pieces on node %d (%s, ...): %s", len(missed), node, missed[0],
+                        why)
 
 
 def cleaners(state, creds=None) -> dict[int, s3.MarkedGetter]:
