@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable
 
 from .. import bpf
-from ..bpf import tc
 from ..bpf.pinned import mount_bpffs, unmount_bpffs
 from ..control.state import filter_prefix
 from ..core.cgroup import own_cgroup
@@ -34,6 +33,8 @@ class NodeKernel:
             # hosts leave on it (egress) and other hosts' writes arrive on it (ingress).
             prefix = filter_prefix(cfg.cluster.name, node)
             programs.attach_tc(k.interface, f"{prefix}{k.interface}:egress")
+            from ..bpf import tc  # pyroute2: not for every process that holds a StorageNode's handle
+
             host_interface = tc.interface_of(address) if k.host_interface == "auto" else k.host_interface
             if host_interface and host_interface != k.interface:
                 for direction in ("egress", "ingress"):

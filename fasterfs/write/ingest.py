@@ -16,22 +16,30 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from ..control import registry, s3
-from ..core import erasure, lobster
+from ..core import erasure
 from ..core.config import as_cfg
 from ..core.errors import FasterFSError
 from ..core.manifest import ChunkInfo, Manifest, object_prefix
 from ..core.namespace import check_dataset_name, check_path
 from ..core.placement import chunk_homes
 
+if TYPE_CHECKING:
+    from ..core import lobster
+
 log = logging.getLogger("fasterfs.write.ingest")
 EXTENSIONS = {"csv": "csv", "arrow": "arrow"}
 
 
 def load_source(cfg) -> lobster.Pair:
+    # polars, numpy: imported here, not by the write path's other users (every process that
+    # holds a StorageNode's handle imports this module: 0.2 s of CPU each)
+    from ..core import lobster
+
     d = cfg.data
     if d.source == "files":
         return lobster.read_pair(d.message, d.orderbook, d.level, d.name)
@@ -47,6 +55,8 @@ def ingest(cfg, progress: Callable[[int, int], None] | None = None, nodes: int |
     name (replacing only a dataset of that name); returns the new manifest. A failed ingest
     removes what it wrote; the previous generation stays current. `nodes` places the data
     on the first N nodes only (Demo B's scaling sweep)."""
+    from ..core import lobster
+
     cfg = as_cfg(cfg)
     _target(cfg, nodes)  # a bad option or no cluster is named before the source is read
     pair = load_source(cfg)
