@@ -61,7 +61,8 @@ def main(argv: list[str]) -> dict:
     with ThreadPoolExecutor(8) as pool:
         for way, delete in ways.items():
             prefix = f"{tag}/{way}/"
-            list(pool.map(lambda i: boto.put_object(Bucket=bucket, Key=f"{prefix}{i:07d}", Body=b"x"), range(n)))
+            list(pool.map(lambda key: boto.put_object(Bucket=bucket, Key=key, Body=b"x"),
+                          [f"{prefix}{i:07d}" for i in range(n)]))
             cpu, wall, minio = time.process_time(), time.perf_counter(), process_cpu_s(minio_pid)
             delete(prefix)
             cpu, wall, minio = time.process_time() - cpu, time.perf_counter() - wall, process_cpu_s(minio_pid) - minio
