@@ -264,8 +264,10 @@ def test_a_node_back_is_listed_and_the_others_believed(live_cluster, overrides, 
             ray.get(node1.release_minio.remote())
         wait_until(lambda: m.chunks[1].key in minio_keys(state, prefix)[1], timeout=60,
                    what="node 1's replica put back by the leader's repair")
-        found = redundancy()
-        assert found["believed"] == [0] and found["nodes_down"] == [], found
+        reports: list[dict] = []  # the leader reports its look once its repair returns, after the PUT
+        wait_until(lambda: reports.append(redundancy()) or reports[-1].get("nodes_down") == [], timeout=30,
+                   what="the leader's report of the look that listed node 1 again")
+        assert reports[-1]["believed"] == [0], reports[-1]
         assert m.chunks[0].key not in minio_keys(state, prefix)[0]
         assert cli.main(["repair", *overrides]) in (0, 1)  # 1: chunks other tests lost on purpose
         assert m.chunks[0].key in minio_keys(state, prefix)[0]
