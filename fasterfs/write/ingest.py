@@ -140,7 +140,7 @@ def _write(cfg, name: str, kind: str, count: int, chunk_name: Callable[[int], st
     prefix = object_prefix(name, kind)
     bucket = state.settings.bucket
     creds = registry.fetch_credentials(state.name, "admin")
-    clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}  # all: old generations go everywhere
+    clients = {n.index: s3.client(n.endpoint, creds) for n in state.nodes}  # placement may pick any
 
     def store(i: int) -> ChunkInfo:
         body, info = chunk(i)
