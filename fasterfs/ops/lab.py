@@ -32,6 +32,8 @@ import re
 import shutil
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..control.state import Host
@@ -152,37 +154,52 @@ def _lab_node(state: cluster.ClusterState, index: int):
     return state.node(index)
 
 
+POWER_OFF_S = 10.0  # how long SIGKILLed processes may take to be gone (a process exits once its syscall ends)
+
+
 def _host_pids(netns: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout
     return [int(p) for p in out.split()]
 
 
 def power_off(state: cluster.ClusterState, index: int) -> int:
-    """Lab host `index` loses power: SIGKILL to every process in its network namespace at
-    once (Ray node, StorageNode, MinIO, mounts), no shutdown of any kind. Its disk stays as it
-    was. Returns how many processes there were."""
-    return _kill_now(_host_pids(_lab_node(state, index).netns))
-
-
-def _kill_now(pids: list[int]) -> int:
-    """SIGKILL to every one of `pids` at once, as a machine losing power; returns how many."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)
+    """Lab host `index` loses power: every process of it SIGKILLed at once (Ray node,
+    StorageNode, MinIO, mounts), no shutdown of any kind, and gone when this returns. Its disk
+    stays as it was. Returns how many processes there were."""
+    netns = _lab_node(state, index).netns
+    return _kill_now(state, f"node-{index}", lambda: _host_pids(netns), f"lab host {index}")
 
 
 def power_off_head(state: cluster.ClusterState) -> int:
     """The lab's head loses power: every process of its Ray node (the GCS, its raylet, the
-    Registry and dashboard actors) SIGKILLed at once, by its cgroup. The storage hosts run on,
-    waiting for it (cluster.head_wait_s); their disks and the head's stay as they were."""
-    from ..core.cgroup import ProjectCgroup
-
+    Registry and dashboard actors) SIGKILLed at once. The storage hosts run on, waiting for it
+    (cluster.head_wait_s); their disks and the head's stay as they were."""
     if not state.lab or not state.head_pid:
         raise FasterFSError(f"cluster {state.name!r} has no lab head of its own to power off")
-    return _kill_now(ProjectCgroup.from_dict(state.cgroup).pids("head"))
+    return _kill_now(state, "head", list, "the lab's head")
+
+
+def _kill_now(state: cluster.ClusterState, child: str, also: Callable[[], list[int]], what: str) -> int:
+    """SIGKILL at once to every process of a host's cgroup `child` (cgroup.kill: a fork under
+    way is caught too, where a list of pids would miss its child) and to any `also` lists (a
+    host's network namespace); returns when none is left, how many there were."""
+    from ..core.cgroup import ProjectCgroup
+
+    cgroup = ProjectCgroup.from_dict(state.cgroup)
+    there = set(cgroup.pids(child)) | set(also())
+    cgroup.kill_all(child=child, timeout=POWER_OFF_S)
+    deadline = time.monotonic() + POWER_OFF_S
+    while left := sorted(set(cgroup.pids(child)) | set(also())):
+        if time.monotonic() > deadline:
+            raise FasterFSError(f"{what} still runs {len(left)} processes {POWER_OFF_S:.0f} s after SIGKILL "
+                                f"(pids {left[:5]}): in uninterruptible sleep?")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    return len(there)
 
 
 def power_on_head(cfg, empty: bool = False) -> cluster.ClusterState:
