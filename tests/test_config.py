@@ -1,6 +1,10 @@
 """Configuration and credentials: overrides, clear errors, secrets kept private."""
+import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -130,3 +134,48 @@ def test_a_jobs_result_fails_only_on_an_error_or_its_own_checks():
     assert failure({"figures": {"mb_s": 1.0}}) is None
     assert failure({"error": "option graysort.size='7B': ..."}) == "option graysort.size='7B': ..."
     assert failure({"failed": 0, "passed": False}) == "did not pass its checks"
+
+
+def _load_in_a_new_process(env: dict, *overrides: str) -> dict:
+    code = ("import json, sys; from omegaconf import OmegaConf; from fasterfs.core import config; "
+            "print(json.dumps(OmegaConf.to_container(config.load(sys.argv[1:]))))")
+    out = subprocess.run([sys.executable, "-c", code, *overrides], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_composition_is_kept_for_other_processes_of_its_user_alone(tmp_path):
+    """A second process takes the first one's composition from the user's cache (as Hydra composes
+    it); a kept file someone else owns, or in a directory others may write to, is not used."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fasterfs.core import config_cache
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    first = _load_in_a_new_process(env, "nodes=3", "replicas=2")
+    with initialize_config_dir(config_dir=str(config.CONF_DIR), version_base="1.3"):
+        by_hydra = compose(config_name="config", overrides=["nodes=3", "replicas=2"])
+        OmegaConf.resolve(by_hydra)
+    assert first == OmegaConf.to_container(by_hydra)
+    kept = list((tmp_path / "cache" / "fasterfs" / "config").glob("*.json"))
+    assert len(kept) == 1 and stat.S_IMODE(kept[0].stat().st_mode) == 0o600
+    assert stat.S_IMODE(kept[0].parent.stat().st_mode) == 0o700
+    # what is kept is what the next process uses (changed here by its owner, to see it read)
+    changed = dict(json.loads(kept[0].read_text()), nodes=5)
+    kept[0].write_text(json.dumps(changed))
+    assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 5
+    os.chown(kept[0], 65534, 65534)  # another user's file: composed again
+    assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 3
+    kept[0].unlink()
+    _load_in_a_new_process(env, "nodes=3", "replicas=2")
+    kept[0].write_text(json.dumps(changed))
+    kept[0].parent.chmod(0o777)  # a directory others may write to: not used at all
+    assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 3
+    # conf/ changed: another key
+    conf = tmp_path / "conf"
+    shutil.copytree(config.CONF_DIR, conf)
+    before = config_cache.key(("nodes=3",), conf_dir=conf)
+    (conf / "config.yaml").write_text((conf / "config.yaml").read_text() + "\n# an edit\n")
+    assert config_cache.key(("nodes=3",), conf_dir=conf) != before

@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +45,18 @@ def load(overrides: Sequence[str] = (), lab: bool = False) -> DictConfig:
     and FASTERFS_* environment (what conf/ reads of it), as composing takes a tenth of a second
     of CPU and readers, tasks and commands load often. The copy is unpickled: 0.9 ms, where
     a deepcopy took 7.7 ms (measured)."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTERFS_")))
+    return pickle.loads(_composed(tuple(overrides), env, _in_job(), config_name(overrides, lab)))
+
+
+def _in_job() -> bool:
+    """Inside a job's @hydra.main (Hydra then imported already: importing it only to ask takes
+    a tenth of a second)."""
+    if "hydra.core.global_hydra" not in sys.modules:
+        return False
     from hydra.core.global_hydra import GlobalHydra
 
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTERFS_")))
-    return pickle.loads(_composed(tuple(overrides), env, GlobalHydra.instance().is_initialized(),
-                                  config_name(overrides, lab)))
+    return GlobalHydra.instance().is_initialized()
 
 
 def config_name(overrides: Sequence[str], lab: bool = False) -> str:
@@ -60,18 +68,33 @@ def config_name(overrides: Sequence[str], lab: bool = False) -> str:
 
 @functools.lru_cache(maxsize=128)
 def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool, name: str) -> bytes:
+    """The composition, pickled for load's copies: from this user's disk cache where another
+    process composed it (fasterfs.core.config_cache), else by Hydra, then kept there."""
+    from . import config_cache
+
+    cached = None if in_job else config_cache.key(overrides, env, name, str(PROJECT_DIR), conf_dir=CONF_DIR)
+    kept = config_cache.get(cached) if cached else None
+    if kept is not None:
+        cfg = OmegaConf.create(kept)
+        OmegaConf.set_struct(cfg, True)  # as Hydra composes it: an unknown key is an error
+        return pickle.dumps(checked(cfg))
+    cfg = checked(_compose(overrides, in_job, name))
+    if cached:
+        config_cache.put(cached, cast(dict, OmegaConf.to_container(cfg)))
+    return pickle.dumps(cfg)
+
+
+def _compose(overrides: tuple[str, ...], in_job: bool, name: str) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     try:
         if in_job:  # inside a job's @hydra.main: same conf/
-            cfg = compose(config_name=name, overrides=list(overrides))
-        else:
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name=name, overrides=list(overrides))
+            return compose(config_name=name, overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name=name, overrides=list(overrides))
     except HydraException as e:
         raise ConfigError(f"bad override{_culprit(overrides)}: {one_line(e)}") from None
-    return pickle.dumps(checked(cfg))
 
 
 OVERRIDE = re.compile(r"(\+{1,2}|~)?([A-Za-z_]\w*)(?:\.[\w-]+)*(=|$)")
@@ -80,7 +103,10 @@ OVERRIDE = re.compile(r"(\+{1,2}|~)?([A-Za-z_]\w*)(?:\.[\w-]+)*(=|$)")
 def override_keys() -> set[str]:
     """What a Hydra override may start with: conf/config.yaml's top-level keys, its config
     groups (conf/<group>/) and hydra."""
-    top = set(OmegaConf.load(CONF_DIR / "config.yaml").keys()) - {"defaults"}
+    import yaml  # libyaml's parser: a tenth of OmegaConf.load's time, paid by every command
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    top = set(yaml.load((CONF_DIR / "config.yaml").read_bytes(), Loader=loader)) - {"defaults"}
     return top | {p.name for p in CONF_DIR.iterdir() if p.is_dir()} | {"hydra"}
 
 
