@@ -53,6 +53,29 @@ def running(pid: int) -> bool:
         return False
 
 
+@ray.remote(num_cpus=0)
+def _pid_after(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_workers_past_the_cpu_count_are_kept_for_the_next_burst(live_cluster, cfg):
+    """cluster.idle_worker_s: a burst of tasks that take no CPU runs on more workers than the node
+    has CPUs; 3 s later (Ray's own 1 s would have ended those past the CPU count) the next burst
+    runs on them again, as the workers' own process ids say."""
+    import time
+
+    on0 = cluster.on_node(live_cluster.node(0))
+    burst = cfg.cluster.cpus_per_node + 2
+    first = set(ray.get([_pid_after.options(**on0).remote(1.0) for _ in range(burst)]))
+    assert len(first) > cfg.cluster.cpus_per_node  # the burst ran side by side, past the CPU count
+    time.sleep(3)
+    again = set(ray.get([_pid_after.options(**on0).remote(1.0) for _ in range(burst)]))
+    assert len(first & again) > cfg.cluster.cpus_per_node, (first, again)
+
+
 def test_nodes_on_their_own_loopback_addresses(live_cluster):
     cluster.connect_ray(live_cluster)
     alive = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}

@@ -194,8 +194,10 @@ def validate(cfg: DictConfig) -> None:
     shed = cfg.namespace.shed_read_ahead_above
     if not isinstance(shed, (int, float)) or isinstance(shed, bool) or not 0 <= shed <= 100:
         bad("namespace.shed_read_ahead_above", "must be a percentage, 0 to 100")
-    if not isinstance(cfg.ingest.keep_old_s, (int, float)) or cfg.ingest.keep_old_s < 0:
-        bad("ingest.keep_old_s", "must be a number of seconds >= 0")
+    for opt in ("ingest.keep_old_s", "cluster.idle_worker_s"):
+        v = OmegaConf.select(cfg, opt)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            bad(opt, "must be a number of seconds >= 0")
     for opt in ("files.batch_files", "files.batch_mb", "files.threads", "namespace.cached_paths"):
         v = OmegaConf.select(cfg, opt)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:

@@ -46,7 +46,7 @@ def _software_under_tmp() -> list[str]:
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
-def ray_env(name: str, root: str | Path, head_wait_s: float) -> dict[str, str]:
+def ray_env(name: str, root: str | Path, c) -> dict[str, str]:
     """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
     a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
     project's environment whatever shell submitted it; the Ray token's file (fasterfs.control.auth);
@@ -64,7 +64,10 @@ def ray_env(name: str, root: str | Path, head_wait_s: float) -> dict[str, str]:
     # Ray's head fault tolerance: every Ray process (raylets, workers, drivers such as the mount's
     # agent) waits this long for a GCS that went away before ending itself (Ray's 60 s took every
     # reader down with the head).
-    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(head_wait_s))
+    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(c.head_wait_s))
+    # A Ray worker past the node's CPU count (readers' tasks take none) is ended after this
+    # long idle, not Ray's 1 s: starting one again takes 0.5 to 1 s of CPU, and reads come in bursts.
+    env["RAY_idle_worker_killing_time_threshold_ms"] = str(int(float(c.idle_worker_s) * 1000))
     return dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
                 RAY_event_stats="false", RAY_debug_dump_period_milliseconds="0",
                 PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
@@ -203,7 +206,7 @@ def start_ray(cfg, layout: Layout, state: ClusterState, hosts: list[Host], head:
     """One `ray start` per host (and one for a head without storage), all side by side (a
     node's `ray start` waits for the head's GCS); records their PIDs."""
     cgroup = ProjectCgroup.from_dict(state.cgroup)
-    env = ray_env(state.name, state.root, cfg.cluster.head_wait_s)
+    env = ray_env(state.name, state.root, cfg.cluster)
     logs = layout.paths.log_dir
     for i, host in [(None, head)] * (head not in hosts) + list(enumerate(hosts)):
         if not host.disk:  # on this machine's /tmp, at a predictable name: another user's is never used

@@ -156,7 +156,7 @@ def resume(state: ClusterState) -> ClusterState:
         index = next((n.index for n in state.nodes if n.address == head.address), None)
         # Ray's `ray start --head` takes a raylet still naming this GCS for a cluster already running
         Path(ray_nodes.ray_temp_dir(state.root), "ray_current_cluster").unlink(missing_ok=True)
-        env = ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s)
+        env = ray_nodes.ray_env(state.name, state.root, cfg.cluster)
         child = "head" if index is None else f"node-{index}"
         if not is_ray_start(state.head_pid if index is None else state.node(index).ray_pid):
             # the head's Ray node is gone; its agents outlive its raylet by a minute, holding its

@@ -134,7 +134,7 @@ def _spawn_ray_node(cfg, state: ClusterState, index: int, host: Host):
     ray_nodes.provision(host, state.root)
     proc = ProjectCgroup.from_dict(state.cgroup).spawn(
         ray_nodes.ray_start_args(cfg, host, Host(state.head_address), index, False), log_path,
-        ray_nodes.ray_env(state.name, state.root, cfg.cluster.head_wait_s), child=f"node-{index}")
+        ray_nodes.ray_env(state.name, state.root, cfg.cluster), child=f"node-{index}")
     return proc, log_path
 
 
