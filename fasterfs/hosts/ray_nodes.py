@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from ..control import auth
 from ..control.state import RAY_START, ClusterState, Host, NodeState, connect_ray
 from ..core import process
@@ -46,7 +48,7 @@ def _software_under_tmp() -> list[str]:
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
-def ray_env(name: str, root: str | Path, c) -> dict[str, str]:
+def ray_env(name: str, root: str | Path, cluster_cfg: DictConfig) -> dict[str, str]:
     """The environment every `ray start` gets: this checkout's interpreter first on PATH, so
     a job's `python` (`ray job submit -- python jobs/x.py`) and every worker run in the
     project's environment whatever shell submitted it; the Ray token's file (fasterfs.control.auth);
@@ -64,10 +66,10 @@ def ray_env(name: str, root: str | Path, c) -> dict[str, str]:
     # Ray's head fault tolerance: every Ray process (raylets, workers, drivers such as the mount's
     # agent) waits this long for a GCS that went away before ending itself (Ray's 60 s took every
     # reader down with the head).
-    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(c.head_wait_s))
+    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(int(cluster_cfg.head_wait_s))
     # A Ray worker past the node's CPU count (readers' tasks take none) is ended after this
     # long idle, not Ray's 1 s: starting one again takes 0.5 to 1 s of CPU, and reads come in bursts.
-    env["RAY_idle_worker_killing_time_threshold_ms"] = str(int(float(c.idle_worker_s) * 1000))
+    env["RAY_idle_worker_killing_time_threshold_ms"] = str(int(float(cluster_cfg.idle_worker_s) * 1000))
     return dict(env, RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
                 RAY_event_stats="false", RAY_debug_dump_period_milliseconds="0",
                 PATH=os.pathsep.join(path), VIRTUAL_ENV=sys.prefix,
