@@ -47,13 +47,14 @@ def key(*parts: object, conf_dir: Path) -> str:
 
 
 def get(name: str) -> dict | None:
-    """The composition kept under `name`, or None (none, not this user's, or unreadable)."""
+    """The composition kept under `name`, or None (none, not this user's alone, or unreadable)."""
     where = directory()
     if where is None:
         return None
     try:
         with open(where / f"{name}.json", "rb") as f:
-            if os.fstat(f.fileno()).st_uid != os.geteuid():
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:  # only what this user alone could write
                 return None
             kept = json.load(f)
     except (OSError, ValueError):
