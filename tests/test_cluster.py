@@ -54,25 +54,32 @@ def running(pid: int) -> bool:
 
 
 @ray.remote(num_cpus=0)
-def _pid_after(seconds: float) -> int:
+def _pid_together(meeting: str, tag: str, count: int) -> int:
+    """This worker's pid, once `count` tasks of `tag` run side by side (each leaves a file in
+    `meeting`, a directory every node of this host sees): one burst, on as many workers."""
     import time
+    import uuid
 
-    time.sleep(seconds)
+    Path(meeting, f"{tag}-{uuid.uuid4().hex}").touch()
+    deadline = time.monotonic() + 60
+    while sum(p.name.startswith(f"{tag}-") for p in Path(meeting).iterdir()) < count:
+        assert time.monotonic() < deadline, f"{count} tasks of {tag} never ran side by side"
+        time.sleep(0.05)
     return os.getpid()
 
 
-def test_workers_past_the_cpu_count_are_kept_for_the_next_burst(live_cluster, cfg):
-    """cluster.idle_worker_s: a burst of tasks that take no CPU runs on more workers than the node
-    has CPUs; 3 s later (Ray's own 1 s would have ended those past the CPU count) the next burst
-    runs on them again, as the workers' own process ids say."""
+def test_workers_past_the_cpu_count_are_kept_for_the_next_burst(live_cluster, cfg, tmp_path):
+    """cluster.idle_worker_s: a burst of tasks that take no CPU, all running at once, runs on more
+    workers than the node has CPUs; 3 s later (Ray's own 1 s would have ended those past the CPU
+    count) the next such burst runs on them again, as the workers' own process ids say."""
     import time
 
     on0 = cluster.on_node(live_cluster.node(0))
     burst = cfg.cluster.cpus_per_node + 2
-    first = set(ray.get([_pid_after.options(**on0).remote(1.0) for _ in range(burst)]))
-    assert len(first) > cfg.cluster.cpus_per_node  # the burst ran side by side, past the CPU count
+    first = set(ray.get([_pid_together.options(**on0).remote(str(tmp_path), "a", burst) for _ in range(burst)]))
+    assert len(first) == burst  # side by side: a worker each, past the CPU count
     time.sleep(3)
-    again = set(ray.get([_pid_after.options(**on0).remote(1.0) for _ in range(burst)]))
+    again = set(ray.get([_pid_together.options(**on0).remote(str(tmp_path), "b", burst) for _ in range(burst)]))
     assert len(first & again) > cfg.cluster.cpus_per_node, (first, again)
 
 
