@@ -52,12 +52,14 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
 
 
 def wait_until(pred, timeout: float = 15.0, what: str = "condition") -> bool:
-    """Poll until pred() is true (bounded); an AssertionError names what never happened."""
+    """Poll until pred() is true (bounded); an AssertionError names what never happened. Between
+    polls it waits as long as the last poll took (at least 50 ms): a poll that runs a command or
+    lists MinIO then takes at most half the time, not a core the awaited work needs."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while (began := time.monotonic()) < deadline:
         if pred():
             return True
-        time.sleep(0.05)
+        time.sleep(min(max(0.05, time.monotonic() - began), max(0.0, deadline - time.monotonic())))
     raise AssertionError(f"timed out waiting for {what}")
 
 

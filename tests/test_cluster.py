@@ -477,14 +477,18 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
     they still make a chunk read twice hot: the node caches it and the third read is served from
     that file with the bytes written. A job
     submitted to either this cluster or the session's (started before it) is given its own
-    cluster's address by Ray, not the last one started on the machine. Down stops all of it, the
-    FUSE mount included: no process, filter, cgroup or mount left."""
+    cluster's address by Ray, not the last one started on the machine. Its namespace is in Redis
+    (cluster.namespace_store=redis): `up` starts Redis on a unix socket only root may reach, with
+    a password of its own and no TCP port; a tree stored with put -r reads back byte for byte,
+    also after the Registry restarts (from Redis, not its memory). Down stops all of it, Redis
+    (by its PID) and the FUSE mount included: no process, filter, cgroup or mount left, and this
+    process no longer Ray's driver."""
     from fasterfs.node.cache import ChunkCache
     from fasterfs.ui.cli import main
 
     own = cluster_overrides(Path(str(tmp_path_factory.mktemp("beside"))[:60]), "127.0.5.2", 4, nodes=1)
     own = [o for o in own if not o.startswith("kernel.mode=")] + ["kernel.mode=simulated"]
-    cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false"])
+    cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false", "cluster.namespace_store=redis"])
     cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
     before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
     for i in range(4):
@@ -519,11 +523,45 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
         point.mkdir()
         ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it
         assert str(point) in mounts_under(state.root)
+        redis = _namespace_in_redis(cfg, state)
     finally:
         report = cluster.down(cfg)
+        disconnected = not ray.is_initialized()
         cluster.connect_ray(live_cluster)  # this process's driver back on the session's cluster
     assert report["actors_stopped"] == 1 and report["ray_nodes_stopped"] == 1 and not report["actor_errors"]
+    assert disconnected and not redis.is_ours(state.namespace_pid)
     assert_nothing_left(state)
+
+
+def _namespace_in_redis(cfg, state):
+    """Redis as `up` started it: the socket and password root's alone, no TCP port; 60 files put
+    with put -r read back, also after Ray restarts the Registry (which then reads Redis anew)."""
+    import stat
+
+    from fasterfs.meta.redis_server import RedisServer
+    from fasterfs.read.reader import Namespace
+    from fasterfs.write import bulk_load
+
+    server = RedisServer(Path(state.root))
+    assert server.is_ours(state.namespace_pid)
+    assert stat.S_IMODE(os.stat(server.dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(server.password_file).st_mode) == 0o600
+    listening = subprocess.run(["ss", "-Hlxp"], capture_output=True, text=True).stdout
+    assert str(server.socket) in listening
+    tcp = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+    assert f"pid={state.namespace_pid}," not in tcp
+    src = Path(state.root) / "tree"
+    files = {f"d{i % 3}/f{i}.bin": os.urandom(100 + i) for i in range(60)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    assert bulk_load.load(cfg, bulk_load.LocalTree(src), "team/").stored == 60
+    ray.kill(registry.handle(state.name), no_restart=False)
+    ns = Namespace(cfg)
+    for rel, data in files.items():
+        assert ns.cat(f"team/{rel}") == data
+    assert [e.path for e in ns.listdir("team")] == ["team/d0", "team/d1", "team/d2"]
+    return server
 
 
 def _listening(port: int) -> bool:
