@@ -27,6 +27,10 @@ from pathlib import Path
 # FASTERFS_LOBSTER_DIR stay: they choose the suite's data.
 for _name in [n for n in os.environ if n.startswith("RAY_") or n in ("FASTERFS_ROOT", "FASTERFS_CLUSTER")]:
     del os.environ[_name]
+# The configurations the run's processes compose are kept (fasterfs.core.config_cache) in a
+# directory of the run's own, removed after it, not in the caller's home.
+CONFIG_CACHE = tempfile.mkdtemp(prefix="fasterfs-tests-")
+os.environ["XDG_CACHE_HOME"] = CONFIG_CACHE
 
 import pytest  # noqa: E402
 
@@ -232,6 +236,7 @@ def pytest_unconfigure(config):
     controller's, never those of a cluster at the default root (a user's, as after `make run`)."""
     from fasterfs.hosts.ray_nodes import ray_temp_dir
 
+    shutil.rmtree(CONFIG_CACHE, ignore_errors=True)
     for path in reversed(config.stash.get(STAND_IN, [])):
         with contextlib.suppress(OSError):  # never more than what was made here
             path.unlink() if path.is_file() else path.rmdir()
@@ -509,12 +514,13 @@ _READ_ONLY: dict = {}  # (format, replicas) -> the dataset a read-only test inge
 
 @pytest.fixture
 def ingest_as(live_cluster, overrides):
-    """Ingest the LOBSTER sample (or generated data without it) in a format and replication.
-    reuse=True, for tests that only read it: the dataset an earlier such test ingested, if it is
-    still the current generation as the Registry says (any other ingest since replaced it)."""
+    """Ingest the LOBSTER sample (or generated data without it) in a format and replication
+    (rows: its first rows only). reuse=True, for tests that only read it: the dataset an earlier
+    such test ingested, if it is still the current generation as the Registry says (any other
+    ingest since replaced it)."""
     from fasterfs.control import registry
 
-    def run(fmt: str = "csv", replicas: int = 1, reuse: bool = False):
+    def run(fmt: str = "csv", replicas: int = 1, reuse: bool = False, rows: int | None = None):
         kept = _READ_ONLY.get((fmt, replicas)) if reuse else None
         if kept is not None:
             cluster.connect_ray(live_cluster)  # an earlier test may have left Ray
@@ -522,7 +528,8 @@ def ingest_as(live_cluster, overrides):
             if current is not None and current.generation == kept.generation:
                 return kept
         _READ_ONLY.clear()
-        manifest = ingest(config.load(overrides + data_overrides(fmt, replicas)))
+        first = [f"data.rows={rows}"] if rows else []  # the source's first rows only
+        manifest = ingest(config.load(overrides + data_overrides(fmt, replicas) + first))
         if reuse:
             _READ_ONLY[(fmt, replicas)] = manifest
         return manifest
@@ -542,9 +549,10 @@ def emptied(manifest, live_cluster):
 
 @pytest.fixture
 def fresh(ingest_as, live_cluster):
-    """A freshly ingested CSV dataset (the test writes its objects), empty caches, a new kernel
-    epoch; (its manifest, the StorageNode actors)."""
-    return emptied(ingest_as("csv"), live_cluster)
+    """A freshly ingested CSV dataset (the test writes its objects) of the sample's first 12
+    chunks (the tests read chunks 0 to 9: the whole sample was 7 times the bytes to store), empty
+    caches, a new kernel epoch; (its manifest, the StorageNode actors)."""
+    return emptied(ingest_as("csv", rows=12_000), live_cluster)
 
 
 def cached_entry(client, actors, i) -> Path:

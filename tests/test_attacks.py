@@ -300,7 +300,7 @@ def test_a_rotten_cache_entry_is_never_served_to_readers_that_copy(fresh, cluste
     raw[100] ^= 0xFF
     entry.write_bytes(bytes(raw))
     got = Namespace(config.load(overrides)).cat(f"{manifest.name}/{manifest.name}.csv")
-    assert xxh3(got) == xxh3(source_csv())  # the source files as gzip reads them
+    assert xxh3(got) == xxh3(source_csv(0, manifest.rows))  # the source files as gzip reads them
     assert not entry.exists() or xxh3(entry.read_bytes()) == source_xxh3(manifest.chunk(3))
 
 

@@ -1,5 +1,6 @@
 """LOBSTER reading and checking: real sample, generator, and every kind of bad input."""
 import gzip
+import re
 
 import numpy as np
 import polars as pl
@@ -153,3 +154,23 @@ def test_mid_price_in_dollars(small_pair):
     mid = lobster.mid_price(pair.frame).to_numpy()
     expected = (pair.frame["AskPrice1"].to_numpy() + pair.frame["BidPrice1"].to_numpy()) / 2 / 10000
     assert np.allclose(mid, expected)
+
+
+def test_data_rows_takes_the_files_first_rows_and_bad_counts_are_named(tmp_path, small_pair):
+    """data.rows=N ingests the files' first N rows (as the standard library reads the files);
+    a count that is not a whole number >= 1, or more rows than the files have, is named."""
+    from fasterfs.core import config
+    from fasterfs.write.ingest import load_source
+
+    m, o = write(tmp_path, gzip.compress(small_pair[0]), gzip.compress(small_pair[1]))
+    files = [f"data.message={m}", f"data.orderbook={o}", "data.level=3"]
+    pair = load_source(config.load(files + ["data.rows=20"]))
+    with gzip.open(m) as fm, gzip.open(o) as fo:
+        want_m, want_o = fm.read().splitlines()[:20], fo.read().splitlines()[:20]
+    assert pair.rows == 20 and pair.message_lines == want_m and pair.orderbook_lines == want_o
+    assert pair.frame.height == 20 and pair.frame["Time"].to_list() == [float(x.split(b",")[0]) for x in want_m]
+    assert load_source(config.load(files)).rows == len(small_pair[0].splitlines())
+    for bad, said in (("0", "must be a whole number >= 1"), ("x", "must be a whole number >= 1"),
+                      ("51", re.escape(f"{m} has 50 rows"))):
+        with pytest.raises(FasterFSError, match=rf"option data.rows={bad}.*{said}"):
+            load_source(config.load(files + [f"data.rows={bad}"]))

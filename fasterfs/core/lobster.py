@@ -53,6 +53,11 @@ class Pair:
     def rows(self) -> int:
         return len(self.message_lines)
 
+    def head(self, rows: int) -> Pair:
+        """The pair's first `rows` rows."""
+        return Pair(self.name, self.level, self.message_lines[:rows], self.orderbook_lines[:rows],
+                    self.frame.head(rows))
+
 
 # -- reading and checking ----------------------------------------------------------
 

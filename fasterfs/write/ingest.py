@@ -42,7 +42,13 @@ def load_source(cfg) -> lobster.Pair:
 
     d = cfg.data
     if d.source == "files":
-        return lobster.read_pair(d.message, d.orderbook, d.level, d.name)
+        rows = d.get("rows")
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+            raise FasterFSError(f"option data.rows={rows}: must be a whole number >= 1 (or null: every row)")
+        pair = lobster.read_pair(d.message, d.orderbook, d.level, d.name)
+        if rows is not None and rows > pair.rows:
+            raise FasterFSError(f"option data.rows={rows}: {d.message} has {pair.rows} rows")
+        return pair if rows is None else pair.head(rows)
     if d.source == "synthetic":
         message, orderbook = lobster.generate(d.rows, d.level, d.seed)
         return lobster.parse_pair(message, orderbook, d.level, d.name, "generated message data",
