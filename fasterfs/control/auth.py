@@ -15,6 +15,7 @@ import secrets
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..core.errors import FasterFSError
@@ -84,24 +85,37 @@ def prepare_driver(root: str | os.PathLike | None) -> None:
         AuthenticationTokenLoader.instance().reset_cache()
 
 
+# A driver with no token: exit 0 if it joins, 3 if the GCS refuses it for want of a token, else 1
+# (not answering in time, say, on a loaded machine: that says nothing either way).
 _PROBE = """
-import logging, sys, ray
-ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2], logging_level=logging.ERROR, log_to_driver=False)
+import logging, sys, traceback, ray
+try:
+    ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2], logging_level=logging.ERROR, log_to_driver=False)
+except Exception as e:
+    sys.exit(3 if "InvalidAuthToken" in "".join(traceback.format_exception(e)) else 1)
 """
+REFUSED = 3
 
 
 def cluster_is_open(ray_address: str, node_ip: str, timeout: float = 60.0) -> bool:
-    """True if the Ray cluster at `ray_address` lets in a driver that has no token."""
+    """True if the Ray cluster at `ray_address` lets in a driver that has no token, False if it
+    refuses one; asked again until it says which, for up to `timeout` seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(RAY_AUTH_MODE="disabled", HOME="/nonexistent")  # not even Ray's default token file
     # Ray tries the GCS once a second, 20 times by default, before it gives up on a refusal: 3 say as much
     env["RAY_gcs_server_port_wait_time_s"] = "3"
-    try:
-        probe = subprocess.run([sys.executable, "-c", _PROBE, ray_address, node_ip], env=env, timeout=timeout,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return False
-    return probe.returncode == 0
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            probe = subprocess.run([sys.executable, "-c", _PROBE, ray_address, node_ip], env=env, timeout=left,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            break
+        if probe.returncode in (0, REFUSED):
+            return probe.returncode == 0
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    raise FasterFSError(f"the Ray cluster at {ray_address} neither let in nor refused a driver without a token "
+                        f"within {timeout:.0f} s: is it up, and reachable from {node_ip}?")
 
 
 def current_token(root: str | os.PathLike | None = None) -> str | None:
