@@ -140,7 +140,8 @@ def test_the_head_gone_its_gcs_then_its_disk_and_no_name_or_read_is_lost(own, tm
     got = subprocess.run([sys.executable, "-c", code, *overrides], capture_output=True, timeout=60)
     assert got.returncode == 0 and got.stdout == (src / "d0/f000.bin").read_bytes(), got.stderr[-2000:]
     print(f"cat, ls and connect() while the head was away: {time.monotonic() - killed:.1f} s")
-    time.sleep(max(0.0, 8 - (time.monotonic() - killed)))
+    wait_until(lambda: any(r["head"] == "away" for r in checked_reader.reads(logs, 1)), 60,
+               "a read on node 1 that found the head away")
     back = subprocess.run([CLI, "up"] + overrides, capture_output=True, text=True, timeout=300)
     assert back.returncode == 0, back.stdout + back.stderr
     assert "started again beside nodes that outlived it: kept running [1]" in back.stdout, back.stdout
