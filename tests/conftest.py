@@ -27,10 +27,6 @@ from pathlib import Path
 # FASTERFS_LOBSTER_DIR stay: they choose the suite's data.
 for _name in [n for n in os.environ if n.startswith("RAY_") or n in ("FASTERFS_ROOT", "FASTERFS_CLUSTER")]:
     del os.environ[_name]
-# The configurations the run's processes compose are kept (fasterfs.core.config_cache) in a
-# directory of the run's own, removed after it, not in the caller's home.
-CONFIG_CACHE = tempfile.mkdtemp(prefix="fasterfs-tests-")
-os.environ["XDG_CACHE_HOME"] = CONFIG_CACHE
 
 import pytest  # noqa: E402
 
@@ -190,6 +186,7 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
 
 
 STAND_IN = pytest.StashKey[list]()  # what pytest_configure made, for pytest_unconfigure to remove
+CONFIG_CACHE = pytest.StashKey[str]()  # where this pytest process's composed configurations are kept
 RAY_DIRS = pytest.StashKey[set]()  # Ray's directories there before the run
 
 
@@ -210,6 +207,9 @@ def pytest_configure(config):
     must find their own cluster, never take that token."""
     from fasterfs.control import auth
 
+    # The configurations the run's processes compose (fasterfs.core.config_cache) are kept in a
+    # directory of each pytest process's own, removed after it, not in the caller's home.
+    config.stash[CONFIG_CACHE] = os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fasterfs-tests-")
     if hasattr(config, "workerinput"):  # an xdist worker: the controller made it
         return
     if config.getoption("markexpr") == "unit":  # no cluster starts: nothing written outside tmp_path
@@ -236,7 +236,7 @@ def pytest_unconfigure(config):
     controller's, never those of a cluster at the default root (a user's, as after `make run`)."""
     from fasterfs.hosts.ray_nodes import ray_temp_dir
 
-    shutil.rmtree(CONFIG_CACHE, ignore_errors=True)
+    shutil.rmtree(config.stash[CONFIG_CACHE], ignore_errors=True)
     for path in reversed(config.stash.get(STAND_IN, [])):
         with contextlib.suppress(OSError):  # never more than what was made here
             path.unlink() if path.is_file() else path.rmdir()

@@ -170,10 +170,11 @@ def test_a_composition_is_kept_for_other_processes_of_its_user_alone(tmp_path):
     assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 5
     kept[0].chmod(0o666)  # one others could have written: composed again
     assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 3
-    kept[0].write_text(json.dumps(changed))
-    kept[0].chmod(0o600)
-    os.chown(kept[0], 65534, 65534)  # another user's file: composed again
-    assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 3
+    if os.geteuid() == 0:  # only root can hand a file to another user
+        kept[0].write_text(json.dumps(changed))
+        kept[0].chmod(0o600)
+        os.chown(kept[0], 65534, 65534)  # another user's file: composed again
+        assert _load_in_a_new_process(env, "nodes=3", "replicas=2")["nodes"] == 3
     kept[0].unlink()
     _load_in_a_new_process(env, "nodes=3", "replicas=2")
     kept[0].write_text(json.dumps(changed))
