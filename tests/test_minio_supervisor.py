@@ -205,3 +205,20 @@ def test_a_paced_walk_lists_every_object_slice_by_slice(supervisor):
     with pytest.raises(ValueError, match="share"):
         list(bucket_walk.walk(getter, "bkt", share=0))
     getter.close()
+
+
+def test_a_minio_that_exits_at_start_is_named_with_its_last_words(tmp_path):
+    """MinIO given a root password it refuses (shorter than its 8 characters): the error names
+    the endpoint and carries the end of MinIO's own log, the same lines the log file holds."""
+    import dataclasses
+
+    binary = minio_binary(config.load([]))
+    keys = credentials.create(tmp_path / "keys.json")
+    server = MinioServer(binary, ADDRESS, _free_port(), _free_port(), tmp_path / "minio", tmp_path / "minio.log",
+                         dataclasses.replace(keys.admin, secret_key="short"))
+    with pytest.raises(Exception) as failed:
+        server.start(30)
+    said = str(failed.value)
+    assert f"MinIO on {server.endpoint} exited at start" in said, said
+    logged = [line for line in (tmp_path / "minio.log").read_text().splitlines() if line.strip()]
+    assert logged and logged[-1] in said, (said, logged[-3:])

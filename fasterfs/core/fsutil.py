@@ -72,3 +72,11 @@ def read_json(path: str | os.PathLike, what: str):
         raise FasterFSError(f"{what} not found: {path}") from None
     except (OSError, ValueError) as e:
         raise FasterFSError(f"{what} at {path} is unreadable: {e}") from None
+
+
+def log_tail(path: str | os.PathLike, lines: int = 15) -> str:
+    """A log's last lines, for an error that names the log (a process that ended at start)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -22,7 +22,7 @@ from ..core import process
 from ..core.cgroup import ProjectCgroup
 from ..core.config import HEAD_SLOT, NODE_PORT_STRIDE, PROJECT_DIR, Layout, Paths, lobster_dir
 from ..core.errors import FasterFSError
-from ..core.fsutil import atomic_write, private_dir
+from ..core.fsutil import atomic_write, log_tail, private_dir
 from ..node.minio_server import check_port_free, endpoint
 
 log = logging.getLogger("fasterfs.hosts.ray_nodes")
@@ -184,13 +184,6 @@ def wait_node_ports(cfg, host: Host, index: int | None, is_head: bool, timeout: 
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def head_node_id(state: ClusterState) -> str:

@@ -15,6 +15,7 @@ from ..control.credentials import Credentials
 from ..control.s3 import MarkedGetter
 from ..core import process
 from ..core.errors import FasterFSError
+from ..core.fsutil import log_tail
 from ..core.process import spawn_detached, terminate
 
 READER_POLICY = "fasterfs-reader"
@@ -109,7 +110,8 @@ class MinioServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise FasterFSError(f"MinIO on {self.endpoint} exited at start; see {self.log_path}")
+                raise FasterFSError(f"MinIO on {self.endpoint} exited at start; its log {self.log_path} ends:\n"
+                                    f"{log_tail(self.log_path, 5)}")
             if self.healthy():
                 return
             time.sleep(0.1)

@@ -19,6 +19,7 @@ from ..core import config, process
 from ..core.cgroup import ProjectCgroup
 from ..core.config import Layout, Paths, as_cfg
 from ..core.errors import FasterFSError
+from ..core.fsutil import log_tail
 from ..hosts import ray_nodes
 from ..node.minio_server import endpoint
 from .cluster import start_storage_nodes
@@ -147,7 +148,7 @@ def _joined(cfg, host: Host, index: int, proc, log_path: Path) -> str:
                                 if n["Alive"] and n["NodeManagerAddress"] == host.address), None)):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise FasterFSError(f"Ray node {index} ({host.address}) did not join within "
-                                f"{cfg.cluster.start_timeout_s} s:\n{ray_nodes.log_tail(log_path)}")
+                                f"{cfg.cluster.start_timeout_s} s:\n{log_tail(log_path)}")
         time.sleep(0.3)
     return node_id
 
