@@ -142,9 +142,12 @@ class Mounts:
         log_file = self.log_dir / f"mount-{self._slug(real)}.log"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._stats_file(real).unlink(missing_ok=True)
+        # Never Ray's auto-connect: a Ray call its threads make while it is not joined (started
+        # while the head was away, or leaving) would join the latest Ray cluster on the machine,
+        # another cluster's (seen: an agent beside a test's own Ray); it fails instead.
         proc = _Agent(process.spawn_detached(
             [sys.executable, "-m", "fasterfs.read.mount", real, *self.overrides], log_file,
-            dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real)))))
+            dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real)), RAY_ENABLE_AUTO_CONNECT="0")))
         deadline = time.monotonic() + self.timeout
         while not is_mounted(real):
             if proc.poll() is not None or time.monotonic() > deadline:
