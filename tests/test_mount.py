@@ -28,7 +28,7 @@ from fasterfs.core import config
 from fasterfs.core.config import Paths
 from fasterfs.core.errors import FasterFSError
 from fasterfs.core.process import running
-from fasterfs.node.mount_supervisor import Mounts
+from fasterfs.node.mount_supervisor import Mounts, agent_env
 from fasterfs.ops import cluster
 from fasterfs.read import fuse_uring
 from fasterfs.write import bulk_load
@@ -374,7 +374,7 @@ class AgentProcess:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "fasterfs.read.mount", str(point), *overrides],
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, FASTERFS_MOUNT_STATS=str(self.stats)))
+                                     env=agent_env(self.stats))
 
     def counts(self, after: float) -> dict:
         wait_until(lambda: self.stats.exists() and json.loads(self.stats.read_text())["time"] > after,

@@ -339,6 +339,8 @@ def test_mounts_beside_another_clusters_token_listed_by_status_and_dashboard(
         remove(cfg_of(), "beside/r.bin")
     daemons = [pid for pid, cmd in command_lines() if b"fasterfs.read.mount" in cmd and str(point).encode() in cmd]
     assert len(daemons) == 1, daemons
+    # nor joins another cluster's Ray by Ray's auto-connect: off in its environment, as /proc has it
+    assert b"RAY_ENABLE_AUTO_CONNECT=0" in Path(f"/proc/{daemons[0]}/environ").read_bytes().split(b"\0")
     out = subprocess.run([str(config.PROJECT_DIR / ".venv/bin/fasterfs"), "status", *overrides], env=CLEAN_ENV,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..core import process
 from ..core.errors import FasterFSError
-from ..core.fsutil import atomic_write_json, read_json
+from ..core.fsutil import atomic_write_json, log_tail, read_json
 from ..core.process import terminate
 
 log = logging.getLogger("fasterfs.read.mount")
@@ -142,18 +142,15 @@ class Mounts:
         log_file = self.log_dir / f"mount-{self._slug(real)}.log"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._stats_file(real).unlink(missing_ok=True)
-        # Never Ray's auto-connect: a Ray call its threads make while it is not joined (started
-        # while the head was away, or leaving) would join the latest Ray cluster on the machine,
-        # another cluster's (seen: an agent beside a test's own Ray); it fails instead.
         proc = _Agent(process.spawn_detached(
             [sys.executable, "-m", "fasterfs.read.mount", real, *self.overrides], log_file,
-            dict(os.environ, FASTERFS_MOUNT_STATS=str(self._stats_file(real)), RAY_ENABLE_AUTO_CONNECT="0")))
+            agent_env(self._stats_file(real))))
         deadline = time.monotonic() + self.timeout
         while not is_mounted(real):
             if proc.poll() is not None or time.monotonic() > deadline:
                 terminate(proc.pid)
-                tail = log_file.read_text(errors="replace")[-1500:]
-                raise FasterFSError(f"the FUSE daemon for {path} did not mount it (see {log_file}):\n{tail}")
+                raise FasterFSError(f"the FUSE daemon for {path} did not mount it (see {log_file}):\n"
+                                    f"{log_tail(log_file)}")
             time.sleep(0.1)
         self._procs[real] = proc
         self._mounted_at[real] = time.time()
@@ -258,6 +255,14 @@ def mount_counts(daemon: dict | None) -> str:
             f"{daemon.get('reads_cached', 0):,} read from the cache and "
             f"{daemon.get('fetch', {}).get('reads', 0):,} from MinIO by the daemon); requests through "
             f"{'io_uring, a queue per CPU' if daemon.get('uring') else '/dev/fuse'}{why}")
+
+
+def agent_env(stats_file: Path) -> dict[str, str]:
+    """A mount agent's environment: where it writes its daemon's counters; and never Ray's
+    auto-connect: a Ray call its threads make while it is not joined (started while the head was
+    away, or leaving) would join the latest Ray cluster on the machine, another cluster's (seen:
+    an agent beside a test's own Ray); it fails instead."""
+    return dict(os.environ, FASTERFS_MOUNT_STATS=str(stats_file), RAY_ENABLE_AUTO_CONNECT="0")
 
 
 def daemon_overrides(cfg) -> list[str]:
