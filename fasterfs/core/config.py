@@ -19,6 +19,8 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import composition
+from .composition import one_line
 from .errors import ConfigError, FasterFSError
 
 # the values of options that name an implementation (fasterfs.node.cache, fasterfs.meta)
@@ -76,23 +78,10 @@ def _composed(overrides: tuple[str, ...], env: tuple, in_job: bool, name: str) -
         cfg = OmegaConf.create(kept)
         OmegaConf.set_struct(cfg, True)  # as Hydra composes it: an unknown key is an error
         return pickle.dumps(checked(cfg))
-    cfg = checked(_compose(overrides, in_job, name))
+    cfg = checked(composition.compose(CONF_DIR, overrides, in_job, name))
     if cached:
         config_cache.put(cached, cast(dict, OmegaConf.to_container(cfg)))
     return pickle.dumps(cfg)
-
-
-def _compose(overrides: tuple[str, ...], in_job: bool, name: str) -> DictConfig:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    try:
-        if in_job:  # inside a job's @hydra.main: same conf/
-            return compose(config_name=name, overrides=list(overrides))
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name=name, overrides=list(overrides))
-    except HydraException as e:
-        raise ConfigError(f"bad override{_culprit(overrides)}: {one_line(e)}") from None
 
 
 OVERRIDE = re.compile(r"(\+{1,2}|~)?([A-Za-z_]\w*)(?:\.[\w-]+)*(=|$)")
@@ -113,27 +102,6 @@ def is_override(word: str, keys: set[str] | None) -> bool:
     keys=None: any key (Hydra then names one that does not exist)."""
     m = OVERRIDE.match(word)
     return m is not None and (keys is None or m.group(2) in keys) and (m.group(3) == "=" or m.group(1) == "~")
-
-
-def _culprit(overrides: Sequence[str]) -> str:
-    """ ' x=[1' when Hydra's grammar refuses that override (its message does not say which)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    for o in overrides:
-        try:
-            parser.parse_override(o)
-        except Exception:
-            return f" {o!r}"
-    return ""
-
-
-def one_line(e: BaseException) -> str:
-    """Hydra's and OmegaConf's multi-line messages (with their full_key/object_type trailers)
-    as one line."""
-    lines = [line.strip() for line in str(e).splitlines()]
-    return "; ".join(line.rstrip(".") for line in lines if line and not line.startswith(("full_key:", "object_type=",
-                                                                              "reference_type=")))
 
 
 def checked(cfg: DictConfig) -> DictConfig:
