@@ -6,7 +6,9 @@ added to the same running cluster in one step (`fasterfs lab add-host 2`), in on
   its stored xxh3 by the reader, no chunk made hot (kernel.hot_threshold past any count: a
   fill would share the host's disk with the readers); the ratio after/before;
 - failed reads (a chunk that does not come back whole and right fails its read) and read
-  latency p99 during the moves against the same workload before;
+  latency p99 during the moves against the same workload before; in each window, the reads
+  another host's MinIO served, the reads over 1.5x the median (which host, when), and how busy
+  the machine's cores were (every lab host shares them);
 - bytes moved, against rendezvous' share (what placement over 4 nodes gives the new hosts);
   time from the `add-host` until nothing is left to move, against bytes / the pace;
 - Demo B's separately built 4-host cluster (jobs/demo_b.py on a lab of its own) for comparison.
@@ -47,52 +49,74 @@ def fasterfs_cli(*args: str, timeout: float = 1800) -> str:
 
 
 @ray.remote(num_cpus=0)
-def read_window(root: str, names: list[str], ids: dict[str, list[int]], seconds: float) -> dict:
+def read_window(root: str, names: list[str], ids: dict[str, list[int]], seconds: float, here: int) -> dict:
     """Read this host's chunks of `names` round and round for `seconds`: bytes, each read's
-    latency, failures (a chunk not whole and right raises in read_chunk: xxh3 checked)."""
+    latency, failures (a chunk not whole and right raises in read_chunk: xxh3 checked), and the
+    reads another host's MinIO served (when in the window, how long)."""
     clients = {n: fasterfs.connect(root, ["client.hedge.enabled=false", "cache.prefetch.enabled=false"],
                                    dataset=n, use_cache=False) for n in names if ids.get(n)}
     work = [(n, i) for n in clients for i in ids[n]]
-    got, lat, failed = 0, [], []
-    end = time.monotonic() + seconds
+    got, lat, at, failed, remote = 0, [], [], [], []
+    began = time.monotonic()
+    end = began + seconds
     k = 0
     while work and time.monotonic() < end:
         name, i = work[k % len(work)]
         k += 1
+        served = dict(clients[name].served_by)
         t = time.perf_counter()
         try:
             got += len(clients[name].read_chunk(i))
             lat.append(time.perf_counter() - t)
+            at.append(round(time.monotonic() - began, 2))
         except Exception as e:
             failed.append(f"{name} chunk {i}: {e}"[:200])
+        by = [n for n, c in clients[name].served_by.items() if c > served.get(n, 0)]
+        if by and by != [here]:
+            remote.append((round(time.monotonic() - began, 2), by, round(time.perf_counter() - t, 3)))
     return {"bytes": got, "latencies": lat, "failed": failed, "node": ray.get_runtime_context().get_node_id(),
-            "peer_reads": sum(c.peer_reads for c in clients.values())}  # chunks another host's cache served
+            "remote": remote, "at": at, "here": here, "peer_reads": sum(c.peer_reads for c in clients.values())}
 
 
 def phase(state, names: list[str], seconds: float) -> dict:
     """Every storage host reads its partition (the chunks whose first copy is on it) for `seconds`."""
-    return phase_result(*begin_phase(state, names, seconds), seconds)
+    futures, began, busy = begin_phase(state, names, seconds)
+    return phase_result(futures, began, seconds, busy)
 
 
-def begin_phase(state, names: list[str], seconds: float) -> tuple[list, float]:
+def begin_phase(state, names: list[str], seconds: float) -> tuple[list, float, float]:
     """The reads of `phase` begun (what else the caller does meanwhile is what they measure)."""
     manifests = {n: registry.fetch_manifest(state.name, n) for n in names}
     futures = []
     for node in state.nodes:
         ids = {n: [c.id for c in m.chunks if c.nodes[0] == node.index] for n, m in manifests.items()}
-        futures.append(read_window.options(**cluster.on_node(node)).remote(state.root, names, ids, seconds))
-    return futures, time.monotonic()
+        futures.append(read_window.options(**cluster.on_node(node)).remote(state.root, names, ids, seconds,
+                                                                          node.index))
+    return futures, time.monotonic(), busy_cpu_s()
 
 
-def phase_result(futures: list, began: float, seconds: float) -> dict:
+def busy_cpu_s() -> float:
+    """CPU seconds the machine has spent busy (every host of the lab shares its cores)."""
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def phase_result(futures: list, began: float, seconds: float, busy0: float) -> dict:
     results = ray.get(futures)
     wall = time.monotonic() - began
     lat = sorted(x for r in results for x in r["latencies"])
+    p50 = statistics.median(lat) if lat else 0.0
     return {"hosts": len(futures), "mb_s": sum(r["bytes"] for r in results) / 1e6 / seconds, "wall_s": wall,
+            "cpu_busy": (busy_cpu_s() - busy0) / wall / os.cpu_count(),  # of the machine's cores
             "reads": len(lat), "failed": sum(len(r["failed"]) for r in results),
             "peer_reads": sum(r["peer_reads"] for r in results),
+            "remote_reads": sum(len(r["remote"]) for r in results),
+            "remote": [x for r in results for x in r["remote"]][:20],
+            # reads over 1.5x the median: (host, s into the window, ms)
+            "slow": sorted((r["here"], t, round(1000 * x)) for r in results for t, x in zip(r["at"], r["latencies"])
+                           if x > 1.5 * p50)[:50],
             "failures": [f for r in results for f in r["failed"]][:5],
-            "p50_ms": 1000 * statistics.median(lat) if lat else None,
+            "p50_ms": 1000 * p50 if lat else None,
             "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else None}
 
 
@@ -178,6 +202,13 @@ def main(argv: list[str]) -> dict:
     out["after_vs_built_4"] = out["after"]["mb_s"] / out["built_4"]["mb_s"]
     worst = max((p["p99_ms"] for p in out["during"] if p["p99_ms"]), default=None)
     out["p99_during_vs_before"] = worst / out["before"]["p99_ms"] if worst and out["before"]["p99_ms"] else None
+    out["remote_reads_during"] = sum(p["remote_reads"] for p in out["during"])
+    worst_window = max(out["during"], key=lambda p: p["p99_ms"] or 0, default=None)
+    if worst_window:  # when in that window its slow reads came, and how busy the machine was
+        times = [t for _, t, _ in worst_window["slow"]] or [0.0]
+        out["worst_during"] = {"p99_ms": worst_window["p99_ms"], "cpu_busy": worst_window["cpu_busy"],
+                               "slow_reads": len(worst_window["slow"]), "slow_from_s": min(times),
+                               "slow_to_s": max(times), "remote_reads": worst_window["remote_reads"]}
     out["failed_reads"] = out["before"]["failed"] + sum(p["failed"] for p in out["during"]) + out["after"]["failed"]
     d = report.run_dir(cfg, "bench-growth")
     report.write_json(d, "growth.json", out)

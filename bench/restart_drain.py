@@ -65,10 +65,10 @@ def main(argv: list[str]) -> dict:
         (root / "src.bin").unlink()
         out["alone"] = phase(state, names, window)
 
-        futures, began = begin_phase(state, names, window)
+        futures, began, busy = begin_phase(state, names, window)
         said, out["restart_s"] = timed_cli("nodes", "restart", *base)
         out["restart_said"] = said.strip().splitlines()
-        out["during_restart"] = phase_result(futures, began, window)
+        out["during_restart"] = phase_result(futures, began, window, busy)
         if out["during_restart"]["wall_s"] < out["restart_s"]:
             out["during_restart"]["note"] = "the read window ended before the restarts did"
 
@@ -86,12 +86,12 @@ def main(argv: list[str]) -> dict:
         readers = cluster.ClusterState.load(root)
         readers.nodes = [n for n in readers.nodes if n.index != 3]  # host 3 leaves: the others read
         out["alone_3"] = phase(readers, names, window)  # the drain's workload without the drain
-        futures, began = begin_phase(readers, names, window)
+        futures, began, busy = begin_phase(readers, names, window)
         said, out["drain_s"] = timed_cli("nodes", "drain", "3", *base)
         draining.set()
         looker.join(120)
         out["drain_said"] = said.strip().splitlines()[-1:]
-        out["during_drain"] = phase_result(futures, began, window)
+        out["during_drain"] = phase_result(futures, began, window, busy)
         out["surveys"] = len(surveys)
         out["surveys_degraded_max"] = max((s["degraded"] + s["lost"] for s in surveys), default=None)
         out["after_drain"] = phase(cluster.ClusterState.load(root), names, window)
