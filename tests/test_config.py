@@ -89,6 +89,7 @@ def test_synthetic_data_group():
     (["mount.max_entries=-1"], "mount.max_entries"),
     (["mount.hung_s=0"], "mount.hung_s"),
     (["cluster.idle_worker_s=-1"], "cluster.idle_worker_s"),
+    (["repair.move_threads=0"], "repair.move_threads"),
     (["ingest.keep_old_s=soon"], "ingest.keep_old_s"),
     (["cluster.client_port=11001"], r"cluster.client_port=11001: 11001 overlaps cluster.worker_ports \[10002, 19999\]"),
     (["cluster.agent_port=19950"], r"cluster.agent_port=19950: 19950..20049 overlaps"),  # node i at + i, head + 99

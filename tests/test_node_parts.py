@@ -966,3 +966,36 @@ def test_pieces_on_their_way_home_say_their_bytes_and_at_the_leaders_rate_how_lo
     assert Health(chunks=10).to_dict()["moving"] == "" and "to move" not in Health(chunks=10).summary()
     clock[0] = 1000.0 + repair_leader.MOVES_RECENT_S + 1
     assert leader.moving_mb_s() == 0.0
+
+
+def test_a_call_of_moves_alone_copies_one_chunk_at_a_time(monkeypatch):
+    """A Rebuilder copies repair.threads chunks at once where a piece is missing, but
+    repair.move_threads where the chunks are only moved (a machine joined, a drain): counted by
+    the copies running at the same moment."""
+    from fasterfs.core import config
+    from fasterfs.node.repair_rebuild import Rebuild, Rebuilder
+    from fasterfs.node.repair_survey import ChunkPlan
+
+    cfg = config.load(["repair.threads=4", "repair.move_threads=1"])
+    rebuilder = Rebuilder.__new__(Rebuilder)  # its S3 clients and reads are not what is counted
+    monkeypatch.setattr("fasterfs.read.client.Client", lambda session, manifest: None)
+    rebuilder.session = None
+    rebuilder.cfg, running, most, lock = cfg, [0], [0], threading.Lock()
+
+    def one(job, reader) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return 1
+    rebuilder.one = one
+    m = manifest("d", [chunk(i, f"k{i}", [0]) for i in range(8)])
+
+    def jobs(missing: bool) -> list:
+        return [Rebuild(ChunkPlan(m, c, [0] if missing else [], [] if missing else [0], [1]), [1], [0])
+                for c in m.chunks]
+    for missing, threads in ((False, 1), (True, 4)):
+        most[0] = 0
+        assert rebuilder.many(jobs(missing)) == [1] * 8 and most[0] == threads

@@ -193,8 +193,9 @@ def validate(cfg: DictConfig) -> None:
         share = OmegaConf.select(cfg, opt)
         if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
             bad(opt, "must be a share of the time in (0, 1] (1: never rests)")
-    if not isinstance(cfg.repair.threads, int) or cfg.repair.threads < 1:
-        bad("repair.threads", "must be a whole number >= 1")
+    for opt in ("repair.threads", "repair.move_threads"):
+        if not isinstance(OmegaConf.select(cfg, opt), int) or OmegaConf.select(cfg, opt) < 1:
+            bad(opt, "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:
         bad("dashboard.refresh_s", "must be a number of seconds >= 0.5")
     if cfg.cache.policy not in CACHE_POLICIES:

@@ -79,7 +79,8 @@ def assign(plans: Iterable[ChunkPlan], alive: Set[int]) -> tuple[list[Rebuild], 
 class Rebuilder:
     """Rebuilds chunks where it runs: reads each through the reader's verified path (over
     sockets the kernel does not count), re-encodes it, writes the missing pieces; at most
-    repair.mb_per_s of reads and writes, repair.threads chunks at once."""
+    repair.mb_per_s of reads and writes, repair.threads chunks at once (repair.move_threads
+    for a call of moves alone: nothing is missing, and each read shares a disk with readers)."""
 
     def __init__(self, cfg, state: ClusterState, creds, avoid: Set[int] = frozenset()):
         from ..read.read_session import ReadSession
@@ -126,7 +127,9 @@ class Rebuilder:
                 return self.one(job, reader)
             except Exception as e:
                 return f"{job}: {e}"[:400]
-        with ThreadPoolExecutor(max(1, int(self.cfg.repair.threads))) as pool:
+        moves_only = all(not job.plan.missing for job in jobs)
+        threads = self.cfg.repair.move_threads if moves_only else self.cfg.repair.threads
+        with ThreadPoolExecutor(max(1, int(threads))) as pool:
             return list(pool.map(guarded, jobs))
 
 
