@@ -465,7 +465,7 @@ def source_rows(overrides: list[str]) -> list[tuple]:
 
 @functools.cache
 def _source_rows(overrides: tuple[str, ...]) -> list[tuple]:
-    return [_row(m, o) for m, o in zip(*_source_lines(overrides))]
+    return _rows(*_source_lines(overrides))
 
 
 def first_source_rows(n: int) -> list[tuple]:
@@ -477,23 +477,23 @@ def first_source_rows(n: int) -> list[tuple]:
     def head(path: str) -> list[bytes]:
         with gzip.open(path, "rb") as f:
             return [line.rstrip(b"\r\n") for line in itertools.islice((x for x in f if x.strip()), n)]
-    return [_row(m, o) for m, o in zip(head(cfg.data.message), head(cfg.data.orderbook))]
+    return _rows(head(cfg.data.message), head(cfg.data.orderbook))
 
 
-def _row(message: bytes, orderbook: bytes) -> tuple:
-    """Time a float, every other column an int, as the csv module splits the joined line."""
-    fields = next(csv.reader([(message + b"," + orderbook).decode()]))
-    return tuple(float(v) if k == 0 else int(v) for k, v in enumerate(fields))
+def _rows(message: list[bytes], orderbook: list[bytes]) -> list[tuple]:
+    """Time a float, every other column an int, as the csv module splits each joined line."""
+    lines = ((m + b"," + o).decode() for m, o in zip(message, orderbook))
+    return [(float(f[0]), *map(int, f[1:])) for f in csv.reader(lines)]
 
 
-def loop_pnl(mid: list[Fraction], fast: int, slow: int) -> float:
-    """The strategy by its definition, one event at a time, in exact arithmetic."""
-    pnl = Fraction(0)
+def loop_pnl(mid: list[int], fast: int, slow: int) -> float:
+    """The strategy by its definition, one event at a time, in exact arithmetic: `mid` in whole
+    units (1/20000 USD), the averages compared by cross-multiplying their sums."""
+    pnl = 0
     for t in range(slow - 1, len(mid) - 1):
-        f = sum(mid[t - fast + 1:t + 1]) / fast
-        s = sum(mid[t - slow + 1:t + 1]) / slow
+        f, s = sum(mid[t - fast + 1:t + 1]) * slow, sum(mid[t - slow + 1:t + 1]) * fast
         pnl += ((f > s) - (f < s)) * (mid[t + 1] - mid[t])
-    return float(pnl)
+    return float(Fraction(pnl, 20000))
 
 
 def source_pnls(windows: list, params: list) -> list[tuple[int, list[float]]]:
@@ -504,7 +504,7 @@ def source_pnls(windows: list, params: list) -> list[tuple[int, list[float]]]:
     out = []
     for start, end in windows:
         window = [r for r in rows if start <= r[0] < end]
-        mid = [Fraction(r[ask] + r[bid], 20000) for r in window]  # USD
+        mid = [r[ask] + r[bid] for r in window]  # USD x 20000
         out.append((len(window), [loop_pnl(mid, f, s) for f, s in params]))
     return out
 

@@ -2,7 +2,6 @@
 the read path, replays served from the cache only in the FasterFS mode, tasks on the
 nodes holding their windows; the strategy's vectorised P&L equals a plain loop's."""
 from collections import Counter
-from fractions import Fraction
 
 import polars as pl
 import pytest
@@ -29,7 +28,7 @@ SMALL = ["backtest.windows=2", "backtest.window_min=5", "backtest.params=[[2,5],
 def test_crossover_pnl_equals_a_plain_loop():
     rows = first_source_rows(400)  # the source files' first rows (csv module): no cluster needed
     frame = pl.DataFrame(rows, schema=lobster.columns((len(rows[0]) - 6) // 4), orient="row")
-    mid = [Fraction(a + b, 20000) for a, b in zip(frame["AskPrice1"], frame["BidPrice1"])]  # USD
+    mid = [a + b for a, b in zip(frame["AskPrice1"], frame["BidPrice1"])]  # USD x 20000
     job = load_job("backtest")
     expected = {(f, s): loop_pnl(mid, f, s) for f, s in ((2, 5), (5, 20), (20, 100))}
     assert any(expected.values())  # positions were taken: the check is not 0 == 0
