@@ -286,10 +286,7 @@ class Harness:
                 began = time.monotonic() - self.deadline + self.duration
                 log.append(f"{began:6.1f} s  {self.act(action, node)}")
             time.sleep(self.every)  # reads after the last fault too
-            for runs in self.readers.values():
-                for pid, _, reader in runs:
-                    if pid not in self.killed_readers:
-                        reader.stop.remote()
+            self.stop_readers()
             collected = self.collect()
         finally:
             self._stop.set()
@@ -303,6 +300,13 @@ class Harness:
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
                 "storage_node_back_after_s": self.back_after_s, "not_back": len(self.not_back),
                 "errors": (self.not_back + errors)[:20], "log": log, "overwrites": self.overwrites}
+
+    def stop_readers(self) -> None:
+        """Every reader this harness did not kill ends its reads now (collect() waits for them)."""
+        for runs in self.readers.values():
+            for pid, _, reader in runs:
+                if pid not in self.killed_readers:
+                    reader.stop.remote()
 
     def collect(self) -> dict:
         """Every reader's reads, checked against the write history; each reader that died

@@ -27,18 +27,6 @@ def execute(name: str, cluster_root) -> tuple[str, list]:
     return "".join(o.get("text", "") for o in outputs), outputs
 
 
-def test_quickstart_notebook_executes(ingest_as, cluster_root, live_cluster):
-    manifest = ingest_as("csv", reuse=True)
-    text, outputs = execute("quickstart.ipynb", cluster_root)
-    assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in text
-    assert "kernel mode real" in text and f"FasterFS dashboard: http://{live_cluster.head_address}:" in text
-    status_html = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
-    for address in (n.address for n in live_cluster.nodes):  # each node's row says healthy
-        row = next(line for line in status_html.splitlines() if f"┆ {address} ┆" in line)
-        assert row.split("┆")[3].strip() == "true", row
-    assert any("image/png" in o.get("data", {}) for o in outputs)  # the mid-price chart
-
-
 def test_window_replay_notebook_executes(ingest_as, cluster_root):
     ingest_as("arrow", reuse=True)
     text, outputs = execute("backtest_window.ipynb", cluster_root)
@@ -52,7 +40,9 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
                                                                                cluster_root, tmp_path):
     """`fasterfs notebook` from a shell without the virtualenv: JupyterLab on the head's
     address behind its token, a kernel of that server runs the quickstart notebook against the
-    cluster, Chromium loads the Lab page, status and the dashboard link to it, stop ends it."""
+    cluster (what it prints and shows: the dataset, the kernel's mode, the dashboard's link, each
+    node healthy, the chart), Chromium loads the Lab page, status and the dashboard link to it,
+    stop ends it."""
     import json
     import subprocess
     import urllib.error
@@ -107,16 +97,24 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
                                    output_hook=lambda m: texts.append(m["content"].get("text", "")))
             assert f"prefix {config.PROJECT_DIR / '.venv'}" in "".join(texts), texts
             nb = nbformat.read(config.PROJECT_DIR / "notebooks/quickstart.ipynb", as_version=4)
+            shown: list[dict] = []  # what the cells displayed (tables, charts) by MIME type
             for cell in (c for c in nb.cells if c.cell_type == "code"):
                 reply = kc.execute_interactive(
                     cell.source, timeout=300,
-                    output_hook=lambda m: (texts.append(m["content"].get("text", ""))
-                                           if m["msg_type"] == "stream" else None))
+                    output_hook=lambda m: (texts.append(m["content"].get("text", "")) if m["msg_type"] == "stream"
+                                           else shown.append(m["content"].get("data", {}))))
                 assert reply["content"]["status"] == "ok", (cell.source[:200], reply["content"])
         finally:
             kc.stop_channels()
             api(f"/api/kernels/{kernel['id']}", "DELETE")
-        assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in "".join(texts)
+        text = "".join(texts)
+        assert f"dataset {manifest.dataset}: {len(manifest)} csv chunks" in text
+        assert "kernel mode real" in text and f"FasterFS dashboard: http://{live_cluster.head_address}:" in text
+        status_table = "".join(d.get("text/plain", "") for d in shown)
+        for address in (n.address for n in live_cluster.nodes):  # each node's row says healthy
+            row = next(line for line in status_table.splitlines() if f"┆ {address} ┆" in line)
+            assert row.split("┆")[3].strip() == "true", row
+        assert any("image/png" in d for d in shown)  # the mid-price chart
         # the Lab page itself, in a real browser
         b = Browser()
         try:
