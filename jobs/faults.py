@@ -293,8 +293,7 @@ class Harness:
             watcher.join(5)
             self.up_nodes(every=True)
             ray.get([a.cache_resize.remote(int(self.cfg.cache.capacity_mb * 1_000_000)) for a in self.actors])
-        ran_s = time.monotonic() - (self.deadline - self.duration)
-        errors = collected.pop("errors")
+        ran_s, errors = time.monotonic() - (self.deadline - self.duration), collected.pop("errors")
         return {"seed": self.cfg.faults.seed, "duration_s": ran_s, "rounds": rounds, **collected, **self.counts,
                 "cache_capacity": self.capacity, "peak_cache_bytes": self.peak,
                 "peak_fill_of_capacity": self.peak_ratio, "polls_over_capacity": self.over_capacity,
@@ -303,10 +302,9 @@ class Harness:
 
     def stop_readers(self) -> None:
         """Every reader this harness did not kill ends its reads now (collect() waits for them)."""
-        for runs in self.readers.values():
-            for pid, _, reader in runs:
-                if pid not in self.killed_readers:
-                    reader.stop.remote()
+        for pid, _, reader in (run for runs in self.readers.values() for run in runs):
+            if pid not in self.killed_readers:
+                reader.stop.remote()
 
     def collect(self) -> dict:
         """Every reader's reads, checked against the write history; each reader that died
