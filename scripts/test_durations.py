@@ -1,7 +1,7 @@
 """Write tests/durations.json (seconds per test module: setup, call and teardown of each of its
 tests) from a run's JUnit XML, which `make test` balances its workers by:
 
-    .venv/bin/python -m pytest tests -n 3 --junitxml=/tmp/suite.xml
+    .venv/bin/python -m pytest tests -n 2 --junitxml=/tmp/suite.xml
     .venv/bin/python scripts/test_durations.py /tmp/suite.xml
 """
 from __future__ import annotations
