@@ -321,15 +321,18 @@ def test_a_scan_past_the_counting_map_is_counted_and_said(count_keys, seen_bits)
             assert hot == 300 and counts["evicted"] == 0 and counts["second_chances"] == 0, (hot, counts)
         elif not seen_bits:
             # the kernel's LRU is approximate (per-CPU free lists hand entries out in batches): a few
-            # first-pass counts may outlive later ones (16 of 300 seen once), never most of them
-            assert hot <= count_keys // 4 and counts["evicted"] >= 600 - count_keys, (hot, counts)
+            # first-pass counts may outlive later ones (16 and 30 of 300 seen), never most of them.
+            # Each GET made a count but for the second pass's that found theirs (each then hot);
+            # the map holds at most count_keys of them
+            assert hot <= count_keys // 4 and counts["evicted"] >= 600 - hot - count_keys, (hot, counts)
         else:  # every chunk hot; a first read may be too, if another key set its bit (~keys / bits)
             false = 2 * 300 * 300 / seen_bits
             # each by a second chance, but for the few first-pass counts the approximate LRU kept (the
             # case above's bound; 22 of 300 seen)
             assert 300 <= hot <= 300 + 2 * false + 1, (hot, counts)
             assert counts["second_chances"] >= 300 - count_keys // 4, counts
-            assert counts["evicted"] >= 600 - count_keys, counts
+            # the second pass made a count anew for each second chance at least
+            assert counts["evicted"] >= 300 + counts["second_chances"] - count_keys, counts
     finally:
         progs.close()
 
