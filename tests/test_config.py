@@ -90,6 +90,7 @@ def test_synthetic_data_group():
     (["mount.hung_s=0"], "mount.hung_s"),
     (["cluster.idle_worker_s=-1"], "cluster.idle_worker_s"),
     (["repair.move_threads=0"], "repair.move_threads"),
+    (["repair.threads=true"], "repair.threads"),
     (["ingest.keep_old_s=soon"], "ingest.keep_old_s"),
     (["cluster.client_port=11001"], r"cluster.client_port=11001: 11001 overlaps cluster.worker_ports \[10002, 19999\]"),
     (["cluster.agent_port=19950"], r"cluster.agent_port=19950: 19950..20049 overlaps"),  # node i at + i, head + 99

@@ -166,7 +166,7 @@ def test_a_long_call_on_a_node_holds_up_none_of_its_other_calls(live_cluster, ov
     try:
         held = sum(node == 0 for n in registry.fetch_manifests(state.name)[1].values() for c in n.chunks
                    for node, _ in n.pieces(c))  # what node 0's scrub GETs
-        share = held * 0.0005 / 1.5  # at >= 0.5 ms a GET (loopback): >= 1.5 s (under the suite's load, ~3 ms: 9 s)
+        share = held * 0.0005 / 1.5  # at >= 0.5 ms a GET (loopback): >= 1.5 s (9 s in the whole suite)
         scrub = actor.scrub_minio.options(concurrency_group=LONG).remote(share)
         time.sleep(0.5)
         asked = time.monotonic()

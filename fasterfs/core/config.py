@@ -194,7 +194,8 @@ def validate(cfg: DictConfig) -> None:
         if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
             bad(opt, "must be a share of the time in (0, 1] (1: never rests)")
     for opt in ("repair.threads", "repair.move_threads"):
-        if not isinstance(OmegaConf.select(cfg, opt), int) or OmegaConf.select(cfg, opt) < 1:
+        n = OmegaConf.select(cfg, opt)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             bad(opt, "must be a whole number >= 1")
     if not isinstance(cfg.dashboard.refresh_s, (int, float)) or cfg.dashboard.refresh_s < 0.5:
         bad("dashboard.refresh_s", "must be a number of seconds >= 0.5")
