@@ -655,8 +655,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2` (make test): the two worker groups side by side, each module's tests in
     order on one worker (conftest.worker_groups). Each worker keeps its own clusters (the
-    session's, the labs'), on addresses and ports of their own. (A third worker was tried: on 2
-    cores the suite took as long, 1,088 s against 1,050 s, its CPU then 99% busy against 77%.)"""
+    session's, the labs'), on addresses and ports of their own. (A third worker, the modules of
+    OWN_CLUSTERS its own, was tried: on 2 cores the suite took as long, 717 s against 713 s, the
+    cores 89% busy against 88%: two keep them busy already.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByGroup(LoadScopeScheduling):
