@@ -48,6 +48,11 @@ def fasterfs_cli(*args: str, timeout: float = 1800) -> str:
     return out.stdout
 
 
+def lab_down(base: list[str]) -> None:
+    """The bench's lab removed, whatever is left of it, without hiding why the run ended."""
+    subprocess.run([*CLI, "lab", "down", *base], capture_output=True, timeout=600)
+
+
 @ray.remote(num_cpus=0)
 def read_window(root: str, names: list[str], ids: dict[str, list[int]], seconds: float, here: int) -> dict:
     """Read this host's chunks of `names` round and round for `seconds`: bytes, each read's
@@ -137,8 +142,8 @@ def main(argv: list[str]) -> dict:
     base = lab_overrides(root, "ffs-growth", 0, argv)
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.growth_mb,
                  "window_s": b.growth_window_s, "repair_mb_per_s": cfg.repair.mb_per_s}
-    fasterfs_cli("lab", "up", "--nodes", "2", *base)
-    try:
+    try:  # an interrupted `lab up` (killed with its caller) leaves what `lab down` removes
+        fasterfs_cli("lab", "up", "--nodes", "2", *base)
         state = cluster.ClusterState.load(root)
         cluster.connect_ray(state)
         files = max(2, int(b.growth_mb) // int(b.growth_file_mb))
@@ -178,14 +183,14 @@ def main(argv: list[str]) -> dict:
                    link_bound_s=moved * 8 / 1e6 / (cfg.lab.link_mbit * 2) if cfg.lab.link_mbit else None)
     finally:
         ray.shutdown()
-        fasterfs_cli("lab", "down", *base)
+        lab_down(base)
         shutil.rmtree(root)  # its hosts' disks: the next lab is built anew
     print("grown:", {k: out.get(k) for k in ("before", "after", "moves_done_s", "bytes_moved", "rendezvous_share")},
           flush=True)
     # Demo B's 4 hosts built as such, for the same reads
     root.mkdir()
-    fasterfs_cli("lab", "up", "--nodes", "4", *base)
-    try:
+    try:  # an interrupted `lab up` (killed with its caller) leaves what `lab down` removes
+        fasterfs_cli("lab", "up", "--nodes", "4", *base)
         state = cluster.ClusterState.load(root)
         cluster.connect_ray(state)
         names = []
@@ -196,7 +201,7 @@ def main(argv: list[str]) -> dict:
         out["built_4"] = phase(state, names, b.growth_window_s)
     finally:
         ray.shutdown()
-        fasterfs_cli("lab", "down", *base)
+        lab_down(base)
         shutil.rmtree(root)
     out["after_vs_before"] = out["after"]["mb_s"] / out["before"]["mb_s"]
     out["after_vs_built_4"] = out["after"]["mb_s"] / out["built_4"]["mb_s"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from growth import begin_phase, fasterfs_cli, lab_overrides, phase, phase_result
+from growth import begin_phase, fasterfs_cli, lab_down, lab_overrides, phase, phase_result
 
 from fasterfs.control import registry, report
 from fasterfs.core import config
@@ -53,8 +52,8 @@ def main(argv: list[str]) -> dict:
     out: dict = {"lab": {k: cfg.lab[k] for k in ("profile", "disk_mbit", "link_mbit")}, "mb": b.restart_mb,
                  "window_s": window, "repair_mb_per_s": cfg.repair.mb_per_s,
                  "drain_mb_per_s": cfg.repair.drain_mb_per_s}
-    fasterfs_cli("lab", "up", "--nodes", "4", *base)
-    try:
+    try:  # an interrupted `lab up` (killed with its caller) leaves what `lab down` removes
+        fasterfs_cli("lab", "up", "--nodes", "4", *base)
         state = cluster.ClusterState.load(root)
         cluster.connect_ray(state)
         names = []
@@ -97,7 +96,7 @@ def main(argv: list[str]) -> dict:
         out["after_drain"] = phase(cluster.ClusterState.load(root), names, window)
     finally:
         ray.shutdown()
-        subprocess.run([sys.executable, "-m", "fasterfs.ui.cli", "lab", "down", *base], capture_output=True)
+        lab_down(base)
         shutil.rmtree(root)
     a = out["alone"]["p99_ms"]
     out["p99_restart_vs_alone"] = out["during_restart"]["p99_ms"] / a if a else None
