@@ -102,7 +102,8 @@ def test_jupyterlab_serves_the_notebooks_with_a_kernel_that_reaches_the_cluster(
                 reply = kc.execute_interactive(
                     cell.source, timeout=300,
                     output_hook=lambda m: (texts.append(m["content"].get("text", "")) if m["msg_type"] == "stream"
-                                           else shown.append(m["content"].get("data", {}))))
+                                           else shown.append(m["content"]["data"])
+                                           if m["msg_type"] in ("display_data", "execute_result") else None))
                 assert reply["content"]["status"] == "ok", (cell.source[:200], reply["content"])
         finally:
             kc.stop_channels()
