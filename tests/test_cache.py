@@ -359,7 +359,14 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, 
         assert cache_entry.read_entry(Path(client.cache_path(0, i)), verify=True) not in (None, cache_entry.DAMAGED)
     # a write marked in the new incarnation's map reaches the same client (it follows the re-pin)
     ray.get(actors[0].invalidate.remote([(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key)]))
-    wait_until(lambda: client._stale_mark(0, ids[0])[0] > at_ingest, timeout=5, what="the client to follow the new pin")
+    followed = client.session.marks(0)
+    try:
+        wait_until(lambda: client._stale_mark(0, ids[0])[0] > at_ingest, 5, "the client to follow the new pin")
+    except AssertionError as e:  # what it saw, for a failure that has been seen once
+        pin, st = Paths(cluster_root).stale_pin(0), ray.get(actors[0].status.remote())
+        raise AssertionError(f"{e}: its mark {client._stale_mark(0, ids[0])}, at ingest {at_ingest}; pin inode "
+                             f"{os.stat(pin).st_ino} (the client's {followed._ino}); the node's kernel "
+                             f"{st['kernel_mode']}, pid {st['actor_pid']} (killed: {before['actor_pid']})") from None
 
 
 def test_prefetch_during_sequential_scan_not_random(cold, cluster_root):
