@@ -361,7 +361,8 @@ def test_restarted_node_rebuilds_index_and_drops_temp_files(cold, cluster_root, 
     ray.get(actors[0].invalidate.remote([(client._key_hashes[ids[0]], manifest.chunk(ids[0]).key)]))
     followed = client.session.marks(0)
     try:
-        wait_until(lambda: client._stale_mark(0, ids[0])[0] > at_ingest, 5, "the client to follow the new pin")
+        # the client looks at the pin once a second (FollowedMarks.RECHECK_S); the rest is a loaded machine's
+        wait_until(lambda: client._stale_mark(0, ids[0])[0] > at_ingest, 15, "the client to follow the new pin")
     except AssertionError as e:  # what it saw, for a failure that has been seen once
         pin, st = Paths(cluster_root).stale_pin(0), ray.get(actors[0].status.remote())
         raise AssertionError(f"{e}: its mark {client._stale_mark(0, ids[0])}, at ingest {at_ingest}; pin inode "
