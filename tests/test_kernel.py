@@ -2,6 +2,7 @@
 the live cluster, SOCK_OPS on real sockets, and clean detachment."""
 import ctypes as ct
 import json
+import os
 import re
 import subprocess
 import time
@@ -560,3 +561,34 @@ def test_unmounting_a_bpffs_takes_every_one_stacked_there(tmp_path):
     finally:
         while at_path():
             subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_pin_that_failed_to_open_is_opened_at_the_next_look(programs, tmp_path):
+    """A reader that could not open the marks' pin once (here: out of file descriptors for a
+    moment) trusts nothing meanwhile and opens the same pin at its next look, then reads the
+    mark the kernel's map holds (read with BCC)."""
+    import resource
+
+    from fasterfs.bpf.pinned import UNREADABLE, FollowedMarks, unmount_bpffs
+
+    bpffs, key = tmp_path / "bpf", ev.key_hash("/b/reopened/k")
+    bpffs.mkdir()
+    subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(bpffs)], check=True)
+    try:
+        programs.marks.pin_stale_marks(str(bpffs / "marks"))
+        programs.marks.mark_stale(key)
+        written = programs.bpf[b"stale_keys"][ct.c_uint64(key)].value
+        followed = FollowedMarks(str(bpffs / "marks"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        lowest_free = os.dup(0)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # the next descriptor is refused
+        try:
+            assert followed.marks(key)[0] == UNREADABLE
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        followed._checked = float("-inf")  # its next look, without waiting out RECHECK_S
+        assert followed.marks(key)[0] == written > 0
+    finally:
+        programs.marks.unpin()
+        unmount_bpffs(bpffs)

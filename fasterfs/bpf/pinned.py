@@ -90,8 +90,8 @@ class FollowedMarks:
                     self._marks.close()
                 try:
                     self._marks = StaleMarks(self.path) if ino is not None else None
-                except OSError:
-                    self._marks = None
+                except OSError:  # this pin unopened (out of fds for a moment): tried again at the next look
+                    self._marks, ino = None, None
                 self._ino = ino
         return self._marks
 
