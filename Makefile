@@ -11,7 +11,8 @@ setup:            ## install what running needs (idempotent): Debian packages, k
 setup-test:       ## and what the tests and benchmarks use: a browser, fio, s3fs, rclone, bpftool, pytest, ruff, mypy
 	bash scripts/setup.sh test
 
-run: setup        ## the main job: a local cluster, ingest of the LOBSTER sample, read-back, the demos, a backtest
+# The README's first command sets everything up, the tests' tools too, so its second one only tests.
+run: setup-test   ## the main job: a local cluster, ingest of the LOBSTER sample, read-back, the demos, a backtest
 	@$(VENV)/fasterfs status $(ARGS) >/dev/null 2>&1 || $(VENV)/fasterfs up $(ARGS)
 	$(VENV)/fasterfs ingest $(ARGS)
 	$(VENV)/python jobs/readback.py $(ARGS)
