@@ -580,7 +580,7 @@ def test_a_pin_that_failed_to_open_is_opened_at_the_next_look(programs, tmp_path
         written = programs.bpf[b"stale_keys"][ct.c_uint64(key)].value
         followed = FollowedMarks(str(bpffs / "marks"))
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        lowest_free = os.dup(0)
+        lowest_free = os.open(os.devnull, os.O_RDONLY)
         os.close(lowest_free)
         resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # the next descriptor is refused
         try:
