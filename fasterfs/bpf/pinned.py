@@ -65,9 +65,10 @@ UNREADABLE = (1 << 64) - 1  # the mark of what cannot be read: newer than every 
 class FollowedMarks:
     """The marks pinned at `path`, followed across re-pins: a restarted StorageNode pins a new
     map there, so at most once a second the pin is looked at again (a stat) and reopened if
-    it is another map, or if it could not be opened the last time. Where there is nothing to read: 0 if the node keeps no marks (simulated
-    mode), else (`required`) UNREADABLE, so nothing is trusted that the marks cannot vouch for
-    (the node restarting, or a reader not allowed to read them)."""
+    it is another map, or if it could not be opened the last time. Where there is nothing to
+    read: 0 if the node keeps no marks (simulated mode), else (`required`) UNREADABLE, so
+    nothing is trusted that the marks cannot vouch for (the node restarting, or a reader not
+    allowed to read them)."""
 
     RECHECK_S = 1.0
 
