@@ -306,7 +306,7 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def lab3(tmp_path_factory):
-    """One 3-host lab for test_lab_faults and test_lab_share_nothing (a lab takes 20 s to come up),
+    """One 3-host lab for test_lab_faults, _share_nothing, _head and _with_a_host_added (a lab takes 20 s to come up),
     its hosts with disks of their own (512 MB ext4 images) and repair looking every 2 s. Each
     test undoes what it made; afterwards no cut rule, disk mount or record of faults is left."""
     from lab_hosts import shared_lab
@@ -649,7 +649,12 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid} uses the session's cluster: on the lab's worker it would start"
                                     " one beside the lab; move it to a cluster-tier module (conftest.OWN_CLUSTERS)")
     tier = {"unit": 0, "cluster": 1, "lab": 2}
-    items.sort(key=lambda item: min(tier[m.name] for m in item.iter_markers() if m.name in tier))
+    # within a tier, the modules that need no shared cluster first: the session's cluster and the
+    # shared lab start at their first user and stay up until the session ends, idle but for Ray's
+    # floor (12% of a core for 2 nodes) through every module after their last user
+    shared = {_module(item.nodeid) for item in items if {"live_cluster", "lab3"} & set(item.fixturenames)}
+    items.sort(key=lambda item: (min(tier[m.name] for m in item.iter_markers() if m.name in tier),
+                                 _module(item.nodeid) in shared))
 
 
 def pytest_xdist_make_scheduler(config, log):
