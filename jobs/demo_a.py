@@ -200,7 +200,8 @@ def main(argv: list[str]) -> dict:
               "chunk_bytes_avg": raw["chunk_bytes_avg"], "passes": stats, "speedups": speedups, "targets": targets,
               "kernel": raw["kernel"], "prefetch": raw["prefetch"], "filled_after_warm": raw["filled_after_warm"],
               "latencies_s": raw["latencies_s"],
-              "headline": {"hot read vs MinIO direct": f"{speedups['hot vs MinIO direct (x faster)']:.1f}x faster",
+              "headline": {"hot read vs MinIO direct":
+                           report.fmt_speedup(speedups["hot vs MinIO direct (x faster)"], 1),
                            "p50 hot / MinIO": f"{p50['FasterFS hot']:.3f} / {p50['MinIO direct']:.3f} ms",
                            "targets met": f"{sum(targets.values())} of {len(targets)}"},
               "figures": {"hot vs MinIO direct (x)": speedups["hot vs MinIO direct (x faster)"],

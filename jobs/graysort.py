@@ -80,7 +80,7 @@ def main(argv: list[str]) -> dict:
                           "map+shuffle+reduce": f"{t['map_reduce_s']:.2f} s "
                                                 f"({p.size / 1e6 / t['map_reduce_s']:.0f} MB/s)"}
     if "baseline" in result:
-        result["headline"]["vs single coordinator"] = f"{result['speedup_vs_baseline']:.2f}x faster"
+        result["headline"]["vs single coordinator"] = report.fmt_speedup(result["speedup_vs_baseline"])
     result["figures"] = {"sort end to end (s)": t["sort_s"], "map+shuffle+reduce (s)": t["map_reduce_s"],
                          "sort (MB/s)": result["sort_mb_s"]}
     out = report.run_dir(cfg, "graysort")
@@ -99,11 +99,11 @@ def main(argv: list[str]) -> dict:
     console.print(f"  valid: {v['records']} records, checksum {v['checksum']:#x}, "
                   f"{v['partitions']} partitions sorted and ordered")
     if "baseline" in result:
-        b, x = result["baseline"], result["speedup_vs_baseline"]
+        b = result["baseline"]
         console.print(f"  single-coordinator baseline: {b['total_s']:.2f} s (download {b['download_s']:.2f}, "
                       f"sort+partition {b['sort_partition_s']:.2f}, upload {b['upload_s']:.2f}); "
-                      "object-store shuffle is " + (f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower") +
-                      " (map+reduce vs the whole baseline)")
+                      f"object-store shuffle is {result['headline']['vs single coordinator']} "
+                      "(map+reduce vs the whole baseline)")
     if "reference" in result:
         r = result["reference"]
         console.print(f"  in-memory NumPy sort, one process: {r['single_process_mb_s']:.0f} MB/s; sort phase "

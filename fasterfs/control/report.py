@@ -25,6 +25,12 @@ def fmt_writes_told(w: dict[str, int]) -> str:
     return f"{w['writes']:,} / {w['told']:,} ({w['told_late']:,})"
 
 
+def fmt_speedup(x: float, digits: int = 2) -> str:
+    """A measured ratio (baseline time / ours) as a reader says it: "1.19x faster", or
+    "1.04x slower" where ours lost (never "0.96x faster")."""
+    return f"{x:.{digits}f}x faster" if x >= 1 else f"{1 / x:.{digits}f}x slower"
+
+
 def fmt_bytes(n) -> str:
     if n is None:
         return "-"
