@@ -188,6 +188,7 @@ def assert_nothing_left(state: cluster.ClusterState) -> None:
 STAND_IN = pytest.StashKey[list]()  # what pytest_configure made, for pytest_unconfigure to remove
 CONFIG_CACHE = pytest.StashKey[str]()  # where this pytest process's composed configurations are kept
 RAY_DIRS = pytest.StashKey[set]()  # Ray's directories there before the run
+HOST_AT_START = pytest.StashKey[tuple]()  # host_speed() and the cores' /proc/stat counters as the run began
 
 
 def default_root() -> Path:
@@ -583,11 +584,36 @@ MISSING_SAMPLE = (f"THE LOBSTER SAMPLE IS MISSING ({LOBSTER}): put the AAPL samp
                   + (" (as this run did)" if SYNTHETIC else ""))
 
 
+def host_speed(steps: int = 5_000_000) -> float:
+    """Seconds this process takes for 10M steps of a plain Python loop now: hosts of one kind differ
+    from hour to hour (docs/testing.md), and a suite's time means little without this."""
+    began = time.perf_counter()
+    total = 0
+    for i in range(steps):
+        total += i
+    return (time.perf_counter() - began) * 10_000_000 / steps
+
+
+def cpu_counters() -> tuple[int, int]:
+    """(busy, all) jiffies of every core since boot, from /proc/stat's first line."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)  # idle and iowait are not busy
+
+
 def pytest_report_header(config):
-    return None if HAVE_SAMPLE else MISSING_SAMPLE
+    if hasattr(config, "workerinput"):
+        return None
+    config.stash[HOST_AT_START] = (speed := host_speed(), cpu_counters())
+    return [f"host: 10M Python loop steps in {speed:.2f} s now"] + ([] if HAVE_SAMPLE else [MISSING_SAMPLE])
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
+    if HOST_AT_START in config.stash:  # how fast the host was, and how busy the run kept its cores
+        speed, (busy, total) = config.stash[HOST_AT_START]
+        busy_now, total_now = cpu_counters()
+        terminalreporter.write_line(
+            f"host: 10M Python loop steps in {speed:.2f} s before the run, {host_speed():.2f} s after; "
+            f"its {os.cpu_count()} cores {100 * (busy_now - busy) / max(total_now - total, 1):.0f}% busy during it")
     if not HAVE_SAMPLE:
         terminalreporter.section("missing data", sep="!", red=True, bold=True)
         terminalreporter.write_line(MISSING_SAMPLE, red=True, bold=True)
