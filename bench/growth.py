@@ -130,7 +130,7 @@ def lab_overrides(root: Path, name: str, k: int, argv: list[str]) -> list[str]:
     (a user's, the suite's), and no chunk made hot: the reads measure the hosts' disks (a fill
     would share a disk with them)."""
     return [f"cluster.root={root}", f"cluster.name={name}", f"cluster.ray_port={6480 + k}",
-            f"cluster.dashboard_port={8380 + k}", f"cluster.client_port={7180 + k}",
+            f"cluster.dashboard_port={8380 + k}",
             f"cluster.agent_port={23800 + 100 * k}", f"cluster.node_ports={40000 + 1000 * k}",
             f"dashboard.port={8480 + k}", "kernel.hot_threshold=1000000000", *argv]
 

@@ -43,7 +43,7 @@ def cluster_overrides(root: Path, first_address: str, port_offset: int, nodes: i
     return [f"cluster.root={root}", f"cluster.first_address={first_address}", f"nodes={nodes}",
             "cluster.name=fasterfs-test" + str(port_offset), "cluster.object_store_mb=256", "cluster.cpus_per_node=2",
             f"cluster.ray_port={6400 + port_offset}", f"cluster.dashboard_port={8300 + port_offset}",
-            f"cluster.client_port={7100 + port_offset}", f"cluster.agent_port={22000 + 10 * port_offset}",
+            f"cluster.agent_port={22000 + 10 * port_offset}",
             f"cluster.node_ports={23000 + 1000 * port_offset}",
             f"minio.port={9100 + port_offset}", f"minio.console_port={9150 + port_offset}",
             f"dashboard.port={8400 + port_offset}", "kernel.mode=real",  # never the simulation, unless a test says so

@@ -6,12 +6,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import ray
 from botocore.exceptions import ClientError
 from conftest import (
+    CLEAN_ENV,
     assert_nothing_left,
     cluster_overrides,
     data_overrides,
@@ -31,7 +33,7 @@ from conftest import (
 from xxhash import xxh3_64_intdigest as xxh3
 
 import fasterfs
-from fasterfs.control import credentials, registry, s3
+from fasterfs.control import auth, credentials, registry, s3
 from fasterfs.core import config, lobster
 from fasterfs.core.cgroup import cgroup2_mount
 from fasterfs.core.errors import FasterFSError
@@ -482,12 +484,15 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
     a password of its own and no TCP port; a tree stored with put -r reads back byte for byte,
     also after the Registry restarts (from Redis, not its memory). Down stops all of it, Redis
     (by its PID) and the FUSE mount included: no process, filter, cgroup or mount left, and this
-    process no longer Ray's driver."""
+    process no longer Ray's driver. Ray Client is on here (cluster.client_port given): a driver
+    elsewhere connects with `ray://` and the cluster's token, and sees this cluster's one node
+    (the lab's listing of what listens shows it off by default)."""
     from fasterfs.node.cache import ChunkCache
     from fasterfs.ui.cli import main
 
     own = cluster_overrides(Path(str(tmp_path_factory.mktemp("beside"))[:60]), "127.0.5.2", 4, nodes=1)
     own = [o for o in own if not o.startswith("kernel.mode=")] + ["kernel.mode=simulated"]
+    own += ["cluster.client_port=7104"]
     cfg = config.load(own + ["cache.capacity_mb=1", "dashboard.enabled=false", "cluster.namespace_store=redis"])
     cache_dir = config.Layout.of(cfg).paths.cache_dir(0)
     before = ChunkCache(cache_dir, capacity=10_000_000)  # a previous run's entries: 4 MB
@@ -519,6 +524,12 @@ def test_a_second_cluster_with_a_smaller_cache_and_no_dashboard_then_down(tmp_pa
         for where in (live_cluster, state):  # what Ray hands a job's driver (its RAY_ADDRESS)
             said, _ = run_job(where, ["python", "-c", "import os; print('address:', os.environ['RAY_ADDRESS'])"])
             assert re.findall(r"^address: (\S+)$", said, re.M) == [where.ray_address], said
+        far = subprocess.run(  # a clean shell with the token's path alone: Ray Client's own check of it
+            [sys.executable, "-c", "import ray; ray.init('ray://127.0.5.2:7104', log_to_driver=False); "
+             "print('nodes:', len([n for n in ray.nodes() if n['Alive']]))"],
+            env=dict(CLEAN_ENV, **auth.ray_env(auth.token_file(state.root))), capture_output=True, text=True,
+            timeout=120)
+        assert far.returncode == 0 and "nodes: 1" in far.stdout, far.stdout[-2000:] + far.stderr[-2000:]
         point = Path(state.root) / "mnt"
         point.mkdir()
         ray.get(cluster.storage_nodes(state)[0].mount.remote(str(point)))  # down unmounts it

@@ -263,7 +263,7 @@ def _check_worker_ports(cfg: DictConfig, bad) -> None:
     if not (isinstance(low, int) and isinstance(high, int) and 1 <= low < high <= 65535):
         bad("cluster.worker_ports", "must be a list of two TCP port numbers, the first below the last")
     fixed = {"cluster.ray_port": [c.ray_port], "cluster.dashboard_port": [c.dashboard_port],
-             "cluster.client_port": [c.client_port],
+             **({"cluster.client_port": [c.client_port]} if c.client_port is not None else {}),
              "cluster.agent_port": [c.agent_port, c.agent_port + HEAD_SLOT],  # node i: + i
              "cluster.node_ports": [c.node_ports, c.node_ports + NODE_PORT_STRIDE * HEAD_SLOT + 6]}  # + 10 i + 0..6
     for opt, (first, *rest) in fixed.items():

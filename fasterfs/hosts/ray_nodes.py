@@ -111,8 +111,8 @@ def ray_start_args(cfg, host: Host, head: Host, index: int | None, is_head: bool
         spill = {"type": "filesystem", "params": {"directory_path": str(c.spill_dir)}}
         system = {"object_spilling_config": json.dumps(spill), "health_check_period_ms": int(c.health_check_period_ms)}
         args += ["--head", f"--port={c.ray_port}", "--include-dashboard=true", f"--system-config={json.dumps(system)}",
-                 f"--dashboard-host={host.address}", f"--dashboard-port={c.dashboard_port}",
-                 f"--ray-client-server-port={c.client_port}"]
+                 f"--dashboard-host={host.address}", f"--dashboard-port={c.dashboard_port}"]
+        args += [] if c.client_port is None else [f"--ray-client-server-port={c.client_port}"]
     else:
         args += [f"--address={head.address}:{c.ray_port}"]
     args += [f"--temp-dir={ray_temp_dir(c.root, None if is_head else index)}"]
@@ -151,7 +151,8 @@ def check_ports(cfg, head: Host, hosts: list[Host]) -> None:
     if head.netns is None:
         check_port_free(head.address, cfg.cluster.ray_port, "Ray GCS (cluster.ray_port)")
         check_port_free(head.address, cfg.cluster.dashboard_port, "Ray dashboard (cluster.dashboard_port)")
-        check_port_free(head.address, cfg.cluster.client_port, "Ray client (cluster.client_port)")
+        if cfg.cluster.client_port is not None:
+            check_port_free(head.address, cfg.cluster.client_port, "Ray client (cluster.client_port)")
         if cfg.dashboard.enabled:
             check_port_free(head.address, cfg.dashboard.port, "FasterFS dashboard (dashboard.port)")
     for i, host in enumerate(hosts):
